@@ -1,0 +1,307 @@
+//! The JSON documents that cross the ABI: generation parameters (host -> plugin), model
+//! descriptors and stats (plugin -> host).
+//!
+//! Parameters travel as JSON so a parameter can be added without touching the ABI. Each side
+//! ignores keys it does not know; the host only sends a parameter the model's [`Capabilities`]
+//! declare, so "ignored" never means "silently not enforced".
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The most alternatives a request may ask for per token (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// Generation parameters of one request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GenerationParams {
+    /// The gateway's id of the request (for logs and traces).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// Most tokens to generate per choice.
+    pub max_tokens: u32,
+    /// Fewest tokens to generate before end-of-sequence or stop tokens count.
+    pub min_tokens: u32,
+    /// Number of choices.
+    pub n: u32,
+    /// Sampling temperature; 0 means greedy.
+    pub temperature: f32,
+    /// Nucleus sampling mass, in (0, 1].
+    pub top_p: f32,
+    /// Keep the k most likely tokens; 0 disables.
+    pub top_k: u32,
+    /// Drop tokens below `min_p` times the top probability; 0 disables.
+    pub min_p: f32,
+    /// OpenAI presence penalty, in [-2, 2].
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty, in [-2, 2].
+    pub frequency_penalty: f32,
+    /// Multiplicative repetition penalty; 1 disables.
+    pub repetition_penalty: f32,
+    /// Seed for reproducible sampling.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Token ids that end a choice (besides the model's end-of-sequence tokens).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past end-of-sequence tokens.
+    pub ignore_eos: bool,
+    /// Report each token's log probability.
+    pub logprobs: bool,
+    /// Report this many alternatives per token (0..=20).
+    pub top_logprobs: u32,
+    /// Constrain output to a grammar.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<Grammar>,
+    /// Scheduling priority; higher runs first.
+    pub priority: i32,
+    /// The tenant the request belongs to (for fair scheduling).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+impl Default for GenerationParams {
+    fn default() -> Self {
+        Self {
+            request_id: None,
+            max_tokens: 16,
+            min_tokens: 0,
+            n: 1,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            logprobs: false,
+            top_logprobs: 0,
+            grammar: None,
+            priority: 0,
+            tenant: None,
+        }
+    }
+}
+
+impl GenerationParams {
+    /// Parses and range-checks parameters; the error is a one-line reason.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let params: Self = if text.trim().is_empty() {
+            Self::default()
+        } else {
+            serde_json::from_str(text).map_err(|e| format!("invalid generation parameters: {e}"))?
+        };
+        params.check()?;
+        Ok(params)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let in_range = |name: &str, v: f32, lo: f32, hi: f32| {
+            if v.is_finite() && v >= lo && v <= hi {
+                Ok(())
+            } else {
+                Err(format!("{name} must be in [{lo}, {hi}], got {v}"))
+            }
+        };
+        if self.n == 0 {
+            return Err("n must be at least 1".into());
+        }
+        if self.min_tokens > self.max_tokens {
+            return Err(format!(
+                "min_tokens ({}) exceeds max_tokens ({})",
+                self.min_tokens, self.max_tokens
+            ));
+        }
+        in_range("temperature", self.temperature, 0.0, 100.0)?;
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        in_range("min_p", self.min_p, 0.0, 1.0)?;
+        in_range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
+        in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return Err(format!(
+                "repetition_penalty must be positive, got {}",
+                self.repetition_penalty
+            ));
+        }
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
+            return Err(format!(
+                "top_logprobs must be at most {MAX_TOP_LOGPROBS}, got {}",
+                self.top_logprobs
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A constraint on the output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Grammar {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid against a JSON Schema.
+    JsonSchema {
+        /// The schema.
+        schema: Value,
+    },
+    /// Text matching a regular expression.
+    Regex {
+        /// The pattern.
+        pattern: String,
+    },
+    /// Text in a Lark grammar.
+    Lark {
+        /// The grammar.
+        grammar: String,
+    },
+}
+
+/// Parameters of an embeddings request.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EmbedParams {
+    /// Truncate vectors to this many dimensions (when the model supports it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<u32>,
+}
+
+/// A model an engine serves, as `models` reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    /// The id clients name.
+    pub id: String,
+    /// Who publishes the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned_by: Option<String>,
+    /// Context window in tokens (prompt plus output).
+    pub max_context: u32,
+    /// Token ids are below this.
+    pub vocab_size: u32,
+    /// End-of-sequence token ids.
+    #[serde(default)]
+    pub eos_token_ids: Vec<u32>,
+    /// Path of the `tokenizer.json` the gateway should use for this model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
+    /// Vector size when the model serves embeddings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding_dim: Option<u32>,
+    /// What generation parameters the model honours.
+    #[serde(default)]
+    pub capabilities: Capabilities,
+}
+
+/// What a model honours. The host must refuse (not drop) a parameter a model cannot honour.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Capabilities {
+    /// Largest `n`.
+    pub max_n: u32,
+    /// Per-token log probabilities.
+    pub logprobs: bool,
+    /// Largest `top_logprobs`.
+    pub max_top_logprobs: u32,
+    /// Temperature, top_p, top_k, min_p and seeds.
+    pub sampling: bool,
+    /// Presence, frequency and repetition penalties.
+    pub penalties: bool,
+    /// Grammar-constrained output.
+    pub grammar: bool,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Self {
+            max_n: 1,
+            logprobs: false,
+            max_top_logprobs: 0,
+            sampling: false,
+            penalties: false,
+            grammar: false,
+        }
+    }
+}
+
+/// Counters an engine reports through `stats`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Accepted, waiting to run.
+    #[serde(default)]
+    pub queued: u64,
+    /// Running now.
+    #[serde(default)]
+    pub running: u64,
+    /// Ended with `TP_STATUS_OK`.
+    #[serde(default)]
+    pub completed: u64,
+    /// Ended cancelled.
+    #[serde(default)]
+    pub cancelled: u64,
+    /// Ended with an error.
+    #[serde(default)]
+    pub failed: u64,
+    /// Engine-specific counters.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_params_are_the_defaults() {
+        assert_eq!(
+            GenerationParams::from_json(""),
+            Ok(GenerationParams::default())
+        );
+        assert_eq!(
+            GenerationParams::from_json("{}"),
+            Ok(GenerationParams::default())
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_ignored_and_ranges_checked() {
+        let p = GenerationParams::from_json(r#"{"max_tokens": 3, "from_the_future": true}"#);
+        assert_eq!(p.map(|p| p.max_tokens), Ok(3));
+        for bad in [
+            r#"{"n": 0}"#,
+            r#"{"top_p": 0}"#,
+            r#"{"temperature": -1}"#,
+            r#"{"top_logprobs": 21}"#,
+            r#"{"min_tokens": 5, "max_tokens": 2}"#,
+            r#"{"max_tokens": "many"}"#,
+            "not json",
+        ] {
+            assert!(
+                GenerationParams::from_json(bad).is_err(),
+                "{bad} was accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn grammar_is_tagged() {
+        let p = GenerationParams::from_json(
+            r#"{"grammar": {"type": "json_schema", "schema": {"type": "object"}}}"#,
+        )
+        .map(|p| p.grammar);
+        assert!(matches!(p, Ok(Some(Grammar::JsonSchema { .. }))));
+    }
+
+    #[test]
+    fn model_info_tolerates_missing_and_extra_keys() {
+        let m: ModelInfo = serde_json::from_str(
+            r#"{"id": "m", "max_context": 128, "vocab_size": 100, "new_key": 1}"#,
+        )
+        .expect("parses");
+        assert_eq!(m.capabilities, Capabilities::default());
+        assert!(m.embedding_dim.is_none());
+    }
+}

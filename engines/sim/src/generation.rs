@@ -1,0 +1,253 @@
+//! One request's generation: which token each choice emits next, when, and how it ends.
+//!
+//! Everything is drawn from generators seeded by the request's seed (or, without one, by the
+//! engine's seed and the request id), so a request replays token for token and delay for delay.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use turnpike_engine_api::plugin::Sink;
+use turnpike_engine_api::{FinalEvent, Finish, GenerationParams, Status, TopLogprob, Usage};
+
+use crate::config::{ModelConfig, Output, secs};
+use crate::rng::{Rng, mix};
+
+/// What happens after a step.
+pub(crate) enum Step {
+    /// Wait this long, then step again.
+    Continue(Duration),
+    /// The request has ended.
+    Done(FinalEvent),
+}
+
+enum Next {
+    Token(u32),
+    End(Finish),
+}
+
+struct Choice {
+    rng: Rng,
+    /// Position in the echoed prompt or the script.
+    pos: usize,
+    /// Tokens produced, stop tokens included.
+    produced: u32,
+    /// Random mode: end after this many tokens.
+    target: Option<u32>,
+    done: bool,
+}
+
+pub(crate) struct Generation {
+    model: Arc<ModelConfig>,
+    params: GenerationParams,
+    prompt: Vec<u32>,
+    choices: Vec<Choice>,
+    timing: Rng,
+    usage: Usage,
+    fail_after: Option<u32>,
+    steps: u32,
+    last_finish: Finish,
+}
+
+impl Generation {
+    pub(crate) fn new(
+        model: Arc<ModelConfig>,
+        prompt: Vec<u32>,
+        params: GenerationParams,
+        seed: u64,
+        fail_after: Option<u32>,
+    ) -> Self {
+        let choices = (0..params.n)
+            .map(|i| {
+                let mut rng = Rng::new(mix(&[seed, u64::from(i)]));
+                let target = match model.output {
+                    Output::Random {
+                        length: Some([lo, hi]),
+                    } => Some(lo + rng.below(u64::from(hi - lo) + 1) as u32),
+                    _ => None,
+                };
+                Choice {
+                    rng,
+                    pos: 0,
+                    produced: 0,
+                    target,
+                    done: false,
+                }
+            })
+            .collect();
+        let usage = Usage {
+            prompt_tokens: prompt.len() as u32,
+            ..Usage::default()
+        };
+        Self {
+            timing: Rng::new(mix(&[seed, u64::MAX])),
+            model,
+            params,
+            prompt,
+            choices,
+            usage,
+            fail_after,
+            steps: 0,
+            last_finish: Finish::default(),
+        }
+    }
+
+    pub(crate) fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    /// Time to the first token: base, jitter, and prefill of the prompt.
+    pub(crate) fn first_delay(&mut self) -> Duration {
+        let l = self.model.latency;
+        let prefill = l.prefill_per_token * self.prompt.len() as f64;
+        secs(l.ttft + l.ttft_jitter * self.timing.normal() + prefill)
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let l = self.model.latency;
+        secs(l.itl + l.itl_jitter * self.timing.normal())
+    }
+
+    /// Emits one token (or the end) for each live choice.
+    pub(crate) fn step(&mut self, sink: &mut Sink) -> Step {
+        let several = self.choices.len() > 1;
+        for i in 0..self.choices.len() {
+            if self.choices[i].done {
+                continue;
+            }
+            match self.next_for(i) {
+                Next::Token(token) => {
+                    self.usage.completion_tokens += 1;
+                    self.send(sink, i as u32, token);
+                }
+                Next::End(finish) => {
+                    if finish.stop_token.is_some() {
+                        self.usage.completion_tokens += 1;
+                    }
+                    self.choices[i].done = true;
+                    self.last_finish = finish;
+                    if several {
+                        sink.end_choice(i as u32, finish);
+                    }
+                }
+            }
+        }
+        self.steps += 1;
+        let live = self.choices.iter().any(|c| !c.done);
+        if live && self.fail_after.is_some_and(|n| self.steps >= n) {
+            return Step::Done(FinalEvent::failed(
+                Status::Internal,
+                "simulated engine failure mid-stream",
+                self.usage,
+            ));
+        }
+        if live {
+            Step::Continue(self.next_delay())
+        } else {
+            Step::Done(FinalEvent::ok(self.last_finish, self.usage))
+        }
+    }
+
+    /// The next candidate from the output mode; `None` is end-of-sequence.
+    fn source(&mut self, i: usize) -> Option<u32> {
+        let c = &mut self.choices[i];
+        let from = |list: &[u32], pos: &mut usize| {
+            let t = list.get(*pos).copied();
+            *pos += 1;
+            t
+        };
+        match &self.model.output {
+            Output::Echo if !self.prompt.is_empty() => from(&self.prompt, &mut c.pos),
+            Output::Script { tokens } if !tokens.is_empty() => from(tokens, &mut c.pos),
+            Output::Random { .. } if c.target.is_some_and(|t| c.produced >= t) => None,
+            _ => Some(self.model.vocab.draw(&mut c.rng)),
+        }
+    }
+
+    fn next_for(&mut self, i: usize) -> Next {
+        let (max_tokens, min_tokens, ignore_eos) = (
+            self.params.max_tokens,
+            self.params.min_tokens,
+            self.params.ignore_eos,
+        );
+        let produced = self.choices[i].produced;
+        let context_full =
+            self.prompt.len() as u64 + u64::from(produced) >= u64::from(self.model.max_context);
+        if produced >= max_tokens || context_full {
+            return Next::End(Finish::length());
+        }
+        let may_stop = produced >= min_tokens;
+        for _ in 0..64 {
+            let candidate = self.source(i);
+            let c = &mut self.choices[i];
+            let token = match candidate {
+                Some(t) if t != self.model.eos => t,
+                end => {
+                    if ignore_eos || !may_stop {
+                        if end.is_none() {
+                            // Echo and script wrap around; random mode goes on without a target.
+                            c.pos = 0;
+                            c.target = None;
+                        }
+                        continue;
+                    }
+                    c.produced += 1;
+                    return Next::End(Finish::stop(self.model.eos));
+                }
+            };
+            if self.params.stop_token_ids.contains(&token) {
+                if !may_stop {
+                    continue;
+                }
+                c.produced += 1;
+                return Next::End(Finish::stop(token));
+            }
+            c.produced += 1;
+            return Next::Token(token);
+        }
+        // Every candidate was a stop token that may not stop yet: fall back to any token.
+        let c = &mut self.choices[i];
+        c.produced += 1;
+        Next::Token(self.model.vocab.draw(&mut c.rng))
+    }
+
+    fn send(&mut self, sink: &mut Sink, choice: u32, token: u32) {
+        let p = &self.params;
+        if !p.logprobs && p.top_logprobs == 0 {
+            return sink.token(choice, token);
+        }
+        // Synthetic but well-formed: the chosen token is the most likely, the alternatives
+        // follow in falling order, and the probabilities sum to less than one.
+        let rng = &mut self.choices[choice as usize].rng;
+        let p0 = 0.35 + 0.6 * rng.unit();
+        let logprob = p0.ln() as f32;
+        let mut top = Vec::with_capacity(p.top_logprobs as usize);
+        if p.top_logprobs > 0 {
+            top.push(TopLogprob {
+                token_id: token,
+                logprob,
+            });
+        }
+        let mut mass = 1.0 - p0;
+        while top.len() < p.top_logprobs as usize {
+            let alt = self.model.vocab.draw(rng);
+            if top.iter().any(|t| t.token_id == alt) {
+                // Small vocabularies: take the next id instead of drawing forever.
+                let next =
+                    (0..self.model.vocab.size()).find(|id| top.iter().all(|t| t.token_id != *id));
+                let Some(next) = next else { break };
+                mass *= 0.5;
+                top.push(TopLogprob {
+                    token_id: next,
+                    logprob: mass.ln() as f32,
+                });
+                continue;
+            }
+            mass *= 0.5;
+            top.push(TopLogprob {
+                token_id: alt,
+                logprob: mass.ln() as f32,
+            });
+        }
+        sink.token_with_logprobs(choice, token, Some(logprob), &top);
+    }
+}

@@ -1,0 +1,213 @@
+//! `turnpike-sim`: the simulator engine, a plugin that behaves like an LLM engine without a model.
+//!
+//! It exists so the rest of Turnpike can be tested, demonstrated and load-tested without weights
+//! or a GPU, in the spirit of llmsim but behind the same ABI as a real engine:
+//!
+//! - **latency profiles** per model: time to first token (plus prefill time per prompt token),
+//!   inter-token latency, and jitter on both; presets `instant`, `fast` and `realistic`;
+//! - **output modes**: `echo` the prompt's tokens, `random` tokens from the vocabulary (word-like
+//!   tokens when a `tokenizer.json` is given), or a fixed `script` of token ids;
+//! - **determinism**: tokens, log probabilities and delays come from generators seeded by the
+//!   request's seed (or the engine's seed and the request id), and injected faults by the
+//!   engine's seed and the request id;
+//! - **error injection** by rate: refuse at submit, overload, or fail mid-stream;
+//! - it honours `max_tokens`, `min_tokens`, stop token ids, `ignore_eos`, `n`, `logprobs` and
+//!   `top_logprobs` (synthetic but well-formed), priorities, and `cancel`; queues requests beyond
+//!   `max_running` and refuses beyond `max_queued`;
+//! - **embeddings**: deterministic unit-length vectors;
+//! - `stats` reports queued, running, completed, cancelled and failed counts.
+//!
+//! Its configuration is a JSON document given to `create`; see `README.md` beside this crate.
+
+mod config;
+mod embed;
+mod generation;
+mod rng;
+mod scheduler;
+mod vocab;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use turnpike_engine_api::plugin::{EmbedRequest, Engine, Host, Request, Sink};
+use turnpike_engine_api::{Capabilities, EngineError, ModelInfo, Stats};
+
+use crate::config::{ModelConfig, SimConfig};
+use crate::generation::Generation;
+use crate::rng::{Rng, mix};
+use crate::scheduler::Scheduler;
+
+/// Salt for the fault-injection generator, so faults and tokens draw independently.
+const FAULT_SALT: u64 = 0xFA17;
+
+struct SimEngine {
+    seed: u64,
+    models: Vec<Arc<ModelConfig>>,
+    scheduler: Scheduler,
+    refused: AtomicU64,
+}
+
+impl SimEngine {
+    fn model(&self, id: &str) -> Result<&Arc<ModelConfig>, EngineError> {
+        self.models
+            .iter()
+            .find(|m| m.id == id)
+            .ok_or_else(|| EngineError::not_found(format!("the simulator serves no model `{id}`")))
+    }
+
+    fn refuse(&self, e: EngineError) -> Result<(), EngineError> {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        Err(e)
+    }
+}
+
+fn check_request(model: &ModelConfig, request: &Request) -> Result<(), EngineError> {
+    let vocab = model.vocab.size();
+    if let Some(bad) = request.prompt.iter().find(|&&t| t >= vocab) {
+        return Err(EngineError::invalid_request(format!(
+            "prompt token id {bad} is outside the vocabulary of {vocab}"
+        )));
+    }
+    if request.prompt.len() >= model.max_context as usize {
+        return Err(EngineError::invalid_request(format!(
+            "the prompt has {} tokens; model `{}` has a context of {}",
+            request.prompt.len(),
+            model.id,
+            model.max_context
+        )));
+    }
+    if request.params.n > model.max_n {
+        return Err(EngineError::unsupported(format!(
+            "n is {}; model `{}` allows at most {}",
+            request.params.n, model.id, model.max_n
+        )));
+    }
+    if request.params.grammar.is_some() {
+        return Err(EngineError::unsupported(
+            "the simulator does not constrain output by grammar",
+        ));
+    }
+    Ok(())
+}
+
+impl Engine for SimEngine {
+    fn create(host: Host, config: &str) -> Result<Self, EngineError> {
+        let config = SimConfig::parse(config).map_err(EngineError::invalid_config)?;
+        let scheduler = Scheduler::start(config.max_running, config.max_queued).map_err(|e| {
+            EngineError::internal(format!("cannot start the simulator thread: {e}"))
+        })?;
+        let names: Vec<&str> = config.models.iter().map(|m| m.id.as_str()).collect();
+        host.info(&format!("simulator ready with models {}", names.join(", ")));
+        Ok(Self {
+            seed: config.seed,
+            models: config.models.into_iter().map(Arc::new).collect(),
+            scheduler,
+            refused: AtomicU64::new(0),
+        })
+    }
+
+    fn models(&self) -> Vec<ModelInfo> {
+        self.models
+            .iter()
+            .map(|m| ModelInfo {
+                id: m.id.clone(),
+                owned_by: m.owned_by.clone(),
+                max_context: m.max_context,
+                vocab_size: m.vocab.size(),
+                eos_token_ids: vec![m.eos],
+                tokenizer: m.tokenizer.clone(),
+                embedding_dim: (m.embedding_dim > 0).then_some(m.embedding_dim),
+                capabilities: Capabilities {
+                    max_n: m.max_n,
+                    logprobs: true,
+                    max_top_logprobs: turnpike_engine_api::docs::MAX_TOP_LOGPROBS,
+                    sampling: true,
+                    penalties: true,
+                    grammar: false,
+                },
+            })
+            .collect()
+    }
+
+    fn submit(&self, request: Request, sink: Sink) -> Result<(), EngineError> {
+        let model = Arc::clone(self.model(&request.model)?);
+        if let Err(e) = check_request(&model, &request) {
+            return self.refuse(e);
+        }
+        let mut faults = Rng::new(mix(&[self.seed, request.id, FAULT_SALT]));
+        let errors = model.errors;
+        if faults.chance(errors.refuse_rate) {
+            return self.refuse(EngineError::internal("simulated engine error at submit"));
+        }
+        if faults.chance(errors.overload_rate) {
+            return self.refuse(EngineError::overloaded("simulated overload"));
+        }
+        let fail_after = faults
+            .chance(errors.fail_midstream_rate)
+            .then_some(errors.fail_after_tokens);
+        let seed = match request.params.seed {
+            Some(seed) => mix(&[seed]),
+            None => mix(&[self.seed, request.id]),
+        };
+        let priority = request.params.priority;
+        let generation = Generation::new(model, request.prompt, request.params, seed, fail_after);
+        match self
+            .scheduler
+            .enqueue(request.id, sink, generation, priority)
+        {
+            Ok(()) => Ok(()),
+            Err(e) => self.refuse(e),
+        }
+    }
+
+    fn cancel(&self, request_id: u64) {
+        self.scheduler.cancel(request_id);
+    }
+
+    fn stats(&self, _base: Stats) -> Stats {
+        let mut stats = self.scheduler.stats();
+        stats.extra.insert(
+            "refused".into(),
+            self.refused.load(Ordering::Relaxed).into(),
+        );
+        stats
+    }
+
+    const EMBEDDINGS: bool = true;
+
+    fn embed(&self, request: EmbedRequest) -> Result<Vec<Vec<f32>>, EngineError> {
+        let model = self.model(&request.model)?;
+        let full = model.embedding_dim as usize;
+        if full == 0 {
+            return Err(EngineError::unsupported(format!(
+                "model `{}` serves no embeddings",
+                model.id
+            )));
+        }
+        let dim = match request.params.dimensions {
+            None => full,
+            Some(d) if d >= 1 && d as usize <= full => d as usize,
+            Some(d) => {
+                return Err(EngineError::invalid_request(format!(
+                    "dimensions must be between 1 and {full}, got {d}"
+                )));
+            }
+        };
+        let seed = mix(&[self.seed, 0xE3BE]);
+        Ok(request
+            .inputs
+            .iter()
+            .map(|tokens| {
+                let v = embed::embed(seed, tokens, full);
+                let head: Vec<f64> = v[..dim].iter().map(|&x| f64::from(x)).collect();
+                embed::normalise(&head)
+            })
+            .collect())
+    }
+
+    fn shutdown(&self) {
+        self.scheduler.shutdown();
+    }
+}
+
+turnpike_engine_api::export_engine!(SimEngine, "turnpike-sim");

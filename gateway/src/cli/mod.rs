@@ -1,0 +1,139 @@
+//! The command line: `turnpike [serve]`, `turnpike plugin check`, `turnpike plugin conformance`.
+
+mod plugin_check;
+mod plugin_config;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Config, ConfigError};
+use crate::observability::LogFormat;
+use crate::server::{ServeError, Server, shutdown_signal};
+
+pub use plugin_check::PluginCommandError;
+
+/// Turnpike: an OpenAI-compatible LLM gateway with run-time engine plugins.
+#[derive(Debug, Parser)]
+#[command(name = "turnpike", version, about)]
+pub struct Cli {
+    /// What to do; `serve` when omitted.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Log format on stderr: `json`, `text`, or `auto` (text on a terminal, JSON otherwise).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Auto)]
+    pub log_format: LogFormat,
+}
+
+/// A subcommand.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway.
+    Serve(ServeArgs),
+    /// Inspect and check engine plugins.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+}
+
+/// Arguments of `serve`.
+#[derive(Debug, Default, Args)]
+pub struct ServeArgs {
+    /// TOML configuration file; without one, the built-in default (loopback, simulator engine).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// Listen address, overriding the configuration (port 0 picks a free port).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+}
+
+/// A plugin subcommand.
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Load a plugin, list its models, run one short generation and one cancel.
+    Check(PluginArgs),
+    /// Run the conformance kit over a plugin.
+    Conformance(PluginArgs),
+}
+
+/// Arguments of the plugin subcommands.
+#[derive(Debug, Args)]
+pub struct PluginArgs {
+    /// The plugin library (`.so`).
+    pub path: PathBuf,
+    /// Engine configuration: inline JSON, or `@FILE` (JSON, or TOML when FILE ends in `.toml`).
+    #[arg(long)]
+    pub config: Option<String>,
+    /// Model to exercise; the first one served by default.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Seconds to wait for any one expected event.
+    #[arg(long, default_value_t = 10)]
+    pub timeout: u64,
+}
+
+/// Why a command failed; its message is one line.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The gateway configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The server could not start or failed.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    /// A plugin command failed.
+    #[error(transparent)]
+    Plugin(#[from] PluginCommandError),
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Runs a parsed command line; user-facing output goes to `out`.
+pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
+    match cli.command.unwrap_or(Command::Serve(ServeArgs::default())) {
+        Command::Serve(args) => serve(args, out),
+        Command::Plugin(PluginCommand::Check(args)) => {
+            let runtime = current_thread_runtime()?;
+            Ok(runtime.block_on(plugin_check::check(&args, out))?)
+        }
+        Command::Plugin(PluginCommand::Conformance(args)) => {
+            Ok(plugin_check::conformance(&args, out)?)
+        }
+    }
+}
+
+fn current_thread_runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::Runtime)
+}
+
+fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::builtin(),
+    };
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::Runtime)?;
+    runtime.block_on(async {
+        let server = Server::bind(&config).await?;
+        let addr = server.local_addr()?;
+        // One line on stdout for scripts and tests that start the gateway on port 0.
+        let _ = writeln!(out, "turnpike listening on http://{addr}");
+        let _ = out.flush();
+        server.run(shutdown_signal()).await?;
+        Ok::<(), CliError>(())
+    })?;
+    // Engines are destroyed as the registry drops; give in-flight plugin threads a moment.
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    Ok(())
+}

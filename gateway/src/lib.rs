@@ -1,0 +1,12 @@
+//! Turnpike, the gateway: configuration, engine hosting, HTTP routes and the command line.
+//!
+//! `main.rs` only parses the command line and calls [`cli::run`]; everything else lives here so
+//! tests can drive it in-process.
+
+pub mod cli;
+pub mod config;
+pub mod engine_host;
+pub mod observability;
+pub mod openai;
+pub mod routes;
+pub mod server;

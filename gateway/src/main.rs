@@ -1,0 +1,23 @@
+//! The `turnpike` binary: parse the command line, set up logging, run.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use turnpike::cli::{Cli, run};
+use turnpike::observability::init_logging;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let mut stdout = std::io::stdout();
+    match run(cli, &mut stdout) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            #[allow(clippy::print_stderr)] // the one line a failed command leaves for its caller
+            {
+                eprintln!("turnpike: {e}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

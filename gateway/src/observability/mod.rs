@@ -1,0 +1,5 @@
+//! Observability: logs now; metrics and traces join here.
+
+mod logging;
+
+pub use logging::{LogFormat, init_logging};

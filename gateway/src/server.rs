@@ -1,0 +1,100 @@
+//! Starting and stopping the HTTP server.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::engine_host::{EngineHostError, ModelRegistry};
+use crate::routes::{AppState, router};
+
+/// Why the server cannot start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// An engine failed to load.
+    #[error(transparent)]
+    Engines(#[from] EngineHostError),
+    /// The listen address cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The server failed while running.
+    #[error("server error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A server with its engines loaded and its socket bound, not yet serving.
+#[derive(Debug)]
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    state: AppState,
+}
+
+impl Server {
+    /// Loads the engines (on a blocking thread: a real engine may take a while) and binds.
+    pub async fn bind(config: &Config) -> Result<Self, ServeError> {
+        let engines = config.engines.clone();
+        let registry = tokio::task::spawn_blocking(move || ModelRegistry::load(&engines))
+            .await
+            .map_err(|e| std::io::Error::other(format!("engine loading panicked: {e}")))??;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ServeError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        Ok(Self {
+            listener,
+            state: AppState {
+                registry: Arc::new(registry),
+            },
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> Result<SocketAddr, ServeError> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// Serves until `shutdown` completes, then finishes the requests in flight.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let models = self.state.registry.len();
+        tracing::info!(addr = %self.local_addr()?, models, "serving");
+        axum::serve(self.listener, router(self.state))
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Completes on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down");
+}
