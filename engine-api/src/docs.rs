@@ -11,6 +11,17 @@ use serde_json::{Map, Value};
 /// The most alternatives a request may ask for per token (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: u32 = 20;
 
+/// Parses a JSON object into `T`; empty text is `{}`. Anything but an object is refused (serde
+/// would otherwise read a struct from an array, by position).
+pub fn from_json_object<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+    let text = text.trim_start();
+    let text = if text.is_empty() { "{}" } else { text };
+    if !text.starts_with('{') {
+        return Err("expected a JSON object".into());
+    }
+    serde_json::from_str(text).map_err(|e| e.to_string())
+}
+
 /// Generation parameters of one request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -89,11 +100,8 @@ impl Default for GenerationParams {
 impl GenerationParams {
     /// Parses and range-checks parameters; the error is a one-line reason.
     pub fn from_json(text: &str) -> Result<Self, String> {
-        let params: Self = if text.trim().is_empty() {
-            Self::default()
-        } else {
-            serde_json::from_str(text).map_err(|e| format!("invalid generation parameters: {e}"))?
-        };
+        let params: Self =
+            from_json_object(text).map_err(|e| format!("invalid generation parameters: {e}"))?;
         params.check()?;
         Ok(params)
     }
@@ -278,6 +286,7 @@ mod tests {
             r#"{"min_tokens": 5, "max_tokens": 2}"#,
             r#"{"max_tokens": "many"}"#,
             "not json",
+            "[16]",
         ] {
             assert!(
                 GenerationParams::from_json(bad).is_err(),

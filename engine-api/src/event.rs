@@ -329,19 +329,8 @@ impl EngineEvent {
     /// `ptr` must point to a live event written by the other side, whose `struct_size` is truthful
     /// and whose pointers are valid as the ABI describes.
     pub unsafe fn from_raw(ptr: *const TpEventV1) -> Result<Self, String> {
-        if ptr.is_null() {
-            return Err("event pointer is NULL".into());
-        }
-        // SAFETY: non-null, and the caller vouches for the rest.
-        let declared = unsafe { layout::declared_size(ptr) };
-        if declared < layout::EVENT_V1_0_SIZE {
-            return Err(format!(
-                "event struct_size {declared} is smaller than v1.0's {}",
-                layout::EVENT_V1_0_SIZE
-            ));
-        }
-        // SAFETY: as above; at least the v1.0 size is readable.
-        let ev = unsafe { layout::read_prefix(ptr) };
+        // SAFETY: the caller vouches for the event's validity.
+        let ev = unsafe { layout::read_at_least(ptr, layout::EVENT_V1_0_SIZE, "event") }?;
         Ok(match ev.kind {
             abi::TP_EVENT_TOKEN => {
                 let top_logprobs = if ev.top_logprobs.is_null() || ev.num_top_logprobs == 0 {

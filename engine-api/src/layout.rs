@@ -62,6 +62,26 @@ pub unsafe fn read_prefix<T: Growable>(ptr: *const T) -> T {
     unsafe { out.assume_init() }
 }
 
+/// Reads a growable struct the other side passed, refusing NULL and a `struct_size` below `min`
+/// (the v1.0 size: every v1.0 field is required). The error names the struct as `what`.
+///
+/// # Safety
+/// `ptr` must be NULL or point to a struct valid for its declared `struct_size`.
+pub unsafe fn read_at_least<T: Growable>(ptr: *const T, min: u32, what: &str) -> Result<T, String> {
+    if ptr.is_null() {
+        return Err(format!("{what} is NULL"));
+    }
+    // SAFETY: non-null; forwarded from the caller.
+    let declared = unsafe { declared_size(ptr) };
+    if declared < min {
+        return Err(format!(
+            "{what} struct_size {declared} is smaller than v1.0's {min}"
+        ));
+    }
+    // SAFETY: at least `min` bytes are readable, as the caller vouches.
+    Ok(unsafe { read_prefix(ptr) })
+}
+
 /// The smallest `struct_size` a v1 function table may have: through `cancel`, the last required
 /// entry.
 pub const ENGINE_API_V1_MIN_SIZE: u32 =

@@ -68,7 +68,7 @@ pub(super) fn cancel_after_final(kit: &Kit<'_>) -> Result<(), Miss> {
 }
 
 pub(super) fn cancel_unknown(kit: &Kit<'_>) -> Result<(), Miss> {
-    let status = kit.engine.cancel_status(u64::MAX - 7);
+    let status = kit.engine.cancel(u64::MAX - 7);
     ensure(status == Status::Ok, || {
         format!("cancel of an unknown id returned {status}")
     })

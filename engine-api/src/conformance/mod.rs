@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use self::recorder::{Recorder, Seen};
+pub use self::recorder::{Recorder, Seen};
 use crate::docs::{GenerationParams, ModelInfo};
 use crate::event::EngineError;
 use crate::host::{EngineHandle, Plugin, PluginError, PluginInfo};

@@ -1,4 +1,5 @@
-//! An instrumented sink that records everything a plugin does with it.
+//! An instrumented sink that records everything a plugin does with it; the kit uses it, and
+//! plugin authors can use it in their own tests.
 //!
 //! Its context is deliberately leaked (a few hundred bytes per request the kit sends), so a
 //! plugin that releases twice or emits after release is caught and counted instead of causing
@@ -15,18 +16,26 @@ use crate::event::{EngineEvent, FinalEvent, TokenEvent};
 
 /// What one request's sink saw.
 #[derive(Debug, Default, Clone)]
-pub(crate) struct Seen {
+pub struct Seen {
+    /// Token events, in order.
     pub tokens: Vec<TokenEvent>,
+    /// Choices ended by CHOICE_END events, in order.
     pub choice_ends: Vec<u32>,
+    /// FINAL events (the contract allows exactly one).
     pub finals: Vec<FinalEvent>,
+    /// Calls of `release` (the contract allows exactly one).
     pub releases: u32,
+    /// Events that arrived after a FINAL.
     pub after_final: u32,
+    /// Events that arrived after `release`.
     pub after_release: u32,
+    /// Why events could not be read.
     pub malformed: Vec<String>,
 }
 
+/// Records one request's events and releases.
 #[derive(Debug, Default)]
-pub(crate) struct Recorder {
+pub struct Recorder {
     seen: Mutex<Seen>,
     changed: Condvar,
     in_call: AtomicBool,
@@ -35,7 +44,7 @@ pub(crate) struct Recorder {
 
 impl Recorder {
     /// A new recorder and the raw sink that feeds it.
-    pub(crate) fn sink() -> (&'static Recorder, TpSinkV1) {
+    pub fn sink() -> (&'static Recorder, TpSinkV1) {
         let recorder: &'static Recorder = Box::leak(Box::default());
         let ctx = (recorder as *const Recorder).cast_mut().cast::<c_void>();
         (
@@ -55,22 +64,18 @@ impl Recorder {
     }
 
     /// A copy of what was seen so far.
-    pub(crate) fn seen(&self) -> Seen {
+    pub fn seen(&self) -> Seen {
         self.lock().clone()
     }
 
     /// Whether two `on_event` calls for this request ever overlapped.
-    pub(crate) fn overlapped(&self) -> bool {
+    pub fn overlapped(&self) -> bool {
         self.overlapped.load(Ordering::Acquire)
     }
 
     /// Waits until `done(seen)` holds or `timeout` passes; returns what was seen and whether it
     /// held.
-    pub(crate) fn wait_until(
-        &self,
-        timeout: Duration,
-        done: impl Fn(&Seen) -> bool,
-    ) -> (Seen, bool) {
+    pub fn wait_until(&self, timeout: Duration, done: impl Fn(&Seen) -> bool) -> (Seen, bool) {
         let deadline = Instant::now() + timeout;
         let mut seen = self.lock();
         loop {
@@ -89,12 +94,12 @@ impl Recorder {
     }
 
     /// Waits for the FINAL event and the release that follows it.
-    pub(crate) fn wait_ended(&self, timeout: Duration) -> (Seen, bool) {
+    pub fn wait_ended(&self, timeout: Duration) -> (Seen, bool) {
         self.wait_until(timeout, |s| !s.finals.is_empty() && s.releases > 0)
     }
 
     /// Waits for the release alone (refused requests get no FINAL).
-    pub(crate) fn wait_released(&self, timeout: Duration) -> (Seen, bool) {
+    pub fn wait_released(&self, timeout: Duration) -> (Seen, bool) {
         self.wait_until(timeout, |s| s.releases > 0)
     }
 }

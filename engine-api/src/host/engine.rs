@@ -182,9 +182,10 @@ impl EngineHandle {
         })
     }
 
-    /// Submits with any sink and raw parameter text; returns the request's id. The sink is
-    /// handed over whatever the outcome.
-    pub(crate) fn submit_raw(
+    /// Submits with a caller-provided sink and raw parameter text, for hosts that route events
+    /// elsewhere and for tests; returns the request's id. The sink is handed over whatever the
+    /// outcome, as the ABI says.
+    pub fn submit_raw(
         &self,
         model: &str,
         prompt: &[u32],
@@ -234,13 +235,9 @@ impl EngineHandle {
         self.inner.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Asks the engine to stop a request (what dropping its stream does).
-    pub fn cancel(&self, id: u64) {
-        self.inner.cancel(id);
-    }
-
-    /// Cancels and reports the status `cancel` returned.
-    pub(crate) fn cancel_status(&self, id: u64) -> Status {
+    /// Asks the engine to stop a request (what dropping its stream does); returns the status
+    /// `cancel` returned, which is `Ok` unless the plugin failed inside it.
+    pub fn cancel(&self, id: u64) -> Status {
         self.inner.cancel(id)
     }
 

@@ -13,7 +13,7 @@ use crate::abi::{
     self, TpEmbedRequestV1, TpEngine, TpEngineApiV1, TpHostV1, TpRequestV1, TpSinkV1, TpStatus,
     TpStr, TpWriter,
 };
-use crate::docs::{EmbedParams, GenerationParams};
+use crate::docs::{EmbedParams, GenerationParams, from_json_object};
 use crate::event::EngineError;
 use crate::layout;
 
@@ -111,19 +111,9 @@ unsafe extern "C" fn create<E: Engine>(
         if out_engine.is_null() {
             return Err(EngineError::invalid_request("out_engine is NULL"));
         }
-        if host.is_null() {
-            return Err(EngineError::invalid_request("host table is NULL"));
-        }
-        // SAFETY: non-null; the host table is at least four bytes.
-        let declared = unsafe { layout::declared_size(host) };
-        if declared < layout::HOST_V1_0_SIZE {
-            return Err(EngineError::invalid_request(format!(
-                "host table struct_size {declared} is smaller than v1.0's {}",
-                layout::HOST_V1_0_SIZE
-            )));
-        }
-        // SAFETY: at least the v1.0 size is readable.
-        let raw = unsafe { layout::read_prefix(host) };
+        // SAFETY: the host passes its table, valid for its struct_size.
+        let raw = unsafe { layout::read_at_least(host, layout::HOST_V1_0_SIZE, "host table") }
+            .map_err(EngineError::invalid_request)?;
         if raw.abi_major != abi::TP_ABI_MAJOR {
             return Err(EngineError::invalid_request(format!(
                 "host speaks ABI major {}, this plugin major {}",
@@ -184,19 +174,9 @@ unsafe extern "C" fn models<E: Engine>(engine: *mut TpEngine, out: TpWriter) -> 
 }
 
 fn parse_request(request: *const TpRequestV1) -> Result<Request, EngineError> {
-    if request.is_null() {
-        return Err(EngineError::invalid_request("request is NULL"));
-    }
-    // SAFETY: non-null; the request is at least four bytes.
-    let declared = unsafe { layout::declared_size(request) };
-    if declared < layout::REQUEST_V1_0_SIZE {
-        return Err(EngineError::invalid_request(format!(
-            "request struct_size {declared} is smaller than v1.0's {}",
-            layout::REQUEST_V1_0_SIZE
-        )));
-    }
-    // SAFETY: at least the v1.0 size is readable; its pointers are valid for the call.
-    let raw = unsafe { layout::read_prefix(request) };
+    // SAFETY: the host passes a request valid for its struct_size, for the call.
+    let raw = unsafe { layout::read_at_least(request, layout::REQUEST_V1_0_SIZE, "request") }
+        .map_err(EngineError::invalid_request)?;
     let params = utf8(raw.params_json, "params_json")?;
     Ok(Request {
         id: raw.id,
@@ -271,19 +251,10 @@ unsafe extern "C" fn health<E: Engine>(engine: *mut TpEngine, out: TpWriter) -> 
 }
 
 fn parse_embed_request(request: *const TpEmbedRequestV1) -> Result<EmbedRequest, EngineError> {
-    if request.is_null() {
-        return Err(EngineError::invalid_request("request is NULL"));
-    }
-    // SAFETY: non-null; at least four bytes.
-    let declared = unsafe { layout::declared_size(request) };
-    if declared < layout::EMBED_REQUEST_V1_0_SIZE {
-        return Err(EngineError::invalid_request(format!(
-            "embed request struct_size {declared} is smaller than v1.0's {}",
-            layout::EMBED_REQUEST_V1_0_SIZE
-        )));
-    }
-    // SAFETY: at least the v1.0 size is readable; its pointers are valid for the call.
-    let raw = unsafe { layout::read_prefix(request) };
+    // SAFETY: the host passes a request valid for its struct_size, for the call.
+    let raw =
+        unsafe { layout::read_at_least(request, layout::EMBED_REQUEST_V1_0_SIZE, "embed request") }
+            .map_err(EngineError::invalid_request)?;
     let inputs = if raw.inputs.is_null() || raw.num_inputs == 0 {
         &[][..]
     } else {
@@ -291,12 +262,8 @@ fn parse_embed_request(request: *const TpEmbedRequestV1) -> Result<EmbedRequest,
         unsafe { std::slice::from_raw_parts(raw.inputs, raw.num_inputs) }
     };
     let params = utf8(raw.params_json, "params_json")?;
-    let params: EmbedParams = if params.trim().is_empty() {
-        EmbedParams::default()
-    } else {
-        serde_json::from_str(&params)
-            .map_err(|e| EngineError::invalid_request(format!("invalid embed parameters: {e}")))?
-    };
+    let params: EmbedParams = from_json_object(&params)
+        .map_err(|e| EngineError::invalid_request(format!("invalid embed parameters: {e}")))?;
     Ok(EmbedRequest {
         model: utf8(raw.model, "model")?,
         // SAFETY: each input array is valid for the call.

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use serde::Deserialize;
+use turnpike_engine_api::docs::from_json_object;
 
 use crate::vocab::Vocab;
 
@@ -167,8 +168,7 @@ pub(crate) struct SimConfig {
 impl SimConfig {
     /// Parses and validates a JSON configuration; the error names the offending key.
     pub(crate) fn parse(text: &str) -> Result<Self, String> {
-        let text = if text.trim().is_empty() { "{}" } else { text };
-        let raw: RawConfig = serde_json::from_str(text).map_err(|e| format!("sim config: {e}"))?;
+        let raw: RawConfig = from_json_object(text).map_err(|e| format!("sim config: {e}"))?;
         if raw.max_running == 0 {
             return Err("sim config: max_running must be at least 1".into());
         }

@@ -29,7 +29,7 @@ enum Message {
     Submit {
         id: u64,
         priority: i32,
-        entry: Entry,
+        entry: Box<Entry>,
     },
     Cancel(u64),
     Shutdown,
@@ -106,7 +106,7 @@ impl Scheduler {
         if !self.send(Message::Submit {
             id,
             priority,
-            entry: Entry { sink, generation },
+            entry: Box::new(Entry { sink, generation }),
         }) {
             self.counters.queued.fetch_sub(1, Ordering::AcqRel);
             return Err(EngineError::new(
@@ -166,6 +166,8 @@ struct Clock {
     running: HashMap<u64, Entry>,
     /// (due, tie-break, id); ids no longer running are skipped.
     timers: BinaryHeap<Reverse<(Instant, u64, u64)>>,
+    /// Scratch list of the requests due in a round, kept to avoid an allocation per round.
+    due: Vec<(Instant, u64)>,
     seq: u64,
 }
 
@@ -207,7 +209,7 @@ impl Clock {
                 entry,
             } => {
                 let seq = self.next_seq();
-                self.queued.insert(id, entry);
+                self.queued.insert(id, *entry);
                 self.order.push((priority, Reverse(seq), id));
             }
             Message::Cancel(id) => {
@@ -303,7 +305,8 @@ impl Clock {
 
     /// Steps every request whose next token is due; false when none was.
     fn step_due(&mut self, now: Instant) -> bool {
-        let mut due = Vec::new();
+        let mut due = std::mem::take(&mut self.due);
+        due.clear();
         while let Some(&Reverse((at, _, id))) = self.timers.peek() {
             if at > now {
                 break;
@@ -327,6 +330,8 @@ impl Clock {
                 }
             }
         }
-        !due.is_empty()
+        let any = !due.is_empty();
+        self.due = due;
+        any
     }
 }

@@ -15,6 +15,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::Deserialize;
+use turnpike_engine_api::docs::from_json_object;
 use turnpike_engine_api::plugin::{Engine, Host, Request, Sink};
 use turnpike_engine_api::{EngineError, Finish, ModelInfo, Usage};
 
@@ -83,12 +84,8 @@ fn run(request: Request, mut sink: Sink, stop: &AtomicBool, interval: Duration) 
 
 impl Engine for EchoEngine {
     fn create(host: Host, config: &str) -> Result<Self, EngineError> {
-        let config: Config = serde_json::from_str(if config.trim().is_empty() {
-            "{}"
-        } else {
-            config
-        })
-        .map_err(|e| EngineError::invalid_config(format!("echo engine config: {e}")))?;
+        let config: Config = from_json_object(config)
+            .map_err(|e| EngineError::invalid_config(format!("echo engine config: {e}")))?;
         host.info("echo engine ready");
         let interval = Duration::from_millis(config.token_interval_ms);
         Ok(Self {

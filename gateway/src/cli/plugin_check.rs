@@ -196,7 +196,7 @@ async fn until_final(
                 EngineEvent::Token(_) => {
                     tokens += 1;
                     if let Some(engine) = cancel_with.take() {
-                        engine.cancel(id);
+                        let _ = engine.cancel(id);
                     }
                 }
                 EngineEvent::ChoiceEnd { .. } => {}

@@ -1,0 +1,169 @@
+//! Test support: real artifacts for black-box tests.
+//!
+//! Plugins and the `turnpike` binary are built by running cargo for them (same target directory
+//! and profile as the tests), so a test always runs what the sources say, never a stale library.
+//! C fixtures are compiled with the `cc` crate against the checked-in header (or a frozen one).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+pub mod c;
+pub mod http;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// `target/<profile>` of the running test binary (which lives in `target/<profile>/deps`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
+}
+
+fn target_dir() -> PathBuf {
+    profile_dir()
+        .parent()
+        .expect("target/<profile>")
+        .to_path_buf()
+}
+
+/// Builds `package` with cargo and returns the artifact whose file name ends with `suffix`.
+fn cargo_artifact(package: &str, suffix: &str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<String, Vec<PathBuf>>>> = OnceLock::new();
+    let built = BUILT.get_or_init(Mutex::default);
+    let mut built = built.lock().unwrap_or_else(|p| p.into_inner());
+    let files = built.entry(package.to_string()).or_insert_with(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args([
+            "build",
+            "--quiet",
+            "--message-format=json-render-diagnostics",
+            "-p",
+            package,
+        ])
+        .arg("--target-dir")
+        .arg(target_dir())
+        .current_dir(workspace_root());
+        if profile_dir().file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let out = cmd.output().expect("run cargo");
+        assert!(
+            out.status.success(),
+            "cargo build -p {package} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut files = Vec::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if msg["reason"] != "compiler-artifact" {
+                continue;
+            }
+            let names = msg["filenames"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p.as_str());
+            files.extend(names.chain(msg["executable"].as_str()).map(PathBuf::from));
+        }
+        files
+    });
+    files
+        .iter()
+        .find(|f| f.to_string_lossy().ends_with(suffix))
+        .cloned()
+        .unwrap_or_else(|| panic!("cargo built no `*{suffix}` for {package}: {files:?}"))
+}
+
+fn cdylib(package: &str, lib_name: &str) -> PathBuf {
+    let suffix = format!(
+        "{}{lib_name}{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    cargo_artifact(package, &suffix)
+}
+
+/// The simulator plugin.
+pub fn sim_plugin() -> PathBuf {
+    cdylib("turnpike-sim", "turnpike_sim")
+}
+
+/// The Rust example plugin.
+pub fn rust_example_plugin() -> PathBuf {
+    cdylib("turnpike-example-engine", "turnpike_example_engine")
+}
+
+/// The fault-injecting test plugin.
+pub fn faulty_plugin() -> PathBuf {
+    cdylib("turnpike-faulty-plugin", "turnpike_faulty_plugin")
+}
+
+/// The C example plugin, compiled against the checked-in header.
+pub fn c_example_plugin() -> PathBuf {
+    let root = workspace_root();
+    c::shared_library(
+        "echo_c",
+        &[root.join("examples/c-engine/echo_engine.c")],
+        &root.join("engine-api/include"),
+        &[],
+    )
+}
+
+/// Headers a C fixture can be built against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Header {
+    /// `engine-api/include`, today's.
+    Current,
+    /// `tests/abi/v1_0`, frozen at release.
+    V1_0,
+}
+
+impl Header {
+    /// The include directory.
+    pub fn dir(self) -> PathBuf {
+        match self {
+            Self::Current => workspace_root().join("engine-api/include"),
+            Self::V1_0 => workspace_root().join("tests/abi/v1_0"),
+        }
+    }
+}
+
+/// `tests/fixtures/c/table_variants.c` built as a plugin, with `-DVARIANT_<variant>` when given.
+pub fn table_fixture(variant: Option<&str>, header: Header) -> PathBuf {
+    let suffix = if header == Header::V1_0 { "_v1_0" } else { "" };
+    let name = format!(
+        "fixture_{}{suffix}",
+        variant.unwrap_or("full").to_lowercase()
+    );
+    let define = variant.map(|v| format!("VARIANT_{v}"));
+    let defines: Vec<&str> = define.as_deref().into_iter().collect();
+    let source = workspace_root().join("tests/fixtures/c/table_variants.c");
+    c::shared_library(&name, &[source], &header.dir(), &defines)
+}
+
+/// The `turnpike` binary (the simulator is built too: it is the built-in default engine).
+pub fn turnpike_bin() -> PathBuf {
+    sim_plugin();
+    cargo_artifact(
+        "turnpike",
+        &format!("turnpike{}", std::env::consts::EXE_SUFFIX),
+    )
+}
+
+/// How long tests wait for an event that should come promptly.
+pub const PATIENCE: Duration = Duration::from_secs(20);
