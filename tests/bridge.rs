@@ -166,6 +166,50 @@ async fn a_sink_released_without_a_final_still_ends_its_stream_with_one() {
     assert!(events.recv().await.is_none());
 }
 
+#[tokio::test]
+async fn a_malformed_event_ends_the_stream_but_not_the_engines_work() {
+    let (sink, mut events) = sink_pair();
+    let raw = turnpike_engine_api::abi::TpEventV1 {
+        num_top_logprobs: 1000,
+        ..zeroed_token_event()
+    };
+    // SAFETY: the sink's context is live; `raw` is valid for the call; released once below.
+    unsafe { sink.on_event.expect("on_event")(sink.ctx, &raw) };
+    let Some(EngineEvent::Final(fin)) = events.recv().await else {
+        panic!("expected a final")
+    };
+    assert_eq!(fin.status, Status::Internal);
+    assert!(
+        fin.message.starts_with("engine sent a malformed event"),
+        "{}",
+        fin.message
+    );
+    assert!(
+        events.is_done() && !events.engine_finished(),
+        "dropping the stream must still cancel"
+    );
+    // SAFETY: released exactly once.
+    unsafe { sink.release.expect("release")(sink.ctx) };
+}
+
+fn zeroed_token_event() -> turnpike_engine_api::abi::TpEventV1 {
+    turnpike_engine_api::abi::TpEventV1 {
+        struct_size: size_of::<turnpike_engine_api::abi::TpEventV1>() as u32,
+        kind: turnpike_engine_api::abi::TP_EVENT_TOKEN,
+        choice_index: 0,
+        flags: 0,
+        token_id: 1,
+        logprob: 0.0,
+        top_logprobs: std::ptr::null(),
+        num_top_logprobs: 0,
+        finish_reason: 0,
+        stop_token_id: 0,
+        status: 0,
+        usage: Default::default(),
+        message: turnpike_engine_api::layout::tp_str(""),
+    }
+}
+
 #[test]
 fn embeddings_through_the_host() {
     let engine = sim("{}");

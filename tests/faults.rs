@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use turnpike_engine_api::conformance::Recorder;
+use turnpike_engine_api::conformance::submit_recorded;
 use turnpike_engine_api::host::{EngineHandle, EngineRequest, Plugin, PluginError};
 use turnpike_engine_api::{EmbedParams, EngineEvent, FinalEvent, GenerationParams, Status};
 use turnpike_tests::{PATIENCE, faulty_plugin};
@@ -72,10 +72,9 @@ fn a_panic_in_create_is_a_create_error_with_the_panic_message() {
 fn a_panic_in_submit_is_an_internal_status_and_the_host_lives_on() {
     let broken = engine("panic_in_submit");
     for _ in 0..3 {
-        let (recorder, sink) = Recorder::sink();
-        let err = broken
-            .submit_raw("faulty", &[1], r#"{"max_tokens": 2}"#, sink)
-            .expect_err("refused");
+        let (recorder, submitted) =
+            submit_recorded(&broken, "faulty", &[1], r#"{"max_tokens": 2}"#);
+        let err = submitted.expect_err("refused");
         assert_eq!(err.status, Status::Internal);
         assert!(
             err.message
@@ -99,10 +98,8 @@ fn a_panic_in_submit_is_an_internal_status_and_the_host_lives_on() {
 #[test]
 fn events_from_a_sink_kept_past_a_panicking_submit_never_reach_the_host() {
     let broken = engine("panic_after_handoff");
-    let (recorder, sink) = Recorder::sink();
-    let err = broken
-        .submit_raw("faulty", &[1], "{}", sink)
-        .expect_err("refused");
+    let (recorder, submitted) = submit_recorded(&broken, "faulty", &[1], "{}");
+    let err = submitted.expect_err("refused");
     assert_eq!(err.status, Status::Internal);
     // The worker finishes 20 ms later; its events are suppressed, its sink released once.
     let (seen, released) = recorder.wait_released(PATIENCE);
@@ -138,15 +135,36 @@ async fn an_error_after_the_final_counts_as_accepted() {
     assert_eq!(fin.status, Status::Ok);
 }
 
+#[tokio::test]
+async fn an_error_after_a_token_is_carried_by_the_final() {
+    let (tokens, fin) = final_of(&engine("token_then_error")).await;
+    assert_eq!(tokens, 1);
+    assert_eq!(fin.status, Status::Internal);
+    assert_eq!(fin.message, "an error after a token");
+}
+
+#[test]
+fn destroy_waits_for_sinks_held_by_engine_threads() {
+    let late = engine("finish_late");
+    let (recorder, submitted) = submit_recorded(&late, "faulty", &[1], "{}");
+    submitted.expect("accepted");
+    drop(late);
+    let seen = recorder.seen();
+    assert_eq!(
+        (seen.finals.len(), seen.releases),
+        (1, 1),
+        "destroy returned early: {seen:?}"
+    );
+    assert_eq!(seen.finals[0].status, Status::Ok);
+}
+
 #[test]
 fn sinks_an_engine_still_holds_are_cancelled_when_it_is_destroyed() {
     let leaky = engine("leak_on_destroy");
     let recorders: Vec<_> = (0..3)
         .map(|_| {
-            let (recorder, sink) = Recorder::sink();
-            leaky
-                .submit_raw("faulty", &[1], "{}", sink)
-                .expect("accepted");
+            let (recorder, submitted) = submit_recorded(&leaky, "faulty", &[1], "{}");
+            submitted.expect("accepted");
             recorder
         })
         .collect();

@@ -331,6 +331,35 @@ async fn the_queue_is_bounded_and_served_by_priority() {
 }
 
 #[tokio::test]
+async fn with_no_queue_only_running_requests_are_accepted() {
+    let engine = sim(
+        json!({"max_running": 2, "max_queued": 0, "models": [{"id": "m", "latency": {"itl_ms": 5}}]}),
+    );
+    let long = || EngineRequest {
+        model: "m".into(),
+        prompt: vec![1],
+        params: GenerationParams {
+            ignore_eos: true,
+            ..params(10_000)
+        },
+    };
+    let a = engine.submit(&long()).expect("runs");
+    let b = engine.submit(&long()).expect("runs");
+    assert_eq!(
+        engine.submit(&long()).expect_err("no room").status,
+        Status::Overloaded
+    );
+    drop(a);
+    let deadline = Instant::now() + PATIENCE;
+    while engine.stats().expect("stats").cancelled != 1 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let c = engine.submit(&long()).expect("room again");
+    drop((b, c));
+}
+
+#[tokio::test]
 async fn requests_the_model_cannot_serve_are_refused() {
     let engine =
         sim(json!({"models": [{"id": "m", "vocab_size": 100, "max_context": 8, "max_n": 2}]}));

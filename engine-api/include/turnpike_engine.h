@@ -106,8 +106,9 @@ typedef struct TpTokens {
 
 /*
  A host-provided output channel for variable-size results (model lists, stats, embeddings,
- error messages). The callee calls `write` zero or more times; the bytes are appended. This is
- how the ABI returns data without either side freeing the other's memory.
+ error messages). The callee calls `write` zero or more times, from the thread running the call
+ and before the call returns; the bytes are appended. This is how the ABI returns data without
+ either side freeing the other's memory.
  */
 typedef struct TpWriter {
     /*
@@ -244,6 +245,9 @@ typedef struct TpUsage {
 /*
  An event of a request, passed to the sink's `on_event`. Borrowed for that call only.
 
+ A host ignores event kinds and flags it does not know; a plugin sends a kind added in a later
+ minor only when the host's `TpHostV1.abi_minor` says the host knows it. `num_top_logprobs` is
+ at most 20.
  Which fields are meaningful depends on `kind`:
  - `TP_EVENT_TOKEN`: `choice_index`, `token_id`, `logprob` (with `TP_EVENT_FLAG_LOGPROB`),
    `top_logprobs`/`num_top_logprobs` (most likely first). A matched end-of-sequence or stop

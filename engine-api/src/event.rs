@@ -6,6 +6,7 @@
 use std::fmt;
 
 use crate::abi::{self, TpEventV1, TpStatus, TpTopLogprob, TpUsage};
+use crate::docs::MAX_TOP_LOGPROBS;
 use crate::layout;
 
 /// One alternative token and its log probability (the ABI struct, reused as is).
@@ -323,16 +324,23 @@ impl EngineEvent {
         }
     }
 
-    /// Copies a raw event into an owned one.
+    /// Copies a raw event into an owned one; `Ok(None)` for an event kind this side does not
+    /// know (a later minor's), which readers skip.
     ///
     /// # Safety
     /// `ptr` must point to a live event written by the other side, whose `struct_size` is truthful
     /// and whose pointers are valid as the ABI describes.
-    pub unsafe fn from_raw(ptr: *const TpEventV1) -> Result<Self, String> {
+    pub unsafe fn from_raw(ptr: *const TpEventV1) -> Result<Option<Self>, String> {
         // SAFETY: the caller vouches for the event's validity.
         let ev = unsafe { layout::read_at_least(ptr, layout::EVENT_V1_0_SIZE, "event") }?;
-        Ok(match ev.kind {
+        Ok(Some(match ev.kind {
             abi::TP_EVENT_TOKEN => {
+                if ev.num_top_logprobs > MAX_TOP_LOGPROBS {
+                    return Err(format!(
+                        "{} top logprobs, more than the {MAX_TOP_LOGPROBS} allowed",
+                        ev.num_top_logprobs
+                    ));
+                }
                 let top_logprobs = if ev.top_logprobs.is_null() || ev.num_top_logprobs == 0 {
                     Vec::new()
                 } else {
@@ -360,8 +368,8 @@ impl EngineEvent {
                 finish: finish_from_raw(&ev),
                 usage: ev.usage,
             }),
-            other => return Err(format!("unknown event kind {other}")),
-        })
+            _ => return Ok(None),
+        }))
     }
 }
 
@@ -373,6 +381,7 @@ mod tests {
         // SAFETY: `raw` is a live event borrowed from `ev` for the closure.
         ev.with_raw(|raw| unsafe { EngineEvent::from_raw(raw) })
             .expect("valid event")
+            .expect("a known kind")
     }
 
     #[test]
@@ -427,6 +436,17 @@ mod tests {
         for raw in 0..12 {
             assert_eq!(Status::from_raw(raw).to_raw(), raw);
         }
+    }
+
+    #[test]
+    fn unknown_kinds_are_skipped_and_absurd_counts_refused() {
+        let mut raw = blank_event(99);
+        // SAFETY: `raw` is a live event.
+        assert_eq!(unsafe { EngineEvent::from_raw(&raw) }, Ok(None));
+        raw.kind = abi::TP_EVENT_TOKEN;
+        raw.num_top_logprobs = 1 << 30;
+        // SAFETY: `raw` is a live event; the count is refused before the pointer is read.
+        assert!(unsafe { EngineEvent::from_raw(&raw) }.is_err());
     }
 
     #[test]

@@ -52,7 +52,13 @@ pub unsafe fn declared_size<T: Growable>(ptr: *const T) -> u32 {
 pub unsafe fn read_prefix<T: Growable>(ptr: *const T) -> T {
     // SAFETY: forwarded from the caller.
     let declared = unsafe { declared_size(ptr) } as usize;
-    let len = declared.min(size_of::<T>()) & !7;
+    if declared >= size_of::<T>() {
+        // The common case, the writer knows at least as much as `T`: one fixed-size copy.
+        // SAFETY: `size_of::<T>()` bytes are readable (caller); any bit pattern of a `T` written
+        // by the other side is valid for `T: Growable`.
+        return unsafe { ptr.read_unaligned() };
+    }
+    let len = declared & !7;
     let mut out = MaybeUninit::<T>::zeroed();
     // SAFETY: `len` bytes are readable at `ptr` (caller) and writable in `out` (len <= size_of T);
     // the regions cannot overlap since `out` is a fresh local.

@@ -52,13 +52,16 @@
 //!    concurrently for one request) and never blocks: the host queues the event and returns,
 //!    without calling back into the engine (so an engine may emit while holding its own locks).
 //!    The engine bounds what it sends by `max_tokens`.
+//!    Events, the FINAL included, may arrive before `submit` returns, on the thread calling it: a
+//!    host holds no lock across `submit` that `on_event` takes.
 //! 4. *Cancel is idempotent and asynchronous.* `cancel(id)` may be called any number of times,
 //!    before the first token, during generation, or after the FINAL event; unknown ids are
-//!    ignored. The FINAL event (status `TP_STATUS_CANCELLED`, or `TP_STATUS_OK` if generation won
-//!    the race) may come later, from another thread.
+//!    ignored, and so may be an id whose `submit` has not yet returned. The FINAL event (status
+//!    `TP_STATUS_CANCELLED`, or `TP_STATUS_OK` if generation won the race) may come later, from
+//!    another thread.
 //! 5. *Destroy finishes everything.* Before `destroy` returns, every accepted request has had its
-//!    FINAL event and its `release`. The host calls nothing on an engine during or after its
-//!    `destroy`, and never unloads the library.
+//!    FINAL event and its `release`, and the plugin has stopped calling the host's log. The host
+//!    calls nothing on an engine during or after its `destroy`, and never unloads the library.
 //! 6. *No memory freed across the boundary.* Inputs (strings, token arrays, requests, events) are
 //!    borrowed for the duration of one call; copy what you keep. Variable-size outputs (model
 //!    lists, stats, embeddings, error messages) go through a host-provided `TpWriter`.

@@ -15,35 +15,33 @@
 
 typedef struct Job {
     struct Job *next;
+    struct TpEngine *engine;
     uint64_t id;
     uint32_t *prompt;
     size_t len;
     unsigned long max_tokens;
     int ignore_eos;
     TpSinkV1 sink;
-    atomic_int cancelled, done, outcome;
+    atomic_int cancelled, done;
     pthread_t thread;
 } Job;
 
 struct TpEngine {
     pthread_mutex_t lock;
     Job *jobs;
-    atomic_ulong completed, cancelled;
+    atomic_ulong running, completed, cancelled;
 };
 
 static void say(TpWriter w, const char *text) {
     if (w.write) w.write(w.ctx, (const uint8_t *)text, strlen(text));
 }
 
-/* Naive JSON lookups, enough for the flat object the host sends ({"max_tokens":16,...}). */
+/* Naive lookup in the flat, compact object the host sends ({"max_tokens":16,"n":1,...}). */
 static const char *find_key(const char *json, const char *key) {
     char pattern[64];
-    snprintf(pattern, sizeof pattern, "\"%s\"", key);
+    snprintf(pattern, sizeof pattern, "\"%s\":", key);
     const char *at = strstr(json, pattern);
-    if (!at) return NULL;
-    at += strlen(pattern);
-    while (*at == ' ' || *at == ':') at++;
-    return at;
+    return at ? at + strlen(pattern) : NULL;
 }
 
 static void *send_final(Job *job, TpStatus status, TpFinishReason reason, const TpUsage *usage) {
@@ -52,7 +50,8 @@ static void *send_final(Job *job, TpStatus status, TpFinishReason reason, const 
     if (reason == TP_FINISH_STOP) ev.flags = TP_EVENT_FLAG_STOP_TOKEN, ev.stop_token_id = EOS;
     job->sink.on_event(job->sink.ctx, &ev);
     job->sink.release(job->sink.ctx); /* exactly once, after the last event */
-    atomic_store(&job->outcome, (int)status);
+    atomic_fetch_add(status == TP_STATUS_OK ? &job->engine->completed : &job->engine->cancelled, 1);
+    atomic_fetch_sub(&job->engine->running, 1);
     atomic_store(&job->done, 1);
     return NULL;
 }
@@ -75,14 +74,12 @@ static void *run(void *arg) {
     return send_final(job, TP_STATUS_OK, TP_FINISH_LENGTH, &usage);
 }
 
-static void reap(struct TpEngine *e, int all) { /* call with e->lock held */
+static void reap(struct TpEngine *e, int all) { /* joins finished jobs (all: every job); locked */
+    for (Job *job = e->jobs; all && job; job = job->next) atomic_store(&job->cancelled, 1);
     for (Job **link = &e->jobs; *link;) {
         Job *job = *link;
         if (!all && !atomic_load(&job->done)) { link = &job->next; continue; }
-        if (all) atomic_store(&job->cancelled, 1);
         pthread_join(job->thread, NULL);
-        if (atomic_load(&job->outcome) == TP_STATUS_OK) atomic_fetch_add(&e->completed, 1);
-        else atomic_fetch_add(&e->cancelled, 1);
         *link = job->next;
         free(job->prompt);
         free(job);
@@ -98,7 +95,7 @@ static TpStatus create(const TpHostV1 *host, TpStr config, TpEngine **out, TpWri
     if (!e) return TP_STATUS_INTERNAL;
     pthread_mutex_init(&e->lock, NULL);
     static const char ready[] = "echo-c engine ready";
-    if (host->log) host->log(host->ctx, TP_LOG_INFO, (TpStr){ready, sizeof ready - 1});
+    if (host && host->log) host->log(host->ctx, TP_LOG_INFO, (TpStr){ready, sizeof ready - 1});
     *out = e;
     return TP_STATUS_OK;
 }
@@ -117,50 +114,49 @@ static TpStatus models(TpEngine *e, TpWriter out) {
     return TP_STATUS_OK;
 }
 
-static TpStatus submit(TpEngine *e, const TpRequestV1 *req, TpSinkV1 sink, TpWriter err) {
-    TpStatus status = TP_STATUS_INVALID_REQUEST;
-    char params[4096] = {0};
-    const char *value;
-    Job *job = NULL;
-    if (req->model.len != 6 || memcmp(req->model.ptr, "echo-c", 6) != 0) {
-        say(err, "unknown model"), status = TP_STATUS_NOT_FOUND;
-        goto refuse;
-    }
-    if (req->params_json.len < 2 || req->params_json.len >= sizeof params) goto bad_params;
-    memcpy(params, req->params_json.ptr, req->params_json.len);
-    if (params[0] != '{' || params[req->params_json.len - 1] != '}') goto bad_params;
-    if ((value = find_key(params, "n")) && strtoul(value, NULL, 10) != 1) {
-        say(err, "echo-c generates one choice"), status = TP_STATUS_UNSUPPORTED;
-        goto refuse;
-    }
-    for (size_t i = 0; i < req->prompt.len; i++)
-        if (req->prompt.ptr[i] >= VOCAB) { say(err, "token id out of range"); goto refuse; }
-    job = calloc(1, sizeof *job);
-    if (!job || !(job->prompt = malloc((req->prompt.len + 1) * sizeof(uint32_t)))) {
-        status = TP_STATUS_INTERNAL;
-        goto refuse;
-    }
-    memcpy(job->prompt, req->prompt.ptr, req->prompt.len * sizeof(uint32_t));
-    job->id = req->id;
-    job->len = req->prompt.len;
-    job->max_tokens = (value = find_key(params, "max_tokens")) ? strtoul(value, NULL, 10) : 16;
-    job->ignore_eos = (value = find_key(params, "ignore_eos")) && *value == 't';
-    job->sink = sink;
-    pthread_mutex_lock(&e->lock);
-    reap(e, 0);
-    int started = pthread_create(&job->thread, NULL, run, job) == 0;
-    if (started) job->next = e->jobs, e->jobs = job;
-    pthread_mutex_unlock(&e->lock);
-    if (started) return TP_STATUS_OK;
-    status = TP_STATUS_INTERNAL;
-    goto refuse;
-bad_params:
-    say(err, "params_json is not a JSON object");
-refuse: /* a refused request gets no events, but its sink is still released exactly once */
+static TpStatus refuse(TpSinkV1 sink, TpWriter err, TpStatus status, const char *why, Job *job) {
+    say(err, why);
     if (job) free(job->prompt);
     free(job);
-    sink.release(sink.ctx);
+    if (sink.release) sink.release(sink.ctx); /* no events, but released exactly once */
     return status;
+}
+
+static TpStatus submit(TpEngine *e, const TpRequestV1 *req, TpSinkV1 sink, TpWriter err) {
+    if (!req || req->struct_size < offsetof(TpRequestV1, params_json) + sizeof(TpStr))
+        return refuse(sink, err, TP_STATUS_INVALID_REQUEST, "request too small", NULL);
+    if (req->model.len != 6 || memcmp(req->model.ptr, "echo-c", 6) != 0)
+        return refuse(sink, err, TP_STATUS_NOT_FOUND, "unknown model", NULL);
+    size_t n = req->params_json.len;
+    if (n < 2 || req->params_json.ptr[0] != '{' || req->params_json.ptr[n - 1] != '}')
+        return refuse(sink, err, TP_STATUS_INVALID_REQUEST, "params_json is not an object", NULL);
+    for (size_t i = 0; i < req->prompt.len; i++)
+        if (req->prompt.ptr[i] >= VOCAB)
+            return refuse(sink, err, TP_STATUS_INVALID_REQUEST, "token id out of range", NULL);
+    Job *job = calloc(1, sizeof *job);
+    char *params = malloc(n + 1);
+    if (!job || !params || !(job->prompt = malloc((req->prompt.len + 1) * sizeof(uint32_t)))) {
+        free(params);
+        return refuse(sink, err, TP_STATUS_INTERNAL, "out of memory", job);
+    }
+    memcpy(params, req->params_json.ptr, n);
+    params[n] = 0;
+    const char *value = find_key(params, "n");
+    int several = value && strtoul(value, NULL, 10) != 1;
+    job->max_tokens = (value = find_key(params, "max_tokens")) ? strtoul(value, NULL, 10) : 16;
+    job->ignore_eos = (value = find_key(params, "ignore_eos")) && *value == 't';
+    free(params);
+    if (several) return refuse(sink, err, TP_STATUS_UNSUPPORTED, "echo-c makes one choice", job);
+    if (req->prompt.len) memcpy(job->prompt, req->prompt.ptr, req->prompt.len * sizeof(uint32_t));
+    job->engine = e, job->id = req->id, job->len = req->prompt.len, job->sink = sink;
+    pthread_mutex_lock(&e->lock);
+    reap(e, 0);
+    atomic_fetch_add(&e->running, 1);
+    int started = pthread_create(&job->thread, NULL, run, job) == 0;
+    if (started) job->next = e->jobs, e->jobs = job;
+    else atomic_fetch_sub(&e->running, 1);
+    pthread_mutex_unlock(&e->lock);
+    return started ? TP_STATUS_OK : refuse(sink, err, TP_STATUS_INTERNAL, "no thread", job);
 }
 
 static TpStatus cancel(TpEngine *e, uint64_t id) {
@@ -173,13 +169,9 @@ static TpStatus cancel(TpEngine *e, uint64_t id) {
 
 static TpStatus stats(TpEngine *e, TpWriter out) {
     char json[256];
-    unsigned long running = 0;
-    pthread_mutex_lock(&e->lock);
-    for (Job *job = e->jobs; job; job = job->next) running += !atomic_load(&job->done);
-    pthread_mutex_unlock(&e->lock);
     snprintf(json, sizeof json,
              "{\"queued\":0,\"running\":%lu,\"completed\":%lu,\"cancelled\":%lu,\"failed\":0}",
-             running, atomic_load(&e->completed), atomic_load(&e->cancelled));
+             atomic_load(&e->running), atomic_load(&e->completed), atomic_load(&e->cancelled));
     say(out, json);
     return TP_STATUS_OK;
 }

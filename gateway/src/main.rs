@@ -8,7 +8,7 @@ use turnpike::observability::init_logging;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    init_logging(cli.log_format, cli.default_log_level());
     let mut stdout = std::io::stdout();
     match run(cli, &mut stdout) {
         Ok(()) => ExitCode::SUCCESS,

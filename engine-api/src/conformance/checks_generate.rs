@@ -213,7 +213,8 @@ pub(super) fn newer_host_request(kit: &Kit<'_>) -> Result<(), Miss> {
         unknown_field: u64::MAX,
     };
     let (recorder, sink) = Recorder::sink();
-    // SAFETY: `request` is a live `Newer`, valid for its declared size during the call.
+    // SAFETY: `request` is a live `Newer`, valid for its declared size during the call; a
+    // recorder's sink stays valid whatever the plugin does, and goes to this one submit.
     let submitted = unsafe { kit.engine.submit_request(&request.v1, sink) };
     submitted.map_err(|e| Miss::Fail(format!("larger request struct refused: {e}")))?;
     let (seen, ended) = recorder.wait_ended(kit.options.timeout);

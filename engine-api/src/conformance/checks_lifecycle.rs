@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::recorder::{Recorder, Seen};
-use super::{Kit, Miss, ensure};
+use super::{Kit, Miss, ensure, submit_recorded};
 use crate::event::{FinishReason, Status};
 use crate::host::EngineHandle;
 
@@ -159,10 +159,8 @@ pub(super) fn destroy_with_live_requests(kit: &Kit<'_>) -> Result<(), Miss> {
     let params = kit.long_params().to_string();
     let mut live: Vec<&'static Recorder> = Vec::new();
     for _ in 0..4 {
-        let (recorder, sink) = Recorder::sink();
-        engine
-            .submit_raw(&kit.model.id, &kit.prompt(), &params, sink)
-            .map_err(|e| Miss::Fail(format!("request refused: {e}")))?;
+        let (recorder, submitted) = submit_recorded(&engine, &kit.model.id, &kit.prompt(), &params);
+        submitted.map_err(|e| Miss::Fail(format!("request refused: {e}")))?;
         live.push(recorder);
     }
     let _ = live[0].wait_until(kit.options.timeout, |s| !s.tokens.is_empty());

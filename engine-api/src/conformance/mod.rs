@@ -214,6 +214,20 @@ pub(crate) struct Kit<'a> {
     options: &'a KitOptions,
 }
 
+/// Submits a request whose events go to a new [`Recorder`]; returns it and the outcome.
+pub fn submit_recorded(
+    engine: &EngineHandle,
+    model: &str,
+    prompt: &[u32],
+    params_json: &str,
+) -> (&'static Recorder, Result<u64, EngineError>) {
+    let (recorder, sink) = Recorder::sink();
+    // SAFETY: a recorder's context is never freed, and a second release is only counted, so the
+    // sink stays valid whatever the plugin does; it goes to this one submit.
+    let submitted = unsafe { engine.submit_raw(model, prompt, params_json, sink) };
+    (recorder, submitted)
+}
+
 /// A short prompt of token ids valid for `model`, as the kit sends.
 pub fn sample_prompt(model: &ModelInfo) -> Vec<u32> {
     let top = model.vocab_size.max(1);
@@ -253,11 +267,7 @@ impl Kit<'_> {
         model: &str,
         params: &str,
     ) -> (&'static Recorder, Result<u64, EngineError>) {
-        let (recorder, sink) = Recorder::sink();
-        (
-            recorder,
-            self.engine.submit_raw(model, &self.prompt(), params, sink),
-        )
+        submit_recorded(&self.engine, model, &self.prompt(), params)
     }
 
     /// Submits, requires acceptance, and waits for the end.

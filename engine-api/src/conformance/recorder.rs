@@ -124,9 +124,12 @@ unsafe extern "C" fn on_event(ctx: *mut c_void, event: *const TpEventV1) {
                 seen.after_final += 1;
             }
             match parsed {
-                Ok(EngineEvent::Token(token)) => seen.tokens.push(token),
-                Ok(EngineEvent::ChoiceEnd { choice, .. }) => seen.choice_ends.push(choice),
-                Ok(EngineEvent::Final(fin)) => seen.finals.push(fin),
+                Ok(Some(EngineEvent::Token(token))) => seen.tokens.push(token),
+                Ok(Some(EngineEvent::ChoiceEnd { choice, .. })) => seen.choice_ends.push(choice),
+                Ok(Some(EngineEvent::Final(fin))) => seen.finals.push(fin),
+                Ok(None) => seen
+                    .malformed
+                    .push("an event kind v1 does not define".into()),
                 Err(reason) => seen.malformed.push(reason),
             }
         }

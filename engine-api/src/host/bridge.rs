@@ -17,12 +17,18 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use crate::abi::{TpEventV1, TpSinkV1};
 use crate::event::{EngineEvent, FinalEvent, Status, Usage};
 
-struct BridgeCtx {
-    tx: UnboundedSender<EngineEvent>,
+/// What travels the channel: the engine's events, or word of one that could not be read.
+enum Item {
+    Event(EngineEvent),
+    Malformed(String),
 }
 
-/// A raw sink and the stream its events arrive on. The sink must go to exactly one `submit`
-/// (which takes ownership of it whatever it returns), or the context leaks.
+struct BridgeCtx {
+    tx: UnboundedSender<Item>,
+}
+
+/// A raw sink and the stream its events arrive on. Hand the sink to exactly one `submit` (which
+/// takes it whatever it returns): the plugin's `release` frees its context.
 pub fn sink_pair() -> (TpSinkV1, EventReceiver) {
     let (tx, rx) = unbounded_channel();
     let ctx = Box::into_raw(Box::new(BridgeCtx { tx })).cast::<c_void>();
@@ -31,7 +37,14 @@ pub fn sink_pair() -> (TpSinkV1, EventReceiver) {
         on_event: Some(on_event),
         release: Some(release),
     };
-    (sink, EventReceiver { rx, done: false })
+    (
+        sink,
+        EventReceiver {
+            rx,
+            done: false,
+            engine_finished: false,
+        },
+    )
 }
 
 unsafe extern "C" fn on_event(ctx: *mut c_void, event: *const TpEventV1) {
@@ -41,16 +54,13 @@ unsafe extern "C" fn on_event(ctx: *mut c_void, event: *const TpEventV1) {
             return;
         };
         // SAFETY: the plugin passes a live event valid for this call.
-        let event = match unsafe { EngineEvent::from_raw(event) } {
-            Ok(event) => event,
-            Err(reason) => EngineEvent::Final(FinalEvent::failed(
-                Status::Internal,
-                format!("engine sent a malformed event: {reason}"),
-                Usage::default(),
-            )),
+        let item = match unsafe { EngineEvent::from_raw(event) } {
+            Ok(Some(event)) => Item::Event(event),
+            Ok(None) => return, // a kind from a later minor: skipped
+            Err(reason) => Item::Malformed(reason),
         };
         // A closed receiver means nobody is listening any more; the event is dropped.
-        let _ = ctx.tx.send(event);
+        let _ = ctx.tx.send(item);
     });
 }
 
@@ -68,14 +78,21 @@ unsafe extern "C" fn release(ctx: *mut c_void) {
 /// always sees exactly one.
 #[derive(Debug)]
 pub struct EventReceiver {
-    rx: UnboundedReceiver<EngineEvent>,
+    rx: UnboundedReceiver<Item>,
     done: bool,
+    engine_finished: bool,
 }
 
 impl EventReceiver {
     /// True once the FINAL event has been yielded.
     pub fn is_done(&self) -> bool {
         self.done
+    }
+
+    /// True once the engine itself sent the FINAL (not one this side made up for a malformed
+    /// event or a release without a FINAL): until then the engine may still be working.
+    pub fn engine_finished(&self) -> bool {
+        self.engine_finished
     }
 
     /// The next event, or `None` after the FINAL.
@@ -88,24 +105,35 @@ impl EventReceiver {
         if self.done {
             return Poll::Ready(None);
         }
-        match self.rx.poll_recv(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(event)) => {
+        let made_up = |message: String| {
+            EngineEvent::Final(FinalEvent::failed(
+                Status::Internal,
+                message,
+                Usage::default(),
+            ))
+        };
+        let event = match self.rx.poll_recv(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Some(Item::Event(event))) => {
                 if matches!(event, EngineEvent::Final(_)) {
-                    self.done = true;
-                    self.rx.close();
+                    self.engine_finished = true;
                 }
-                Poll::Ready(Some(event))
+                event
+            }
+            Poll::Ready(Some(Item::Malformed(reason))) => {
+                made_up(format!("engine sent a malformed event: {reason}"))
             }
             Poll::Ready(None) => {
-                self.done = true;
-                Poll::Ready(Some(EngineEvent::Final(FinalEvent::failed(
-                    Status::Internal,
-                    "engine released the request without a final event",
-                    Usage::default(),
-                ))))
+                // Released: the engine is done with the request, FINAL or not.
+                self.engine_finished = true;
+                made_up("engine released the request without a final event".into())
             }
+        };
+        if matches!(event, EngineEvent::Final(_)) {
+            self.done = true;
+            self.rx.close();
         }
+        Poll::Ready(Some(event))
     }
 }
 

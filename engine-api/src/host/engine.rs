@@ -174,7 +174,8 @@ impl EngineHandle {
         let params = serde_json::to_string(&request.params)
             .map_err(|e| EngineError::internal(format!("cannot serialise parameters: {e}")))?;
         let (sink, events) = sink_pair();
-        let id = self.submit_raw(&request.model, &request.prompt, &params, sink)?;
+        // SAFETY: a fresh bridge sink, handed to this one submit only.
+        let id = unsafe { self.submit_raw(&request.model, &request.prompt, &params, sink) }?;
         Ok(EventStream {
             events,
             id,
@@ -185,7 +186,11 @@ impl EngineHandle {
     /// Submits with a caller-provided sink and raw parameter text, for hosts that route events
     /// elsewhere and for tests; returns the request's id. The sink is handed over whatever the
     /// outcome, as the ABI says.
-    pub fn submit_raw(
+    ///
+    /// # Safety
+    /// `sink` must be valid as the ABI requires until the plugin calls its `release`, and must
+    /// not be handed to any other `submit` (its `release` runs exactly once).
+    pub unsafe fn submit_raw(
         &self,
         model: &str,
         prompt: &[u32],
@@ -201,7 +206,7 @@ impl EngineHandle {
             prompt: layout::tp_tokens(prompt),
             params_json: layout::tp_str(params_json),
         };
-        // SAFETY: `request` borrows data that outlives the call.
+        // SAFETY: `request` borrows data that outlives the call; the caller vouches for `sink`.
         unsafe { self.submit_request(&request, sink) }.map(|()| id)
     }
 
@@ -279,7 +284,7 @@ impl EngineHandle {
             embed(raw, &raw_request, out.writer())
         })?;
         let floats = bytes.len() / 4;
-        if bytes.len() % 4 != 0 || floats % inputs.len() != 0 {
+        if floats == 0 || bytes.len() % 4 != 0 || floats % inputs.len() != 0 {
             return Err(EngineError::internal(format!(
                 "embed returned {} bytes, not a whole number of vectors for {} inputs",
                 bytes.len(),
@@ -335,7 +340,7 @@ impl Stream for EventStream {
 impl Drop for EventStream {
     fn drop(&mut self) {
         if let Some(engine) = self.engine.take()
-            && !self.events.is_done()
+            && !self.events.engine_finished()
         {
             engine.cancel(self.id);
         }

@@ -16,6 +16,7 @@ mod sink;
 mod thunks;
 
 use std::fmt;
+use std::sync::{Arc, RwLock};
 
 pub use sink::Sink;
 #[doc(hidden)]
@@ -110,23 +111,30 @@ pub enum LogLevel {
     Trace,
 }
 
-/// The host's services, valid for the engine's lifetime.
-#[derive(Clone, Copy)]
+/// The host's services. Cheap to clone and usable from any thread; once the engine's `destroy`
+/// has begun, its calls do nothing (the host frees what they point to when `destroy` returns).
+#[derive(Clone)]
 pub struct Host {
-    raw: TpHostV1,
+    link: Arc<HostLink>,
 }
 
-// SAFETY: the ABI requires the host's callbacks to be callable from any thread, and `ctx` to stay
-// valid until `destroy` returns; a `Host` never outlives its engine.
-unsafe impl Send for Host {}
-// SAFETY: as above; `Host` is read-only.
-unsafe impl Sync for Host {}
+struct HostLink {
+    raw: TpHostV1,
+    /// False from the end of `destroy` on; read-locked around every call into the host.
+    alive: RwLock<bool>,
+}
+
+// SAFETY: the ABI makes the host's callbacks callable from any thread and its `ctx` valid until
+// `destroy` returns; `alive` stops every call before that.
+unsafe impl Send for HostLink {}
+// SAFETY: as above; `raw` is read-only.
+unsafe impl Sync for HostLink {}
 
 impl fmt::Debug for Host {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Host")
-            .field("abi_major", &self.raw.abi_major)
-            .field("abi_minor", &self.raw.abi_minor)
+            .field("abi_major", &self.link.raw.abi_major)
+            .field("abi_minor", &self.link.raw.abi_minor)
             .finish()
     }
 }
@@ -134,29 +142,41 @@ impl fmt::Debug for Host {
 impl Host {
     /// A host with no log sink, for engines built outside a host (unit tests).
     pub fn detached() -> Self {
-        Self {
-            raw: TpHostV1 {
-                struct_size: std::mem::size_of::<TpHostV1>() as u32,
-                abi_major: abi::TP_ABI_MAJOR,
-                abi_minor: abi::TP_ABI_MINOR,
-                ctx: std::ptr::null_mut(),
-                log: None,
-            },
-        }
+        Self::from_raw(TpHostV1 {
+            struct_size: std::mem::size_of::<TpHostV1>() as u32,
+            abi_major: abi::TP_ABI_MAJOR,
+            abi_minor: abi::TP_ABI_MINOR,
+            ctx: std::ptr::null_mut(),
+            log: None,
+        })
     }
 
     pub(crate) fn from_raw(raw: TpHostV1) -> Self {
-        Self { raw }
+        Self {
+            link: Arc::new(HostLink {
+                raw,
+                alive: RwLock::new(true),
+            }),
+        }
+    }
+
+    /// Stops every later call into the host, waiting for calls in progress.
+    pub(crate) fn disconnect(&self) {
+        *self.link.alive.write().unwrap_or_else(|p| p.into_inner()) = false;
     }
 
     /// The host's ABI version (major, minor).
     pub fn abi_version(&self) -> (u16, u16) {
-        (self.raw.abi_major, self.raw.abi_minor)
+        (self.link.raw.abi_major, self.link.raw.abi_minor)
     }
 
     /// Writes a line to the host's log.
     pub fn log(&self, level: LogLevel, message: &str) {
-        let Some(log) = self.raw.log else { return };
+        let Some(log) = self.link.raw.log else { return };
+        let alive = self.link.alive.read().unwrap_or_else(|p| p.into_inner());
+        if !*alive {
+            return;
+        }
         let level = match level {
             LogLevel::Error => abi::TP_LOG_ERROR,
             LogLevel::Warn => abi::TP_LOG_WARN,
@@ -164,8 +184,9 @@ impl Host {
             LogLevel::Debug => abi::TP_LOG_DEBUG,
             LogLevel::Trace => abi::TP_LOG_TRACE,
         };
-        // SAFETY: the host gave this callback and context for the engine's lifetime.
-        unsafe { log(self.raw.ctx, level, layout::tp_str(message)) };
+        // SAFETY: the host keeps this callback and context valid until `destroy` returns, and
+        // `alive` (held for reading) is cleared before that.
+        unsafe { log(self.link.raw.ctx, level, layout::tp_str(message)) };
     }
 
     /// `log(LogLevel::Error, ..)`

@@ -74,14 +74,18 @@ fn guarded(err: TpWriter, what: &str, f: impl FnOnce() -> Result<(), EngineError
             e.status.to_raw()
         }
         Err(payload) => {
-            let message = format!(
-                "plugin panicked in {what}: {}",
-                panic_message(payload.as_ref())
-            );
-            write(err, message.as_bytes());
-            abi::TP_STATUS_INTERNAL
+            let e = panicked(what, payload.as_ref());
+            write(err, e.message.as_bytes());
+            e.status.to_raw()
         }
     }
+}
+
+fn panicked(what: &str, payload: &(dyn Any + Send)) -> EngineError {
+    EngineError::internal(format!(
+        "plugin panicked in {what}: {}",
+        panic_message(payload)
+    ))
 }
 
 /// The instance behind a raw engine pointer.
@@ -123,7 +127,7 @@ unsafe extern "C" fn create<E: Engine>(
         }
         let host = Host::from_raw(raw);
         let config = utf8(config, "config").map_err(|e| EngineError::invalid_config(e.message))?;
-        let engine = E::create(host, &config)?;
+        let engine = E::create(host.clone(), &config)?;
         let instance = Box::new(Instance {
             engine,
             life: Arc::default(),
@@ -142,7 +146,7 @@ unsafe extern "C" fn destroy<E: Engine>(engine: *mut TpEngine) {
     // SAFETY: `engine` came from `create::<E>`, and the host calls `destroy` once, last.
     let instance = unsafe { Box::from_raw(engine.cast::<Instance<E>>()) };
     let life = Arc::clone(&instance.life);
-    let host = instance.host;
+    let host = instance.host.clone();
     life.destroying.store(true, Ordering::Release);
     let outcome = catch_unwind(AssertUnwindSafe(move || {
         instance.engine.shutdown();
@@ -154,12 +158,14 @@ unsafe extern "C" fn destroy<E: Engine>(engine: *mut TpEngine) {
             panic_message(payload.as_ref())
         ));
     }
-    let left = life.in_flight();
-    if left > 0 {
-        host.error(&format!(
-            "engine destroyed with {left} requests still holding their sinks"
+    // Rule 5: every sink is released before `destroy` returns, also those an engine thread
+    // still holds; wait for them, saying so.
+    life.wait_released(|left| {
+        host.warn(&format!(
+            "destroy is waiting for {left} requests whose sinks the engine still holds"
         ));
-    }
+    });
+    host.disconnect();
 }
 
 unsafe extern "C" fn models<E: Engine>(engine: *mut TpEngine, out: TpWriter) -> TpStatus {
@@ -187,36 +193,56 @@ fn parse_request(request: *const TpRequestV1) -> Result<Request, EngineError> {
     })
 }
 
+/// Releases a sink that never reached a cell (a request refused before the engine saw it).
+fn release_raw(sink: TpSinkV1) {
+    if let Some(release) = sink.release {
+        // SAFETY: the sink was handed to `submit`, which must release it exactly once; no cell
+        // owns it, so this is the one release.
+        unsafe { release(sink.ctx) };
+    }
+}
+
 unsafe extern "C" fn submit<E: Engine>(
     engine: *mut TpEngine,
     request: *const TpRequestV1,
     sink: TpSinkV1,
     err: TpWriter,
 ) -> TpStatus {
-    // SAFETY: a NULL request is handled; otherwise it is valid for the call.
-    let id = unsafe { request.as_ref() }.map_or(0, |r| r.id);
-    // SAFETY: the host passes the pointer `create` returned. With no engine to count against,
-    // the cell still releases the sink exactly once.
-    let life = unsafe { instance::<E>(engine) }
-        .map(|i| Arc::clone(&i.life))
-        .unwrap_or_default();
-    let cell = SinkCell::new(sink, id, life);
-    let status = guarded(err, "submit", || {
+    let prepared = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: the host passes the pointer `create` returned.
         let instance = unsafe { instance::<E>(engine) }?;
-        if sink.on_event.is_none() || sink.release.is_none() {
-            return Err(EngineError::invalid_request("sink has a NULL callback"));
+        if sink.on_event.is_none() {
+            return Err(EngineError::invalid_request("the sink's on_event is NULL"));
         }
-        let request = parse_request(request)?;
+        Ok((instance, parse_request(request)?))
+    }))
+    .unwrap_or_else(|payload| Err(panicked("submit", payload.as_ref())));
+    let (instance, request) = match prepared {
+        Ok(prepared) => prepared,
+        Err(e) => {
+            release_raw(sink);
+            write(err, e.message.as_bytes());
+            return e.status.to_raw();
+        }
+    };
+    let cell = SinkCell::new(sink, request.id, Arc::clone(&instance.life));
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
         instance
             .engine
             .submit(request, Sink::new(Arc::clone(&cell)))
-    });
-    if status != abi::TP_STATUS_OK && !cell.refuse() {
-        // The engine sent the FINAL before failing: the request counts as accepted.
-        return abi::TP_STATUS_OK;
+    }));
+    let error = match outcome {
+        Ok(Ok(())) => return abi::TP_STATUS_OK,
+        Ok(Err(e)) => e,
+        Err(payload) => panicked("submit", payload.as_ref()),
+    };
+    if cell.refuse(error.clone()) {
+        write(err, error.message.as_bytes());
+        error.status.to_raw()
+    } else {
+        // Events already went out: the request counts as accepted and its FINAL carries the error.
+        abi::TP_STATUS_OK
     }
-    status
 }
 
 unsafe extern "C" fn cancel<E: Engine>(engine: *mut TpEngine, request_id: u64) -> TpStatus {

@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use turnpike_engine_api::plugin::Sink;
-use turnpike_engine_api::{EngineError, FinalEvent, Stats, Status};
+use turnpike_engine_api::{EngineError, FinalEvent, Stats, Status, Usage};
 
 use crate::generation::{Generation, Step};
 
@@ -36,10 +36,11 @@ enum Message {
 }
 
 /// Counters shared with host threads (written by the clock thread, and by `enqueue` for the
-/// queue reservation).
+/// reservation of a place).
 #[derive(Default)]
 struct Counters {
-    queued: AtomicU64,
+    /// Accepted and not yet finished: queued, running, or on the way to the clock.
+    live: AtomicU64,
     running: AtomicU64,
     completed: AtomicU64,
     cancelled: AtomicU64,
@@ -51,7 +52,8 @@ pub(crate) struct Scheduler {
     inbox: Mutex<Sender<Message>>,
     counters: Arc<Counters>,
     closed: AtomicBool,
-    max_queued: u64,
+    /// `max_running + max_queued`: the most requests accepted at once.
+    capacity: u64,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -71,7 +73,7 @@ impl Scheduler {
             inbox: Mutex::new(tx),
             counters,
             closed: AtomicBool::new(false),
-            max_queued: max_queued as u64,
+            capacity: (max_running + max_queued) as u64,
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -95,12 +97,12 @@ impl Scheduler {
                 "the engine is shutting down",
             ));
         }
-        // Reserve a queue slot first, so concurrent submits cannot overshoot the limit.
-        let waiting = self.counters.queued.fetch_add(1, Ordering::AcqRel);
-        if waiting >= self.max_queued {
-            self.counters.queued.fetch_sub(1, Ordering::AcqRel);
+        // Reserve a place first, so concurrent submits cannot overshoot the limit.
+        let live = self.counters.live.fetch_add(1, Ordering::AcqRel);
+        if live >= self.capacity {
+            self.counters.live.fetch_sub(1, Ordering::AcqRel);
             return Err(EngineError::overloaded(format!(
-                "the queue is full ({waiting} requests waiting)"
+                "the queue is full ({live} requests running or waiting)"
             )));
         }
         if !self.send(Message::Submit {
@@ -108,7 +110,7 @@ impl Scheduler {
             priority,
             entry: Box::new(Entry { sink, generation }),
         }) {
-            self.counters.queued.fetch_sub(1, Ordering::AcqRel);
+            self.counters.live.fetch_sub(1, Ordering::AcqRel);
             return Err(EngineError::new(
                 Status::Unavailable,
                 "the engine is shutting down",
@@ -123,9 +125,10 @@ impl Scheduler {
 
     pub(crate) fn stats(&self) -> Stats {
         let c = &self.counters;
+        let running = c.running.load(Ordering::Relaxed);
         let mut stats = Stats {
-            queued: c.queued.load(Ordering::Relaxed),
-            running: c.running.load(Ordering::Relaxed),
+            queued: c.live.load(Ordering::Relaxed).saturating_sub(running),
+            running,
             completed: c.completed.load(Ordering::Relaxed),
             cancelled: c.cancelled.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
@@ -187,12 +190,12 @@ impl Clock {
             _ => &c.failed,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        c.live.fetch_sub(1, Ordering::AcqRel);
         entry.sink.finish(fin);
     }
 
     fn take(&mut self, id: u64) -> Option<Entry> {
         if let Some(entry) = self.queued.remove(&id) {
-            self.counters.queued.fetch_sub(1, Ordering::AcqRel);
             return Some(entry);
         }
         let entry = self.running.remove(&id)?;
@@ -208,6 +211,15 @@ impl Clock {
                 priority,
                 entry,
             } => {
+                if self.queued.contains_key(&id) || self.running.contains_key(&id) {
+                    let fin = FinalEvent::failed(
+                        Status::Internal,
+                        "request id already live",
+                        Usage::default(),
+                    );
+                    self.finish(*entry, fin);
+                    return true;
+                }
                 let seq = self.next_seq();
                 self.queued.insert(id, *entry);
                 self.order.push((priority, Reverse(seq), id));
@@ -294,7 +306,6 @@ impl Clock {
             let Some(mut entry) = self.queued.remove(&id) else {
                 continue;
             };
-            self.counters.queued.fetch_sub(1, Ordering::AcqRel);
             self.counters.running.fetch_add(1, Ordering::AcqRel);
             let due = Instant::now() + entry.generation.first_delay();
             let seq = self.next_seq();

@@ -28,6 +28,16 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
+impl Cli {
+    /// `info` for the server; `warn` for the plugin tools, whose output is their report.
+    pub fn default_log_level(&self) -> &'static str {
+        match self.command {
+            Some(Command::Plugin(_)) => "warn",
+            _ => "info",
+        }
+    }
+}
+
 /// A subcommand.
 #[derive(Debug, Subcommand)]
 pub enum Command {

@@ -1,5 +1,5 @@
-//! Logs on stderr through `tracing`, filtered by `RUST_LOG` (default `info`), as JSON lines or as
-//! text. Plugin log lines arrive here too, with target `turnpike::plugin`.
+//! Logs on stderr through `tracing`, filtered by `RUST_LOG` (or a default level), as JSON lines or
+//! as text. Plugin log lines arrive here too, with target `turnpike::plugin`.
 
 use std::io::IsTerminal;
 
@@ -16,9 +16,11 @@ pub enum LogFormat {
     Text,
 }
 
-/// Installs the global subscriber; a second call does nothing.
-pub fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Installs the global subscriber, filtered by `RUST_LOG` or else `default_level`; a second call
+/// does nothing.
+pub fn init_logging(format: LogFormat, default_level: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let json = match format {
         LogFormat::Auto => !std::io::stderr().is_terminal(),
         LogFormat::Json => true,

@@ -11,6 +11,9 @@
 //! - `panic_in_worker`: a worker thread holding the sink panics mid-generation;
 //! - `drop_sink`: accept, then drop the sink without finishing it;
 //! - `final_then_error`: finish the request, then return an error from `submit`;
+//! - `token_then_error`: send a token, then return an error from `submit`;
+//! - `finish_late`: hand the sink to a detached thread that finishes it 100 ms later, also
+//!   after `destroy` has begun;
 //! - `leak_on_destroy`: keep sinks unfinished until the engine is destroyed.
 
 use std::sync::Mutex;
@@ -38,6 +41,8 @@ enum Fault {
     PanicInWorker,
     DropSink,
     FinalThenError,
+    TokenThenError,
+    FinishLate,
     LeakOnDestroy,
 }
 
@@ -123,6 +128,18 @@ impl Engine for Faulty {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .push(sink);
+                Ok(())
+            }
+            Fault::TokenThenError => {
+                sink.token(0, 1);
+                Err(EngineError::internal("an error after a token"))
+            }
+            Fault::FinishLate => {
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(100));
+                    sink.token(0, 1);
+                    sink.complete(Finish::length(), usage(&request, 1));
+                });
                 Ok(())
             }
             Fault::FinalThenError => {
