@@ -197,6 +197,14 @@ impl Gateway {
     }
 }
 
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        // A failed assertion must not leave the server running (it holds the test's stderr).
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[test]
 fn serve_answers_on_its_built_in_default() {
     let gateway = Gateway::start(&[]);
@@ -240,11 +248,15 @@ fn serve_reads_a_config_file_and_rejects_a_bad_one() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("turnpike.toml");
     let plugin = sim_plugin();
+    let tokenizer =
+        turnpike_tests::workspace_root().join("examples/models/sim-small/tokenizer.json");
+    // Without [[models]], every engine model that names its tokenizer is served.
     std::fs::write(
         &config,
         format!(
-            "[[engines]]\nname = \"sim\"\nplugin = {:?}\nconfig = {{ models = [{{ id = \"a\" }}, {{ id = \"b\" }}] }}\n",
-            plugin.to_string_lossy()
+            "[[engines]]\nname = \"sim\"\nplugin = {:?}\nconfig = {{ models = [{{ id = \"a\", tokenizer = {tok:?} }}, {{ id = \"b\", tokenizer = {tok:?} }}] }}\n",
+            plugin.to_string_lossy(),
+            tok = tokenizer.to_string_lossy()
         ),
     )
     .expect("write");

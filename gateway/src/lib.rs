@@ -1,4 +1,5 @@
-//! Turnpike, the gateway: configuration, engine hosting, HTTP routes and the command line.
+//! Turnpike, the gateway: configuration, engine hosting, protocol translation, HTTP routes and
+//! the command line.
 //!
 //! `main.rs` only parses the command line and calls [`cli::run`]; everything else lives here so
 //! tests can drive it in-process.
@@ -6,7 +7,9 @@
 pub mod cli;
 pub mod config;
 pub mod engine_host;
+pub mod error;
 pub mod observability;
 pub mod openai;
+pub mod pipeline;
 pub mod routes;
 pub mod server;

@@ -3,15 +3,17 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::config::Config;
-use crate::engine_host::{EngineHostError, ModelRegistry};
+use crate::engine_host::{self, EngineHostError};
+use crate::observability::metrics;
 use crate::routes::{AppState, router};
 
 /// Why the server cannot start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// An engine failed to load.
+    /// An engine or model failed to load.
     #[error(transparent)]
     Engines(#[from] EngineHostError),
     /// The listen address cannot be bound.
@@ -35,10 +37,11 @@ pub struct Server {
 }
 
 impl Server {
-    /// Loads the engines (on a blocking thread: a real engine may take a while) and binds.
+    /// Loads the engines and models (on a blocking thread: a real engine may take a while) and
+    /// binds.
     pub async fn bind(config: &Config) -> Result<Self, ServeError> {
-        let engines = config.engines.clone();
-        let registry = tokio::task::spawn_blocking(move || ModelRegistry::load(&engines))
+        let loading = config.clone();
+        let registry = tokio::task::spawn_blocking(move || engine_host::load(&loading))
             .await
             .map_err(|e| std::io::Error::other(format!("engine loading panicked: {e}")))??;
         let listener = tokio::net::TcpListener::bind(config.listen)
@@ -47,12 +50,12 @@ impl Server {
                 addr: config.listen,
                 source,
             })?;
-        Ok(Self {
-            listener,
-            state: AppState {
-                registry: Arc::new(registry),
-            },
-        })
+        let state = AppState {
+            registry: Arc::new(registry),
+            server: Arc::new(config.server.clone()),
+            defaults: Arc::new(config.defaults.clone()),
+        };
+        Ok(Self { listener, state })
     }
 
     /// The address actually bound (useful with port 0).
@@ -65,12 +68,20 @@ impl Server {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
-        let models = self.state.registry.len();
-        tracing::info!(addr = %self.local_addr()?, models, "serving");
-        axum::serve(self.listener, router(self.state))
+        tracing::info!(addr = %self.local_addr()?, "serving");
+        metrics::handle();
+        let upkeep = tokio::spawn(async {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                metrics::upkeep();
+            }
+        });
+        let served = axum::serve(self.listener, router(self.state))
             .with_graceful_shutdown(shutdown)
-            .await?;
-        Ok(())
+            .await;
+        upkeep.abort();
+        Ok(served?)
     }
 }
 

@@ -117,6 +117,7 @@ impl Default for Output {
 struct RawErrors {
     refuse_rate: f64,
     overload_rate: f64,
+    unavailable_rate: f64,
     fail_midstream_rate: f64,
     fail_after_tokens: u32,
 }
@@ -136,6 +137,7 @@ pub(crate) struct Latency {
 pub(crate) struct Errors {
     pub refuse_rate: f64,
     pub overload_rate: f64,
+    pub unavailable_rate: f64,
     pub fail_midstream_rate: f64,
     pub fail_after_tokens: u32,
 }
@@ -215,6 +217,7 @@ fn check_errors(raw: RawErrors, at: &str) -> Result<Errors, String> {
     for (name, rate) in [
         ("refuse_rate", raw.refuse_rate),
         ("overload_rate", raw.overload_rate),
+        ("unavailable_rate", raw.unavailable_rate),
         ("fail_midstream_rate", raw.fail_midstream_rate),
     ] {
         if !(0.0..=1.0).contains(&rate) {
@@ -226,6 +229,7 @@ fn check_errors(raw: RawErrors, at: &str) -> Result<Errors, String> {
     Ok(Errors {
         refuse_rate: raw.refuse_rate,
         overload_rate: raw.overload_rate,
+        unavailable_rate: raw.unavailable_rate,
         fail_midstream_rate: raw.fail_midstream_rate,
         fail_after_tokens: raw.fail_after_tokens.max(1),
     })

@@ -10,7 +10,7 @@
 //! - **determinism**: tokens, log probabilities and delays come from generators seeded by the
 //!   request's seed (or the engine's seed and the request id), and injected faults by the
 //!   engine's seed and the request id;
-//! - **error injection** by rate: refuse at submit, overload, or fail mid-stream;
+//! - **error injection** by rate: refuse at submit, overload, unavailable, or fail mid-stream;
 //! - it honours `max_tokens`, `min_tokens`, stop token ids, `ignore_eos`, `n`, `logprobs` and
 //!   `top_logprobs` (synthetic but well-formed), priorities, and `cancel`; queues requests beyond
 //!   `max_running` and refuses beyond `max_queued`;
@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use turnpike_engine_api::plugin::{EmbedRequest, Engine, Host, Request, Sink};
-use turnpike_engine_api::{Capabilities, EngineError, ModelInfo, Stats};
+use turnpike_engine_api::{Capabilities, EngineError, ModelInfo, Stats, Status};
 
 use crate::config::{ModelConfig, SimConfig};
 use crate::generation::Generation;
@@ -141,6 +141,12 @@ impl Engine for SimEngine {
         }
         if faults.chance(errors.overload_rate) {
             return self.refuse(EngineError::overloaded("simulated overload"));
+        }
+        if faults.chance(errors.unavailable_rate) {
+            return self.refuse(EngineError::new(
+                Status::Unavailable,
+                "simulated unavailability",
+            ));
         }
         let fail_after = faults
             .chance(errors.fail_midstream_rate)

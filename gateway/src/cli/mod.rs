@@ -125,7 +125,7 @@ fn current_thread_runtime() -> Result<tokio::runtime::Runtime, CliError> {
 fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
-        None => Config::builtin(),
+        None => Config::builtin()?,
     };
     if let Some(listen) = args.listen {
         config.listen = listen;

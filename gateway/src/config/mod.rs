@@ -1,13 +1,19 @@
-//! Gateway configuration: the raw TOML document ([`raw`]) and the validated [`Config`] made from
-//! it in one step. Unknown keys are errors; nothing downstream re-checks what is validated here.
+//! Gateway configuration: the TOML file ([`raw`]), environment overrides ([`env`]), and the
+//! validated [`Config`] made from them in one step. Unknown keys are errors that name the file
+//! and the key; nothing downstream re-checks what is validated here.
 //!
-//! With no file, [`Config::builtin`] is the built-in default: listen on loopback, and run the
-//! simulator engine from the directory of the `turnpike` binary.
+//! Without a file, or without `[[engines]]`, the built-in default ([`builtin`]) serves the
+//! simulator engine with the project's own small model folder, on loopback.
 
+mod builtin;
+mod env;
 mod raw;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use builtin::plugin_beside_binary;
 
 /// Why a configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -31,7 +37,7 @@ pub enum ConfigError {
     /// A value is out of range or inconsistent.
     #[error("{}: {message}", path.display())]
     Invalid {
-        /// The file.
+        /// The file (or `<built-in>`).
         path: PathBuf,
         /// What is wrong.
         message: String,
@@ -43,14 +49,50 @@ pub enum ConfigError {
 pub struct Config {
     /// Address the HTTP server listens on.
     pub listen: SocketAddr,
+    /// Server limits and timings.
+    pub server: ServerConfig,
+    /// Request defaults.
+    pub defaults: Defaults,
     /// Engine plugins to load, in order.
     pub engines: Vec<EngineConfig>,
+    /// Models to serve; `None` serves every engine model that names its tokenizer.
+    pub models: Option<Vec<ModelConfig>>,
+}
+
+/// Server limits and timings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Largest request body; larger is 413.
+    pub max_body_bytes: usize,
+    /// A stream that sent nothing for this long gets an SSE comment.
+    pub stream_heartbeat: Duration,
+    /// Longest a request may take from arrival to its last byte.
+    pub request_timeout: Duration,
+    /// What `retry-after` says on 429 and 503.
+    pub retry_after: Duration,
+}
+
+/// Request defaults (the seed's section 18).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Defaults {
+    /// Largest prompt, in tokens.
+    pub max_request_tokens: u32,
+    /// `max_tokens` when a chat request sets none, and the cap of a model without its own.
+    pub max_output_tokens: u32,
+    /// `temperature` when a request sets none.
+    pub temperature: f32,
+    /// `top_p` when a request sets none.
+    pub top_p: f32,
+    /// `presence_penalty` when a request sets none.
+    pub presence_penalty: f32,
+    /// `frequency_penalty` when a request sets none.
+    pub frequency_penalty: f32,
 }
 
 /// One engine plugin to load.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
-    /// A label for logs and metrics.
+    /// Its name, which models refer to.
     pub name: String,
     /// The plugin library.
     pub plugin: PathBuf,
@@ -58,38 +100,74 @@ pub struct EngineConfig {
     pub config_json: String,
 }
 
+/// One served model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Public name.
+    pub name: String,
+    /// Release date `YYYY-MM-DD`: the model answers to `name-version`, and `name` names the
+    /// newest version.
+    pub version: Option<String>,
+    /// More public names.
+    pub aliases: Vec<String>,
+    /// The engine that serves it.
+    pub engine: String,
+    /// The model's id inside the engine.
+    pub engine_model: String,
+    /// Folder with `tokenizer.json` and, for chat, the chat template.
+    pub folder: PathBuf,
+    /// Shown as `owned_by`.
+    pub owned_by: Option<String>,
+    /// Shown as `shutdown_date`.
+    pub deprecation_date: Option<String>,
+    /// Context window; the engine's when unset, never more.
+    pub context_length: Option<u32>,
+    /// Most tokens a request may ask for.
+    pub max_output_tokens: u32,
+}
+
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
 impl Config {
-    /// The built-in default: loopback, the simulator engine next to the binary.
-    pub fn builtin() -> Self {
-        Self {
-            listen: DEFAULT_LISTEN
-                .parse()
-                .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 8080))),
-            engines: vec![EngineConfig {
-                name: "sim".into(),
-                plugin: plugin_beside_binary("turnpike_sim"),
-                config_json: "{}".into(),
-            }],
-        }
+    /// The built-in default: loopback, the simulator engine next to the binary, serving `sim`
+    /// with the project's own tokenizer and chat template (written to a temporary folder).
+    pub fn builtin() -> Result<Self, ConfigError> {
+        Self::from_toml("", Path::new("<built-in>"), &[])
     }
 
-    /// Reads and validates a TOML file.
+    /// Reads and validates a TOML file, with `TURNPIKE__...` environment overrides applied.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::from_toml(&text, path)
+        let vars: Vec<(String, String)> = std::env::vars().collect();
+        Self::from_toml(&text, path, &vars)
     }
 
-    /// Validates TOML text; `path` names the source in errors and anchors relative paths.
-    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let raw: raw::RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+    /// Validates TOML text with overrides from `vars` (environment variables); `path` names
+    /// the source in errors and anchors relative paths.
+    pub fn from_toml(
+        text: &str,
+        path: &Path,
+        vars: &[(String, String)],
+    ) -> Result<Self, ConfigError> {
+        let parse = |message: String| ConfigError::Parse {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            message,
+        };
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
+        let applied = env::apply(&mut table, vars).map_err(parse)?;
+        let raw: raw::RawConfig = table.try_into().map_err(|e: toml::de::Error| {
+            let mut message = e.to_string().trim_end().to_string();
+            if !applied.is_empty() {
+                message.push_str(&format!(
+                    " (with environment overrides {})",
+                    applied.join(", ")
+                ));
+            }
+            parse(message)
         })?;
         raw.validate(path.parent().unwrap_or(Path::new(".")))
             .map_err(|message| ConfigError::Invalid {
@@ -99,42 +177,43 @@ impl Config {
     }
 }
 
-/// `lib<name>.so` (or the platform's equivalent) in the directory of the running binary.
-pub fn plugin_beside_binary(name: &str) -> PathBuf {
-    let file = format!(
-        "{}{name}{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join(&file)))
-        .unwrap_or_else(|| PathBuf::from(file))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
-        Config::from_toml(text, Path::new("/etc/turnpike/turnpike.toml"))
+        Config::from_toml(text, Path::new("/etc/turnpike/turnpike.toml"), &[])
     }
+
+    const ENGINE: &str = "[[engines]]\nname = \"sim\"\nplugin = \"plugins/libturnpike_sim.so\"\n";
 
     #[test]
     fn full_config() {
-        let config = parse(
+        let config = parse(&format!(
             r#"
             [server]
             listen = "0.0.0.0:9000"
+            stream_heartbeat_ms = 500
 
-            [[engines]]
-            name = "sim"
-            plugin = "plugins/libturnpike_sim.so"
-            config = { seed = 3, models = [{ id = "a", latency = "fast" }] }
-            "#,
-        )
+            [defaults]
+            max_output_tokens = 256
+
+            {ENGINE}
+            config = {{ seed = 3, models = [{{ id = "a", latency = "fast" }}] }}
+
+            [[models]]
+            name = "small"
+            version = "2026-11-01"
+            aliases = ["tiny"]
+            engine = "sim"
+            engine_model = "a"
+            folder = "models/small"
+            deprecation_date = "2027-06-30"
+            "#
+        ))
         .expect("valid");
         assert_eq!(config.listen, "0.0.0.0:9000".parse().expect("addr"));
+        assert_eq!(config.server.stream_heartbeat, Duration::from_millis(500));
         assert_eq!(
             config.engines[0].plugin,
             Path::new("/etc/turnpike/plugins/libturnpike_sim.so")
@@ -142,34 +221,78 @@ mod tests {
         let json: serde_json::Value =
             serde_json::from_str(&config.engines[0].config_json).expect("json");
         assert_eq!(json["models"][0]["latency"], "fast");
+        let model = &config.models.as_ref().expect("models")[0];
+        assert_eq!(model.folder, Path::new("/etc/turnpike/models/small"));
+        assert_eq!(model.max_output_tokens, 256);
     }
 
     #[test]
     fn unknown_keys_and_bad_values_are_errors() {
+        let model = |extra: &str| {
+            format!("{ENGINE}[[models]]\nname = \"m\"\nengine = \"sim\"\nfolder = \"f\"\n{extra}")
+        };
         for (text, needle) in [
             (
-                "[server]\nlisten = \"127.0.0.1:1\"\nport = 3\n",
+                "[server]\nlisten = \"127.0.0.1:1\"\nport = 3\n".to_string(),
                 "unknown field `port`",
             ),
-            ("[server]\nlisten = \"nowhere\"\n", "server.listen"),
+            ("[server]\nlisten = \"nowhere\"\n".into(), "server.listen"),
             (
-                "[[engines]]\nplugin = \"a.so\"\nflavour = 1\n",
-                "unknown field `flavour`",
+                "[defaults]\ntemperature = 3.0\n".into(),
+                "defaults.temperature",
             ),
+            (format!("{ENGINE}flavour = 1\n"), "unknown field `flavour`"),
             (
-                "[[engines]]\nname = \"x\"\nplugin = \"a.so\"\n[[engines]]\nname = \"x\"\nplugin = \"b.so\"\n",
-                "engine name `x`",
+                format!("{ENGINE}{ENGINE}"),
+                "engine name `sim` is used twice",
             ),
-            ("engines = []\n", "at least one engine"),
+            ("engines = []\n".into(), "at least one engine"),
+            (
+                model("engine_modle = \"x\"\n"),
+                "unknown field `engine_modle`",
+            ),
+            (model("version = \"2026-1-1\"\n"), "not a date"),
+            (model("aliases = [\"m\"]\n"), "the name `m` is also used"),
+            (
+                format!("{ENGINE}[[models]]\nname = \"m\"\nengine = \"other\"\nfolder = \"f\"\n"),
+                "no engine named `other`",
+            ),
         ] {
-            let err = parse(text).expect_err(text).to_string();
+            let err = parse(&text).expect_err(&text).to_string();
             assert!(err.contains(needle), "`{err}` should mention `{needle}`");
+            assert!(err.starts_with("/etc/turnpike/turnpike.toml: "), "{err}");
         }
     }
 
     #[test]
-    fn builtin_runs_the_simulator() {
-        let config = Config::builtin();
+    fn the_environment_overrides_the_file() {
+        let vars = [
+            (
+                "TURNPIKE__SERVER__LISTEN".to_string(),
+                "127.0.0.1:7000".to_string(),
+            ),
+            (
+                "TURNPIKE__DEFAULTS__MAX_OUTPUT_TOKENS".to_string(),
+                "64".to_string(),
+            ),
+            ("UNRELATED".to_string(), "x".to_string()),
+        ];
+        let config = Config::from_toml("", Path::new("t.toml"), &vars).expect("valid");
+        assert_eq!(config.listen.port(), 7000);
+        assert_eq!(config.defaults.max_output_tokens, 64);
+        let bad = [("TURNPIKE__SERVER__LISTNE".to_string(), "x".to_string())];
+        let err = Config::from_toml("", Path::new("t.toml"), &bad)
+            .expect_err("typo")
+            .to_string();
+        assert!(
+            err.contains("unknown field `listne`") && err.contains("TURNPIKE__SERVER__LISTNE"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn builtin_serves_the_simulator_with_its_model_folder() {
+        let config = Config::builtin().expect("built-in");
         assert_eq!(config.engines.len(), 1);
         assert!(
             config.engines[0]
@@ -177,5 +300,8 @@ mod tests {
                 .to_string_lossy()
                 .contains("turnpike_sim")
         );
+        let model = &config.models.as_ref().expect("models")[0];
+        assert_eq!(model.name, "sim");
+        assert!(model.folder.join("tokenizer.json").is_file());
     }
 }

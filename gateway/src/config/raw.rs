@@ -1,11 +1,12 @@
 //! The configuration file as written (TOML), and its validation into [`super::Config`].
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{Config, DEFAULT_LISTEN, EngineConfig};
+use super::{Config, DEFAULT_LISTEN, Defaults, EngineConfig, ModelConfig, ServerConfig};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -13,14 +14,58 @@ pub(super) struct RawConfig {
     #[serde(default)]
     server: RawServer,
     #[serde(default)]
+    defaults: RawDefaults,
+    #[serde(default)]
     engines: Option<Vec<RawEngine>>,
+    #[serde(default)]
+    models: Option<Vec<RawModel>>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 struct RawServer {
-    #[serde(default)]
     listen: Option<String>,
+    max_body_bytes: u64,
+    stream_heartbeat_ms: u64,
+    request_timeout_ms: u64,
+    retry_after_ms: u64,
+}
+
+impl Default for RawServer {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            max_body_bytes: 4 << 20,
+            stream_heartbeat_ms: 15_000,
+            request_timeout_ms: 60_000,
+            retry_after_ms: 1_000,
+        }
+    }
+}
+
+/// The seed's suggested defaults (section 18).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct RawDefaults {
+    max_request_tokens: u32,
+    max_output_tokens: u32,
+    temperature: f32,
+    top_p: f32,
+    presence_penalty: f32,
+    frequency_penalty: f32,
+}
+
+impl Default for RawDefaults {
+    fn default() -> Self {
+        Self {
+            max_request_tokens: 8192,
+            max_output_tokens: 1024,
+            temperature: 0.7,
+            top_p: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -34,38 +79,235 @@ struct RawEngine {
     config: Option<toml::Table>,
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    name: String,
+    engine: String,
+    #[serde(default)]
+    engine_model: Option<String>,
+    folder: String,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(default)]
+    aliases: Vec<String>,
+    #[serde(default)]
+    owned_by: Option<String>,
+    #[serde(default)]
+    deprecation_date: Option<String>,
+    #[serde(default)]
+    context_length: Option<u32>,
+    #[serde(default)]
+    max_output_tokens: Option<u32>,
+}
+
+fn is_date(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 10
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b.iter()
+            .enumerate()
+            .all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit())
+        && matches!(s[5..7].parse::<u32>(), Ok(1..=12))
+        && matches!(s[8..10].parse::<u32>(), Ok(1..=31))
+}
+
 impl RawConfig {
-    /// Validates; relative plugin paths are taken relative to `base` (the file's directory).
+    /// Validates; relative paths are taken relative to `base` (the file's directory).
     pub(super) fn validate(self, base: &Path) -> Result<Config, String> {
         let listen_text = self.server.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
         let listen = listen_text.parse().map_err(|e| {
             format!("server.listen: `{listen_text}` is not an address like 127.0.0.1:8080 ({e})")
         })?;
-        let engines = match self.engines {
-            None => Config::builtin().engines,
-            Some(list) if list.is_empty() => {
-                return Err("engines: configure at least one engine (or omit the key for the built-in default)".into());
+        let server = self.server.validate()?;
+        let defaults = self.defaults.validate()?;
+        let Some(raw_engines) = self.engines else {
+            if self.models.is_some() {
+                return Err("models: listed without [[engines]] to serve them".into());
             }
-            Some(list) => {
-                let mut names = HashSet::new();
-                let mut engines = Vec::with_capacity(list.len());
-                for (i, raw) in list.into_iter().enumerate() {
-                    let engine = raw
-                        .validate(base)
-                        .map_err(|e| format!("engines[{i}]: {e}"))?;
-                    if !names.insert(engine.name.clone()) {
-                        return Err(format!(
-                            "engines[{i}]: engine name `{}` is used twice",
-                            engine.name
-                        ));
-                    }
-                    engines.push(engine);
-                }
-                engines
+            let mut builtin =
+                super::builtin::config().map_err(|e| format!("built-in default: {e}"))?;
+            builtin.listen = listen;
+            builtin.server = server;
+            for model in builtin.models.iter_mut().flatten() {
+                model.max_output_tokens = defaults.max_output_tokens;
+            }
+            builtin.defaults = defaults;
+            return Ok(builtin);
+        };
+        if raw_engines.is_empty() {
+            return Err(
+                "engines: configure at least one engine (or omit the key for the built-in default)"
+                    .into(),
+            );
+        }
+        let mut names = HashSet::new();
+        let mut engines = Vec::with_capacity(raw_engines.len());
+        for (i, raw) in raw_engines.into_iter().enumerate() {
+            let engine = raw
+                .validate(base)
+                .map_err(|e| format!("engines[{i}]: {e}"))?;
+            if !names.insert(engine.name.clone()) {
+                return Err(format!(
+                    "engines[{i}]: engine name `{}` is used twice",
+                    engine.name
+                ));
+            }
+            engines.push(engine);
+        }
+        let models = match self.models {
+            None => None,
+            Some(list) => Some(validate_models(list, &names, base, &defaults)?),
+        };
+        Ok(Config {
+            listen,
+            server,
+            defaults,
+            engines,
+            models,
+        })
+    }
+}
+
+impl RawServer {
+    fn validate(&self) -> Result<ServerConfig, String> {
+        let positive = |name: &str, v: u64| {
+            if v == 0 {
+                Err(format!("server.{name} must be greater than 0"))
+            } else {
+                Ok(v)
             }
         };
-        Ok(Config { listen, engines })
+        Ok(ServerConfig {
+            max_body_bytes: positive("max_body_bytes", self.max_body_bytes)? as usize,
+            stream_heartbeat: Duration::from_millis(positive(
+                "stream_heartbeat_ms",
+                self.stream_heartbeat_ms,
+            )?),
+            request_timeout: Duration::from_millis(positive(
+                "request_timeout_ms",
+                self.request_timeout_ms,
+            )?),
+            retry_after: Duration::from_millis(positive("retry_after_ms", self.retry_after_ms)?),
+        })
     }
+}
+
+impl RawDefaults {
+    fn validate(&self) -> Result<Defaults, String> {
+        if self.max_request_tokens == 0 || self.max_output_tokens == 0 {
+            return Err(
+                "defaults: max_request_tokens and max_output_tokens must be greater than 0".into(),
+            );
+        }
+        if !(0.0..=2.0).contains(&self.temperature) {
+            return Err(format!(
+                "defaults.temperature must be in [0, 2], got {}",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!(
+                "defaults.top_p must be in (0, 1], got {}",
+                self.top_p
+            ));
+        }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(format!("defaults.{name} must be in [-2, 2], got {v}"));
+            }
+        }
+        Ok(Defaults {
+            max_request_tokens: self.max_request_tokens,
+            max_output_tokens: self.max_output_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+        })
+    }
+}
+
+fn validate_models(
+    list: Vec<RawModel>,
+    engines: &HashSet<String>,
+    base: &Path,
+    defaults: &Defaults,
+) -> Result<Vec<ModelConfig>, String> {
+    if list.is_empty() {
+        return Err(
+            "models: list at least one model (or omit the key to serve every engine model)".into(),
+        );
+    }
+    let mut ids: HashMap<String, usize> = HashMap::new();
+    let mut models = Vec::with_capacity(list.len());
+    for (i, m) in list.into_iter().enumerate() {
+        let at = format!("models[{i}] (`{}`)", m.name);
+        if m.name.trim().is_empty() || m.name.contains(char::is_whitespace) {
+            return Err(format!(
+                "models[{i}].name: `{}` is not a usable model name",
+                m.name
+            ));
+        }
+        if !engines.contains(&m.engine) {
+            return Err(format!("{at}.engine: no engine named `{}`", m.engine));
+        }
+        for (key, date) in [
+            ("version", &m.version),
+            ("deprecation_date", &m.deprecation_date),
+        ] {
+            if let Some(d) = date
+                && !is_date(d)
+            {
+                return Err(format!("{at}.{key}: `{d}` is not a date like 2026-01-31"));
+            }
+        }
+        if m.context_length == Some(0) || m.max_output_tokens == Some(0) {
+            return Err(format!(
+                "{at}: context_length and max_output_tokens must be greater than 0"
+            ));
+        }
+        let pinned = m.version.as_ref().map(|v| format!("{}-{v}", m.name));
+        // Each model answers to its pinned id (or its name) and its aliases; a versioned model's
+        // bare name is shared by its versions and resolves to the newest.
+        for id in pinned
+            .iter()
+            .chain(m.version.is_none().then_some(&m.name))
+            .chain(&m.aliases)
+        {
+            if let Some(other) = ids.insert(id.clone(), i) {
+                return Err(format!(
+                    "{at}: the name `{id}` is also used by models[{other}]"
+                ));
+            }
+        }
+        models.push(ModelConfig {
+            engine_model: m.engine_model.unwrap_or_else(|| m.name.clone()),
+            folder: base.join(&m.folder),
+            max_output_tokens: m.max_output_tokens.unwrap_or(defaults.max_output_tokens),
+            name: m.name,
+            version: m.version,
+            aliases: m.aliases,
+            engine: m.engine,
+            owned_by: m.owned_by,
+            deprecation_date: m.deprecation_date,
+            context_length: m.context_length,
+        });
+    }
+    // A versioned model's bare name floats to its newest version: no other model may claim it.
+    for m in models.iter().filter(|m| m.version.is_some()) {
+        if let Some(other) = ids.get(&m.name) {
+            return Err(format!(
+                "the name `{}` floats to the newest version of a versioned model but is also used by models[{other}]",
+                m.name
+            ));
+        }
+    }
+    Ok(models)
 }
 
 impl RawEngine {
@@ -79,7 +321,8 @@ impl RawEngine {
             Some(name) => name,
             None => default_name(&plugin),
         };
-        let config = self.config.unwrap_or_default();
+        let mut config = toml::Value::Table(self.config.unwrap_or_default());
+        expand_config_dir(&mut config, base);
         let config_json = serde_json::to_string(&config)
             .map_err(|e| format!("config: cannot be expressed as JSON: {e}"))?;
         Ok(EngineConfig {
@@ -87,6 +330,19 @@ impl RawEngine {
             plugin,
             config_json,
         })
+    }
+}
+
+/// Replaces `${config_dir}` in every string of a plugin's configuration with the directory of
+/// the configuration file: the gateway cannot know which of a plugin's values are paths.
+fn expand_config_dir(value: &mut toml::Value, base: &Path) {
+    match value {
+        toml::Value::String(s) if s.contains("${config_dir}") => {
+            *s = s.replace("${config_dir}", &base.to_string_lossy());
+        }
+        toml::Value::Array(items) => items.iter_mut().for_each(|v| expand_config_dir(v, base)),
+        toml::Value::Table(t) => t.iter_mut().for_each(|(_, v)| expand_config_dir(v, base)),
+        _ => {}
     }
 }
 
@@ -99,4 +355,23 @@ fn default_name(plugin: &Path) -> String {
     stem.strip_prefix(std::env::consts::DLL_PREFIX)
         .unwrap_or(&stem)
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_date;
+
+    #[test]
+    fn dates() {
+        assert!(is_date("2026-11-01"));
+        for bad in [
+            "2026-13-01",
+            "2026-1-01",
+            "20261101",
+            "2026-11-32",
+            "abcd-ef-gh",
+        ] {
+            assert!(!is_date(bad), "{bad}");
+        }
+    }
 }

@@ -1,20 +1,26 @@
-//! Engines as the gateway sees them: plugins loaded from the configuration, and the registry that
-//! maps each served model id to the engine serving it.
+//! Engines as the gateway sees them: plugins loaded from the configuration behind the
+//! [`Backend`] trait, and the [`ModelRegistry`] of public model ids.
 //!
-//! Loading, the sink -> stream bridge and cancellation live in `turnpike_engine_api::host`; this
-//! module adds what belongs to a gateway: many engines, one model namespace, and load errors that
-//! name the engine as configured.
+//! Loading, the sink -> stream bridge and cancellation of a single plugin live in
+//! `turnpike_engine_api::host`; this module adds what belongs to a gateway: many engines, one
+//! model namespace with aliases and pinned versions, and load errors that name what the operator
+//! configured.
 
-use std::collections::HashMap;
+pub mod backend;
+pub mod models;
+
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use turnpike_engine_api::host::{EngineHandle, Plugin, PluginError};
-use turnpike_engine_api::{EngineError, ModelInfo};
+use turnpike_engine_api::EngineError;
+use turnpike_engine_api::host::{Plugin, PluginError};
 
-use crate::config::EngineConfig;
+pub use backend::{Backend, EngineRun, PluginBackend};
+pub use models::{ModelRegistry, ServedModel};
 
-/// Why the configured engines cannot be started.
+use crate::config::{Config, Defaults, ModelConfig};
+
+/// Why the configured engines or models cannot be served.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineHostError {
     /// The plugin cannot be loaded or its engine created.
@@ -35,108 +41,106 @@ pub enum EngineHostError {
         #[source]
         source: EngineError,
     },
-    /// Two engines serve a model of the same id.
-    #[error("model `{model}` is served by both engine `{first}` and engine `{second}`")]
-    DuplicateModel {
-        /// The model id.
+    /// A configured model cannot be served.
+    #[error("model `{model}`: {message}")]
+    Model {
+        /// The model's configured name.
         model: String,
-        /// The engine listed first.
-        first: String,
-        /// The engine listed later.
-        second: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Two models claim the same public id.
+    #[error("the model id `{model}` is served twice")]
+    DuplicateModel {
+        /// The id.
+        model: String,
     },
 }
 
-/// A served model and the engine that serves it.
-#[derive(Debug, Clone)]
-pub struct ServedModel {
-    /// What the engine says about the model.
-    pub info: ModelInfo,
-    /// The engine's configured name.
-    pub engine_name: Arc<str>,
-    /// The engine.
-    pub engine: EngineHandle,
-    /// When the engine was loaded (seconds since the Unix epoch).
-    pub created: u64,
+/// Loads every configured engine plugin and builds the model registry.
+pub fn load(config: &Config) -> Result<ModelRegistry, EngineHostError> {
+    let mut engines: Vec<(String, Arc<dyn Backend>)> = Vec::new();
+    for engine in &config.engines {
+        let plugin_error = |source| EngineHostError::Plugin {
+            engine: engine.name.clone(),
+            source,
+        };
+        let plugin = Plugin::load(&engine.plugin).map_err(plugin_error)?;
+        let handle = plugin.create(&engine.config_json).map_err(plugin_error)?;
+        let info = plugin.info();
+        tracing::info!(
+            engine = %engine.name,
+            plugin = %info.name,
+            version = %info.version,
+            abi = %format!("{}.{}", info.abi_major, info.abi_minor),
+            "engine loaded"
+        );
+        engines.push((engine.name.clone(), PluginBackend::shared(handle)));
+    }
+    load_with(engines, config.models.as_deref(), &config.defaults)
 }
 
-/// Every served model, by id, in configuration order.
-#[derive(Debug, Clone, Default)]
-pub struct ModelRegistry {
-    models: Vec<ServedModel>,
-    by_id: HashMap<String, usize>,
-}
-
-impl ModelRegistry {
-    /// Loads every configured engine and collects their models.
-    pub fn load(engines: &[EngineConfig]) -> Result<Self, EngineHostError> {
-        let mut registry = Self::default();
-        let created = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        for config in engines {
-            let plugin_error = |source| EngineHostError::Plugin {
-                engine: config.name.clone(),
-                source,
-            };
-            let plugin = Plugin::load(&config.plugin).map_err(plugin_error)?;
-            let engine = plugin.create(&config.config_json).map_err(plugin_error)?;
-            let models = engine.models().map_err(|source| EngineHostError::Models {
-                engine: config.name.clone(),
-                source,
-            })?;
-            let info = plugin.info();
-            tracing::info!(
-                engine = %config.name,
-                plugin = %info.name,
-                version = %info.version,
-                abi = %format!("{}.{}", info.abi_major, info.abi_minor),
-                models = models.len(),
-                "engine loaded"
-            );
-            let engine_name: Arc<str> = Arc::from(config.name.as_str());
-            for model in models {
-                registry.add(ServedModel {
-                    info: model,
-                    engine_name: Arc::clone(&engine_name),
+/// Builds the model registry over ready engines (plugins, or fakes in tests). Without `models`,
+/// every engine model that names its tokenizer is served under its own id.
+pub fn load_with(
+    engines: Vec<(String, Arc<dyn Backend>)>,
+    models: Option<&[ModelConfig]>,
+    defaults: &Defaults,
+) -> Result<ModelRegistry, EngineHostError> {
+    let mut catalogue = Vec::with_capacity(engines.len());
+    for (name, backend) in &engines {
+        let list = backend.models().map_err(|source| EngineHostError::Models {
+            engine: name.clone(),
+            source,
+        })?;
+        catalogue.push((name.clone(), list));
+    }
+    let configs: Vec<ModelConfig> = match models {
+        Some(list) => list.to_vec(),
+        None => catalogue
+            .iter()
+            .flat_map(|(engine, list)| list.iter().map(move |m| (engine, m)))
+            .filter_map(|(engine, m)| {
+                let folder = Path::new(m.tokenizer.as_deref()?).parent()?.to_path_buf();
+                Some(ModelConfig {
+                    name: m.id.clone(),
+                    version: None,
+                    aliases: Vec::new(),
                     engine: engine.clone(),
-                    created,
-                })?;
+                    engine_model: m.id.clone(),
+                    folder,
+                    owned_by: m.owned_by.clone(),
+                    deprecation_date: None,
+                    context_length: None,
+                    max_output_tokens: defaults.max_output_tokens,
+                })
+            })
+            .collect(),
+    };
+    let mut served = Vec::with_capacity(configs.len());
+    for config in configs {
+        let (backend, list) = engines
+            .iter()
+            .zip(&catalogue)
+            .find(|((name, _), _)| *name == config.engine)
+            .map(|((_, backend), (_, list))| (backend, list))
+            .ok_or_else(|| EngineHostError::Model {
+                model: config.name.clone(),
+                message: format!("no engine named `{}`", config.engine),
+            })?;
+        let model = models::served_model(&config, backend, list).map_err(|message| {
+            EngineHostError::Model {
+                model: config.name.clone(),
+                message,
             }
-        }
-        Ok(registry)
+        })?;
+        tracing::info!(model = %model.id, engine = %config.engine, context = model.context_length, "model ready");
+        served.push((config, model));
     }
-
-    fn add(&mut self, model: ServedModel) -> Result<(), EngineHostError> {
-        if let Some(&i) = self.by_id.get(&model.info.id) {
-            return Err(EngineHostError::DuplicateModel {
-                model: model.info.id,
-                first: self.models[i].engine_name.to_string(),
-                second: model.engine_name.to_string(),
-            });
-        }
-        self.by_id.insert(model.info.id.clone(), self.models.len());
-        self.models.push(model);
-        Ok(())
+    if served.is_empty() {
+        tracing::warn!(
+            "no model is served: configure [[models]], or engines whose models name a tokenizer"
+        );
     }
-
-    /// The model with this id.
-    pub fn get(&self, id: &str) -> Option<&ServedModel> {
-        self.by_id.get(id).map(|&i| &self.models[i])
-    }
-
-    /// Every model, in configuration order.
-    pub fn iter(&self) -> impl Iterator<Item = &ServedModel> {
-        self.models.iter()
-    }
-
-    /// The number of models.
-    pub fn len(&self) -> usize {
-        self.models.len()
-    }
-
-    /// Whether no model is served.
-    pub fn is_empty(&self) -> bool {
-        self.models.is_empty()
-    }
+    ModelRegistry::build(engines, served)
 }

@@ -1,5 +1,6 @@
-//! Observability: logs now; metrics and traces join here.
+//! Observability: JSON or text logs, and Prometheus metrics. Traces join here.
 
 mod logging;
+pub mod metrics;
 
 pub use logging::{LogFormat, init_logging};

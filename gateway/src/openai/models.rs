@@ -13,6 +13,8 @@ pub struct Model {
     pub created: u64,
     /// Who publishes it.
     pub owned_by: String,
+    /// When it stops being served (`YYYY-MM-DD`), if announced.
+    pub shutdown_date: Option<String>,
 }
 
 /// The list of models.

@@ -1,4 +1,4 @@
-//! `GET /health`: 200 when every engine can serve, 503 naming those that cannot.
+//! `GET /health` (the process is alive) and `GET /ready` (every engine answers and can serve).
 
 use axum::Json;
 use axum::extract::State;
@@ -7,25 +7,35 @@ use serde_json::{Value, json};
 
 use super::AppState;
 
-/// Asks each engine for its health.
-pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
-    let mut seen = Vec::new();
-    let mut failing = serde_json::Map::new();
-    for model in state.registry.iter() {
-        if seen.contains(&model.engine_name) {
-            continue;
-        }
-        seen.push(model.engine_name.clone());
-        if let Err(e) = model.engine.health() {
-            failing.insert(model.engine_name.to_string(), Value::String(e.to_string()));
-        }
-    }
-    if failing.is_empty() {
-        (StatusCode::OK, Json(json!({"status": "ok"})))
-    } else {
-        (
+/// Liveness: always 200 while the process serves HTTP.
+pub async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// Readiness: 200 when every engine is healthy, 503 naming those that are not.
+pub async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    let registry = std::sync::Arc::clone(&state.registry);
+    let checked = tokio::task::spawn_blocking(move || {
+        registry
+            .engines()
+            .filter_map(|(name, backend)| {
+                backend
+                    .health()
+                    .err()
+                    .map(|e| (name.to_string(), Value::String(e.to_string())))
+            })
+            .collect::<serde_json::Map<String, Value>>()
+    })
+    .await;
+    match checked {
+        Ok(failing) if failing.is_empty() => (StatusCode::OK, Json(json!({"status": "ready"}))),
+        Ok(failing) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "unavailable", "engines": failing})),
-        )
+        ),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unavailable"})),
+        ),
     }
 }

@@ -1,34 +1,77 @@
 //! HTTP routes: one thin handler file per endpoint, and the router that joins them.
 
-pub mod error;
+pub mod chat;
+pub mod completions;
+pub mod embeddings;
+pub mod extract;
 pub mod health;
+pub mod metrics;
 pub mod models;
+pub mod sse;
 
 use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
+use axum::extract::{MatchedPath, Request};
 use axum::http::{Method, Uri};
-use axum::routing::get;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
 
-use crate::engine_host::ModelRegistry;
-use error::ApiError;
+use crate::config::{Defaults, ServerConfig};
+use crate::engine_host::{ModelRegistry, ServedModel};
+use crate::error::ApiError;
+use crate::observability::metrics as record;
 
 /// What every handler can reach.
 #[derive(Debug, Clone)]
 pub struct AppState {
     /// Served models and their engines.
     pub registry: Arc<ModelRegistry>,
+    /// Server limits and timings.
+    pub server: Arc<ServerConfig>,
+    /// Request defaults.
+    pub defaults: Arc<Defaults>,
+}
+
+impl AppState {
+    /// The model a request names, or 404.
+    pub fn model(&self, id: &str) -> Result<Arc<ServedModel>, ApiError> {
+        self.registry
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::ModelNotFound(id.to_string()))
+    }
 }
 
 /// The application's router.
 pub fn router(state: AppState) -> Router {
+    record::handle(); // the metrics recorder, installed once per process
     Router::new()
-        .route("/health", get(health::health))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{model}", get(models::retrieve))
+        .route("/v1/chat/completions", post(chat::chat))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/health", get(health::health))
+        .route("/ready", get(health::ready))
+        .route("/metrics", get(metrics::metrics))
         .fallback(unknown_url)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(count_requests))
         .with_state(state)
+}
+
+async fn count_requests(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let endpoint = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let response = next.run(request).await;
+    record::http_request(&endpoint, response.status().as_u16(), started.elapsed());
+    response
 }
 
 async fn unknown_url(method: Method, uri: Uri) -> ApiError {
@@ -43,4 +86,20 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
         method: method.to_string(),
         path: uri.path().to_string(),
     }
+}
+
+/// A new response id: `prefix-` and 24 random letters and digits.
+pub fn new_id(prefix: &str) -> String {
+    const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    let tail: String = (0..24)
+        .map(|_| char::from(CHARS[fastrand::usize(..CHARS.len())]))
+        .collect();
+    format!("{prefix}-{tail}")
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

@@ -4,39 +4,37 @@ use axum::Json;
 use axum::extract::{Path, State};
 
 use super::AppState;
-use super::error::ApiError;
 use crate::engine_host::ServedModel;
+use crate::error::ApiError;
 use crate::openai::models::{Model, ModelList};
 
-fn wire(model: &ServedModel) -> Model {
+fn wire(id: &str, model: &ServedModel) -> Model {
     Model {
-        id: model.info.id.clone(),
+        id: id.to_string(),
         object: "model",
         created: model.created,
-        owned_by: model
-            .info
-            .owned_by
-            .clone()
-            .unwrap_or_else(|| model.engine.plugin().name.clone()),
+        owned_by: model.owned_by.clone(),
+        shutdown_date: model.shutdown_date.clone(),
     }
 }
 
-/// Lists every served model.
+/// Lists every public model id (names, pinned versions, aliases).
 pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
-        data: state.registry.iter().map(wire).collect(),
+        data: state
+            .registry
+            .listing()
+            .map(|(id, m)| wire(id, m))
+            .collect(),
     })
 }
 
-/// Describes one model.
+/// Describes one model id.
 pub async fn retrieve(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Model>, ApiError> {
-    state
-        .registry
-        .get(&id)
-        .map(|m| Json(wire(m)))
-        .ok_or(ApiError::ModelNotFound(id))
+    let model = state.model(&id)?;
+    Ok(Json(wire(&id, &model)))
 }

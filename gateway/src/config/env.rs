@@ -1,0 +1,113 @@
+//! Environment overrides: `TURNPIKE__SERVER__LISTEN=0.0.0.0:9000` sets `server.listen`, and
+//! `TURNPIKE__ENGINES__0__PLUGIN=...` the first engine's plugin. Keys are lower-cased; values are
+//! read as TOML values (numbers, booleans, arrays), else as strings. Overrides are applied to the
+//! file's table before validation, so they are checked exactly like the file.
+
+use toml::{Table, Value};
+
+/// Applies every `TURNPIKE__` variable in `vars`; returns the names applied.
+pub(super) fn apply(table: &mut Table, vars: &[(String, String)]) -> Result<Vec<String>, String> {
+    let mut applied = Vec::new();
+    for (name, text) in vars {
+        let Some(path) = name.strip_prefix("TURNPIKE__") else {
+            continue;
+        };
+        let keys: Vec<String> = path.split("__").map(str::to_ascii_lowercase).collect();
+        if keys.iter().any(String::is_empty) {
+            return Err(format!("{name}: an empty key in the variable name"));
+        }
+        let mut root = Value::Table(std::mem::take(table));
+        let result = set(&mut root, &keys, parse(text));
+        if let Value::Table(t) = root {
+            *table = t;
+        }
+        result.map_err(|e| format!("{name}: {e}"))?;
+        applied.push(name.clone());
+    }
+    Ok(applied)
+}
+
+fn parse(text: &str) -> Value {
+    toml::from_str::<Table>(&format!("v = {text}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| Value::String(text.to_string()))
+}
+
+fn set(node: &mut Value, keys: &[String], value: Value) -> Result<(), String> {
+    let Some((first, rest)) = keys.split_first() else {
+        return Ok(());
+    };
+    match node {
+        Value::Table(t) => {
+            if rest.is_empty() {
+                t.insert(first.clone(), value);
+                return Ok(());
+            }
+            let child = t
+                .entry(first.clone())
+                .or_insert_with(|| Value::Table(Table::new()));
+            set(child, rest, value)
+        }
+        Value::Array(items) => {
+            let i: usize = first
+                .parse()
+                .map_err(|_| format!("`{first}` is not an index into a list"))?;
+            let len = items.len();
+            let child = items
+                .get_mut(i)
+                .ok_or_else(|| format!("index {i} is past the end of a list of {len}"))?;
+            if rest.is_empty() {
+                *child = value
+            } else {
+                set(child, rest, value)?
+            }
+            Ok(())
+        }
+        _ => Err(format!("`{first}` is inside a value that is not a table")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn sets_nested_keys_and_list_items() {
+        let mut table: Table = toml::from_str("[[engines]]\nplugin = \"a.so\"\n").expect("toml");
+        let applied = apply(
+            &mut table,
+            &vars(&[
+                ("TURNPIKE__ENGINES__0__PLUGIN", "b.so"),
+                ("TURNPIKE__SERVER__MAX_BODY_BYTES", "1024"),
+                ("PATH", "/bin"),
+            ]),
+        )
+        .expect("applies");
+        assert_eq!(applied.len(), 2);
+        assert_eq!(table["engines"][0]["plugin"].as_str(), Some("b.so"));
+        assert_eq!(table["server"]["max_body_bytes"].as_integer(), Some(1024));
+    }
+
+    #[test]
+    fn bad_paths_are_named() {
+        let mut table = Table::new();
+        let err = apply(
+            &mut table,
+            &vars(&[("TURNPIKE__SERVER", "1"), ("TURNPIKE__SERVER__LISTEN", "x")]),
+        )
+        .expect_err("not a table");
+        assert!(err.starts_with("TURNPIKE__SERVER__LISTEN: "), "{err}");
+        let mut table: Table = toml::from_str("engines = []").expect("toml");
+        let err =
+            apply(&mut table, &vars(&[("TURNPIKE__ENGINES__3__PLUGIN", "x")])).expect_err("short");
+        assert!(err.contains("past the end"), "{err}");
+    }
+}

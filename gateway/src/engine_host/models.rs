@@ -1,0 +1,257 @@
+//! Served models: each public id (name, pinned `name-YYYY-MM-DD`, alias) resolved to an engine,
+//! the engine's id for the model, and the model folder's tokenizer and chat template.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use turnpike_engine_api::ModelInfo;
+
+use super::EngineHostError;
+use super::backend::Backend;
+use crate::config::ModelConfig;
+use crate::pipeline::template::ChatTemplate;
+use crate::pipeline::tokenizer::TextTokenizer;
+
+/// Everything a request for one model needs.
+#[derive(Debug)]
+pub struct ServedModel {
+    /// The id it is listed under first (pinned id, or name).
+    pub id: String,
+    /// The engine's configured name.
+    pub engine_name: String,
+    /// The engine.
+    pub backend: Arc<dyn Backend>,
+    /// What the engine says about the model.
+    pub info: ModelInfo,
+    /// The model's tokenizer.
+    pub tokenizer: Arc<TextTokenizer>,
+    /// Its chat template; chat requests need one.
+    pub template: Option<ChatTemplate>,
+    /// Context window in tokens.
+    pub context_length: u32,
+    /// Most output tokens a request may ask for.
+    pub max_output_tokens: u32,
+    /// Tokens that end a turn (the engine's end-of-sequence tokens and the folder's
+    /// `generation_config.json` ones).
+    pub stop_token_ids: Vec<u32>,
+    /// Shown as `owned_by`.
+    pub owned_by: String,
+    /// Shown as `created` (the version date, else load time).
+    pub created: u64,
+    /// Shown as `shutdown_date`.
+    pub shutdown_date: Option<String>,
+    /// `system_fingerprint`: which engine build and model served a response.
+    pub fingerprint: String,
+}
+
+/// Public ids and the models they name.
+#[derive(Debug, Default)]
+pub struct ModelRegistry {
+    by_id: HashMap<String, Arc<ServedModel>>,
+    /// Every id, in configuration order, for `GET /v1/models`.
+    listing: Vec<(String, Arc<ServedModel>)>,
+    /// Each engine once, for readiness.
+    engines: Vec<(String, Arc<dyn Backend>)>,
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Unix seconds of midnight UTC on `YYYY-MM-DD`.
+fn date_to_unix(date: &str) -> Option<u64> {
+    let y: i64 = date.get(0..4)?.parse().ok()?;
+    let m: i64 = date.get(5..7)?.parse().ok()?;
+    let d: i64 = date.get(8..10)?.parse().ok()?;
+    let yy = if m <= 2 { y - 1 } else { y };
+    let era = yy.div_euclid(400);
+    let yoe = yy - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    u64::try_from(days * 86_400).ok()
+}
+
+/// A short stable digest of the engine build and model.
+fn fingerprint(parts: &[&str]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325; // FNV-1a
+    for byte in parts.join("\u{1f}").bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("fp_{:010x}", hash & 0xff_ffff_ffff)
+}
+
+/// Builds one served model from its configuration and the engine that serves it.
+pub(super) fn served_model(
+    config: &ModelConfig,
+    backend: &Arc<dyn Backend>,
+    engine_models: &[ModelInfo],
+) -> Result<ServedModel, String> {
+    let info = engine_models
+        .iter()
+        .find(|m| m.id == config.engine_model)
+        .cloned()
+        .ok_or_else(|| {
+            format!(
+                "engine `{}` serves no model `{}`",
+                config.engine, config.engine_model
+            )
+        })?;
+    let folder = &config.folder;
+    let tokenizer = TextTokenizer::from_file(&folder.join("tokenizer.json"))?;
+    if tokenizer.vocab_size() > info.vocab_size {
+        return Err(format!(
+            "{}: the tokenizer has {} tokens but the engine's model only {}",
+            folder.display(),
+            tokenizer.vocab_size(),
+            info.vocab_size
+        ));
+    }
+    let tokenizer_config = read_json(&folder.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
+    let template = ChatTemplate::from_folder(folder, &tokenizer_config)
+        .map_err(|e| format!("{}: {e}", folder.display()))?;
+    let context_length = match config.context_length {
+        Some(c) if c > info.max_context => {
+            return Err(format!(
+                "context_length {c} exceeds the engine's {} for `{}`",
+                info.max_context, config.engine_model
+            ));
+        }
+        Some(c) => c,
+        None => info.max_context,
+    };
+    let mut stop_token_ids = info.eos_token_ids.clone();
+    if let Some(generation) = read_json(&folder.join("generation_config.json"))? {
+        let ids = match &generation["eos_token_id"] {
+            Value::Array(list) => list.iter().filter_map(Value::as_u64).collect(),
+            other => other.as_u64().into_iter().collect::<Vec<_>>(),
+        };
+        stop_token_ids.extend(ids.into_iter().filter_map(|id| u32::try_from(id).ok()));
+    }
+    stop_token_ids.sort_unstable();
+    stop_token_ids.dedup();
+    let id = match &config.version {
+        Some(v) => format!("{}-{v}", config.name),
+        None => config.name.clone(),
+    };
+    Ok(ServedModel {
+        fingerprint: fingerprint(&[
+            &backend.label(),
+            &config.engine_model,
+            env!("CARGO_PKG_VERSION"),
+        ]),
+        created: config
+            .version
+            .as_deref()
+            .and_then(date_to_unix)
+            .unwrap_or_else(unix_now),
+        owned_by: config
+            .owned_by
+            .clone()
+            .or_else(|| info.owned_by.clone())
+            .unwrap_or_else(|| "turnpike".into()),
+        shutdown_date: config.deprecation_date.clone(),
+        engine_name: config.engine.clone(),
+        backend: Arc::clone(backend),
+        tokenizer: Arc::new(tokenizer),
+        max_output_tokens: config.max_output_tokens.min(context_length),
+        id,
+        info,
+        template,
+        context_length,
+        stop_token_ids,
+    })
+}
+
+impl ModelRegistry {
+    /// A registry of `models` (each with its configuration) served by `engines`.
+    pub(super) fn build(
+        engines: Vec<(String, Arc<dyn Backend>)>,
+        models: Vec<(ModelConfig, ServedModel)>,
+    ) -> Result<Self, EngineHostError> {
+        let mut registry = Self {
+            engines,
+            ..Self::default()
+        };
+        let mut newest: HashMap<String, (String, Arc<ServedModel>)> = HashMap::new();
+        for (config, model) in models {
+            let model = Arc::new(model);
+            registry.insert(model.id.clone(), &model)?;
+            for alias in &config.aliases {
+                registry.insert(alias.clone(), &model)?;
+            }
+            if let Some(version) = &config.version {
+                let entry = newest
+                    .entry(config.name.clone())
+                    .or_insert_with(|| (version.clone(), Arc::clone(&model)));
+                if *version > entry.0 {
+                    *entry = (version.clone(), Arc::clone(&model));
+                }
+            }
+        }
+        let mut floating: Vec<_> = newest.into_iter().collect();
+        floating.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, (_, model)) in floating {
+            registry.insert(name, &model)?;
+        }
+        Ok(registry)
+    }
+
+    fn insert(&mut self, id: String, model: &Arc<ServedModel>) -> Result<(), EngineHostError> {
+        if self.by_id.contains_key(&id) {
+            return Err(EngineHostError::DuplicateModel { model: id });
+        }
+        self.by_id.insert(id.clone(), Arc::clone(model));
+        self.listing.push((id, Arc::clone(model)));
+        Ok(())
+    }
+
+    /// The model a public id names.
+    pub fn get(&self, id: &str) -> Option<&Arc<ServedModel>> {
+        self.by_id.get(id)
+    }
+
+    /// Every public id and its model, in configuration order.
+    pub fn listing(&self) -> impl Iterator<Item = (&str, &Arc<ServedModel>)> {
+        self.listing.iter().map(|(id, m)| (id.as_str(), m))
+    }
+
+    /// Each engine once, with its name.
+    pub fn engines(&self) -> impl Iterator<Item = (&str, &Arc<dyn Backend>)> {
+        self.engines.iter().map(|(name, b)| (name.as_str(), b))
+    }
+
+    /// Whether no model is served.
+    pub fn is_empty(&self) -> bool {
+        self.listing.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_and_fingerprints() {
+        assert_eq!(date_to_unix("1970-01-01"), Some(0));
+        assert_eq!(date_to_unix("2024-02-29"), Some(1_709_164_800));
+        assert_eq!(fingerprint(&["a", "b"]), fingerprint(&["a", "b"]));
+        assert_ne!(fingerprint(&["a", "b"]), fingerprint(&["ab", ""]));
+        assert!(fingerprint(&["x"]).starts_with("fp_"));
+    }
+}

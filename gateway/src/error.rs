@@ -1,0 +1,312 @@
+//! Errors answered to clients, and the one place each becomes an HTTP status and an OpenAI
+//! error body (`{"error": {"message", "type", "param", "code"}}`).
+//!
+//! 5xx bodies say little; the log says all. 429 and 503 carry `retry-after` and
+//! `retry-after-ms`, which the official SDKs honour.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use turnpike_engine_api::{EngineError, Status};
+
+use crate::openai::error::{ErrorBody, ErrorDetail};
+
+/// An error answered to the client.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    /// No route matches the path.
+    #[error("Unknown request URL: {method} {path}. Please check the URL for typos.")]
+    UnknownUrl {
+        /// The request method.
+        method: String,
+        /// The request path.
+        path: String,
+    },
+    /// The path exists but not for this method.
+    #[error("Method {method} is not allowed for {path}.")]
+    MethodNotAllowed {
+        /// The request method.
+        method: String,
+        /// The request path.
+        path: String,
+    },
+    /// The body is not JSON.
+    #[error("We could not parse the JSON body of your request: {0}")]
+    InvalidJson(String),
+    /// A required parameter is missing.
+    #[error("Missing required parameter: '{0}'.")]
+    MissingParam(String),
+    /// A parameter has a wrong type or value.
+    #[error("{message}")]
+    InvalidParam {
+        /// The parameter, as a path such as `messages[1].content`.
+        param: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A parameter or value this server does not support.
+    #[error("{message}")]
+    Unsupported {
+        /// The parameter.
+        param: String,
+        /// What is not supported.
+        message: String,
+    },
+    /// The prompt and the requested output do not fit the model's context.
+    #[error("{message}")]
+    ContextLengthExceeded {
+        /// `messages` or `prompt`.
+        param: String,
+        /// The numbers.
+        message: String,
+    },
+    /// A JSON schema (response format or tool parameters) is invalid.
+    #[error("{message}")]
+    InvalidSchema {
+        /// Where the schema is.
+        param: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The model is not served.
+    #[error("The model `{0}` does not exist or you do not have access to it.")]
+    ModelNotFound(String),
+    /// The body is larger than the configured limit.
+    #[error("The request body is larger than the limit of {limit} bytes.")]
+    PayloadTooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// The engine refused a valid request it cannot serve (its message is for the client).
+    #[error("{0}")]
+    EngineRejected(String),
+    /// The engine is at capacity.
+    #[error("The model is at capacity; retry after a short wait. ({message})")]
+    Overloaded {
+        /// The engine's reason.
+        message: String,
+        /// When to retry.
+        retry_after: Duration,
+    },
+    /// The engine cannot serve now.
+    #[error("The model is unavailable right now; retry after a short wait.")]
+    Unavailable {
+        /// The engine's reason (logged).
+        detail: String,
+        /// When to retry.
+        retry_after: Duration,
+    },
+    /// The request took longer than the configured timeout.
+    #[error("The request timed out after {0:?}.")]
+    Timeout(Duration),
+    /// Anything else; the detail is logged, not sent.
+    #[error("The server had an error while processing your request.")]
+    Internal {
+        /// What happened (logged).
+        detail: String,
+    },
+}
+
+impl ApiError {
+    /// A bad value of `param`.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::InvalidParam {
+            param: param.into(),
+            message: message.into(),
+        }
+    }
+
+    /// An unsupported `param`.
+    pub fn unsupported(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Unsupported {
+            param: param.into(),
+            message: message.into(),
+        }
+    }
+
+    /// An engine failure, mapped by its status.
+    pub fn from_engine(e: EngineError, retry_after: Duration) -> Self {
+        match e.status {
+            Status::InvalidRequest | Status::Unsupported | Status::NotFound => {
+                Self::EngineRejected(e.message)
+            }
+            Status::Overloaded => Self::Overloaded {
+                message: e.message,
+                retry_after,
+            },
+            Status::Unavailable => Self::Unavailable {
+                detail: e.message,
+                retry_after,
+            },
+            Status::Ok
+            | Status::Cancelled
+            | Status::Internal
+            | Status::InvalidConfig
+            | Status::Unknown(_) => Self::Internal {
+                detail: format!("engine {}: {}", e.status, e.message),
+            },
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::UnknownUrl { .. } | Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::InvalidJson(_)
+            | Self::MissingParam(_)
+            | Self::InvalidParam { .. }
+            | Self::Unsupported { .. }
+            | Self::ContextLengthExceeded { .. }
+            | Self::EngineRejected(_) => StatusCode::BAD_REQUEST,
+            Self::InvalidSchema { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Self::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The OpenAI error body.
+    pub fn detail(&self) -> ErrorDetail {
+        let (kind, param, code): (&'static str, Option<String>, Option<&'static str>) = match self {
+            Self::UnknownUrl { .. } => ("invalid_request_error", None, Some("unknown_url")),
+            Self::MethodNotAllowed { .. } => {
+                ("invalid_request_error", None, Some("method_not_allowed"))
+            }
+            Self::InvalidJson(_) => ("invalid_request_error", None, Some("invalid_json")),
+            Self::MissingParam(p) => (
+                "invalid_request_error",
+                Some(p.clone()),
+                Some("missing_required_parameter"),
+            ),
+            Self::InvalidParam { param, .. } => (
+                "invalid_request_error",
+                Some(param.clone()),
+                Some("invalid_value"),
+            ),
+            Self::Unsupported { param, .. } => (
+                "invalid_request_error",
+                Some(param.clone()),
+                Some("unsupported_parameter"),
+            ),
+            Self::ContextLengthExceeded { param, .. } => (
+                "invalid_request_error",
+                Some(param.clone()),
+                Some("context_length_exceeded"),
+            ),
+            Self::InvalidSchema { param, .. } => (
+                "invalid_request_error",
+                Some(param.clone()),
+                Some("invalid_schema"),
+            ),
+            Self::ModelNotFound(_) => (
+                "invalid_request_error",
+                Some("model".into()),
+                Some("model_not_found"),
+            ),
+            Self::PayloadTooLarge { .. } => {
+                ("invalid_request_error", None, Some("request_too_large"))
+            }
+            Self::EngineRejected(_) => ("invalid_request_error", None, Some("invalid_request")),
+            Self::Overloaded { .. } => ("rate_limit_error", None, Some("queue_full")),
+            Self::Unavailable { .. } => ("server_error", None, Some("engine_unavailable")),
+            Self::Timeout(_) => ("server_error", None, Some("timeout")),
+            Self::Internal { .. } => ("server_error", None, None),
+        };
+        ErrorDetail {
+            message: self.to_string(),
+            kind,
+            param,
+            code,
+        }
+    }
+
+    /// When the client should retry, for 429 and 503.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Overloaded { retry_after, .. } | Self::Unavailable { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            _ => None,
+        }
+    }
+
+    /// Logs what the client is not told.
+    pub fn log(&self) {
+        match self {
+            Self::Internal { detail } => tracing::error!(%detail, "internal error"),
+            Self::Unavailable { detail, .. } => tracing::warn!(%detail, "engine unavailable"),
+            _ => {}
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.log();
+        let detail = self.detail();
+        crate::observability::metrics::error(detail.code.unwrap_or("server_error"));
+        let mut response = (self.status(), Json(ErrorBody { error: detail })).into_response();
+        if let Some(wait) = self.retry_after() {
+            let headers = response.headers_mut();
+            let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+            if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+                headers.insert("retry-after", v);
+            }
+            if let Ok(v) = HeaderValue::from_str(&wait.as_millis().to_string()) {
+                headers.insert("retry-after-ms", v);
+            }
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_the_four_keys_and_5xx_say_little() {
+        let internal = ApiError::Internal {
+            detail: "secret path /opt/x".into(),
+        };
+        let body = serde_json::to_value(ErrorBody {
+            error: internal.detail(),
+        })
+        .expect("json");
+        for key in ["message", "type", "param", "code"] {
+            assert!(body["error"].get(key).is_some(), "{key}");
+        }
+        assert!(!body.to_string().contains("secret"));
+        assert_eq!(internal.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[test]
+    fn engine_statuses_map_to_http() {
+        let wait = Duration::from_millis(1500);
+        let cases = [
+            (Status::Overloaded, StatusCode::TOO_MANY_REQUESTS),
+            (Status::Unavailable, StatusCode::SERVICE_UNAVAILABLE),
+            (Status::InvalidRequest, StatusCode::BAD_REQUEST),
+            (Status::Internal, StatusCode::INTERNAL_SERVER_ERROR),
+            (Status::Unknown(77), StatusCode::INTERNAL_SERVER_ERROR),
+        ];
+        for (status, http) in cases {
+            assert_eq!(
+                ApiError::from_engine(EngineError::new(status, "x"), wait).status(),
+                http
+            );
+        }
+        let response = ApiError::Overloaded {
+            message: "full".into(),
+            retry_after: wait,
+        }
+        .into_response();
+        assert_eq!(response.headers()["retry-after"], "2");
+        assert_eq!(response.headers()["retry-after-ms"], "1500");
+    }
+}

@@ -1,0 +1,99 @@
+//! Prometheus metrics, rendered at `GET /metrics`.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `turnpike_http_requests_total` | counter | `endpoint`, `status` |
+//! | `turnpike_http_request_duration_seconds` | histogram (to the response head) | `endpoint` |
+//! | `turnpike_errors_total` | counter | `code` |
+//! | `turnpike_tokens_total` | counter | `model`, `kind` (`prompt`, `completion`) |
+//! | `turnpike_time_to_first_token_seconds` | histogram | `model` |
+//! | `turnpike_active_streams` | gauge | |
+//!
+//! The recorder is process-wide; histogram samples are drained by [`upkeep`], which the server
+//! runs every few seconds, so memory stays bounded whether or not anyone scrapes.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// The process's metrics handle, installing the recorder on first use (`None` if another
+/// recorder was installed first).
+pub fn handle() -> Option<&'static PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)
+                .ok()?;
+            builder.install_recorder().ok()
+        })
+        .as_ref()
+}
+
+/// The Prometheus text exposition.
+pub fn render() -> String {
+    handle()
+        .map(|h| {
+            h.run_upkeep();
+            h.render()
+        })
+        .unwrap_or_default()
+}
+
+/// Drains histogram samples; run periodically.
+pub fn upkeep() {
+    if let Some(h) = handle() {
+        h.run_upkeep();
+    }
+}
+
+/// One HTTP request finished its response head.
+pub fn http_request(endpoint: &str, status: u16, elapsed: Duration) {
+    metrics::counter!("turnpike_http_requests_total", "endpoint" => endpoint.to_string(), "status" => status.to_string())
+        .increment(1);
+    metrics::histogram!("turnpike_http_request_duration_seconds", "endpoint" => endpoint.to_string())
+        .record(elapsed.as_secs_f64());
+}
+
+/// An error answered to a client (also mid-stream).
+pub fn error(code: &str) {
+    metrics::counter!("turnpike_errors_total", "code" => code.to_string()).increment(1);
+}
+
+/// Tokens of a finished generation.
+pub fn tokens(model: &str, prompt: u64, completion: u64) {
+    metrics::counter!("turnpike_tokens_total", "model" => model.to_string(), "kind" => "prompt")
+        .increment(prompt);
+    metrics::counter!("turnpike_tokens_total", "model" => model.to_string(), "kind" => "completion")
+        .increment(completion);
+}
+
+/// Time from arrival to the first generated text.
+pub fn time_to_first_token(model: &str, elapsed: Duration) {
+    metrics::histogram!("turnpike_time_to_first_token_seconds", "model" => model.to_string())
+        .record(elapsed.as_secs_f64());
+}
+
+/// Counts an open stream while it lives.
+#[derive(Debug)]
+pub struct StreamGuard(());
+
+impl StreamGuard {
+    /// Opens one.
+    pub fn open() -> Self {
+        metrics::gauge!("turnpike_active_streams").increment(1.0);
+        Self(())
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        metrics::gauge!("turnpike_active_streams").decrement(1.0);
+    }
+}

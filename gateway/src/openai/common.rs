@@ -1,0 +1,142 @@
+//! Wire types shared by the OpenAI endpoints.
+//!
+//! Request types are lenient where clients are (unknown fields are ignored, numbers are taken as
+//! any JSON number and range-checked later, in `pipeline::params`); response types serialise every
+//! key clients expect, `null` included.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Number, Value};
+
+/// `stop`: one string or a list of them.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum StopParam {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with the usage of the whole request.
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// Sampling extensions beyond OpenAI's, accepted at the top level and under `nvext`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct Extensions {
+    /// Keep the k most likely tokens.
+    pub top_k: Option<Number>,
+    /// Drop tokens below this fraction of the top probability.
+    pub min_p: Option<f64>,
+    /// Multiplicative repetition penalty.
+    pub repetition_penalty: Option<f64>,
+    /// Keep generating past end-of-sequence.
+    pub ignore_eos: Option<bool>,
+    /// Token ids that end a choice.
+    pub stop_token_ids: Option<Vec<Value>>,
+    /// Fewest tokens before a stop counts.
+    pub min_tokens: Option<Number>,
+    /// Always pick the most likely token (`temperature` 0).
+    pub greedy: Option<bool>,
+}
+
+impl Extensions {
+    /// `self` with unset fields taken from `other` (top-level values win over `nvext`).
+    pub fn or(self, other: Option<Extensions>) -> Extensions {
+        let Some(o) = other else { return self };
+        Extensions {
+            top_k: self.top_k.or(o.top_k),
+            min_p: self.min_p.or(o.min_p),
+            repetition_penalty: self.repetition_penalty.or(o.repetition_penalty),
+            ignore_eos: self.ignore_eos.or(o.ignore_eos),
+            stop_token_ids: self.stop_token_ids.or(o.stop_token_ids),
+            min_tokens: self.min_tokens.or(o.min_tokens),
+            greedy: self.greedy.or(o.greedy),
+        }
+    }
+}
+
+/// Token counts of a response.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Prompt tokens, counted by the gateway.
+    pub prompt_tokens: u64,
+    /// Generated tokens, counted by the engine.
+    pub completion_tokens: u64,
+    /// Their sum.
+    pub total_tokens: u64,
+    /// Breakdown of the prompt tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// Cached part of the prompt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens served from a prefix cache.
+    pub cached_tokens: u64,
+}
+
+impl Usage {
+    /// Usage from the three counts.
+    pub fn new(prompt: u64, completion: u64, cached: u64) -> Self {
+        Self {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            prompt_tokens_details: Some(PromptTokensDetails {
+                cached_tokens: cached,
+            }),
+        }
+    }
+}
+
+/// One token in the chat `logprobs.content` format.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatTokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its log probability.
+    pub logprob: f32,
+    /// Its UTF-8 bytes.
+    pub bytes: Vec<u8>,
+    /// The most likely alternatives.
+    pub top_logprobs: Vec<ChatTopLogprob>,
+}
+
+/// An alternative token.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatTopLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its log probability.
+    pub logprob: f32,
+    /// Its UTF-8 bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// Chat `logprobs`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ChatLogprobs {
+    /// One entry per generated token.
+    pub content: Vec<ChatTokenLogprob>,
+    /// Always null (no refusals).
+    pub refusal: Option<Vec<ChatTokenLogprob>>,
+}
+
+/// Legacy completions `logprobs`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CompletionLogprobs {
+    /// Token texts.
+    pub tokens: Vec<String>,
+    /// Their log probabilities.
+    pub token_logprobs: Vec<Option<f32>>,
+    /// Per token, the alternatives as `{token: logprob}`.
+    pub top_logprobs: Vec<Option<serde_json::Map<String, Value>>>,
+    /// Character offset of each token in the choice's text.
+    pub text_offset: Vec<u64>,
+}

@@ -1,0 +1,62 @@
+//! A non-streamed response is the fold of the stream: the same events, gathered per choice.
+
+use futures_util::StreamExt;
+
+use super::run::{Finished, GenEvent, GenStream, TokenLogprob, Totals};
+use crate::error::ApiError;
+
+/// One choice, whole.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChoiceResult {
+    /// All its text.
+    pub text: String,
+    /// Per token, when asked for.
+    pub logprobs: Vec<TokenLogprob>,
+    /// Character offset of each token's text (for legacy logprobs).
+    pub text_offsets: Vec<u64>,
+    /// Why it ended.
+    pub finish: Option<Finished>,
+}
+
+/// A whole generation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Folded {
+    /// Choices, by index.
+    pub choices: Vec<ChoiceResult>,
+    /// Token counts.
+    pub totals: Totals,
+}
+
+/// Reads `stream` to its end; `choices` is the number of choices it holds.
+pub async fn fold(mut stream: GenStream, choices: usize) -> Result<Folded, ApiError> {
+    let mut out = Folded {
+        choices: vec![ChoiceResult::default(); choices],
+        totals: Totals::default(),
+    };
+    while let Some(event) = stream.next().await {
+        match event {
+            GenEvent::Text {
+                choice,
+                text,
+                logprobs,
+            } => {
+                let Some(c) = out.choices.get_mut(choice as usize) else {
+                    continue;
+                };
+                for lp in logprobs {
+                    c.text_offsets.push(c.text.chars().count() as u64);
+                    c.logprobs.push(lp);
+                }
+                c.text.push_str(&text);
+            }
+            GenEvent::Finish { choice, reason } => {
+                if let Some(c) = out.choices.get_mut(choice as usize) {
+                    c.finish = Some(reason);
+                }
+            }
+            GenEvent::Usage(totals) => out.totals = totals,
+            GenEvent::Error(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,361 @@
+//! OpenAI parameters -> the engine's [`GenerationParams`], checked once, each error naming its
+//! parameter.
+//!
+//! Capabilities decide what may be sent: a parameter a model cannot honour is refused with a
+//! 400, never dropped, except sampling controls (temperature, top_p, top_k, min_p, seed) on an
+//! engine without sampling, which is deterministic whatever they say.
+
+use serde_json::{Number, Value};
+use turnpike_engine_api::{GenerationParams, Grammar};
+
+use crate::config::Defaults;
+use crate::engine_host::ServedModel;
+use crate::error::ApiError;
+use crate::openai::common::{Extensions, StopParam};
+
+/// Most stop strings per request.
+pub const MAX_STOP_STRINGS: usize = 4;
+/// Longest stop string, in bytes.
+pub const MAX_STOP_BYTES: usize = 256;
+/// Most choices per request.
+pub const MAX_N: u32 = 128;
+
+/// The sampling fields chat and legacy completions share.
+#[derive(Debug, Clone, Default)]
+pub struct Sampling<'a> {
+    /// `temperature`.
+    pub temperature: Option<f64>,
+    /// `top_p`.
+    pub top_p: Option<f64>,
+    /// `n`.
+    pub n: Option<&'a Number>,
+    /// `seed`.
+    pub seed: Option<&'a Number>,
+    /// `presence_penalty`.
+    pub presence_penalty: Option<f64>,
+    /// `frequency_penalty`.
+    pub frequency_penalty: Option<f64>,
+    /// `stop`.
+    pub stop: Option<&'a StopParam>,
+    /// `logit_bias`.
+    pub logit_bias: Option<&'a serde_json::Map<String, Value>>,
+    /// Extensions (top level merged with `nvext`).
+    pub extensions: Extensions,
+}
+
+/// An integer parameter: a JSON integer, or a float with no fraction.
+pub fn integer(param: &str, n: &Number, min: i64, max: i64) -> Result<i64, ApiError> {
+    let value = n
+        .as_i64()
+        .or_else(|| n.as_u64().map(|u| i64::try_from(u).unwrap_or(i64::MAX)))
+        .or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+                .map(|f| f as i64)
+        })
+        .ok_or_else(|| {
+            ApiError::invalid(param, format!("'{param}' must be an integer, got {n}"))
+        })?;
+    if value < min || value > max {
+        return Err(ApiError::invalid(
+            param,
+            format!("'{param}' must be between {min} and {max}, got {value}"),
+        ));
+    }
+    Ok(value)
+}
+
+fn ranged(param: &str, v: f64, min: f64, max: f64) -> Result<f32, ApiError> {
+    if v.is_finite() && v >= min && v <= max {
+        Ok(v as f32)
+    } else {
+        Err(ApiError::invalid(
+            param,
+            format!("'{param}' must be between {min} and {max}, got {v}"),
+        ))
+    }
+}
+
+/// The stop strings, checked.
+pub fn stop_strings(stop: Option<&StopParam>) -> Result<Vec<String>, ApiError> {
+    let list = match stop {
+        None => return Ok(Vec::new()),
+        Some(StopParam::One(s)) => vec![s.clone()],
+        Some(StopParam::Many(v)) => v.clone(),
+    };
+    if list.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "'stop' holds at most {MAX_STOP_STRINGS} strings, got {}",
+                list.len()
+            ),
+        ));
+    }
+    for s in &list {
+        if s.is_empty() || s.len() > MAX_STOP_BYTES {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("each stop string must be 1 to {MAX_STOP_BYTES} bytes long"),
+            ));
+        }
+    }
+    Ok(list)
+}
+
+/// Sampling and penalties, checked against the model's capabilities; `max_tokens`, `logprobs`
+/// and `grammar` are set by the caller.
+pub fn generation_params(
+    s: &Sampling<'_>,
+    model: &ServedModel,
+    defaults: &Defaults,
+) -> Result<GenerationParams, ApiError> {
+    let caps = &model.info.capabilities;
+    let mut p = GenerationParams::default();
+    let n = match s.n {
+        Some(n) => integer("n", n, 1, i64::from(MAX_N))? as u32,
+        None => 1,
+    };
+    if n > caps.max_n {
+        return Err(ApiError::unsupported(
+            "n",
+            format!(
+                "'n' is {n}; model `{}` generates at most {} choices",
+                model.id, caps.max_n
+            ),
+        ));
+    }
+    p.n = n;
+    p.temperature = ranged(
+        "temperature",
+        s.temperature.unwrap_or(f64::from(defaults.temperature)),
+        0.0,
+        2.0,
+    )?;
+    p.top_p = ranged(
+        "top_p",
+        s.top_p.unwrap_or(f64::from(defaults.top_p)),
+        0.0,
+        1.0,
+    )?;
+    if p.top_p == 0.0 {
+        // Some clients ask for greedy decoding this way.
+        p.top_p = 1.0;
+        p.temperature = 0.0;
+    }
+    p.seed = match s.seed {
+        Some(seed) => Some(integer("seed", seed, i64::MIN, i64::MAX)? as u64),
+        None => None,
+    };
+    let e = &s.extensions;
+    if let Some(k) = &e.top_k {
+        p.top_k = integer("top_k", k, -1, 1 << 20)?.max(0) as u32;
+    }
+    if let Some(min_p) = e.min_p {
+        p.min_p = ranged("min_p", min_p, 0.0, 1.0)?;
+    }
+    if e.greedy == Some(true) {
+        p.temperature = 0.0;
+    }
+    p.presence_penalty = ranged(
+        "presence_penalty",
+        s.presence_penalty
+            .unwrap_or(f64::from(defaults.presence_penalty)),
+        -2.0,
+        2.0,
+    )?;
+    p.frequency_penalty = ranged(
+        "frequency_penalty",
+        s.frequency_penalty
+            .unwrap_or(f64::from(defaults.frequency_penalty)),
+        -2.0,
+        2.0,
+    )?;
+    if let Some(r) = e.repetition_penalty {
+        p.repetition_penalty = ranged("repetition_penalty", r, 0.01, 10.0)?;
+    }
+    let penalised =
+        p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0;
+    if penalised && !caps.penalties {
+        return Err(ApiError::unsupported(
+            "presence_penalty",
+            format!("model `{}` does not support penalties", model.id),
+        ));
+    }
+    if !caps.sampling {
+        // A deterministic engine: sampling controls cannot change its output.
+        let keep = (
+            p.n,
+            p.presence_penalty,
+            p.frequency_penalty,
+            p.repetition_penalty,
+        );
+        p = GenerationParams {
+            n: keep.0,
+            presence_penalty: keep.1,
+            frequency_penalty: keep.2,
+            repetition_penalty: keep.3,
+            ..GenerationParams::default()
+        };
+    }
+    if s.logit_bias.is_some_and(|b| !b.is_empty()) {
+        return Err(ApiError::unsupported(
+            "logit_bias",
+            "'logit_bias' is not supported",
+        ));
+    }
+    p.ignore_eos = e.ignore_eos.unwrap_or(false);
+    if let Some(ids) = &e.stop_token_ids {
+        let vocab = model.info.vocab_size;
+        for id in ids {
+            let valid = id.as_u64().filter(|&t| t < u64::from(vocab));
+            let id = valid.ok_or_else(|| {
+                ApiError::invalid(
+                    "stop_token_ids",
+                    format!("stop token ids must be integers below {vocab}"),
+                )
+            })?;
+            p.stop_token_ids.push(id as u32);
+        }
+    }
+    if let Some(min) = &e.min_tokens {
+        p.min_tokens = integer("min_tokens", min, 0, i64::from(u32::MAX))? as u32;
+    }
+    Ok(p)
+}
+
+/// Adds what the model itself stops on (its end-of-turn tokens) to `p.stop_token_ids`.
+pub fn add_model_stops(p: &mut GenerationParams, model: &ServedModel) {
+    for &id in &model.stop_token_ids {
+        if !p.stop_token_ids.contains(&id) {
+            p.stop_token_ids.push(id);
+        }
+    }
+}
+
+/// `top_logprobs` alternatives per token, checked against the model; `None` for no logprobs.
+pub fn logprobs(
+    wanted: bool,
+    top: u32,
+    param: &str,
+    model: &ServedModel,
+) -> Result<Option<u32>, ApiError> {
+    if !wanted {
+        return Ok(None);
+    }
+    let caps = &model.info.capabilities;
+    if !caps.logprobs {
+        return Err(ApiError::unsupported(
+            "logprobs",
+            format!("model `{}` does not return log probabilities", model.id),
+        ));
+    }
+    let max = caps
+        .max_top_logprobs
+        .min(turnpike_engine_api::docs::MAX_TOP_LOGPROBS);
+    if top > max {
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "'{param}' must be at most {max} for model `{}`, got {top}",
+                model.id
+            ),
+        ));
+    }
+    Ok(Some(top))
+}
+
+/// The grammar a structured-output request needs, if the model can enforce it.
+pub fn grammar(g: Grammar, param: &str, model: &ServedModel) -> Result<Grammar, ApiError> {
+    if model.info.capabilities.grammar {
+        Ok(g)
+    } else {
+        Err(ApiError::unsupported(
+            param,
+            format!("model `{}` cannot enforce structured output", model.id),
+        ))
+    }
+}
+
+/// `max_tokens`: the request's (capped by the model), else `default_max`; the prompt and the
+/// output must fit the context. `param` names the prompt (`messages` or `prompt`).
+pub fn max_tokens(
+    requested: Option<&Number>,
+    requested_param: &str,
+    default_max: u32,
+    prompt_tokens: usize,
+    model: &ServedModel,
+    defaults: &Defaults,
+    param: &str,
+) -> Result<u32, ApiError> {
+    let context = model.context_length as usize;
+    let prompt_limit = (defaults.max_request_tokens as usize).min(context);
+    if prompt_tokens >= prompt_limit {
+        return Err(ApiError::ContextLengthExceeded {
+            param: param.into(),
+            message: format!(
+                "This model's maximum prompt length is {} tokens. However, your {param} resulted in {prompt_tokens} tokens. Please reduce the length of the {param}.",
+                prompt_limit.saturating_sub(1)
+            ),
+        });
+    }
+    let room = context - prompt_tokens;
+    let Some(n) = requested else {
+        return Ok(default_max
+            .min(model.max_output_tokens)
+            .min(room as u32)
+            .max(1));
+    };
+    let max = integer(requested_param, n, 1, i64::from(u32::MAX))? as u32;
+    if max > model.max_output_tokens {
+        return Err(ApiError::invalid(
+            requested_param,
+            format!(
+                "'{requested_param}' is too large: {max}. Model `{}` supports at most {} completion tokens.",
+                model.id, model.max_output_tokens
+            ),
+        ));
+    }
+    if prompt_tokens + max as usize > context {
+        return Err(ApiError::ContextLengthExceeded {
+            param: param.into(),
+            message: format!(
+                "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_tokens} in the {param}, {max} in the completion). Please reduce the length of the {param} or completion.",
+                prompt_tokens + max as usize
+            ),
+        });
+    }
+    Ok(max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_accept_whole_floats_and_name_the_parameter() {
+        let n = |v: Value| match v {
+            Value::Number(n) => n,
+            _ => unreachable!(),
+        };
+        assert_eq!(integer("n", &n(serde_json::json!(2)), 1, 5), Ok(2));
+        assert_eq!(integer("n", &n(serde_json::json!(2.0)), 1, 5), Ok(2));
+        let err = integer("n", &n(serde_json::json!(2.5)), 1, 5).expect_err("fraction");
+        assert!(
+            matches!(&err, ApiError::InvalidParam { param, .. } if param == "n"),
+            "{err:?}"
+        );
+        assert!(integer("n", &n(serde_json::json!(9)), 1, 5).is_err());
+    }
+
+    #[test]
+    fn stop_strings_are_bounded() {
+        assert_eq!(
+            stop_strings(Some(&StopParam::One("x".into()))),
+            Ok(vec!["x".to_string()])
+        );
+        assert!(stop_strings(Some(&StopParam::Many(vec!["a".into(); 5]))).is_err());
+        assert!(stop_strings(Some(&StopParam::One(String::new()))).is_err());
+        assert!(stop_strings(Some(&StopParam::One("x".repeat(257)))).is_err());
+    }
+}

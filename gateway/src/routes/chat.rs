@@ -1,0 +1,310 @@
+//! `POST /v1/chat/completions`.
+
+use std::time::Instant;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use turnpike_engine_api::Grammar;
+
+use super::extract::JsonBody;
+use super::sse::{self, Render, Timing};
+use super::{AppState, new_id, unix_now};
+use crate::error::ApiError;
+use crate::openai::chat::{
+    AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
+    ChunkChoice, Delta, ResponseFormat,
+};
+use crate::openai::common::{ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, Usage};
+use crate::pipeline::run::{self, GenEvent, Job, TokenLogprob};
+use crate::pipeline::{fold, params, prompt};
+
+/// Log probabilities in the chat format.
+fn chat_logprobs(tokens: &[TokenLogprob]) -> ChatLogprobs {
+    let content = tokens
+        .iter()
+        .map(|t| ChatTokenLogprob {
+            token: t.token.clone(),
+            logprob: t.logprob,
+            bytes: t.bytes.clone(),
+            top_logprobs: t
+                .top
+                .iter()
+                .map(|(token, bytes, logprob)| ChatTopLogprob {
+                    token: token.clone(),
+                    logprob: *logprob,
+                    bytes: bytes.clone(),
+                })
+                .collect(),
+        })
+        .collect();
+    ChatLogprobs {
+        content,
+        refusal: None,
+    }
+}
+
+/// Handles a chat completion.
+pub async fn chat(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<ChatCompletionRequest>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let model = state.model(&req.model)?;
+    let defaults = &state.defaults;
+
+    let messages = prompt::template_messages(&req.messages)?;
+    let tools = match &req.tools {
+        Some(tools) if !tools.is_empty() => Some(prompt::template_tools(tools)?),
+        _ => None,
+    };
+    match req.tool_choice.as_ref() {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "auto" || s == "none" => {}
+        Some(_) => {
+            return Err(ApiError::unsupported(
+                "tool_choice",
+                format!(
+                    "model `{}` cannot be made to call a tool; use 'auto' or 'none'",
+                    model.id
+                ),
+            ));
+        }
+    }
+    let sampling = params::Sampling {
+        temperature: req.temperature,
+        top_p: req.top_p,
+        n: req.n.as_ref(),
+        seed: req.seed.as_ref(),
+        presence_penalty: req.presence_penalty,
+        frequency_penalty: req.frequency_penalty,
+        stop: req.stop.as_ref(),
+        logit_bias: req.logit_bias.as_ref(),
+        extensions: req.extensions.clone().or(req.nvext.clone()),
+    };
+    let mut p = params::generation_params(&sampling, &model, defaults)?;
+    let stop = params::stop_strings(req.stop.as_ref())?;
+    let top = match &req.top_logprobs {
+        Some(n) => params::integer("top_logprobs", n, 0, 20)? as u32,
+        None => 0,
+    };
+    let wants_logprobs = req.logprobs.unwrap_or(false);
+    if top > 0 && !wants_logprobs {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            "'top_logprobs' requires 'logprobs' to be true",
+        ));
+    }
+    let logprobs = params::logprobs(wants_logprobs, top, "top_logprobs", &model)?;
+    p.logprobs = logprobs.is_some();
+    p.top_logprobs = logprobs.unwrap_or(0);
+    p.grammar = match &req.response_format {
+        None | Some(ResponseFormat::Text) => None,
+        Some(ResponseFormat::JsonObject) => Some(params::grammar(
+            Grammar::JsonObject,
+            "response_format",
+            &model,
+        )?),
+        Some(ResponseFormat::JsonSchema { json_schema }) => {
+            let schema = json_schema.schema.clone().unwrap_or_else(|| json!({}));
+            prompt::check_schema(&schema, "response_format.json_schema.schema")?;
+            Some(params::grammar(
+                Grammar::JsonSchema { schema },
+                "response_format",
+                &model,
+            )?)
+        }
+    };
+    let ids = prompt::chat_prompt(
+        &model,
+        &messages,
+        tools.as_ref(),
+        req.chat_template_kwargs.as_ref(),
+    )?;
+    let (requested, requested_param) = match (&req.max_completion_tokens, &req.max_tokens) {
+        (Some(n), _) => (Some(n), "max_completion_tokens"),
+        (None, Some(n)) => (Some(n), "max_tokens"),
+        (None, None) => (None, "max_tokens"),
+    };
+    p.max_tokens = params::max_tokens(
+        requested,
+        requested_param,
+        defaults.max_output_tokens,
+        ids.len(),
+        &model,
+        defaults,
+        "messages",
+    )?;
+    params::add_model_stops(&mut p, &model);
+    let id = new_id("chatcmpl");
+    p.request_id = Some(id.clone());
+    let n = p.n;
+    let job = Job {
+        model: std::sync::Arc::clone(&model),
+        prompts: vec![ids],
+        params: p,
+        stop,
+        logprobs: logprobs.is_some(),
+        retry_after: state.server.retry_after,
+    };
+    let mut stream = run::start(job)?;
+    let head = Head {
+        id,
+        created: unix_now(),
+        model: req.model.clone(),
+        fingerprint: model.fingerprint.clone(),
+    };
+    let deadline = started + state.server.request_timeout;
+
+    if req.stream.unwrap_or(false) {
+        let first = sse::first_event(&mut stream, state.server.stream_heartbeat).await?;
+        let include_usage = req
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        let renderer = ChunkRenderer {
+            head,
+            n,
+            include_usage,
+            logprobs: logprobs.is_some(),
+        };
+        let timing = Timing {
+            started,
+            heartbeat: state.server.stream_heartbeat,
+            deadline,
+            model: model.id.clone(),
+        };
+        return Ok(sse::respond(stream, first, renderer, timing));
+    }
+
+    let folded = tokio::time::timeout_at(deadline.into(), fold::fold(stream, n as usize))
+        .await
+        .map_err(|_| ApiError::Timeout(state.server.request_timeout))??;
+    crate::observability::metrics::tokens(
+        &model.id,
+        folded.totals.prompt,
+        folded.totals.completion,
+    );
+    let choices = folded
+        .choices
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| ChatChoice {
+            index: i as u32,
+            message: AssistantMessage {
+                role: "assistant",
+                content: Some(c.text),
+                refusal: None,
+            },
+            logprobs: logprobs.map(|_| chat_logprobs(&c.logprobs)),
+            finish_reason: Some(c.finish.unwrap_or(run::Finished::Stop).as_str()),
+        })
+        .collect();
+    let t = folded.totals;
+    let body = ChatCompletion {
+        id: head.id,
+        object: "chat.completion",
+        created: head.created,
+        model: head.model,
+        system_fingerprint: head.fingerprint,
+        choices,
+        usage: Usage::new(t.prompt, t.completion, t.cached),
+    };
+    Ok(Json(body).into_response())
+}
+
+/// What every chunk of a response repeats.
+struct Head {
+    id: String,
+    created: u64,
+    model: String,
+    fingerprint: String,
+}
+
+struct ChunkRenderer {
+    head: Head,
+    n: u32,
+    include_usage: bool,
+    logprobs: bool,
+}
+
+impl ChunkRenderer {
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> Bytes {
+        let chunk = ChatCompletionChunk {
+            id: self.head.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.head.created,
+            model: self.head.model.clone(),
+            system_fingerprint: self.head.fingerprint.clone(),
+            choices,
+            usage: self.include_usage.then_some(usage),
+        };
+        sse::data(&chunk)
+    }
+}
+
+impl Render for ChunkRenderer {
+    fn opening(&mut self) -> Vec<Bytes> {
+        (0..self.n)
+            .map(|index| {
+                let delta = Delta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                    refusal: Some(None),
+                };
+                self.chunk(
+                    vec![ChunkChoice {
+                        index,
+                        delta,
+                        logprobs: None,
+                        finish_reason: None,
+                    }],
+                    None,
+                )
+            })
+            .collect()
+    }
+
+    fn event(&mut self, event: &GenEvent) -> Vec<Bytes> {
+        match event {
+            GenEvent::Text {
+                choice,
+                text,
+                logprobs,
+            } => {
+                let delta = Delta {
+                    content: Some(text.clone()),
+                    ..Delta::default()
+                };
+                let logprobs = self.logprobs.then(|| chat_logprobs(logprobs));
+                vec![self.chunk(
+                    vec![ChunkChoice {
+                        index: *choice,
+                        delta,
+                        logprobs,
+                        finish_reason: None,
+                    }],
+                    None,
+                )]
+            }
+            GenEvent::Finish { choice, reason } => {
+                let choice = ChunkChoice {
+                    index: *choice,
+                    delta: Delta::default(),
+                    logprobs: None,
+                    finish_reason: Some(reason.as_str()),
+                };
+                vec![self.chunk(vec![choice], None)]
+            }
+            GenEvent::Usage(t) if self.include_usage => {
+                vec![self.chunk(
+                    Vec::new(),
+                    Some(Usage::new(t.prompt, t.completion, t.cached)),
+                )]
+            }
+            GenEvent::Usage(_) | GenEvent::Error(_) => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! Server-sent events, as clients expect them: `data: {json}\n\n`, one event per write, a comment
+//! frame as heartbeat when nothing was sent for a while, `data: [DONE]` at the end, and a failure
+//! after the head as one `data: {"error": ...}` event.
+//!
+//! The body owns the generation: when the client goes away, the body is dropped, and with it
+//! every engine request.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+
+use crate::error::ApiError;
+use crate::observability::metrics::{self, StreamGuard};
+use crate::openai::error::ErrorBody;
+use crate::pipeline::run::{GenEvent, GenStream};
+
+/// Turns generation events into an endpoint's chunks (each already an SSE `data:` event; see
+/// [`data`]).
+pub trait Render: Send + 'static {
+    /// Chunks sent before any event (the role of each chat choice, echoed prompts).
+    fn opening(&mut self) -> Vec<Bytes>;
+    /// Chunks for one event (never an error: this module sends those).
+    fn event(&mut self, event: &GenEvent) -> Vec<Bytes>;
+}
+
+/// How a stream is timed and accounted.
+#[derive(Debug)]
+pub struct Timing {
+    /// When the request arrived.
+    pub started: Instant,
+    /// Heartbeat interval.
+    pub heartbeat: Duration,
+    /// When the request times out.
+    pub deadline: Instant,
+    /// The model id, for metrics.
+    pub model: String,
+}
+
+struct State<R> {
+    stream: GenStream,
+    renderer: R,
+    first: Option<GenEvent>,
+    out: VecDeque<Bytes>,
+    finished: bool,
+    timing: Timing,
+    first_text_seen: bool,
+    _guard: StreamGuard,
+}
+
+/// One SSE event carrying `value` as JSON, serialised straight into the frame.
+pub fn data(value: &impl serde::Serialize) -> Bytes {
+    let mut frame = b"data: ".to_vec();
+    if serde_json::to_writer(&mut frame, value).is_err() {
+        frame.extend_from_slice(b"null");
+    }
+    frame.extend_from_slice(b"\n\n");
+    Bytes::from(frame)
+}
+
+impl<R: Render> State<R> {
+    fn on_event(&mut self, event: Option<GenEvent>) {
+        match event {
+            None => {
+                self.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                self.finished = true;
+            }
+            Some(GenEvent::Error(e)) => self.fail(e),
+            Some(event) => {
+                if !self.first_text_seen && matches!(event, GenEvent::Text { .. }) {
+                    self.first_text_seen = true;
+                    metrics::time_to_first_token(&self.timing.model, self.timing.started.elapsed());
+                }
+                if let GenEvent::Usage(t) = &event {
+                    metrics::tokens(&self.timing.model, t.prompt, t.completion);
+                }
+                self.out.extend(self.renderer.event(&event));
+            }
+        }
+    }
+
+    fn fail(&mut self, e: ApiError) {
+        e.log();
+        let detail = e.detail();
+        metrics::error(detail.code.unwrap_or("server_error"));
+        self.out.push_back(data(&ErrorBody { error: detail }));
+        self.finished = true;
+    }
+
+    async fn next(mut self) -> Option<(Result<Bytes, Infallible>, Self)> {
+        loop {
+            if let Some(bytes) = self.out.pop_front() {
+                return Some((Ok(bytes), self));
+            }
+            if self.finished {
+                return None;
+            }
+            if let Some(event) = self.first.take() {
+                self.on_event(Some(event));
+                continue;
+            }
+            let now = Instant::now();
+            if now >= self.timing.deadline {
+                self.fail(ApiError::Timeout(
+                    self.timing.deadline - self.timing.started,
+                ));
+                continue;
+            }
+            let wait = self.timing.heartbeat.min(self.timing.deadline - now);
+            match tokio::time::timeout(wait, self.stream.next()).await {
+                Ok(event) => self.on_event(event),
+                Err(_) if Instant::now() >= self.timing.deadline => continue,
+                Err(_) => self.out.push_back(Bytes::from_static(b": keep-alive\n\n")),
+            }
+        }
+    }
+}
+
+/// The streamed response: opening chunks, then `first` (already read, so an early failure could
+/// still become a plain error response), then the rest of the stream.
+pub fn respond(
+    stream: GenStream,
+    first: Option<GenEvent>,
+    mut renderer: impl Render,
+    timing: Timing,
+) -> Response {
+    let out: VecDeque<Bytes> = renderer.opening().into();
+    let state = State {
+        stream,
+        renderer,
+        first,
+        out,
+        finished: false,
+        timing,
+        first_text_seen: false,
+        _guard: StreamGuard::open(),
+    };
+    let body = Body::from_stream(futures_util::stream::unfold(state, State::next));
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+/// Waits for the first event (up to the heartbeat interval), so a failure before any output is
+/// answered with its real status rather than a 200 and an error event.
+pub async fn first_event(
+    stream: &mut GenStream,
+    heartbeat: Duration,
+) -> Result<Option<GenEvent>, ApiError> {
+    match tokio::time::timeout(heartbeat, stream.next()).await {
+        Ok(Some(GenEvent::Error(e))) => Err(e),
+        Ok(Some(event)) => Ok(Some(event)),
+        Ok(None) | Err(_) => Ok(None),
+    }
+}

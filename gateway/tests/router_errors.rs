@@ -1,0 +1,289 @@
+//! Every failure is an OpenAI error body with the right status, in-process.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Request;
+use serde_json::{Value, json};
+use support::*;
+use turnpike_engine_api::{EngineError, FinalEvent, Status, Usage};
+
+fn chat(extra: Value) -> String {
+    let mut b = json!({"model": "fake", "messages": [{"role": "user", "content": "Hi"}]});
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b.to_string()
+}
+
+async fn chat_error(extra: Value, status: u16) -> Value {
+    let (_, app) = app(Box::new(|_| Ok(say("ok"))));
+    error_of(
+        &post(&app, "/v1/chat/completions", &chat(extra)).await,
+        status,
+    )
+}
+
+#[tokio::test]
+async fn malformed_bodies_and_missing_parameters() {
+    let (_, app) = app(Box::new(|_| Ok(say("ok"))));
+    let e = error_of(&post(&app, "/v1/chat/completions", "{not json").await, 400);
+    assert_eq!(e["code"], "invalid_json");
+    let e = error_of(&post(&app, "/v1/chat/completions", "[1, 2]").await, 400);
+    assert_eq!(e["code"], "invalid_json");
+    let e = error_of(
+        &post(&app, "/v1/chat/completions", r#"{"messages": []}"#).await,
+        400,
+    );
+    assert_eq!(
+        (e["code"].as_str(), e["param"].as_str()),
+        (Some("missing_required_parameter"), Some("model"))
+    );
+    let e = error_of(
+        &post(&app, "/v1/completions", r#"{"model": "fake"}"#).await,
+        400,
+    );
+    assert_eq!(e["param"], "prompt");
+    let e = error_of(
+        &post(&app, "/v1/chat/completions", &chat(json!({"messages": []}))).await,
+        400,
+    );
+    assert_eq!(e["param"], "messages");
+}
+
+#[tokio::test]
+async fn bad_values_name_their_parameter() {
+    for (extra, param) in [
+        (json!({"temperature": "hot"}), "temperature"),
+        (json!({"temperature": 3.5}), "temperature"),
+        (json!({"top_p": 1.5}), "top_p"),
+        (json!({"n": 1.5}), "n"),
+        (json!({"max_tokens": 0}), "max_tokens"),
+        (json!({"max_tokens": 200}), "max_tokens"),
+        (json!({"presence_penalty": 9}), "presence_penalty"),
+        (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
+        (json!({"top_logprobs": 3}), "top_logprobs"),
+        (
+            json!({"logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+        ),
+        (
+            json!({"messages": [{"role": "wizard", "content": "x"}]}),
+            "messages[0].role",
+        ),
+        (json!({"stop_token_ids": [5000]}), "stop_token_ids"),
+    ] {
+        let e = chat_error(extra.clone(), 400).await;
+        assert_eq!(e["param"], param, "{extra}: {e}");
+        assert_eq!(e["type"], "invalid_request_error");
+    }
+}
+
+#[tokio::test]
+async fn unsupported_features_are_refused_not_ignored() {
+    for (extra, param) in [
+        (json!({"n": 9}), "n"),
+        (json!({"logit_bias": {"5": 10}}), "logit_bias"),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
+            "messages[0].content[0].type",
+        ),
+    ] {
+        let e = chat_error(extra.clone(), 400).await;
+        assert_eq!(
+            (e["param"].as_str(), e["code"].as_str()),
+            (Some(param), Some("unsupported_parameter")),
+            "{extra}: {e}"
+        );
+    }
+    let (_, app) = app(Box::new(|_| Ok(say("ok"))));
+    let e = error_of(
+        &post(
+            &app,
+            "/v1/completions",
+            &json!({"model": "fake", "prompt": "a", "suffix": "z"}).to_string(),
+        )
+        .await,
+        400,
+    );
+    assert_eq!(e["param"], "suffix");
+    let e = error_of(
+        &post(
+            &app,
+            "/v1/completions",
+            &json!({"model": "fake", "prompt": "a", "echo": true, "logprobs": 1}).to_string(),
+        )
+        .await,
+        400,
+    );
+    assert_eq!(e["param"], "echo");
+    let e = error_of(
+        &post(
+            &app,
+            "/v1/completions",
+            &json!({"model": "fake", "prompt": "a", "best_of": 3}).to_string(),
+        )
+        .await,
+        400,
+    );
+    assert_eq!(e["param"], "best_of");
+    // Harmless values are accepted.
+    let ok = post(
+        &app,
+        "/v1/completions",
+        &json!({"model": "fake", "prompt": "a", "best_of": 1, "n": 1, "logprobs": false})
+            .to_string(),
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+}
+
+#[tokio::test]
+async fn invalid_schemas_are_422() {
+    let e = chat_error(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": ["not", "an", "object"]}}}), 422).await;
+    assert_eq!(
+        (e["code"].as_str(), e["param"].as_str()),
+        (
+            Some("invalid_schema"),
+            Some("response_format.json_schema.schema")
+        )
+    );
+    let e = chat_error(
+        json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": "nope"}}]}),
+        422,
+    )
+    .await;
+    assert_eq!(e["param"], "tools[0].function.parameters");
+}
+
+#[tokio::test]
+async fn size_limits_context_and_unknown_models() {
+    let (_, app) = app(Box::new(|_| Ok(say("ok"))));
+    let huge = chat(json!({"messages": [{"role": "user", "content": "x".repeat(100_000)}]}));
+    assert_eq!(
+        error_of(&post(&app, "/v1/chat/completions", &huge).await, 413)["code"],
+        "request_too_large"
+    );
+    let long = chat(json!({"messages": [{"role": "user", "content": "the river ".repeat(1500)}]}));
+    let e = error_of(&post(&app, "/v1/chat/completions", &long).await, 400);
+    assert_eq!(
+        (e["code"].as_str(), e["param"].as_str()),
+        (Some("context_length_exceeded"), Some("messages"))
+    );
+    let e = error_of(
+        &post(
+            &app,
+            "/v1/chat/completions",
+            &chat(json!({"model": "gpt-9"})),
+        )
+        .await,
+        404,
+    );
+    assert_eq!(e["code"], "model_not_found");
+    let e = error_of(&post(&app, "/v2/chat", "{}").await, 404);
+    assert_eq!(e["code"], "unknown_url");
+    let e = error_of(&get(&app, "/v1/chat/completions").await, 405);
+    assert_eq!(e["code"], "method_not_allowed");
+}
+
+#[tokio::test]
+async fn engine_refusals_map_to_statuses_with_retry_headers() {
+    for (status, http, code) in [
+        (Status::Overloaded, 429, "queue_full"),
+        (Status::Unavailable, 503, "engine_unavailable"),
+        (Status::InvalidRequest, 400, "invalid_request"),
+    ] {
+        let (_, app) = app(Box::new(move |_| {
+            Err(EngineError::new(status, "engine says no"))
+        }));
+        let reply = post(&app, "/v1/chat/completions", &chat(json!({}))).await;
+        let e = error_of(&reply, http);
+        assert_eq!(e["code"], code);
+        if http != 400 {
+            assert_eq!(reply.headers["retry-after"], "2");
+            assert_eq!(reply.headers["retry-after-ms"], "1500");
+        }
+    }
+    let (_, app) = support::app(Box::new(|_| {
+        Err(EngineError::internal("stack trace with /secret/path"))
+    }));
+    let reply = post(&app, "/v1/chat/completions", &chat(json!({"stream": true}))).await;
+    let e = error_of(&reply, 500);
+    assert_eq!(
+        e["message"],
+        "The server had an error while processing your request."
+    );
+    assert!(!reply.body.contains("secret"));
+}
+
+#[tokio::test]
+async fn failures_before_output_keep_their_status_and_after_become_an_error_event() {
+    let (_, app) = app(Box::new(|_| {
+        Ok(vec![Step::Final(FinalEvent::failed(
+            Status::Unavailable,
+            "device lost",
+            Usage::default(),
+        ))])
+    }));
+    let reply = post(&app, "/v1/chat/completions", &chat(json!({"stream": true}))).await;
+    assert_eq!(error_of(&reply, 503)["code"], "engine_unavailable");
+
+    let (_, app) = support::app(Box::new(|_| {
+        let mut steps = say("partial answer");
+        steps.pop();
+        steps.push(Step::Final(FinalEvent::failed(
+            Status::Internal,
+            "kernel fault",
+            Usage::default(),
+        )));
+        Ok(steps)
+    }));
+    let reply = post(&app, "/v1/chat/completions", &chat(json!({"stream": true}))).await;
+    assert_eq!(reply.status, 200);
+    let (events, done) = reply.events();
+    assert!(!done, "no [DONE] after an error");
+    let last = events.last().unwrap();
+    assert_eq!(last["error"]["type"], "server_error");
+    assert!(!reply.body.contains("kernel fault"));
+    let folded = post(&app, "/v1/chat/completions", &chat(json!({}))).await;
+    assert_eq!(error_of(&folded, 500)["type"], "server_error");
+}
+
+#[tokio::test]
+async fn slow_requests_time_out() {
+    let script: Script = Box::new(|_| {
+        let mut steps = say("a");
+        steps.insert(0, Step::Sleep(Duration::from_millis(500)));
+        Ok(steps)
+    });
+    let (_, backend) = fake(script);
+    let app = app_with(backend, server(50, 150));
+    assert_eq!(
+        error_of(
+            &post(&app, "/v1/chat/completions", &chat(json!({}))).await,
+            504
+        )["code"],
+        "timeout"
+    );
+    let reply = post(&app, "/v1/chat/completions", &chat(json!({"stream": true}))).await;
+    let (events, _) = reply.events();
+    assert_eq!(events.last().unwrap()["error"]["code"], "timeout");
+}
+
+#[tokio::test]
+async fn a_body_without_content_type_is_still_read() {
+    let (_, app) = app(Box::new(|_| Ok(say("ok"))));
+    let request = Request::post("/v1/chat/completions")
+        .body(Body::from(chat(json!({}))))
+        .unwrap();
+    assert_eq!(send(&app, request).await.status, 200);
+}
