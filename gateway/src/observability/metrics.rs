@@ -8,6 +8,8 @@
 //! | `turnpike_tokens_total` | counter | `model`, `kind` (`prompt`, `completion`) |
 //! | `turnpike_time_to_first_token_seconds` | histogram | `model` |
 //! | `turnpike_active_streams` | gauge | |
+//! | `turnpike_engine_queued`, `turnpike_engine_running` | gauge | `engine` |
+//! | `turnpike_engine_requests_total` | counter (the engine's own count) | `engine`, `outcome` |
 //!
 //! The recorder is process-wide; histogram samples are drained by [`upkeep`], which the server
 //! runs every few seconds, so memory stays bounded whether or not anyone scrapes.
@@ -78,6 +80,22 @@ pub fn tokens(model: &str, prompt: u64, completion: u64) {
 pub fn time_to_first_token(model: &str, elapsed: Duration) {
     metrics::histogram!("turnpike_time_to_first_token_seconds", "model" => model.to_string())
         .record(elapsed.as_secs_f64());
+}
+
+/// An engine's own counters, read at scrape time.
+pub fn engine_stats(engine: &str, stats: &turnpike_engine_api::Stats) {
+    metrics::gauge!("turnpike_engine_queued", "engine" => engine.to_string())
+        .set(stats.queued as f64);
+    metrics::gauge!("turnpike_engine_running", "engine" => engine.to_string())
+        .set(stats.running as f64);
+    for (outcome, value) in [
+        ("completed", stats.completed),
+        ("cancelled", stats.cancelled),
+        ("failed", stats.failed),
+    ] {
+        metrics::counter!("turnpike_engine_requests_total", "engine" => engine.to_string(), "outcome" => outcome)
+            .absolute(value);
+    }
 }
 
 /// Counts an open stream while it lives.

@@ -1,12 +1,24 @@
-//! `GET /metrics`: Prometheus text exposition.
+//! `GET /metrics`: Prometheus text exposition, with each engine's own counters read at scrape
+//! time.
 
+use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
+use super::AppState;
 use crate::observability::metrics;
 
 /// Renders every metric.
-pub async fn metrics() -> Response {
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let registry = std::sync::Arc::clone(&state.registry);
+    let _ = tokio::task::spawn_blocking(move || {
+        for (name, backend) in registry.engines() {
+            if let Ok(stats) = backend.stats() {
+                metrics::engine_stats(name, &stats);
+            }
+        }
+    })
+    .await;
     let mut response = metrics::render().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -1,0 +1,114 @@
+"""The real `turnpike` binary with the simulator plugin, on a free loopback port, for the
+official `openai` SDK tests and schemathesis.
+
+The binary and plugin come from `TURNPIKE_BIN` and `TURNPIKE_SIM` (defaults: the debug build),
+which `tests/run.sh` builds first.
+"""
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("TURNPIKE_BIN", ROOT / "target/debug/turnpike"))
+SIM = Path(os.environ.get("TURNPIKE_SIM", ROOT / "target/debug/libturnpike_sim.so"))
+FOLDER = ROOT / "examples/models/sim-small"
+TOKENIZER = FOLDER / "tokenizer.json"
+
+# Each simulator model has one job in the tests.
+SIM_MODELS = {
+    "chat": 'output = { mode = "random", length = [5, 40] }',
+    "echo": 'output = { mode = "echo" }',
+    "slow": 'latency = { ttft_ms = 50, itl_ms = 20 }',
+    "overloaded": "errors = { overload_rate = 1.0 }",
+    "down": "errors = { unavailable_rate = 1.0 }",
+    "broken": "errors = { refuse_rate = 1.0 }",
+}
+
+
+def write_config(path: Path) -> None:
+    lines = [
+        "[server]",
+        'listen = "127.0.0.1:0"',
+        "max_body_bytes = 262144",
+        "",
+        "[defaults]",
+        "max_output_tokens = 256",
+        "",
+        "[[engines]]",
+        'name = "sim"',
+        f'plugin = "{SIM}"',
+        "[engines.config]",
+        "seed = 11",
+    ]
+    for name, extra in SIM_MODELS.items():
+        lines += [
+            "[[engines.config.models]]",
+            f'id = "{name}"',
+            f'tokenizer = "{TOKENIZER}"',
+            "eos_token_id = 4",
+            extra,
+        ]
+    for name in SIM_MODELS:
+        lines += ["[[models]]", f'name = "{name}"', 'engine = "sim"', f'folder = "{FOLDER}"', 'owned_by = "tests"']
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture(scope="session")
+def gateway(tmp_path_factory):
+    """The base URL of a running gateway."""
+    for artifact in (BIN, SIM):
+        assert artifact.exists(), f"{artifact} is missing: build the workspace first (tests/run.sh does)"
+    config = tmp_path_factory.mktemp("turnpike") / "turnpike.toml"
+    write_config(config)
+    env = dict(os.environ, RUST_LOG="warn")
+    process = subprocess.Popen(
+        [str(BIN), "--log-format", "json", "serve", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    line = process.stdout.readline()
+    match = re.match(r"turnpike listening on (http://\S+)", line)
+    assert match, f"unexpected first line: {line!r}"
+    base = match.group(1)
+    yield base
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture
+def client(gateway):
+    """An SDK client that does not retry, so each error surfaces once."""
+    return openai.OpenAI(base_url=f"{gateway}/v1", api_key="sk-unused", max_retries=0)
+
+
+def engine_counter(base: str, outcome: str) -> int:
+    """The simulator's own count of requests ended with `outcome`, from /metrics."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    pattern = rf'turnpike_engine_requests_total\{{[^}}]*engine="sim"[^}}]*outcome="{outcome}"[^}}]*\}} (\d+)'
+    found = re.search(pattern, text)
+    if not found:
+        pattern = rf'turnpike_engine_requests_total\{{[^}}]*outcome="{outcome}"[^}}]*engine="sim"[^}}]*\}} (\d+)'
+        found = re.search(pattern, text)
+    return int(found.group(1)) if found else 0
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False

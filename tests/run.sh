@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs every test:
+#   1. the Rust workspace: unit tests, in-process router tests, the plugin conformance kit over
+#      every shipped plugin, ABI compatibility, and black-box tests of the real binary;
+#   2. the official OpenAI SDK suite against the real binary, under both SDK majors;
+#   3. schemathesis against OpenAI's OpenAPI spec.
+# The Python packages are installed into virtual environments under target/py (network is used
+# only for that); nothing else leaves loopback.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo build --workspace
+cargo test --workspace
+
+venv() { # venv NAME REQUIREMENTS: create or refresh target/py/NAME
+  local dir="target/py/$1" requirements="$2"
+  if [ ! -x "$dir/bin/python" ] || ! cmp -s "$requirements" "$dir/requirements.installed"; then
+    rm -rf "$dir"
+    python3 -m venv "$dir"
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+    cp "$requirements" "$dir/requirements.installed"
+  fi
+}
+venv openai3 tests/python/requirements.txt
+venv openai2 tests/python/requirements-openai2.txt
+
+export TURNPIKE_BIN="$PWD/target/debug/turnpike" TURNPIKE_SIM="$PWD/target/debug/libturnpike_sim.so"
+target/py/openai3/bin/python -m pytest -q -p no:cacheprovider tests/python
+target/py/openai2/bin/python -m pytest -q -p no:cacheprovider tests/python/test_sdk.py
