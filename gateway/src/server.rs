@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
+
 use crate::config::Config;
 use crate::engine_host::{self, EngineHostError};
 use crate::observability::metrics;
@@ -77,7 +79,14 @@ impl Server {
                 metrics::upkeep();
             }
         });
-        let served = axum::serve(self.listener, router(self.state))
+        // Token streams are many small writes: without TCP_NODELAY, Nagle's algorithm holds each
+        // one until the client's delayed ACK (tens of milliseconds).
+        let listener = self.listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+            }
+        });
+        let served = axum::serve(listener, router(self.state))
             .with_graceful_shutdown(shutdown)
             .await;
         upkeep.abort();

@@ -1,74 +1,152 @@
 //! Incremental detokenization: text for each new token, never a split UTF-8 character.
 //!
-//! Decoding token by token breaks byte-level tokens that hold part of a character, and tokenizers
-//! whose decoders depend on neighbours (sentencepiece's leading space). So this decodes a short
-//! window: the text of `ids[prefix..]` minus the text of `ids[prefix..read]` is what the new
-//! tokens add, held back while it ends in an incomplete character (the replacement character).
+//! Two ways, one result:
+//! - byte-level tokenizers decode by byte concatenation, so a token's bytes (precomputed by the
+//!   tokenizer) are appended to a buffer and its longest complete UTF-8 prefix is sent; no
+//!   tokenizer call per token;
+//! - other tokenizers (sentencepiece's leading spaces depend on neighbours) decode a short window:
+//!   the text of `ids[prefix..]` minus the text of `ids[prefix..read]` is what the new tokens
+//!   add, held back while it ends in an incomplete character.
 
 use std::sync::Arc;
 
 use super::tokenizer::TextTokenizer;
 
+#[derive(Debug)]
+enum Mode {
+    Bytes {
+        pending: Vec<u8>,
+    },
+    Window {
+        ids: Vec<u32>,
+        prefix: usize,
+        read: usize,
+    },
+}
+
 /// Per-choice decoder state.
 #[derive(Debug)]
 pub struct IncrementalDecoder {
     tokenizer: Arc<TextTokenizer>,
-    ids: Vec<u32>,
-    prefix: usize,
-    read: usize,
+    mode: Mode,
     skip_special: bool,
 }
 
 impl IncrementalDecoder {
     /// A decoder that leaves special tokens out of the text when `skip_special`.
     pub fn new(tokenizer: Arc<TextTokenizer>, skip_special: bool) -> Self {
+        let mode = if tokenizer.is_byte_level() {
+            Mode::Bytes {
+                pending: Vec::new(),
+            }
+        } else {
+            Mode::Window {
+                ids: Vec::new(),
+                prefix: 0,
+                read: 0,
+            }
+        };
         Self {
             tokenizer,
-            ids: Vec::new(),
-            prefix: 0,
-            read: 0,
+            mode,
             skip_special,
         }
     }
 
-    fn text(&self, ids: &[u32]) -> String {
-        self.tokenizer
-            .decode(ids, self.skip_special)
-            .unwrap_or_default()
-    }
-
     /// The text `id` completes (possibly empty while a character is incomplete).
     pub fn push(&mut self, id: u32) -> String {
-        self.ids.push(id);
-        let before = self.text(&self.ids[self.prefix..self.read]);
-        let after = self.text(&self.ids[self.prefix..]);
-        if after.len() <= before.len() || after.ends_with('\u{FFFD}') {
-            return String::new();
+        let Self {
+            tokenizer,
+            mode,
+            skip_special,
+        } = self;
+        let text = |ids: &[u32]| tokenizer.decode(ids, *skip_special).unwrap_or_default();
+        match mode {
+            Mode::Bytes { pending } => {
+                pending
+                    .extend_from_slice(tokenizer.fast_bytes(id, *skip_special).unwrap_or_default());
+                complete_utf8(pending)
+            }
+            Mode::Window { ids, prefix, read } => {
+                ids.push(id);
+                let before = text(&ids[*prefix..*read]);
+                let after = text(&ids[*prefix..]);
+                if after.len() <= before.len() || after.ends_with('\u{FFFD}') {
+                    return String::new();
+                }
+                let new = match after.strip_prefix(&before) {
+                    Some(rest) => rest.to_string(),
+                    // The decoder rewrote earlier text (rare): emit what lies past the old length.
+                    None => after.get(before.len()..).unwrap_or("").to_string(),
+                };
+                *prefix = *read;
+                *read = ids.len();
+                // Keep the window short: only ids from `prefix` on are ever decoded again.
+                if *prefix > 64 {
+                    ids.drain(..*prefix);
+                    *read -= *prefix;
+                    *prefix = 0;
+                }
+                new
+            }
         }
-        let new = match after.strip_prefix(&before) {
-            Some(rest) => rest.to_string(),
-            // The decoder rewrote earlier text (rare): emit the part past the old length that
-            // begins on a character boundary.
-            None => after.get(before.len()..).unwrap_or("").to_string(),
-        };
-        self.prefix = self.read;
-        self.read = self.ids.len();
-        // Keep the window short: only ids from `prefix` on are ever decoded again.
-        if self.prefix > 64 {
-            self.ids.drain(..self.prefix);
-            self.read -= self.prefix;
-            self.prefix = 0;
-        }
-        new
     }
 
     /// Whatever is still held back, at the end of the stream.
     pub fn flush(&mut self) -> String {
-        let before = self.text(&self.ids[self.prefix..self.read]);
-        let after = self.text(&self.ids[self.prefix..]);
-        self.prefix = self.ids.len();
-        self.read = self.ids.len();
-        after.get(before.len()..).unwrap_or("").to_string()
+        let Self {
+            tokenizer,
+            mode,
+            skip_special,
+        } = self;
+        match mode {
+            Mode::Bytes { pending } => {
+                let text = String::from_utf8_lossy(pending).into_owned();
+                pending.clear();
+                text
+            }
+            Mode::Window { ids, prefix, read } => {
+                let before = tokenizer
+                    .decode(&ids[*prefix..*read], *skip_special)
+                    .unwrap_or_default();
+                let after = tokenizer
+                    .decode(&ids[*prefix..], *skip_special)
+                    .unwrap_or_default();
+                ids.clear();
+                (*prefix, *read) = (0, 0);
+                after.get(before.len()..).unwrap_or("").to_string()
+            }
+        }
+    }
+}
+
+/// Takes the longest prefix of `pending` that is complete UTF-8 (invalid sequences become the
+/// replacement character, as a lossy decode would write them); leaves an incomplete tail.
+fn complete_utf8(pending: &mut Vec<u8>) -> String {
+    let mut out = String::new();
+    loop {
+        match std::str::from_utf8(pending) {
+            Ok(text) => {
+                out.push_str(text);
+                pending.clear();
+                return out;
+            }
+            Err(e) => {
+                let valid = e.valid_up_to();
+                // The first `valid` bytes were just checked to be UTF-8.
+                out.push_str(std::str::from_utf8(&pending[..valid]).unwrap_or_default());
+                match e.error_len() {
+                    None => {
+                        pending.drain(..valid);
+                        return out; // an incomplete character: wait for the next token
+                    }
+                    Some(bad) => {
+                        out.push('\u{FFFD}');
+                        pending.drain(..valid + bad);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -115,5 +193,15 @@ mod tests {
         }
         assert_eq!(a, "Hi");
         assert_eq!(b, "Hi<|eot_id|>");
+    }
+
+    #[test]
+    fn invalid_bytes_become_replacement_characters_and_tails_wait() {
+        let mut pending = vec![b'a', 0xFF, b'b', 0xE6, 0x97];
+        assert_eq!(complete_utf8(&mut pending), "a\u{FFFD}b");
+        assert_eq!(pending, vec![0xE6, 0x97]);
+        pending.push(0xA5);
+        assert_eq!(complete_utf8(&mut pending), "日");
+        assert!(pending.is_empty());
     }
 }

@@ -1,16 +1,37 @@
 //! A model's tokenizer (Hugging Face `tokenizer.json`), with what the gateway needs beyond
-//! encode and decode: the raw bytes of single tokens, for log probabilities.
+//! encode and decode: the bytes of single tokens, for log probabilities and for fast incremental
+//! decoding.
+//!
+//! For byte-level BPE tokenizers (GPT-2 style: Llama 3, Qwen, ...), decoding is byte
+//! concatenation, so each token's bytes are computed once at load into a flat table, and
+//! [`super::decode`] streams text from it without calling the tokenizer per token.
 
 use std::path::Path;
 
 use tokenizers::{DecoderWrapper, Tokenizer};
 
+/// Every token's bytes, flat: token `i` is `bytes[offsets[i]..offsets[i + 1]]`.
+#[derive(Debug)]
+struct ByteTable {
+    bytes: Vec<u8>,
+    offsets: Vec<u32>,
+    special: Vec<bool>,
+}
+
+impl ByteTable {
+    fn get(&self, id: u32) -> Option<&[u8]> {
+        let i = id as usize;
+        let (start, end) = (*self.offsets.get(i)?, *self.offsets.get(i + 1)?);
+        self.bytes.get(start as usize..end as usize)
+    }
+}
+
 /// A loaded tokenizer.
 #[derive(Debug)]
 pub struct TextTokenizer {
     inner: Tokenizer,
-    /// For byte-level BPE: the byte each alphabet character stands for.
-    byte_of_char: Option<std::collections::HashMap<char, u8>>,
+    /// Present for byte-level BPE tokenizers.
+    table: Option<ByteTable>,
 }
 
 impl TextTokenizer {
@@ -28,16 +49,8 @@ impl TextTokenizer {
 
     fn new(inner: Tokenizer) -> Self {
         let byte_level = matches!(inner.get_decoder(), Some(DecoderWrapper::ByteLevel(_)));
-        let byte_of_char = byte_level.then(|| {
-            bytes_to_unicode()
-                .into_iter()
-                .map(|(b, c)| (c, b))
-                .collect()
-        });
-        Self {
-            inner,
-            byte_of_char,
-        }
+        let table = byte_level.then(|| byte_table(&inner));
+        Self { inner, table }
     }
 
     /// Token ids of `text`; with `add_special`, the tokenizer's own special tokens (such as a
@@ -66,21 +79,29 @@ impl TextTokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// Whether decoding is byte concatenation (then [`Self::fast_bytes`] serves every token).
+    pub fn is_byte_level(&self) -> bool {
+        self.table.is_some()
+    }
+
+    /// For byte-level tokenizers: the bytes `id` adds to decoded text (none for a special token
+    /// when `skip_special`).
+    pub fn fast_bytes(&self, id: u32, skip_special: bool) -> Option<&[u8]> {
+        let table = self.table.as_ref()?;
+        if skip_special && table.special.get(id as usize).copied().unwrap_or(false) {
+            return Some(&[]);
+        }
+        table.get(id)
+    }
+
     /// The bytes one token stands for (a byte-level token may hold part of a character).
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        if let Some(bytes) = self.fast_bytes(id, false) {
+            return bytes.to_vec();
+        }
         let Some(piece) = self.inner.id_to_token(id) else {
             return Vec::new();
         };
-        if let Some(map) = &self.byte_of_char {
-            if let Some(bytes) = piece
-                .chars()
-                .map(|c| map.get(&c).copied())
-                .collect::<Option<Vec<u8>>>()
-            {
-                return bytes;
-            }
-            return piece.into_bytes(); // an added token such as `<|eot_id|>`
-        }
         if let Some(hex) = piece.strip_prefix("<0x").and_then(|p| p.strip_suffix('>'))
             && let Ok(byte) = u8::from_str_radix(hex, 16)
         {
@@ -105,6 +126,39 @@ fn bytes_to_unicode() -> Vec<(u8, char)> {
             }
         })
         .collect()
+}
+
+fn byte_table(inner: &Tokenizer) -> ByteTable {
+    let byte_of_char: std::collections::HashMap<char, u8> = bytes_to_unicode()
+        .into_iter()
+        .map(|(b, c)| (c, b))
+        .collect();
+    let added = inner.get_added_tokens_decoder();
+    let size = inner.get_vocab_size(true);
+    let mut table = ByteTable {
+        bytes: Vec::new(),
+        offsets: Vec::with_capacity(size + 1),
+        special: vec![false; size],
+    };
+    table.offsets.push(0);
+    for id in 0..size as u32 {
+        if let Some(token) = added.get(&id) {
+            // Added tokens decode to their content as written.
+            table.bytes.extend_from_slice(token.content.as_bytes());
+            table.special[id as usize] = token.special;
+        } else if let Some(piece) = inner.id_to_token(id) {
+            match piece
+                .chars()
+                .map(|c| byte_of_char.get(&c).copied())
+                .collect::<Option<Vec<u8>>>()
+            {
+                Some(bytes) => table.bytes.extend_from_slice(&bytes),
+                None => table.bytes.extend_from_slice(piece.as_bytes()),
+            }
+        }
+        table.offsets.push(table.bytes.len() as u32);
+    }
+    table
 }
 
 #[cfg(test)]
@@ -132,12 +186,22 @@ mod tests {
     }
 
     #[test]
-    fn token_bytes_concatenate_to_the_text() {
+    fn token_bytes_concatenate_to_what_the_tokenizer_decodes() {
         let t = sim();
-        let text = "naïve café 🙂 under the bridge";
+        assert!(t.is_byte_level());
+        let text = "naïve café 🙂 under the bridge<|eot_id|> and more";
         let ids = t.encode(text, false).expect("encode");
-        let bytes: Vec<u8> = ids.iter().flat_map(|&id| t.token_bytes(id)).collect();
-        assert_eq!(bytes, text.as_bytes());
+        for skip in [false, true] {
+            let bytes: Vec<u8> = ids
+                .iter()
+                .flat_map(|&id| t.fast_bytes(id, skip).expect("byte-level").to_vec())
+                .collect();
+            assert_eq!(
+                String::from_utf8(bytes).expect("utf8"),
+                t.decode(&ids, skip).expect("decode"),
+                "skip {skip}"
+            );
+        }
         assert_eq!(t.token_bytes(4), b"<|eot_id|>");
     }
 }
