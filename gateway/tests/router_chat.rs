@@ -34,6 +34,7 @@ async fn a_chat_answer_carries_the_engines_text_and_exact_usage() {
     let body = reply.json();
     assert_eq!(body["object"], "chat.completion");
     assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(reply.headers["x-request-id"], body["id"].as_str().unwrap());
     assert_eq!(body["model"], "fake");
     assert!(
         body["system_fingerprint"]

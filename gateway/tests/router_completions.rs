@@ -277,6 +277,8 @@ async fn models_probes_and_metrics() {
         error_of(&get(&app, "/v1/models/nope").await, 404)["code"],
         "model_not_found"
     );
+    let bad = error_of(&get(&app, "/v1/models/%FF%FE").await, 400);
+    assert_eq!(bad["param"], "model");
     assert_eq!(get(&app, "/health").await.status, 200);
     assert_eq!(get(&app, "/ready").await.json()["status"], "ready");
     post(

@@ -2,5 +2,6 @@
 
 mod logging;
 pub mod metrics;
+pub mod requests;
 
 pub use logging::{LogFormat, init_logging};

@@ -11,8 +11,9 @@ use turnpike_engine_api::Grammar;
 
 use super::extract::JsonBody;
 use super::sse::{self, Render, Timing};
-use super::{AppState, new_id, unix_now};
+use super::{AppState, new_id, unix_now, with_request_id};
 use crate::error::ApiError;
+use crate::observability::requests::RequestRecord;
 use crate::openai::chat::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
     ChunkChoice, Delta, ResponseFormat,
@@ -158,8 +159,19 @@ pub async fn chat(
     };
     let deadline = started + state.server.request_timeout;
 
-    if req.stream.unwrap_or(false) {
-        let first = sse::first_event(&mut stream, state.server.stream_heartbeat).await?;
+    let record = RequestRecord {
+        id: head.id.clone(),
+        endpoint: "chat",
+        model: model.id.clone(),
+        user: req.user.clone(),
+        stream: req.stream.unwrap_or(false),
+        started,
+    };
+
+    if record.stream {
+        let first = sse::first_event(&mut stream, state.server.stream_heartbeat)
+            .await
+            .inspect_err(|e| record.failed(e))?;
         let include_usage = req
             .stream_options
             .and_then(|o| o.include_usage)
@@ -174,19 +186,17 @@ pub async fn chat(
             started,
             heartbeat: state.server.stream_heartbeat,
             deadline,
-            model: model.id.clone(),
+            record,
         };
         return Ok(sse::respond(stream, first, renderer, timing));
     }
 
     let folded = tokio::time::timeout_at(deadline.into(), fold::fold(stream, n as usize))
         .await
-        .map_err(|_| ApiError::Timeout(state.server.request_timeout))??;
-    crate::observability::metrics::tokens(
-        &model.id,
-        folded.totals.prompt,
-        folded.totals.completion,
-    );
+        .map_err(|_| ApiError::Timeout(state.server.request_timeout))
+        .and_then(|folded| folded)
+        .inspect_err(|e| record.failed(e))?;
+    record.ended(folded.totals.prompt, folded.totals.completion);
     let choices = folded
         .choices
         .into_iter()
@@ -212,7 +222,7 @@ pub async fn chat(
         choices,
         usage: Usage::new(t.prompt, t.completion, t.cached),
     };
-    Ok(Json(body).into_response())
+    Ok(with_request_id(Json(body).into_response(), &record.id))
 }
 
 /// What every chunk of a response repeats.

@@ -11,8 +11,9 @@ use serde_json::{Map, Value};
 
 use super::extract::JsonBody;
 use super::sse::{self, Render, Timing};
-use super::{AppState, new_id, unix_now};
+use super::{AppState, new_id, unix_now, with_request_id};
 use crate::error::ApiError;
+use crate::observability::requests::RequestRecord;
 use crate::openai::common::{CompletionLogprobs, Usage};
 use crate::openai::completions::{Completion, CompletionChoice, CompletionRequest};
 use crate::pipeline::run::{self, GenEvent, Job, TokenLogprob};
@@ -146,8 +147,19 @@ pub async fn completions(
     };
     let deadline = started + state.server.request_timeout;
 
-    if req.stream.unwrap_or(false) {
-        let first = sse::first_event(&mut stream, state.server.stream_heartbeat).await?;
+    let record = RequestRecord {
+        id: renderer.id.clone(),
+        endpoint: "completions",
+        model: model.id.clone(),
+        user: req.user.clone(),
+        stream: req.stream.unwrap_or(false),
+        started,
+    };
+
+    if record.stream {
+        let first = sse::first_event(&mut stream, state.server.stream_heartbeat)
+            .await
+            .inspect_err(|e| record.failed(e))?;
         let include_usage = req
             .stream_options
             .and_then(|o| o.include_usage)
@@ -160,7 +172,7 @@ pub async fn completions(
             started,
             heartbeat: state.server.stream_heartbeat,
             deadline,
-            model: model.id.clone(),
+            record,
         };
         return Ok(sse::respond(stream, first, renderer, timing));
     }
@@ -170,12 +182,10 @@ pub async fn completions(
         fold::fold(stream, prompts * n as usize),
     )
     .await
-    .map_err(|_| ApiError::Timeout(state.server.request_timeout))??;
-    crate::observability::metrics::tokens(
-        &model.id,
-        folded.totals.prompt,
-        folded.totals.completion,
-    );
+    .map_err(|_| ApiError::Timeout(state.server.request_timeout))
+    .and_then(|folded| folded)
+    .inspect_err(|e| record.failed(e))?;
+    record.ended(folded.totals.prompt, folded.totals.completion);
     let choices = folded
         .choices
         .into_iter()
@@ -204,7 +214,7 @@ pub async fn completions(
         choices,
         usage: Some(Some(Usage::new(t.prompt, t.completion, t.cached))),
     };
-    Ok(Json(body).into_response())
+    Ok(with_request_id(Json(body).into_response(), &record.id))
 }
 
 struct CompletionRenderer {

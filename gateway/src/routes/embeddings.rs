@@ -8,10 +8,10 @@ use axum::extract::State;
 use base64::Engine as _;
 use turnpike_engine_api::EmbedParams;
 
-use super::AppState;
 use super::extract::JsonBody;
+use super::{AppState, new_id};
 use crate::error::ApiError;
-use crate::observability::metrics;
+use crate::observability::requests::RequestRecord;
 use crate::openai::embeddings::{
     Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage, Vector,
 };
@@ -82,7 +82,15 @@ pub async fn embeddings(
             detail: format!("embedding task failed: {e}"),
         })?
         .map_err(|e| ApiError::from_engine(e, state.server.retry_after))?;
-    metrics::tokens(&model.id, prompt_tokens, 0);
+    let record = RequestRecord {
+        id: new_id("embd"),
+        endpoint: "embeddings",
+        model: model.id.clone(),
+        user: req.user.clone(),
+        stream: false,
+        started,
+    };
+    record.ended(prompt_tokens, 0);
     let data = vectors
         .into_iter()
         .enumerate()

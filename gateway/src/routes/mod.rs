@@ -97,6 +97,14 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}-{tail}")
 }
 
+/// `response` with an `x-request-id` header (the response id, for matching logs).
+pub fn with_request_id(mut response: Response, id: &str) -> Response {
+    if let Ok(value) = axum::http::HeaderValue::from_str(id) {
+        response.headers_mut().insert("x-request-id", value);
+    }
+    response
+}
+
 /// Seconds since the Unix epoch.
 pub fn unix_now() -> u64 {
     SystemTime::now()

@@ -1,6 +1,7 @@
 //! `GET /v1/models` and `GET /v1/models/{model}`.
 
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 
 use super::AppState;
@@ -33,8 +34,14 @@ pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
 /// Describes one model id.
 pub async fn retrieve(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Model>, ApiError> {
+    let Path(id) = id.map_err(|e| {
+        ApiError::invalid(
+            "model",
+            format!("the model id in the path is not valid: {e}"),
+        )
+    })?;
     let model = state.model(&id)?;
     Ok(Json(wire(&id, &model)))
 }

@@ -16,6 +16,7 @@ use futures_util::StreamExt;
 
 use crate::error::ApiError;
 use crate::observability::metrics::{self, StreamGuard};
+use crate::observability::requests::RequestRecord;
 use crate::openai::error::ErrorBody;
 use crate::pipeline::run::{GenEvent, GenStream};
 
@@ -37,8 +38,8 @@ pub struct Timing {
     pub heartbeat: Duration,
     /// When the request times out.
     pub deadline: Instant,
-    /// The model id, for metrics.
-    pub model: String,
+    /// The request, accounted when the stream ends.
+    pub record: RequestRecord,
 }
 
 struct State<R> {
@@ -73,10 +74,13 @@ impl<R: Render> State<R> {
             Some(event) => {
                 if !self.first_text_seen && matches!(event, GenEvent::Text { .. }) {
                     self.first_text_seen = true;
-                    metrics::time_to_first_token(&self.timing.model, self.timing.started.elapsed());
+                    metrics::time_to_first_token(
+                        &self.timing.record.model,
+                        self.timing.started.elapsed(),
+                    );
                 }
                 if let GenEvent::Usage(t) = &event {
-                    metrics::tokens(&self.timing.model, t.prompt, t.completion);
+                    self.timing.record.ended(t.prompt, t.completion);
                 }
                 self.out.extend(self.renderer.event(&event));
             }
@@ -85,6 +89,7 @@ impl<R: Render> State<R> {
 
     fn fail(&mut self, e: ApiError) {
         e.log();
+        self.timing.record.failed(&e);
         let detail = e.detail();
         metrics::error(detail.code.unwrap_or("server_error"));
         self.out.push_back(data(&ErrorBody { error: detail }));
@@ -129,6 +134,7 @@ pub fn respond(
     timing: Timing,
 ) -> Response {
     let out: VecDeque<Bytes> = renderer.opening().into();
+    let state_id = timing.record.id.clone();
     let state = State {
         stream,
         renderer,
@@ -142,6 +148,9 @@ pub fn respond(
     let body = Body::from_stream(futures_util::stream::unfold(state, State::next));
     let mut response = body.into_response();
     let headers = response.headers_mut();
+    if let Ok(id) = HeaderValue::from_str(&state_id) {
+        headers.insert("x-request-id", id);
+    }
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),

@@ -1,0 +1,59 @@
+//! Accounting of one generation request, once, when it ends: token counters and one structured
+//! log line (id, endpoint, model, the client's `user`, streamed or not, tokens, duration).
+
+use std::time::Instant;
+
+use super::metrics;
+use crate::error::ApiError;
+
+/// A request being served.
+#[derive(Debug, Clone)]
+pub struct RequestRecord {
+    /// The response id (`chatcmpl-...`), also sent as `x-request-id`.
+    pub id: String,
+    /// `chat`, `completions` or `embeddings`.
+    pub endpoint: &'static str,
+    /// The model id.
+    pub model: String,
+    /// The client's `user` field (opaque).
+    pub user: Option<String>,
+    /// Whether the response is streamed.
+    pub stream: bool,
+    /// When it arrived.
+    pub started: Instant,
+}
+
+impl RequestRecord {
+    /// The request ended with these token counts.
+    pub fn ended(&self, prompt_tokens: u64, completion_tokens: u64) {
+        metrics::tokens(&self.model, prompt_tokens, completion_tokens);
+        tracing::info!(
+            target: "turnpike::request",
+            id = %self.id,
+            endpoint = self.endpoint,
+            model = %self.model,
+            user = self.user.as_deref().unwrap_or(""),
+            stream = self.stream,
+            prompt_tokens,
+            completion_tokens,
+            ms = self.started.elapsed().as_secs_f64() * 1e3,
+            "request finished"
+        );
+    }
+
+    /// The request failed after it was accepted.
+    pub fn failed(&self, error: &ApiError) {
+        tracing::info!(
+            target: "turnpike::request",
+            id = %self.id,
+            endpoint = self.endpoint,
+            model = %self.model,
+            user = self.user.as_deref().unwrap_or(""),
+            stream = self.stream,
+            status = error.status().as_u16(),
+            code = error.detail().code.unwrap_or(""),
+            ms = self.started.elapsed().as_secs_f64() * 1e3,
+            "request failed"
+        );
+    }
+}
