@@ -235,6 +235,17 @@ impl ApiError {
         }
     }
 
+    /// The `x-should-retry` the OpenAI SDKs obey, where their own rule (retry 408, 409, 429 and
+    /// every 5xx) would be wrong: a request that failed inside the engine or ran out of time
+    /// would most likely fail the same way again, so it is not retried behind the caller's back.
+    pub fn should_retry(&self) -> Option<bool> {
+        match self {
+            Self::Overloaded { .. } | Self::Unavailable { .. } => Some(true),
+            Self::Timeout(_) | Self::Internal { .. } => Some(false),
+            _ => None,
+        }
+    }
+
     /// Logs what the client is not told.
     pub fn log(&self) {
         match self {
@@ -251,6 +262,10 @@ impl IntoResponse for ApiError {
         let detail = self.detail();
         crate::observability::metrics::error(detail.code.unwrap_or("server_error"));
         let mut response = (self.status(), Json(ErrorBody { error: detail })).into_response();
+        if let Some(retry) = self.should_retry() {
+            let value = HeaderValue::from_static(if retry { "true" } else { "false" });
+            response.headers_mut().insert("x-should-retry", value);
+        }
         if let Some(wait) = self.retry_after() {
             let headers = response.headers_mut();
             let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
@@ -308,5 +323,10 @@ mod tests {
         .into_response();
         assert_eq!(response.headers()["retry-after"], "2");
         assert_eq!(response.headers()["retry-after-ms"], "1500");
+        assert_eq!(response.headers()["x-should-retry"], "true");
+        let response = ApiError::Internal { detail: "x".into() }.into_response();
+        assert_eq!(response.headers()["x-should-retry"], "false");
+        let response = ApiError::MissingParam("model".into()).into_response();
+        assert!(response.headers().get("x-should-retry").is_none());
     }
 }

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod engine_host;
 pub mod error;
+pub mod ids;
 pub mod observability;
 pub mod openai;
 pub mod pipeline;

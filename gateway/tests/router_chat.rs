@@ -170,6 +170,47 @@ async fn a_stop_string_across_tokens_is_cut_and_stops_the_engine() {
 }
 
 #[tokio::test]
+async fn a_stop_string_in_the_last_open_choice_stops_the_engine() {
+    // Choice 0 ends on its own; choice 1 then hits a stop string while the engine would go on.
+    // A token for a choice that was never asked for is ignored.
+    let script: Script = Box::new(|_| {
+        let token = |choice, id| Step::Token {
+            choice,
+            id,
+            logprob: None,
+            top: vec![],
+        };
+        let mut steps: Vec<Step> = ids("short").into_iter().map(|id| token(0, id)).collect();
+        steps.push(Step::ChoiceEnd {
+            choice: 0,
+            finish: Finish::stop(4),
+        });
+        steps.push(token(7, 5));
+        for id in ids("long answer STOP and then much more") {
+            steps.push(token(1, id));
+            steps.push(Step::Sleep(Duration::from_millis(2)));
+        }
+        steps.push(Step::Final(FinalEvent::ok(
+            Finish::length(),
+            Usage::default(),
+        )));
+        Ok(steps)
+    });
+    let (seen, app) = app(script);
+    let body = post(
+        &app,
+        "/v1/chat/completions",
+        &chat(json!({"n": 2, "stop": "STOP"})),
+    )
+    .await
+    .json();
+    assert_eq!(body["choices"][0]["message"]["content"], "short");
+    assert_eq!(body["choices"][1]["message"]["content"], "long answer ");
+    assert_eq!(body["choices"][1]["finish_reason"], "stop");
+    assert_eq!(seen.cancels.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
 async fn streamed_text_never_splits_a_character() {
     let text = "Ünïcödé café 🙂 日本語 ok";
     let (_, app) = app(Box::new(move |_| Ok(say(text))));
@@ -352,10 +393,10 @@ async fn parameters_reach_the_engine_checked_and_with_defaults() {
         (20, 0.05, 1.1, true)
     );
     assert_eq!(p.presence_penalty, 0.5);
-    assert!(
-        p.stop_token_ids.contains(&9) && p.stop_token_ids.contains(&4),
-        "{:?}",
-        p.stop_token_ids
+    assert_eq!(
+        p.stop_token_ids,
+        [9],
+        "ignore_eos leaves out the model's own end-of-turn token"
     );
     assert!(p.request_id.as_deref().unwrap().starts_with("chatcmpl-"));
 
@@ -371,11 +412,15 @@ async fn parameters_reach_the_engine_checked_and_with_defaults() {
         (0.7, 64),
         "section 18 defaults, from the config"
     );
+    assert_eq!(p.stop_token_ids, [1, 4], "the model's end-of-turn tokens");
 }
 
 #[tokio::test]
 async fn template_variables_tools_and_roles_reach_the_prompt() {
-    let (seen, app) = app(Box::new(|_| Ok(say("ok"))));
+    let (seen, backend) = fake(Box::new(|_| Ok(say("ok"))));
+    let app = app_with_model(backend, server(10_000, 10_000), |m| {
+        m.tool_call_parser = Some(turnpike::config::ToolCallFormat::Llama3Json);
+    });
     let body = json!({
         "model": "fake-alias",
         "messages": [

@@ -67,6 +67,15 @@ async fn every_prompt_form_becomes_engine_requests() {
         16,
         "the legacy default"
     );
+    // Counts are checked before anything is tokenized or sent.
+    seen.requests.lock().unwrap().clear();
+    let many = complete(json!({"prompt": vec!["x"; 300], "n": 8}));
+    let e = error_of(&post(&app, "/v1/completions", &many).await, 400);
+    assert_eq!(e["param"], "n", "{e}");
+    let too_many = complete(json!({"prompt": vec!["x"; 2049]}));
+    let e = error_of(&post(&app, "/v1/completions", &too_many).await, 400);
+    assert_eq!(e["param"], "prompt", "{e}");
+    assert!(seen.requests.lock().unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -277,6 +286,15 @@ async fn models_probes_and_metrics() {
         error_of(&get(&app, "/v1/models/nope").await, 404)["code"],
         "model_not_found"
     );
+    let (_, backend) = fake(Box::new(|_| Ok(say("ok"))));
+    let slashed = app_with_model(backend, server(10_000, 10_000), |m| {
+        m.aliases.push("org/fake-7b".into());
+    });
+    for path in ["/v1/models/org/fake-7b", "/v1/models/org%2Ffake-7b"] {
+        let reply = get(&slashed, path).await;
+        assert_eq!(reply.status, 200, "{path}: {}", reply.body);
+        assert_eq!(reply.json()["id"], "org/fake-7b");
+    }
     let bad = error_of(&get(&app, "/v1/models/%FF%FE").await, 400);
     assert_eq!(bad["param"], "model");
     assert_eq!(get(&app, "/health").await.status, 200);

@@ -76,6 +76,8 @@ async fn bad_values_name_their_parameter() {
             "messages[0].role",
         ),
         (json!({"stop_token_ids": [5000]}), "stop_token_ids"),
+        (json!({"stop_token_ids": vec![5; 257]}), "stop_token_ids"),
+        (json!({"min_tokens": 65}), "min_tokens"),
     ] {
         let e = chat_error(extra.clone(), 400).await;
         assert_eq!(e["param"], param, "{extra}: {e}");
@@ -211,6 +213,7 @@ async fn engine_refusals_map_to_statuses_with_retry_headers() {
         if http != 400 {
             assert_eq!(reply.headers["retry-after"], "2");
             assert_eq!(reply.headers["retry-after-ms"], "1500");
+            assert_eq!(reply.headers["x-should-retry"], "true");
         }
     }
     let (_, app) = support::app(Box::new(|_| {
@@ -218,6 +221,10 @@ async fn engine_refusals_map_to_statuses_with_retry_headers() {
     }));
     let reply = post(&app, "/v1/chat/completions", &chat(json!({"stream": true}))).await;
     let e = error_of(&reply, 500);
+    assert_eq!(
+        reply.headers["x-should-retry"], "false",
+        "the SDKs would retry a 500 that would fail again"
+    );
     assert_eq!(
         e["message"],
         "The server had an error while processing your request."
@@ -286,4 +293,56 @@ async fn a_body_without_content_type_is_still_read() {
         .body(Body::from(chat(json!({}))))
         .unwrap();
     assert_eq!(send(&app, request).await.status, 200);
+}
+
+#[tokio::test]
+async fn browsers_get_cors_for_allowed_origins_only() {
+    let (_, backend) = fake(Box::new(|_| Ok(say("ok"))));
+    let mut config = server(10_000, 10_000);
+    config.cors = turnpike::config::CorsOrigins::List(vec!["https://app.example".into()]);
+    let app = app_with(backend, config);
+    let preflight = |origin: &'static str| {
+        Request::builder()
+            .method("OPTIONS")
+            .uri("/v1/chat/completions")
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization,content-type,x-stainless-os,x-stainless-retry-count",
+            )
+            .body(Body::empty())
+            .unwrap()
+    };
+    let reply = send(&app, preflight("https://app.example")).await;
+    assert!(reply.status.is_success(), "{}", reply.status);
+    assert_eq!(
+        reply.headers["access-control-allow-origin"],
+        "https://app.example"
+    );
+    let allowed = reply.headers["access-control-allow-headers"]
+        .to_str()
+        .unwrap();
+    assert!(
+        allowed.contains("authorization") && allowed.contains("x-stainless-retry-count"),
+        "{allowed}"
+    );
+    let other = send(&app, preflight("https://evil.example")).await;
+    assert!(other.headers.get("access-control-allow-origin").is_none());
+
+    let request = Request::post("/v1/chat/completions")
+        .header("origin", "https://app.example")
+        .header("content-type", "application/json")
+        .body(Body::from(chat(json!({}))))
+        .unwrap();
+    let reply = send(&app, request).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.headers["access-control-allow-origin"],
+        "https://app.example"
+    );
+    let exposed = reply.headers["access-control-expose-headers"]
+        .to_str()
+        .unwrap();
+    assert!(exposed.contains("x-request-id"), "{exposed}");
 }

@@ -13,12 +13,16 @@ from pathlib import Path
 
 import openai
 import pytest
+from tokenizers import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("TURNPIKE_BIN", ROOT / "target/debug/turnpike"))
 SIM = Path(os.environ.get("TURNPIKE_SIM", ROOT / "target/debug/libturnpike_sim.so"))
 FOLDER = ROOT / "examples/models/sim-small"
 TOKENIZER = FOLDER / "tokenizer.json"
+
+# What the `tools` model answers: a Llama 3 JSON tool call, as its chat template asks for.
+TOOL_CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 
 # Each simulator model has one job in the tests.
 SIM_MODELS = {
@@ -28,7 +32,10 @@ SIM_MODELS = {
     "overloaded": "errors = { overload_rate = 1.0 }",
     "down": "errors = { unavailable_rate = 1.0 }",
     "broken": "errors = { refuse_rate = 1.0 }",
+    "tools": "output = { mode = \"script\", tokens = %s }",
 }
+# Extra keys of the gateway's own model entries.
+GATEWAY_MODELS = {"tools": 'tool_call_parser = "llama3_json"'}
 
 
 def write_config(path: Path) -> None:
@@ -46,7 +53,10 @@ def write_config(path: Path) -> None:
         "[engines.config]",
         "seed = 11",
     ]
+    script = Tokenizer.from_file(str(TOKENIZER)).encode(TOOL_CALL, add_special_tokens=False).ids
     for name, extra in SIM_MODELS.items():
+        if name == "tools":
+            extra = extra % script
         lines += [
             "[[engines.config.models]]",
             f'id = "{name}"',
@@ -56,6 +66,7 @@ def write_config(path: Path) -> None:
         ]
     for name in SIM_MODELS:
         lines += ["[[models]]", f'name = "{name}"', 'engine = "sim"', f'folder = "{FOLDER}"', 'owned_by = "tests"']
+        lines += [GATEWAY_MODELS[name]] if name in GATEWAY_MODELS else []
     path.write_text("\n".join(lines) + "\n")
 
 

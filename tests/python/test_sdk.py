@@ -1,13 +1,15 @@
 """The official `openai` SDK against the real gateway, unchanged (run under both SDK majors)."""
 
 import base64
+import json
 import struct
 
 import httpx
 import openai
+import pydantic
 import pytest
 
-from conftest import engine_counter, wait_for
+from conftest import TOOL_CALL, engine_counter, wait_for
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 
@@ -100,6 +102,59 @@ def test_chat_logprobs(client):
     )
     tokens = [t for c in streamed if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
     assert tokens and all(len(t.top_logprobs) == 2 for t in tokens)
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+WEATHER_QUESTION = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def test_tool_calls_streamed_and_not(client):
+    r = client.chat.completions.create(model="tools", messages=WEATHER_QUESTION, tools=[WEATHER_TOOL])
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function"
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+
+    calls = {}
+    finishes = []
+    for chunk in client.chat.completions.create(
+        model="tools", messages=WEATHER_QUESTION, tools=[WEATHER_TOOL], stream=True
+    ):
+        delta = chunk.choices[0].delta
+        for piece in delta.tool_calls or []:
+            entry = calls.setdefault(piece.index, {"id": piece.id, "name": piece.function.name, "arguments": ""})
+            entry["arguments"] += piece.function.arguments or ""
+        if chunk.choices[0].finish_reason:
+            finishes.append(chunk.choices[0].finish_reason)
+    assert finishes == ["tool_calls"]
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == [(call.function.name, call.function.arguments)]
+    assert calls[0]["id"].startswith("call_")
+
+    # Offered nothing to call, the model's words are just text.
+    plain = client.chat.completions.create(model="tools", messages=WEATHER_QUESTION)
+    assert plain.choices[0].message.content == TOOL_CALL and plain.choices[0].finish_reason == "stop"
+
+
+def test_tool_call_stream_helper_parses_arguments(client):
+    class GetWeather(pydantic.BaseModel):
+        city: str
+
+    tool = openai.pydantic_function_tool(GetWeather, name="get_weather")
+    with client.chat.completions.stream(model="tools", messages=WEATHER_QUESTION, tools=[tool]) as stream:
+        done = [e for e in stream if e.type == "tool_calls.function.arguments.done"]
+        final = stream.get_final_completion()
+    assert [e.name for e in done] == ["get_weather"]
+    (call,) = final.choices[0].message.tool_calls
+    assert call.function.parsed_arguments == GetWeather(city="Paris")
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use super::{Config, DEFAULT_LISTEN, Defaults, EngineConfig, ModelConfig, ServerConfig};
+use crate::pipeline::tools::ToolCallFormat;
 
 const MODEL_FILES: [(&str, &str); 3] = [
     (
@@ -95,6 +96,7 @@ pub(super) fn config() -> Result<Config, String> {
             stream_heartbeat: std::time::Duration::from_secs(15),
             request_timeout: std::time::Duration::from_secs(60),
             retry_after: std::time::Duration::from_secs(1),
+            cors: super::CorsOrigins::None,
         },
         engines: vec![EngineConfig {
             name: "sim".into(),
@@ -112,6 +114,8 @@ pub(super) fn config() -> Result<Config, String> {
             deprecation_date: None,
             context_length: None,
             max_output_tokens: defaults.max_output_tokens,
+            // The embedded chat template teaches Llama 3 JSON calls.
+            tool_call_parser: Some(ToolCallFormat::Llama3Json),
         }]),
         defaults,
     })

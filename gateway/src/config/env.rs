@@ -5,11 +5,29 @@
 
 use toml::{Table, Value};
 
+const PREFIX: &str = "TURNPIKE__";
+
+/// This process's `TURNPIKE__` variables. Others are not read, so a variable that is not valid
+/// UTF-8 matters only when it is one of ours, and then it is an error that names it.
+pub(super) fn from_process() -> Result<Vec<(String, String)>, String> {
+    let mut vars = Vec::new();
+    for (name, value) in std::env::vars_os() {
+        let Some(name) = name.to_str().filter(|n| n.starts_with(PREFIX)) else {
+            continue;
+        };
+        let value = value
+            .into_string()
+            .map_err(|_| format!("{name}: the value is not valid UTF-8"))?;
+        vars.push((name.to_string(), value));
+    }
+    Ok(vars)
+}
+
 /// Applies every `TURNPIKE__` variable in `vars`; returns the names applied.
 pub(super) fn apply(table: &mut Table, vars: &[(String, String)]) -> Result<Vec<String>, String> {
     let mut applied = Vec::new();
     for (name, text) in vars {
-        let Some(path) = name.strip_prefix("TURNPIKE__") else {
+        let Some(path) = name.strip_prefix(PREFIX) else {
             continue;
         };
         let keys: Vec<String> = path.split("__").map(str::to_ascii_lowercase).collect();
@@ -27,10 +45,13 @@ pub(super) fn apply(table: &mut Table, vars: &[(String, String)]) -> Result<Vec<
     Ok(applied)
 }
 
+/// A TOML value (number, boolean, array, inline table), else the text itself. A date stays text:
+/// no setting is a TOML datetime, and dates in settings (pinned versions) are written as strings.
 fn parse(text: &str) -> Value {
     toml::from_str::<Table>(&format!("v = {text}"))
         .ok()
         .and_then(|mut t| t.remove("v"))
+        .filter(|v| !matches!(v, Value::Datetime(_)))
         .unwrap_or_else(|| Value::String(text.to_string()))
 }
 
@@ -87,11 +108,13 @@ mod tests {
             &vars(&[
                 ("TURNPIKE__ENGINES__0__PLUGIN", "b.so"),
                 ("TURNPIKE__SERVER__MAX_BODY_BYTES", "1024"),
+                ("TURNPIKE__SERVER__RELEASED", "2026-01-15"),
                 ("PATH", "/bin"),
             ]),
         )
         .expect("applies");
-        assert_eq!(applied.len(), 2);
+        assert_eq!(applied.len(), 3);
+        assert_eq!(table["server"]["released"].as_str(), Some("2026-01-15"));
         assert_eq!(table["engines"][0]["plugin"].as_str(), Some("b.so"));
         assert_eq!(table["server"]["max_body_bytes"].as_integer(), Some(1024));
     }

@@ -13,6 +13,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use crate::pipeline::tools::ToolCallFormat;
+
 pub use builtin::plugin_beside_binary;
 
 /// Why a configuration cannot be used.
@@ -70,6 +72,20 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// What `retry-after` says on 429 and 503.
     pub retry_after: Duration,
+    /// Browser origins allowed to call the API.
+    pub cors: CorsOrigins,
+}
+
+/// Browser origins allowed to call the API (CORS).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum CorsOrigins {
+    /// None: no CORS headers, browsers refuse cross-origin calls.
+    #[default]
+    None,
+    /// Any origin (`"*"`).
+    Any,
+    /// These origins, each `scheme://host[:port]`.
+    List(Vec<String>),
 }
 
 /// Request defaults (the seed's section 18).
@@ -124,6 +140,8 @@ pub struct ModelConfig {
     pub context_length: Option<u32>,
     /// Most tokens a request may ask for.
     pub max_output_tokens: u32,
+    /// How the model writes tool calls; without one, requests that offer tools are refused.
+    pub tool_call_parser: Option<ToolCallFormat>,
 }
 
 /// Default listen address.
@@ -131,9 +149,15 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
 impl Config {
     /// The built-in default: loopback, the simulator engine next to the binary, serving `sim`
-    /// with the project's own tokenizer and chat template (written to a temporary folder).
+    /// with the project's own tokenizer and chat template (written to a temporary folder), with
+    /// `TURNPIKE__...` environment overrides applied.
     pub fn builtin() -> Result<Self, ConfigError> {
-        Self::from_toml("", Path::new("<built-in>"), &[])
+        let path = Path::new("<built-in>");
+        let vars = env::from_process().map_err(|message| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })?;
+        Self::from_toml("", path, &vars)
     }
 
     /// Reads and validates a TOML file, with `TURNPIKE__...` environment overrides applied.
@@ -142,7 +166,10 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        let vars: Vec<(String, String)> = std::env::vars().collect();
+        let vars = env::from_process().map_err(|message| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })?;
         Self::from_toml(&text, path, &vars)
     }
 
@@ -252,6 +279,16 @@ mod tests {
                 "unknown field `engine_modle`",
             ),
             (model("version = \"2026-1-1\"\n"), "not a date"),
+            (model("version = \"2026-02-30\"\n"), "not a date"),
+            (model("aliases = [\"two words\"]\n"), "aliases: `two words`"),
+            (
+                "[server]\ncors_allowed_origins = [\"https://a.example/\"]\n".into(),
+                "server.cors_allowed_origins",
+            ),
+            (
+                "[server]\ncors_allowed_origins = [\"*\", \"http://x\"]\n".into(),
+                "cannot be listed with others",
+            ),
             (model("aliases = [\"m\"]\n"), "the name `m` is also used"),
             (
                 format!("{ENGINE}[[models]]\nname = \"m\"\nengine = \"other\"\nfolder = \"f\"\n"),
@@ -262,6 +299,20 @@ mod tests {
             assert!(err.contains(needle), "`{err}` should mention `{needle}`");
             assert!(err.starts_with("/etc/turnpike/turnpike.toml: "), "{err}");
         }
+    }
+
+    #[test]
+    fn the_shipped_example_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/configs/sim.toml");
+        let text = std::fs::read_to_string(&path).expect("example config");
+        let config = Config::from_toml(&text, &path, &[]).expect("valid");
+        let models = config.models.expect("models");
+        assert_eq!(models.len(), 2);
+        assert_eq!(models[0].tool_call_parser, Some(ToolCallFormat::Llama3Json));
+        assert_eq!(
+            config.server.cors,
+            CorsOrigins::List(vec!["http://localhost:3000".into()])
+        );
     }
 
     #[test]

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{Config, DEFAULT_LISTEN, Defaults, EngineConfig, ModelConfig, ServerConfig};
+use super::{
+    Config, CorsOrigins, DEFAULT_LISTEN, Defaults, EngineConfig, ModelConfig, ServerConfig,
+};
+use crate::pipeline::tools::ToolCallFormat;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -29,6 +32,7 @@ struct RawServer {
     stream_heartbeat_ms: u64,
     request_timeout_ms: u64,
     retry_after_ms: u64,
+    cors_allowed_origins: Vec<String>,
 }
 
 impl Default for RawServer {
@@ -39,6 +43,7 @@ impl Default for RawServer {
             stream_heartbeat_ms: 15_000,
             request_timeout_ms: 60_000,
             retry_after_ms: 1_000,
+            cors_allowed_origins: Vec::new(),
         }
     }
 }
@@ -99,18 +104,43 @@ struct RawModel {
     context_length: Option<u32>,
     #[serde(default)]
     max_output_tokens: Option<u32>,
+    #[serde(default)]
+    tool_call_parser: Option<ToolCallFormat>,
 }
 
+/// `YYYY-MM-DD`, a day the calendar has.
 fn is_date(s: &str) -> bool {
     let b = s.as_bytes();
-    b.len() == 10
+    let shaped = b.len() == 10
         && b[4] == b'-'
         && b[7] == b'-'
         && b.iter()
             .enumerate()
-            .all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit())
-        && matches!(s[5..7].parse::<u32>(), Ok(1..=12))
-        && matches!(s[8..10].parse::<u32>(), Ok(1..=31))
+            .all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit());
+    if !shaped {
+        return false;
+    }
+    let (Ok(year), Ok(month), Ok(day)) = (
+        s[..4].parse::<u32>(),
+        s[5..7].parse::<u32>(),
+        s[8..10].parse::<u32>(),
+    ) else {
+        return false;
+    };
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let days = match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return false,
+    };
+    (1..=days).contains(&day)
+}
+
+/// A public model id: not empty, no whitespace or control characters.
+fn is_model_id(s: &str) -> bool {
+    !s.is_empty() && !s.chars().any(|c| c.is_whitespace() || c.is_control())
 }
 
 impl RawConfig {
@@ -190,8 +220,40 @@ impl RawServer {
                 self.request_timeout_ms,
             )?),
             retry_after: Duration::from_millis(positive("retry_after_ms", self.retry_after_ms)?),
+            cors: cors_origins(&self.cors_allowed_origins)?,
         })
     }
+}
+
+/// `["*"]` for any origin, else each origin as a browser sends it: `http(s)://host[:port]`.
+fn cors_origins(list: &[String]) -> Result<CorsOrigins, String> {
+    if list.is_empty() {
+        return Ok(CorsOrigins::None);
+    }
+    if list.iter().any(|o| o == "*") {
+        return if list.len() == 1 {
+            Ok(CorsOrigins::Any)
+        } else {
+            Err("server.cors_allowed_origins: `*` allows every origin and cannot be listed with others".into())
+        };
+    }
+    for origin in list {
+        let rest = origin
+            .strip_prefix("https://")
+            .or_else(|| origin.strip_prefix("http://"));
+        let valid = rest.is_some_and(|host| {
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
+        });
+        if !valid {
+            return Err(format!(
+                "server.cors_allowed_origins: `{origin}` is not an origin like https://app.example.com or http://localhost:3000 (no path, no trailing slash)"
+            ));
+        }
+    }
+    Ok(CorsOrigins::List(list.to_vec()))
 }
 
 impl RawDefaults {
@@ -247,10 +309,15 @@ fn validate_models(
     let mut models = Vec::with_capacity(list.len());
     for (i, m) in list.into_iter().enumerate() {
         let at = format!("models[{i}] (`{}`)", m.name);
-        if m.name.trim().is_empty() || m.name.contains(char::is_whitespace) {
+        if !is_model_id(&m.name) {
             return Err(format!(
                 "models[{i}].name: `{}` is not a usable model name",
                 m.name
+            ));
+        }
+        if let Some(alias) = m.aliases.iter().find(|a| !is_model_id(a)) {
+            return Err(format!(
+                "{at}.aliases: `{alias}` is not a usable model name"
             ));
         }
         if !engines.contains(&m.engine) {
@@ -296,6 +363,7 @@ fn validate_models(
             owned_by: m.owned_by,
             deprecation_date: m.deprecation_date,
             context_length: m.context_length,
+            tool_call_parser: m.tool_call_parser,
         });
     }
     // A versioned model's bare name floats to its newest version: no other model may claim it.

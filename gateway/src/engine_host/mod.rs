@@ -113,6 +113,7 @@ pub fn load_with(
                     deprecation_date: None,
                     context_length: None,
                     max_output_tokens: defaults.max_output_tokens,
+                    tool_call_parser: None,
                 })
             })
             .collect(),

@@ -14,6 +14,7 @@ use super::backend::Backend;
 use crate::config::ModelConfig;
 use crate::pipeline::template::ChatTemplate;
 use crate::pipeline::tokenizer::TextTokenizer;
+use crate::pipeline::tools::ToolCallFormat;
 
 /// Everything a request for one model needs.
 #[derive(Debug)]
@@ -45,6 +46,8 @@ pub struct ServedModel {
     pub shutdown_date: Option<String>,
     /// `system_fingerprint`: which engine build and model served a response.
     pub fingerprint: String,
+    /// How the model writes tool calls.
+    pub tool_call_parser: Option<ToolCallFormat>,
 }
 
 /// Public ids and the models they name.
@@ -175,6 +178,7 @@ pub(super) fn served_model(
         template,
         context_length,
         stop_token_ids,
+        tool_call_parser: config.tool_call_parser,
     })
 }
 

@@ -293,6 +293,9 @@ pub struct AssistantMessage {
     pub content: Option<String>,
     /// Always null: this server does not refuse.
     pub refusal: Option<String>,
+    /// The tools the model called, when it called any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 /// A stream chunk.
@@ -340,4 +343,33 @@ pub struct Delta {
     /// Null in the first chunk, as OpenAI sends it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refusal: Option<Option<String>>,
+    /// A piece of a tool call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+/// A piece of a streamed tool call: the first names the call (`id`, `type`, `function.name`),
+/// later ones add to `function.arguments`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallDelta {
+    /// The call's index within the choice.
+    pub index: u32,
+    /// `call_...`, in the first piece.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, in the first piece.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// Name and arguments so far.
+    pub function: FunctionCallDelta,
+}
+
+/// The function part of a [`ToolCallDelta`].
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionCallDelta {
+    /// The name, in the first piece.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// More argument text.
+    pub arguments: String,
 }

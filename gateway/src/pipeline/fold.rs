@@ -14,8 +14,23 @@ pub struct ChoiceResult {
     pub logprobs: Vec<TokenLogprob>,
     /// Character offset of each token's text (for legacy logprobs).
     pub text_offsets: Vec<u64>,
+    /// Tool calls, in order.
+    pub tool_calls: Vec<FoldedCall>,
     /// Why it ended.
     pub finish: Option<Finished>,
+    /// Characters in `text` so far (kept so offsets cost nothing per token).
+    chars: u64,
+}
+
+/// A tool call: id, function name, arguments as JSON text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoldedCall {
+    /// `call_...`.
+    pub id: String,
+    /// Function name.
+    pub name: String,
+    /// Arguments as JSON text.
+    pub arguments: String,
 }
 
 /// A whole generation.
@@ -44,10 +59,26 @@ pub async fn fold(mut stream: GenStream, choices: usize) -> Result<Folded, ApiEr
                     continue;
                 };
                 for lp in logprobs {
-                    c.text_offsets.push(c.text.chars().count() as u64);
+                    c.text_offsets.push(c.chars);
                     c.logprobs.push(lp);
                 }
+                c.chars += text.chars().count() as u64;
                 c.text.push_str(&text);
+            }
+            GenEvent::ToolCall {
+                choice,
+                id,
+                name,
+                arguments,
+                ..
+            } => {
+                if let Some(c) = out.choices.get_mut(choice as usize) {
+                    c.tool_calls.push(FoldedCall {
+                        id,
+                        name,
+                        arguments,
+                    });
+                }
             }
             GenEvent::Finish { choice, reason } => {
                 if let Some(c) = out.choices.get_mut(choice as usize) {

@@ -14,3 +14,4 @@ pub mod stop;
 mod strftime;
 pub mod template;
 pub mod tokenizer;
+pub mod tools;

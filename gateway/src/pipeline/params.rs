@@ -17,8 +17,26 @@ use crate::openai::common::{Extensions, StopParam};
 pub const MAX_STOP_STRINGS: usize = 4;
 /// Longest stop string, in bytes.
 pub const MAX_STOP_BYTES: usize = 256;
-/// Most choices per request.
+/// Most stop token ids per request.
+pub const MAX_STOP_TOKEN_IDS: usize = 256;
+/// Most choices per prompt (`n`).
 pub const MAX_N: u32 = 128;
+/// Most choices in all (prompts times `n`): each is engine work and state held by the gateway.
+pub const MAX_CHOICES: usize = 2048;
+
+/// Refuses a request whose prompts times `n` exceed [`MAX_CHOICES`], before any is tokenized.
+pub fn check_total_choices(prompts: usize, n: u32) -> Result<(), ApiError> {
+    let total = prompts.saturating_mul(n as usize);
+    if total > MAX_CHOICES {
+        return Err(ApiError::invalid(
+            if n > 1 { "n" } else { "prompt" },
+            format!(
+                "{prompts} prompts with n={n} make {total} choices; at most {MAX_CHOICES} are allowed"
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// The sampling fields chat and legacy completions share.
 #[derive(Debug, Clone, Default)]
@@ -206,6 +224,15 @@ pub fn generation_params(
     }
     p.ignore_eos = e.ignore_eos.unwrap_or(false);
     if let Some(ids) = &e.stop_token_ids {
+        if ids.len() > MAX_STOP_TOKEN_IDS {
+            return Err(ApiError::invalid(
+                "stop_token_ids",
+                format!(
+                    "'stop_token_ids' holds at most {MAX_STOP_TOKEN_IDS} ids, got {}",
+                    ids.len()
+                ),
+            ));
+        }
         let vocab = model.info.vocab_size;
         for id in ids {
             let valid = id.as_u64().filter(|&t| t < u64::from(vocab));
@@ -224,13 +251,27 @@ pub fn generation_params(
     Ok(p)
 }
 
-/// Adds what the model itself stops on (its end-of-turn tokens) to `p.stop_token_ids`.
-pub fn add_model_stops(p: &mut GenerationParams, model: &ServedModel) {
+/// The last step, once `max_tokens` is known: checks `min_tokens` against it and adds what the
+/// model itself stops on (its end-of-turn tokens) unless the caller asked to ignore them.
+pub fn complete_params(p: &mut GenerationParams, model: &ServedModel) -> Result<(), ApiError> {
+    if p.min_tokens > p.max_tokens {
+        return Err(ApiError::invalid(
+            "min_tokens",
+            format!(
+                "'min_tokens' ({}) must not exceed the maximum number of tokens ({})",
+                p.min_tokens, p.max_tokens
+            ),
+        ));
+    }
+    if p.ignore_eos {
+        return Ok(());
+    }
     for &id in &model.stop_token_ids {
         if !p.stop_token_ids.contains(&id) {
             p.stop_token_ids.push(id);
         }
     }
+    Ok(())
 }
 
 /// `top_logprobs` alternatives per token, checked against the model; `None` for no logprobs.

@@ -206,6 +206,14 @@ pub struct TextInput {
     pub text: String,
 }
 
+/// How many prompts `value` holds, without looking inside them (a flat list of token ids is one).
+pub fn input_count(value: &Value) -> usize {
+    match value {
+        Value::Array(items) if !items.iter().all(Value::is_number) => items.len(),
+        _ => 1,
+    }
+}
+
 /// Prompts in any of the four forms. `add_special` adds the tokenizer's own special tokens to
 /// text (a beginning-of-text token); token ids are taken as given.
 pub fn text_inputs(
@@ -254,6 +262,14 @@ pub fn text_inputs(
             .map_err(|detail| ApiError::Internal { detail })?;
         Ok(TextInput { ids, text })
     };
+    // Counted before any is tokenized, so an oversized request costs nothing.
+    let count = input_count(value);
+    if count > MAX_INPUTS {
+        return Err(ApiError::invalid(
+            param,
+            format!("'{param}' holds at most {MAX_INPUTS} items, got {count}"),
+        ));
+    }
     let inputs = match value {
         Value::String(s) => vec![from_text(s)?],
         Value::Array(items) if items.is_empty() => {
@@ -276,14 +292,5 @@ pub fn text_inputs(
             .collect::<Result<_, _>>()?,
         _ => return Err(shape_error()),
     };
-    if inputs.len() > MAX_INPUTS {
-        return Err(ApiError::invalid(
-            param,
-            format!(
-                "'{param}' holds at most {MAX_INPUTS} items, got {}",
-                inputs.len()
-            ),
-        ));
-    }
     Ok(inputs)
 }

@@ -3,8 +3,8 @@
 //!
 //! This is the one stream every response is made from: streamed responses render its events as
 //! they come, non-streamed ones fold it ([`super::fold`]). Dropping it cancels every engine
-//! request still running; a request whose choices all hit stop strings is cancelled early, and
-//! its FINAL still read so usage stays exact.
+//! request still running; a request whose choices have all ended, one of them at a stop string,
+//! is cancelled early, and its FINAL still read so usage stays exact.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -20,6 +20,7 @@ use turnpike_engine_api::{
 
 use super::decode::IncrementalDecoder;
 use super::stop::{StopMatcher, StopOutcome};
+use super::tools::{ToolCallFormat, ToolCallParser, ToolOutput};
 use crate::engine_host::{EngineRun, ServedModel};
 use crate::error::ApiError;
 
@@ -38,6 +39,19 @@ pub struct Job {
     pub logprobs: bool,
     /// `retry-after` for engine overload.
     pub retry_after: Duration,
+    /// Parse tool calls out of the text.
+    pub tools: Option<ToolSetup>,
+}
+
+/// How to find tool calls in a choice's text.
+#[derive(Debug, Clone)]
+pub struct ToolSetup {
+    /// The model's format.
+    pub format: ToolCallFormat,
+    /// The functions offered.
+    pub names: Vec<String>,
+    /// Most calls per choice.
+    pub max_calls: usize,
 }
 
 /// One token's log probability, ready to render.
@@ -60,6 +74,8 @@ pub enum Finished {
     Stop,
     /// `max_tokens` or the context window.
     Length,
+    /// The model called tools and stopped.
+    ToolCalls,
 }
 
 impl Finished {
@@ -68,6 +84,7 @@ impl Finished {
         match self {
             Self::Stop => "stop",
             Self::Length => "length",
+            Self::ToolCalls => "tool_calls",
         }
     }
 
@@ -102,6 +119,19 @@ pub enum GenEvent {
         /// Per token, when asked for.
         logprobs: Vec<TokenLogprob>,
     },
+    /// A tool call of a choice, whole.
+    ToolCall {
+        /// Choice index.
+        choice: u32,
+        /// The call's index within the choice.
+        index: u32,
+        /// `call_...`, the same in streamed and folded responses.
+        id: String,
+        /// Function name.
+        name: String,
+        /// Arguments as JSON text.
+        arguments: String,
+    },
     /// A choice ended.
     Finish {
         /// Choice index.
@@ -118,6 +148,8 @@ pub enum GenEvent {
 struct ChoiceState {
     decoder: IncrementalDecoder,
     stop: StopMatcher,
+    tools: Option<ToolCallParser>,
+    calls: u32,
     finished: bool,
 }
 
@@ -125,6 +157,8 @@ struct PromptRun {
     run: EngineRun,
     first_choice: u32,
     open_choices: u32,
+    /// A choice of this request was cut by a stop string (so a cancel is ours, not a failure).
+    stop_cut: bool,
     cancelled: bool,
     ended: bool,
 }
@@ -176,6 +210,7 @@ pub fn start(job: Job) -> Result<GenStream, ApiError> {
             run,
             first_choice: i as u32 * n,
             open_choices: n,
+            stop_cut: false,
             cancelled: false,
             ended: false,
         });
@@ -183,6 +218,11 @@ pub fn start(job: Job) -> Result<GenStream, ApiError> {
             choices.push(ChoiceState {
                 decoder: IncrementalDecoder::new(Arc::clone(&job.model.tokenizer), true),
                 stop: StopMatcher::new(&job.stop),
+                tools: job
+                    .tools
+                    .as_ref()
+                    .map(|t| ToolCallParser::new(t.format, t.names.clone(), t.max_calls)),
+                calls: 0,
                 finished: false,
             });
         }
@@ -226,7 +266,69 @@ impl GenStream {
         })
     }
 
-    /// Ends choice `c` (flushing what the decoder and stop matcher hold) with `reason`.
+    /// Sends text of choice `c` on, through its tool-call parser when it has one (which `last`
+    /// flushes); log probabilities ride with the first piece, or alone when the parser holds all.
+    fn emit_text(&mut self, c: usize, text: String, logprobs: Vec<TokenLogprob>, last: bool) {
+        let choice = c as u32;
+        let state = &mut self.choices[c];
+        let Some(parser) = state.tools.as_mut() else {
+            if !text.is_empty() || !logprobs.is_empty() {
+                self.pending.push_back(GenEvent::Text {
+                    choice,
+                    text,
+                    logprobs,
+                });
+            }
+            return;
+        };
+        let mut out = Vec::new();
+        parser.push(&text, &mut out);
+        if last {
+            parser.finish(&mut out);
+        }
+        let mut logprobs = Some(logprobs).filter(|l| !l.is_empty());
+        for piece in out {
+            match piece {
+                ToolOutput::Text(text) => self.pending.push_back(GenEvent::Text {
+                    choice,
+                    text,
+                    logprobs: logprobs.take().unwrap_or_default(),
+                }),
+                ToolOutput::Call(call) => {
+                    self.pending.push_back(GenEvent::ToolCall {
+                        choice,
+                        index: state.calls,
+                        id: crate::ids::new_id("call_"),
+                        name: call.name,
+                        arguments: call.arguments,
+                    });
+                    state.calls += 1;
+                }
+            }
+        }
+        if let Some(logprobs) = logprobs {
+            self.pending.push_back(GenEvent::Text {
+                choice,
+                text: String::new(),
+                logprobs,
+            });
+        }
+    }
+
+    /// Marks choice `c` ended for `reason` (`tool_calls` when it stopped after calling tools).
+    fn push_finish(&mut self, c: usize, reason: Finished) {
+        let reason = match reason {
+            Finished::Stop if self.choices[c].calls > 0 => Finished::ToolCalls,
+            other => other,
+        };
+        self.pending.push_back(GenEvent::Finish {
+            choice: c as u32,
+            reason,
+        });
+    }
+
+    /// Ends choice `c` (flushing what the decoder, stop matcher and parser hold) with `reason`,
+    /// or with `stop` when the flushed text completes a stop string.
     fn end_choice(&mut self, c: usize, reason: Finished) {
         let state = &mut self.choices[c];
         if state.finished {
@@ -234,27 +336,42 @@ impl GenStream {
         }
         state.finished = true;
         let tail = state.decoder.flush();
-        let mut text = match state.stop.push(&tail) {
-            StopOutcome::Text(t) => t,
-            StopOutcome::Stopped(t) => t,
+        let (text, reason) = match state.stop.push(&tail) {
+            StopOutcome::Text(mut t) => {
+                t.push_str(&state.stop.finish());
+                (t, reason)
+            }
+            StopOutcome::Stopped(t) => (t, Finished::Stop),
         };
-        text.push_str(&state.stop.finish());
-        if !text.is_empty() {
-            self.pending.push_back(GenEvent::Text {
-                choice: c as u32,
-                text,
-                logprobs: Vec::new(),
-            });
+        self.emit_text(c, text, Vec::new(), true);
+        self.push_finish(c, reason);
+    }
+
+    /// The index of choice `choice` of request `run`, when the engine named a real one.
+    fn choice_index(&self, run: usize, choice: u32) -> Option<usize> {
+        if choice as usize >= self.n {
+            tracing::warn!(model = %self.model.id, choice, "engine sent an event for a choice it was not asked for");
+            return None;
         }
-        self.pending.push_back(GenEvent::Finish {
-            choice: c as u32,
-            reason,
-        });
+        Some(self.runs[run].first_choice as usize + choice as usize)
+    }
+
+    /// Counts a choice of request `run` as closed; once all are, and one was cut by a stop
+    /// string while the engine still runs, the engine work left is cancelled.
+    fn choice_closed(&mut self, run: usize) {
+        let r = &mut self.runs[run];
+        r.open_choices = r.open_choices.saturating_sub(1);
+        if r.open_choices == 0 && r.stop_cut && !r.cancelled && !r.ended {
+            r.cancelled = true;
+            r.run.cancel();
+        }
     }
 
     fn on_token(&mut self, run: usize, t: TokenEvent) {
-        let c = (self.runs[run].first_choice + t.choice) as usize;
-        if self.choices.get(c).is_none_or(|s| s.finished) {
+        let Some(c) = self.choice_index(run, t.choice) else {
+            return;
+        };
+        if self.choices[c].finished {
             return;
         }
         let logprobs: Vec<TokenLogprob> = if self.logprobs {
@@ -265,34 +382,13 @@ impl GenStream {
         let state = &mut self.choices[c];
         let piece = state.decoder.push(t.token_id);
         match state.stop.push(&piece) {
-            StopOutcome::Text(text) => {
-                if !text.is_empty() || !logprobs.is_empty() {
-                    self.pending.push_back(GenEvent::Text {
-                        choice: c as u32,
-                        text,
-                        logprobs,
-                    });
-                }
-            }
+            StopOutcome::Text(text) => self.emit_text(c, text, logprobs, false),
             StopOutcome::Stopped(text) => {
                 state.finished = true;
-                if !text.is_empty() || !logprobs.is_empty() {
-                    self.pending.push_back(GenEvent::Text {
-                        choice: c as u32,
-                        text,
-                        logprobs,
-                    });
-                }
-                self.pending.push_back(GenEvent::Finish {
-                    choice: c as u32,
-                    reason: Finished::Stop,
-                });
-                let r = &mut self.runs[run];
-                r.open_choices -= 1;
-                if r.open_choices == 0 && !r.cancelled {
-                    r.cancelled = true;
-                    r.run.cancel();
-                }
+                self.emit_text(c, text, logprobs, true);
+                self.push_finish(c, Finished::Stop);
+                self.runs[run].stop_cut = true;
+                self.choice_closed(run);
             }
         }
     }
@@ -301,9 +397,12 @@ impl GenStream {
         match event {
             EngineEvent::Token(t) => self.on_token(run, t),
             EngineEvent::ChoiceEnd { choice, finish } => {
-                let c = (self.runs[run].first_choice + choice) as usize;
-                if c < self.choices.len() {
+                let Some(c) = self.choice_index(run, choice) else {
+                    return;
+                };
+                if !self.choices[c].finished {
                     self.end_choice(c, Finished::from_engine(finish));
+                    self.choice_closed(run);
                 }
             }
             EngineEvent::Final(fin) => {

@@ -12,14 +12,15 @@ use turnpike_engine_api::Grammar;
 use super::extract::JsonBody;
 use super::sse::{self, Render, Timing};
 use super::{AppState, new_id, unix_now, with_request_id};
+use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::observability::requests::RequestRecord;
 use crate::openai::chat::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-    ChunkChoice, Delta, ResponseFormat,
+    ChunkChoice, Delta, FunctionCall, FunctionCallDelta, ResponseFormat, ToolCall, ToolCallDelta,
 };
 use crate::openai::common::{ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, Usage};
-use crate::pipeline::run::{self, GenEvent, Job, TokenLogprob};
+use crate::pipeline::run::{self, GenEvent, Job, TokenLogprob, ToolSetup};
 use crate::pipeline::{fold, params, prompt};
 
 /// Log probabilities in the chat format.
@@ -47,6 +48,53 @@ fn chat_logprobs(tokens: &[TokenLogprob]) -> ChatLogprobs {
     }
 }
 
+/// Whether and how to parse tool calls: only when tools are offered and `tool_choice` lets the
+/// model choose. Forcing a call is refused, as is offering tools to a model whose tool-call
+/// format is not configured (its calls would come back as text nobody parses).
+fn tool_setup(
+    req: &ChatCompletionRequest,
+    model: &ServedModel,
+) -> Result<Option<ToolSetup>, ApiError> {
+    let names: Vec<String> = req
+        .tools
+        .iter()
+        .flatten()
+        .map(|t| t.function.name.clone())
+        .collect();
+    match req.tool_choice.as_ref() {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "none" => return Ok(None),
+        Some(Value::String(s)) if s == "auto" => {}
+        Some(_) => {
+            return Err(ApiError::unsupported(
+                "tool_choice",
+                format!(
+                    "model `{}` cannot be made to call a tool; use 'auto' or 'none'",
+                    model.id
+                ),
+            ));
+        }
+    }
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let Some(format) = model.tool_call_parser else {
+        return Err(ApiError::unsupported(
+            "tools",
+            format!(
+                "model `{}` has no tool-call format configured (`tool_call_parser`), so its tool calls cannot be returned",
+                model.id
+            ),
+        ));
+    };
+    let parallel = req.parallel_tool_calls.unwrap_or(true);
+    Ok(Some(ToolSetup {
+        format,
+        names,
+        max_calls: if parallel { usize::MAX } else { 1 },
+    }))
+}
+
 /// Handles a chat completion.
 pub async fn chat(
     State(state): State<AppState>,
@@ -61,19 +109,7 @@ pub async fn chat(
         Some(tools) if !tools.is_empty() => Some(prompt::template_tools(tools)?),
         _ => None,
     };
-    match req.tool_choice.as_ref() {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "auto" || s == "none" => {}
-        Some(_) => {
-            return Err(ApiError::unsupported(
-                "tool_choice",
-                format!(
-                    "model `{}` cannot be made to call a tool; use 'auto' or 'none'",
-                    model.id
-                ),
-            ));
-        }
-    }
+    let tool_setup = tool_setup(&req, &model)?;
     let sampling = params::Sampling {
         temperature: req.temperature,
         top_p: req.top_p,
@@ -138,8 +174,8 @@ pub async fn chat(
         defaults,
         "messages",
     )?;
-    params::add_model_stops(&mut p, &model);
-    let id = new_id("chatcmpl");
+    params::complete_params(&mut p, &model)?;
+    let id = new_id("chatcmpl-");
     p.request_id = Some(id.clone());
     let n = p.n;
     let job = Job {
@@ -149,6 +185,7 @@ pub async fn chat(
         stop,
         logprobs: logprobs.is_some(),
         retry_after: state.server.retry_after,
+        tools: tool_setup,
     };
     let mut stream = run::start(job)?;
     let head = Head {
@@ -159,17 +196,17 @@ pub async fn chat(
     };
     let deadline = started + state.server.request_timeout;
 
-    let record = RequestRecord {
-        id: head.id.clone(),
-        endpoint: "chat",
-        model: model.id.clone(),
-        user: req.user.clone(),
-        stream: req.stream.unwrap_or(false),
+    let record = RequestRecord::new(
+        head.id.clone(),
+        "chat",
+        model.id.clone(),
+        req.user.clone(),
+        req.stream.unwrap_or(false),
         started,
-    };
+    );
 
     if record.stream {
-        let first = sse::first_event(&mut stream, state.server.stream_heartbeat)
+        let first = sse::first_event(&mut stream, state.server.stream_heartbeat, deadline)
             .await
             .inspect_err(|e| record.failed(e))?;
         let include_usage = req
@@ -205,8 +242,22 @@ pub async fn chat(
             index: i as u32,
             message: AssistantMessage {
                 role: "assistant",
-                content: Some(c.text),
+                // OpenAI sends null content with tool calls and nothing else.
+                content: (c.tool_calls.is_empty() || !c.text.is_empty()).then_some(c.text),
                 refusal: None,
+                tool_calls: (!c.tool_calls.is_empty()).then(|| {
+                    c.tool_calls
+                        .into_iter()
+                        .map(|call| ToolCall {
+                            id: call.id,
+                            kind: "function".into(),
+                            function: FunctionCall {
+                                name: call.name,
+                                arguments: call.arguments,
+                            },
+                        })
+                        .collect()
+                }),
             },
             logprobs: logprobs.map(|_| chat_logprobs(&c.logprobs)),
             finish_reason: Some(c.finish.unwrap_or(run::Finished::Stop).as_str()),
@@ -263,6 +314,7 @@ impl Render for ChunkRenderer {
                     role: Some("assistant"),
                     content: Some(String::new()),
                     refusal: Some(None),
+                    tool_calls: None,
                 };
                 self.chunk(
                     vec![ChunkChoice {
@@ -298,6 +350,53 @@ impl Render for ChunkRenderer {
                     }],
                     None,
                 )]
+            }
+            GenEvent::ToolCall {
+                choice,
+                index,
+                id,
+                name,
+                arguments,
+            } => {
+                // As OpenAI streams a call: its name first, then its arguments.
+                let pieces = [
+                    ToolCallDelta {
+                        index: *index,
+                        id: Some(id.clone()),
+                        kind: Some("function"),
+                        function: FunctionCallDelta {
+                            name: Some(name.clone()),
+                            arguments: String::new(),
+                        },
+                    },
+                    ToolCallDelta {
+                        index: *index,
+                        id: None,
+                        kind: None,
+                        function: FunctionCallDelta {
+                            name: None,
+                            arguments: arguments.clone(),
+                        },
+                    },
+                ];
+                pieces
+                    .into_iter()
+                    .map(|piece| {
+                        let delta = Delta {
+                            tool_calls: Some(vec![piece]),
+                            ..Delta::default()
+                        };
+                        self.chunk(
+                            vec![ChunkChoice {
+                                index: *choice,
+                                delta,
+                                logprobs: None,
+                                finish_reason: None,
+                            }],
+                            None,
+                        )
+                    })
+                    .collect()
             }
             GenEvent::Finish { choice, reason } => {
                 let choice = ChunkChoice {

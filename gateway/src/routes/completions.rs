@@ -104,6 +104,7 @@ pub async fn completions(
     }
     p.logprobs = logprobs.is_some();
     p.top_logprobs = logprobs.unwrap_or(0);
+    params::check_total_choices(prompt::input_count(&req.prompt), p.n)?;
     let inputs = prompt::text_inputs(&req.prompt, "prompt", &model, true)?;
     let longest = inputs.iter().map(|i| i.ids.len()).max().unwrap_or(0);
     p.max_tokens = params::max_tokens(
@@ -115,8 +116,8 @@ pub async fn completions(
         defaults,
         "prompt",
     )?;
-    params::add_model_stops(&mut p, &model);
-    let id = new_id("cmpl");
+    params::complete_params(&mut p, &model)?;
+    let id = new_id("cmpl-");
     p.request_id = Some(id.clone());
     let n = p.n;
     let echoes: Vec<String> = if echo {
@@ -132,6 +133,7 @@ pub async fn completions(
         stop,
         logprobs: logprobs.is_some(),
         retry_after: state.server.retry_after,
+        tools: None,
     };
     let mut stream = run::start(job)?;
     let renderer = CompletionRenderer {
@@ -147,17 +149,17 @@ pub async fn completions(
     };
     let deadline = started + state.server.request_timeout;
 
-    let record = RequestRecord {
-        id: renderer.id.clone(),
-        endpoint: "completions",
-        model: model.id.clone(),
-        user: req.user.clone(),
-        stream: req.stream.unwrap_or(false),
+    let record = RequestRecord::new(
+        renderer.id.clone(),
+        "completions",
+        model.id.clone(),
+        req.user.clone(),
+        req.stream.unwrap_or(false),
         started,
-    };
+    );
 
     if record.stream {
-        let first = sse::first_event(&mut stream, state.server.stream_heartbeat)
+        let first = sse::first_event(&mut stream, state.server.stream_heartbeat, deadline)
             .await
             .inspect_err(|e| record.failed(e))?;
         let include_usage = req
@@ -302,7 +304,7 @@ impl Render for CompletionRenderer {
                 Vec::new(),
                 Some(Usage::new(t.prompt, t.completion, t.cached)),
             )],
-            GenEvent::Usage(_) | GenEvent::Error(_) => Vec::new(),
+            GenEvent::Usage(_) | GenEvent::Error(_) | GenEvent::ToolCall { .. } => Vec::new(),
         }
     }
 }

@@ -82,14 +82,14 @@ pub async fn embeddings(
             detail: format!("embedding task failed: {e}"),
         })?
         .map_err(|e| ApiError::from_engine(e, state.server.retry_after))?;
-    let record = RequestRecord {
-        id: new_id("embd"),
-        endpoint: "embeddings",
-        model: model.id.clone(),
-        user: req.user.clone(),
-        stream: false,
+    let record = RequestRecord::new(
+        new_id("embd-"),
+        "embeddings",
+        model.id.clone(),
+        req.user.clone(),
+        false,
         started,
-    };
+    );
     record.ended(prompt_tokens, 0);
     let data = vectors
         .into_iter()

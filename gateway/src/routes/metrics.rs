@@ -11,14 +11,15 @@ use crate::observability::metrics;
 /// Renders every metric.
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let registry = std::sync::Arc::clone(&state.registry);
-    let _ = tokio::task::spawn_blocking(move || {
+    let task = tokio::task::spawn_blocking(move || {
         for (name, backend) in registry.engines() {
             if let Ok(stats) = backend.stats() {
                 metrics::engine_stats(name, &stats);
             }
         }
-    })
-    .await;
+    });
+    // An engine that does not answer in time leaves its last numbers in place.
+    let _ = tokio::time::timeout(super::health::PROBE_TIMEOUT, task).await;
     let mut response = metrics::render().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

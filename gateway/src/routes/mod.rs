@@ -2,6 +2,7 @@
 
 pub mod chat;
 pub mod completions;
+mod cors;
 pub mod embeddings;
 pub mod extract;
 pub mod health;
@@ -48,9 +49,10 @@ impl AppState {
 /// The application's router.
 pub fn router(state: AppState) -> Router {
     record::handle(); // the metrics recorder, installed once per process
-    Router::new()
+    let cors = cors::layer(&state.server.cors);
+    let router = Router::new()
         .route("/v1/models", get(models::list))
-        .route("/v1/models/{model}", get(models::retrieve))
+        .route("/v1/models/{*model}", get(models::retrieve))
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
@@ -60,7 +62,12 @@ pub fn router(state: AppState) -> Router {
         .fallback(unknown_url)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(count_requests))
-        .with_state(state)
+        .with_state(state);
+    match cors {
+        // Outermost, so preflights are answered before routing and every response is marked.
+        Some(cors) => router.layer(cors),
+        None => router,
+    }
 }
 
 async fn count_requests(request: Request, next: Next) -> Response {
@@ -88,14 +95,7 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     }
 }
 
-/// A new response id: `prefix-` and 24 random letters and digits.
-pub fn new_id(prefix: &str) -> String {
-    const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    let tail: String = (0..24)
-        .map(|_| char::from(CHARS[fastrand::usize(..CHARS.len())]))
-        .collect();
-    format!("{prefix}-{tail}")
-}
+pub use crate::ids::new_id;
 
 /// `response` with an `x-request-id` header (the response id, for matching logs).
 pub fn with_request_id(mut response: Response, id: &str) -> Response {

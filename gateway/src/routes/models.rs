@@ -1,4 +1,4 @@
-//! `GET /v1/models` and `GET /v1/models/{model}`.
+//! `GET /v1/models` and `GET /v1/models/{model}` (ids may hold `/`, as `org/name` ones do).
 
 use axum::Json;
 use axum::extract::rejection::PathRejection;

@@ -72,7 +72,9 @@ impl<R: Render> State<R> {
             }
             Some(GenEvent::Error(e)) => self.fail(e),
             Some(event) => {
-                if !self.first_text_seen && matches!(event, GenEvent::Text { .. }) {
+                if !self.first_text_seen
+                    && matches!(event, GenEvent::Text { .. } | GenEvent::ToolCall { .. })
+                {
                     self.first_text_seen = true;
                     metrics::time_to_first_token(
                         &self.timing.record.model,
@@ -160,13 +162,16 @@ pub fn respond(
     response
 }
 
-/// Waits for the first event (up to the heartbeat interval), so a failure before any output is
-/// answered with its real status rather than a 200 and an error event.
+/// Waits for the first event (up to the heartbeat interval, never past the deadline), so a
+/// failure before any output is answered with its real status rather than a 200 and an error
+/// event.
 pub async fn first_event(
     stream: &mut GenStream,
     heartbeat: Duration,
+    deadline: Instant,
 ) -> Result<Option<GenEvent>, ApiError> {
-    match tokio::time::timeout(heartbeat, stream.next()).await {
+    let wait = heartbeat.min(deadline.saturating_duration_since(Instant::now()));
+    match tokio::time::timeout(wait, stream.next()).await {
         Ok(Some(GenEvent::Error(e))) => Err(e),
         Ok(Some(event)) => Ok(Some(event)),
         Ok(None) | Err(_) => Ok(None),

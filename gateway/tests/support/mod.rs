@@ -252,6 +252,7 @@ pub fn server(heartbeat_ms: u64, timeout_ms: u64) -> ServerConfig {
         stream_heartbeat: Duration::from_millis(heartbeat_ms),
         request_timeout: Duration::from_millis(timeout_ms),
         retry_after: Duration::from_millis(1500),
+        cors: turnpike::config::CorsOrigins::None,
     }
 }
 
@@ -269,7 +270,16 @@ pub fn defaults() -> Defaults {
 
 /// The app over `backend`, with the given server settings.
 pub fn app_with(backend: FakeBackend, server_config: ServerConfig) -> Router {
-    let model = ModelConfig {
+    app_with_model(backend, server_config, |_| {})
+}
+
+/// The app over `backend`, its model configuration changed by `edit`.
+pub fn app_with_model(
+    backend: FakeBackend,
+    server_config: ServerConfig,
+    edit: impl FnOnce(&mut ModelConfig),
+) -> Router {
+    let mut model = ModelConfig {
         name: "fake".into(),
         version: None,
         aliases: vec!["fake-alias".into()],
@@ -280,7 +290,9 @@ pub fn app_with(backend: FakeBackend, server_config: ServerConfig) -> Router {
         deprecation_date: None,
         context_length: None,
         max_output_tokens: 128,
+        tool_call_parser: None,
     };
+    edit(&mut model);
     let backend: Arc<dyn Backend> = Arc::new(backend);
     let registry =
         engine_host::load_with(vec![("fake".into(), backend)], Some(&[model]), &defaults())

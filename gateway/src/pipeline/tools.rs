@@ -1,0 +1,365 @@
+//! Tool calls out of generated text, once in the gateway for every engine.
+//!
+//! A model calls tools by writing them in its own format; the model's configuration names the
+//! format (`tool_call_parser`), as its chat template taught the model:
+//!
+//! - `llama3_json`: the whole answer is a JSON call `{"name": ..., "arguments"|"parameters": {...}}`,
+//!   a list of them, or several separated by `;`. An answer that starts with `{` or `[` is held
+//!   until it ends; one that does not is plain text and streams as it comes.
+//! - `hermes`: calls are `<tool_call>{json}</tool_call>` blocks; text around them is content and
+//!   streams as it comes, less any tail that could still begin a block.
+//!
+//! The parser sits after stop strings in the one stream every response is made from, so a
+//! streamed response and a non-streamed one always carry the same calls. Only functions the
+//! request offered become calls; anything that does not parse, or names another function, stays
+//! text, so nothing the model wrote is lost.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// A model's tool-call format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolCallFormat {
+    /// Llama 3.x JSON calls.
+    Llama3Json,
+    /// `<tool_call>` blocks (Hermes, Qwen).
+    Hermes,
+}
+
+/// A parsed call: the function and its arguments as JSON text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedCall {
+    /// Function name.
+    pub name: String,
+    /// Arguments, a JSON object as text (`{}` when the model gave none).
+    pub arguments: String,
+}
+
+/// What the parser lets through, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolOutput {
+    /// Content text.
+    Text(String),
+    /// A call.
+    Call(ParsedCall),
+}
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Llama 3 JSON: only whitespace so far.
+    Undecided,
+    /// Text that streams through (`hermes`: outside a block).
+    Text,
+    /// Held: a JSON answer, or the inside of a `<tool_call>` block.
+    Held,
+}
+
+/// Per-choice parser state.
+#[derive(Debug, Clone)]
+pub struct ToolCallParser {
+    format: ToolCallFormat,
+    /// The functions the request offered.
+    names: Vec<String>,
+    /// Most calls to return (1 when `parallel_tool_calls` is false).
+    max_calls: usize,
+    calls: usize,
+    state: State,
+    buf: String,
+}
+
+impl ToolCallParser {
+    /// A parser for `format` accepting calls of `names`, at most `max_calls` of them.
+    pub fn new(format: ToolCallFormat, names: Vec<String>, max_calls: usize) -> Self {
+        let state = match format {
+            ToolCallFormat::Llama3Json => State::Undecided,
+            ToolCallFormat::Hermes => State::Text,
+        };
+        Self {
+            format,
+            names,
+            max_calls,
+            calls: 0,
+            state,
+            buf: String::new(),
+        }
+    }
+
+    /// Adds text; returns what may be sent now.
+    pub fn push(&mut self, text: &str, out: &mut Vec<ToolOutput>) {
+        self.buf.push_str(text);
+        match self.format {
+            ToolCallFormat::Llama3Json => self.push_json(out),
+            ToolCallFormat::Hermes => self.push_hermes(out),
+        }
+    }
+
+    /// The text has ended: returns everything still held.
+    pub fn finish(&mut self, out: &mut Vec<ToolOutput>) {
+        let held = std::mem::take(&mut self.buf);
+        match (self.format, self.state) {
+            (ToolCallFormat::Llama3Json, State::Held) => match json_calls(&held) {
+                Some(calls) if calls.iter().all(|c| self.offered(c)) => {
+                    for call in calls {
+                        self.emit(call, out);
+                    }
+                }
+                _ => text(out, held),
+            },
+            (ToolCallFormat::Hermes, State::Held) => {
+                // A block the model did not close before it stopped.
+                match block_call(&held).filter(|c| self.offered(c)) {
+                    Some(call) => self.emit(call, out),
+                    None => text(out, format!("{OPEN}{held}")),
+                }
+            }
+            // Whitespace after calls is not content.
+            _ if self.calls > 0 && held.trim().is_empty() => {}
+            _ => text(out, held),
+        }
+    }
+
+    fn offered(&self, call: &ParsedCall) -> bool {
+        self.names.contains(&call.name)
+    }
+
+    fn emit(&mut self, call: ParsedCall, out: &mut Vec<ToolOutput>) {
+        if self.calls < self.max_calls {
+            out.push(ToolOutput::Call(call));
+        }
+        self.calls += 1;
+    }
+
+    fn push_json(&mut self, out: &mut Vec<ToolOutput>) {
+        if self.state == State::Undecided {
+            match self.buf.trim_start().chars().next() {
+                None => return,
+                Some('{' | '[') => self.state = State::Held,
+                Some(_) => self.state = State::Text,
+            }
+        }
+        if self.state == State::Text {
+            text(out, std::mem::take(&mut self.buf));
+        }
+    }
+
+    fn push_hermes(&mut self, out: &mut Vec<ToolOutput>) {
+        loop {
+            match self.state {
+                State::Held => {
+                    let Some(at) = self.buf.find(CLOSE) else {
+                        return;
+                    };
+                    let body: String = self.buf.drain(..at + CLOSE.len()).collect();
+                    let body = &body[..at];
+                    match block_call(body).filter(|c| self.offered(c)) {
+                        Some(call) => self.emit(call, out),
+                        None => text(out, format!("{OPEN}{body}{CLOSE}")),
+                    }
+                    self.state = State::Text;
+                }
+                _ => {
+                    if let Some(at) = self.buf.find(OPEN) {
+                        let before: String = self.buf.drain(..at + OPEN.len()).collect();
+                        self.content(out, &before[..at]);
+                        self.state = State::Held;
+                        continue;
+                    }
+                    let hold = held_prefix(&self.buf, OPEN);
+                    let ready: String = self.buf.drain(..self.buf.len() - hold).collect();
+                    if self.calls > 0 && ready.trim().is_empty() && !ready.is_empty() {
+                        // Whitespace between calls: keep it until text shows it is content.
+                        self.buf.insert_str(0, &ready);
+                        return;
+                    }
+                    self.content(out, &ready);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Content outside blocks; whitespace-only pieces after a call are dropped.
+    fn content(&self, out: &mut Vec<ToolOutput>, piece: &str) {
+        if self.calls > 0 && piece.trim().is_empty() {
+            return;
+        }
+        text(out, piece.to_string());
+    }
+}
+
+fn text(out: &mut Vec<ToolOutput>, text: String) {
+    if !text.is_empty() {
+        out.push(ToolOutput::Text(text));
+    }
+}
+
+/// Length of the longest suffix of `s` that is a proper prefix of `tag`.
+fn held_prefix(s: &str, tag: &str) -> usize {
+    (1..tag.len().min(s.len() + 1))
+        .rev()
+        .find(|&len| s.ends_with(&tag[..len]))
+        .unwrap_or(0)
+}
+
+/// One call object: `{"name": ..., "arguments" | "parameters": {...} or "{...}"}`.
+fn call_of(value: Value) -> Option<ParsedCall> {
+    let Value::Object(mut map) = value else {
+        return None;
+    };
+    let Some(Value::String(name)) = map.remove("name") else {
+        return None;
+    };
+    let args = map.remove("arguments").or_else(|| map.remove("parameters"));
+    let arguments = match args {
+        None | Some(Value::Null) => "{}".to_string(),
+        Some(Value::Object(o)) => Value::Object(o).to_string(),
+        // Arguments already encoded as a string must hold a JSON object.
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(&s) {
+            Ok(Value::Object(o)) => Value::Object(o).to_string(),
+            _ => return None,
+        },
+        Some(_) => return None,
+    };
+    Some(ParsedCall { name, arguments })
+}
+
+/// The inside of a `<tool_call>` block.
+fn block_call(body: &str) -> Option<ParsedCall> {
+    call_of(serde_json::from_str(body.trim()).ok()?)
+}
+
+/// A whole Llama 3 JSON answer: call objects, alone, in a list, or separated by `;`.
+fn json_calls(text: &str) -> Option<Vec<ParsedCall>> {
+    let mut calls = Vec::new();
+    let mut rest = text;
+    loop {
+        rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ';');
+        if rest.is_empty() {
+            break;
+        }
+        let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        let value = values.next()?.ok()?;
+        rest = &rest[values.byte_offset()..];
+        match value {
+            Value::Array(items) => {
+                for item in items {
+                    calls.push(call_of(item)?);
+                }
+            }
+            other => calls.push(call_of(other)?),
+        }
+    }
+    (!calls.is_empty()).then_some(calls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(format: ToolCallFormat, pieces: &[&str], max: usize) -> Vec<ToolOutput> {
+        let names = vec!["get_weather".to_string(), "get_time".to_string()];
+        let mut p = ToolCallParser::new(format, names, max);
+        let mut out = Vec::new();
+        for piece in pieces {
+            p.push(piece, &mut out);
+        }
+        p.finish(&mut out);
+        // Adjacent text pieces read as one.
+        let mut merged: Vec<ToolOutput> = Vec::new();
+        for o in out {
+            match (merged.last_mut(), o) {
+                (Some(ToolOutput::Text(a)), ToolOutput::Text(b)) => a.push_str(&b),
+                (_, o) => merged.push(o),
+            }
+        }
+        merged
+    }
+
+    fn call(name: &str, arguments: &str) -> ToolOutput {
+        ToolOutput::Call(ParsedCall {
+            name: name.into(),
+            arguments: arguments.into(),
+        })
+    }
+
+    fn text(s: &str) -> ToolOutput {
+        ToolOutput::Text(s.into())
+    }
+
+    #[test]
+    fn llama3_json_calls_in_every_shape() {
+        let f = ToolCallFormat::Llama3Json;
+        let one = parse(
+            f,
+            &[
+                " {\"name\": \"get_",
+                "weather\", \"parameters\": {\"city\": \"Paris\"}}",
+            ],
+            8,
+        );
+        assert_eq!(one, vec![call("get_weather", r#"{"city":"Paris"}"#)]);
+        let many = parse(
+            f,
+            &[r#"{"name":"get_time","arguments":"{\"tz\":\"UTC\"}"}; {"name":"get_weather"}"#],
+            8,
+        );
+        assert_eq!(
+            many,
+            vec![
+                call("get_time", r#"{"tz":"UTC"}"#),
+                call("get_weather", "{}")
+            ]
+        );
+        let list = parse(f, &[r#"[{"name":"get_time"},{"name":"get_weather"}]"#], 1);
+        assert_eq!(list, vec![call("get_time", "{}")]);
+    }
+
+    #[test]
+    fn llama3_json_text_and_failures_stay_text() {
+        let f = ToolCallFormat::Llama3Json;
+        assert_eq!(
+            parse(f, &["  Hello", " there"], 8),
+            vec![text("  Hello there")]
+        );
+        let unknown = r#"{"name": "rm_rf", "arguments": {}}"#;
+        assert_eq!(parse(f, &[unknown], 8), vec![text(unknown)]);
+        let cut = r#"{"name": "get_weather", "argu"#;
+        assert_eq!(parse(f, &[cut], 8), vec![text(cut)]);
+        assert_eq!(parse(f, &["{\"a\": 1}"], 8), vec![text("{\"a\": 1}")]);
+    }
+
+    #[test]
+    fn hermes_blocks_split_anywhere() {
+        let f = ToolCallFormat::Hermes;
+        let whole = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>{\"name\": \"get_time\"}</tool_call>\n";
+        let expected = vec![
+            text("Let me look.\n"),
+            call("get_weather", r#"{"city":"Oslo"}"#),
+            call("get_time", "{}"),
+        ];
+        assert_eq!(parse(f, &[whole], 8), expected);
+        let chars: Vec<String> = whole.chars().map(String::from).collect();
+        let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+        assert_eq!(parse(f, &pieces, 8), expected);
+        assert_eq!(parse(f, &[whole], 1), expected[..2].to_vec());
+    }
+
+    #[test]
+    fn hermes_keeps_what_is_not_a_call() {
+        let f = ToolCallFormat::Hermes;
+        assert_eq!(parse(f, &["a < b <tool"], 8), vec![text("a < b <tool")]);
+        let bad = "<tool_call>{not json}</tool_call> after";
+        assert_eq!(parse(f, &[bad], 8), vec![text(bad)]);
+        let unclosed = "<tool_call>{\"name\": \"get_time\"}";
+        assert_eq!(parse(f, &[unclosed], 8), vec![call("get_time", "{}")]);
+        let trailing = "<tool_call>{\"name\": \"get_time\"}</tool_call>\n\nDone.";
+        assert_eq!(
+            parse(f, &[trailing], 8),
+            vec![call("get_time", "{}"), text("\n\nDone.")]
+        );
+    }
+}
