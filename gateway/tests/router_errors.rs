@@ -281,9 +281,19 @@ async fn slow_requests_time_out() {
         )["code"],
         "timeout"
     );
+    // Heartbeats began the stream before the deadline: the timeout is its last event.
     let reply = post(&app, "/v1/chat/completions", &chat(json!({"stream": true}))).await;
     let (events, _) = reply.events();
     assert_eq!(events.last().unwrap()["error"]["code"], "timeout");
+    // Nothing sent yet when the deadline passes: a plain 504.
+    let (_, backend) = fake(Box::new(|_| {
+        let mut steps = say("a");
+        steps.insert(0, Step::Sleep(Duration::from_millis(500)));
+        Ok(steps)
+    }));
+    let app = app_with(backend, server(10_000, 150));
+    let reply = post(&app, "/v1/chat/completions", &chat(json!({"stream": true}))).await;
+    assert_eq!(error_of(&reply, 504)["code"], "timeout");
 }
 
 #[tokio::test]

@@ -5,9 +5,14 @@
 
 mod support;
 
+use std::time::Duration;
+
 use axum::Router;
+use axum::body::Body;
+use axum::http::Request;
 use serde_json::{Value, json};
 use support::*;
+use tower::ServiceExt;
 use turnpike::config::ToolCallFormat;
 use turnpike_engine_api::{FinalEvent, Finish, Usage};
 
@@ -216,5 +221,49 @@ async fn tools_that_cannot_be_honoured_are_refused_by_name() {
         )
         .await;
         assert_eq!(error_of(&reply, 400)["param"], "tool_choice");
+    }
+}
+
+#[tokio::test]
+async fn a_call_being_parsed_does_not_hold_back_the_stream_head() {
+    // The answer's first tokens arrive at once, then the engine is slow; the heartbeat is long.
+    let (_, backend) = fake(Box::new(|_| {
+        let mut steps = say_and_stop(r#"{"name": "get_time", "parameters": {}}"#);
+        steps.insert(3, Step::Sleep(Duration::from_secs(30)));
+        Ok(steps)
+    }));
+    let app = app_with_model(backend, server(10_000, 60_000), |m| {
+        m.tool_call_parser = Some(ToolCallFormat::Llama3Json);
+    });
+    let request = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(request(json!({"stream": true}))))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(3), app.oneshot(request))
+        .await
+        .expect("headers are sent once the engine is under way")
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+}
+
+#[tokio::test]
+async fn tool_choice_none_keeps_the_tools_out_of_the_prompt() {
+    let (seen, backend) = fake(Box::new(|_| Ok(say_and_stop("Sunny."))));
+    let app = app_with_model(backend, server(10_000, 10_000), |m| {
+        m.tool_call_parser = Some(ToolCallFormat::Llama3Json);
+    });
+    for (choice, shown) in [(json!("auto"), true), (json!("none"), false)] {
+        let reply = post(
+            &app,
+            "/v1/chat/completions",
+            &request(json!({"tool_choice": choice})),
+        )
+        .await;
+        assert_eq!(reply.json()["choices"][0]["message"]["content"], "Sunny.");
+        let prompt = support::tokenizer()
+            .decode(&seen.requests.lock().unwrap().last().unwrap().prompt, false)
+            .unwrap();
+        assert_eq!(prompt.contains("get_weather"), shown, "{choice}: {prompt}");
     }
 }

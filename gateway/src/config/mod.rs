@@ -289,6 +289,14 @@ mod tests {
                 "[server]\ncors_allowed_origins = [\"*\", \"http://x\"]\n".into(),
                 "cannot be listed with others",
             ),
+            (
+                "[server]\ncors_allowed_origins = [\"http://a:b:c\"]\n".into(),
+                "server.cors_allowed_origins",
+            ),
+            (
+                "[server]\ncors_allowed_origins = [\"http://:80\"]\n".into(),
+                "server.cors_allowed_origins",
+            ),
             (model("aliases = [\"m\"]\n"), "the name `m` is also used"),
             (
                 format!("{ENGINE}[[models]]\nname = \"m\"\nengine = \"other\"\nfolder = \"f\"\n"),
@@ -312,6 +320,21 @@ mod tests {
         assert_eq!(
             config.server.cors,
             CorsOrigins::List(vec!["http://localhost:3000".into()])
+        );
+    }
+
+    #[test]
+    fn cors_origins_are_kept_as_browsers_send_them() {
+        let config = parse(
+            "[server]\ncors_allowed_origins = [\"HTTPS://App.Example.com:443\", \"http://[::1]:8080\"]\n",
+        )
+        .expect("valid");
+        assert_eq!(
+            config.server.cors,
+            CorsOrigins::List(vec![
+                "https://app.example.com".into(),
+                "http://[::1]:8080".into()
+            ])
         );
     }
 

@@ -225,7 +225,9 @@ impl RawServer {
     }
 }
 
-/// `["*"]` for any origin, else each origin as a browser sends it: `http(s)://host[:port]`.
+/// `["*"]` for any origin, else each origin as a browser sends it (`Origin` is compared byte for
+/// byte): `http(s)://host[:port]`, written here in any case and with or without the scheme's
+/// default port, and kept lower-cased without it.
 fn cors_origins(list: &[String]) -> Result<CorsOrigins, String> {
     if list.is_empty() {
         return Ok(CorsOrigins::None);
@@ -237,23 +239,40 @@ fn cors_origins(list: &[String]) -> Result<CorsOrigins, String> {
             Err("server.cors_allowed_origins: `*` allows every origin and cannot be listed with others".into())
         };
     }
-    for origin in list {
-        let rest = origin
-            .strip_prefix("https://")
-            .or_else(|| origin.strip_prefix("http://"));
-        let valid = rest.is_some_and(|host| {
-            !host.is_empty()
-                && host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
-        });
-        if !valid {
-            return Err(format!(
-                "server.cors_allowed_origins: `{origin}` is not an origin like https://app.example.com or http://localhost:3000 (no path, no trailing slash)"
-            ));
-        }
+    list.iter()
+        .map(|origin| {
+            canonical_origin(origin).ok_or_else(|| {
+                format!(
+                    "server.cors_allowed_origins: `{origin}` is not an origin like https://app.example.com or http://localhost:3000 (no path, no trailing slash)"
+                )
+            })
+        })
+        .collect::<Result<_, _>>()
+        .map(CorsOrigins::List)
+}
+
+fn canonical_origin(origin: &str) -> Option<String> {
+    let lower = origin.to_ascii_lowercase();
+    let (scheme, rest, default_port) = if let Some(rest) = lower.strip_prefix("https://") {
+        ("https", rest, 443)
+    } else {
+        ("http", lower.strip_prefix("http://")?, 80)
+    };
+    let authority: axum::http::uri::Authority = rest.parse().ok()?;
+    let host = authority.host();
+    let valid = authority.as_str() == rest
+        && !rest.contains('@')
+        && !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'));
+    if !valid {
+        return None;
     }
-    Ok(CorsOrigins::List(list.to_vec()))
+    Some(match authority.port_u16() {
+        Some(port) if port != default_port => format!("{scheme}://{host}:{port}"),
+        _ => format!("{scheme}://{host}"),
+    })
 }
 
 impl RawDefaults {

@@ -175,6 +175,8 @@ pub struct GenStream {
     pending: VecDeque<GenEvent>,
     totals: Totals,
     next_run: usize,
+    /// An engine event has arrived.
+    started: bool,
     done: bool,
 }
 
@@ -237,11 +239,17 @@ pub fn start(job: Job) -> Result<GenStream, ApiError> {
         pending: VecDeque::new(),
         totals,
         next_run: 0,
+        started: false,
         done: false,
     })
 }
 
 impl GenStream {
+    /// Whether any engine has sent an event yet (so it accepted the work and is under way).
+    pub fn engine_started(&self) -> bool {
+        self.started
+    }
+
     fn token_logprob(&self, t: &TokenEvent) -> Option<TokenLogprob> {
         let logprob = t.logprob?;
         let tokenizer = &self.model.tokenizer;
@@ -394,6 +402,7 @@ impl GenStream {
     }
 
     fn on_event(&mut self, run: usize, event: EngineEvent) {
+        self.started = true;
         match event {
             EngineEvent::Token(t) => self.on_token(run, t),
             EngineEvent::ChoiceEnd { choice, finish } => {

@@ -69,6 +69,12 @@ pub struct ToolCallParser {
     calls: usize,
     state: State,
     buf: String,
+    /// `hermes`, inside a block: bytes of `buf` already searched for the closing tag.
+    scanned: usize,
+    /// `hermes`, outside blocks: whitespace held back, as it is content only if text follows.
+    ws: String,
+    /// Content has been sent.
+    said: bool,
 }
 
 impl ToolCallParser {
@@ -85,6 +91,9 @@ impl ToolCallParser {
             calls: 0,
             state,
             buf: String::new(),
+            scanned: 0,
+            ws: String::new(),
+            said: false,
         }
     }
 
@@ -113,11 +122,16 @@ impl ToolCallParser {
                 // A block the model did not close before it stopped.
                 match block_call(&held).filter(|c| self.offered(c)) {
                     Some(call) => self.emit(call, out),
-                    None => text(out, format!("{OPEN}{held}")),
+                    None => self.content(out, &format!("{OPEN}{held}"), false),
                 }
             }
-            // Whitespace after calls is not content.
-            _ if self.calls > 0 && held.trim().is_empty() => {}
+            (ToolCallFormat::Hermes, _) => {
+                self.content(out, &held, false);
+                // An answer of nothing but whitespace is still the answer.
+                if self.calls == 0 {
+                    text(out, std::mem::take(&mut self.ws));
+                }
+            }
             _ => text(out, held),
         }
     }
@@ -150,45 +164,63 @@ impl ToolCallParser {
         loop {
             match self.state {
                 State::Held => {
-                    let Some(at) = self.buf.find(CLOSE) else {
+                    // Only the new bytes are searched (and a tag's length before them).
+                    let start = self.scanned.saturating_sub(CLOSE.len() - 1);
+                    let Some(at) = find_bytes(&self.buf.as_bytes()[start..], CLOSE.as_bytes())
+                    else {
+                        self.scanned = self.buf.len();
                         return;
                     };
+                    let at = start + at; // the tag is ASCII, so `at` is a character boundary
                     let body: String = self.buf.drain(..at + CLOSE.len()).collect();
                     let body = &body[..at];
                     match block_call(body).filter(|c| self.offered(c)) {
                         Some(call) => self.emit(call, out),
-                        None => text(out, format!("{OPEN}{body}{CLOSE}")),
+                        None => {
+                            self.content(out, &format!("{OPEN}{body}{CLOSE}"), false);
+                        }
                     }
                     self.state = State::Text;
+                    self.scanned = 0;
                 }
                 _ => {
                     if let Some(at) = self.buf.find(OPEN) {
                         let before: String = self.buf.drain(..at + OPEN.len()).collect();
-                        self.content(out, &before[..at]);
+                        self.content(out, &before[..at], true);
                         self.state = State::Held;
                         continue;
                     }
                     let hold = held_prefix(&self.buf, OPEN);
                     let ready: String = self.buf.drain(..self.buf.len() - hold).collect();
-                    if self.calls > 0 && ready.trim().is_empty() && !ready.is_empty() {
-                        // Whitespace between calls: keep it until text shows it is content.
-                        self.buf.insert_str(0, &ready);
-                        return;
-                    }
-                    self.content(out, &ready);
+                    self.content(out, &ready, false);
                     return;
                 }
             }
         }
     }
 
-    /// Content outside blocks; whitespace-only pieces after a call are dropped.
-    fn content(&self, out: &mut Vec<ToolOutput>, piece: &str) {
-        if self.calls > 0 && piece.trim().is_empty() {
+    /// Content outside blocks. Whitespace before any content or after a call is held until
+    /// text follows (then it is sent with it); a block that follows drops it, so an answer of
+    /// calls alone has no content.
+    fn content(&mut self, out: &mut Vec<ToolOutput>, piece: &str, block_follows: bool) {
+        if piece.trim().is_empty() && (self.calls > 0 || !self.said) {
+            if block_follows {
+                self.ws.clear();
+            } else {
+                self.ws.push_str(piece);
+            }
             return;
         }
-        text(out, piece.to_string());
+        let mut sent = std::mem::take(&mut self.ws);
+        sent.push_str(piece);
+        self.said |= !sent.is_empty();
+        text(out, sent);
     }
+}
+
+/// Where `needle` first occurs in `haystack`.
+fn find_bytes(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 fn text(out: &mut Vec<ToolOutput>, text: String) {
@@ -361,5 +393,13 @@ mod tests {
             parse(f, &[trailing], 8),
             vec![call("get_time", "{}"), text("\n\nDone.")]
         );
+        // Whitespace around calls alone is not content; an all-whitespace answer still is.
+        let spaced = "\n <tool_call>{\"name\": \"get_time\"}</tool_call>\n";
+        assert_eq!(
+            parse(f, &["\n ", &spaced[2..]], 8),
+            vec![call("get_time", "{}")]
+        );
+        assert_eq!(parse(f, &["\n", " "], 8), vec![text("\n ")]);
+        assert_eq!(parse(f, &["\n", "Hi"], 8), vec![text("\nHi")]);
     }
 }

@@ -9,8 +9,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use turnpike_engine_api::Grammar;
 
+use super::deliver::{Delivered, deliver};
 use super::extract::JsonBody;
-use super::sse::{self, Render, Timing};
+use super::sse::{self, Render};
 use super::{AppState, new_id, unix_now, with_request_id};
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
@@ -21,7 +22,7 @@ use crate::openai::chat::{
 };
 use crate::openai::common::{ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, Usage};
 use crate::pipeline::run::{self, GenEvent, Job, TokenLogprob, ToolSetup};
-use crate::pipeline::{fold, params, prompt};
+use crate::pipeline::{params, prompt};
 
 /// Log probabilities in the chat format.
 fn chat_logprobs(tokens: &[TokenLogprob]) -> ChatLogprobs {
@@ -110,6 +111,9 @@ pub async fn chat(
         _ => None,
     };
     let tool_setup = tool_setup(&req, &model)?;
+    // With tool_choice "none" the model is not shown the tools, so it does not write calls.
+    let tools =
+        tools.filter(|_| !matches!(&req.tool_choice, Some(Value::String(s)) if s == "none"));
     let sampling = params::Sampling {
         temperature: req.temperature,
         top_p: req.top_p,
@@ -187,53 +191,38 @@ pub async fn chat(
         retry_after: state.server.retry_after,
         tools: tool_setup,
     };
-    let mut stream = run::start(job)?;
-    let head = Head {
-        id,
-        created: unix_now(),
-        model: req.model.clone(),
-        fingerprint: model.fingerprint.clone(),
-    };
-    let deadline = started + state.server.request_timeout;
-
     let record = RequestRecord::new(
-        head.id.clone(),
+        id.clone(),
         "chat",
         model.id.clone(),
         req.user.clone(),
         req.stream.unwrap_or(false),
         started,
     );
-
-    if record.stream {
-        let first = sse::first_event(&mut stream, state.server.stream_heartbeat, deadline)
-            .await
-            .inspect_err(|e| record.failed(e))?;
-        let include_usage = req
+    let stream = run::start(job).inspect_err(|e| record.failed(e))?;
+    let renderer = ChunkRenderer {
+        head: Head {
+            id,
+            created: unix_now(),
+            model: req.model.clone(),
+            fingerprint: model.fingerprint.clone(),
+        },
+        n,
+        include_usage: req
             .stream_options
             .and_then(|o| o.include_usage)
-            .unwrap_or(false);
-        let renderer = ChunkRenderer {
-            head,
-            n,
-            include_usage,
-            logprobs: logprobs.is_some(),
+            .unwrap_or(false),
+        logprobs: logprobs.is_some(),
+    };
+    let (folded, record, head) =
+        match deliver(stream, record, &state.server, n as usize, renderer).await? {
+            Delivered::Streamed(response) => return Ok(response),
+            Delivered::Folded {
+                folded,
+                record,
+                renderer,
+            } => (folded, record, renderer.head),
         };
-        let timing = Timing {
-            started,
-            heartbeat: state.server.stream_heartbeat,
-            deadline,
-            record,
-        };
-        return Ok(sse::respond(stream, first, renderer, timing));
-    }
-
-    let folded = tokio::time::timeout_at(deadline.into(), fold::fold(stream, n as usize))
-        .await
-        .map_err(|_| ApiError::Timeout(state.server.request_timeout))
-        .and_then(|folded| folded)
-        .inspect_err(|e| record.failed(e))?;
-    record.ended(folded.totals.prompt, folded.totals.completion);
     let choices = folded
         .choices
         .into_iter()
@@ -243,7 +232,7 @@ pub async fn chat(
             message: AssistantMessage {
                 role: "assistant",
                 // OpenAI sends null content with tool calls and nothing else.
-                content: (c.tool_calls.is_empty() || !c.text.is_empty()).then_some(c.text),
+                content: (c.tool_calls.is_empty() || !c.text.trim().is_empty()).then_some(c.text),
                 refusal: None,
                 tool_calls: (!c.tool_calls.is_empty()).then(|| {
                     c.tool_calls

@@ -9,15 +9,16 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 
+use super::deliver::{Delivered, deliver};
 use super::extract::JsonBody;
-use super::sse::{self, Render, Timing};
+use super::sse::{self, Render};
 use super::{AppState, new_id, unix_now, with_request_id};
 use crate::error::ApiError;
 use crate::observability::requests::RequestRecord;
 use crate::openai::common::{CompletionLogprobs, Usage};
 use crate::openai::completions::{Completion, CompletionChoice, CompletionRequest};
 use crate::pipeline::run::{self, GenEvent, Job, TokenLogprob};
-use crate::pipeline::{fold, params, prompt};
+use crate::pipeline::{params, prompt};
 
 /// OpenAI's default `max_tokens` for legacy completions.
 const LEGACY_DEFAULT_MAX_TOKENS: u32 = 16;
@@ -135,7 +136,15 @@ pub async fn completions(
         retry_after: state.server.retry_after,
         tools: None,
     };
-    let mut stream = run::start(job)?;
+    let record = RequestRecord::new(
+        id.clone(),
+        "completions",
+        model.id.clone(),
+        req.user.clone(),
+        req.stream.unwrap_or(false),
+        started,
+    );
+    let stream = run::start(job).inspect_err(|e| record.failed(e))?;
     let renderer = CompletionRenderer {
         id,
         created: unix_now(),
@@ -143,51 +152,23 @@ pub async fn completions(
         fingerprint: model.fingerprint.clone(),
         n,
         echoes,
-        include_usage: false,
+        include_usage: req
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
         logprobs: logprobs.is_some(),
         offsets: vec![0; prompts * n as usize],
     };
-    let deadline = started + state.server.request_timeout;
-
-    let record = RequestRecord::new(
-        renderer.id.clone(),
-        "completions",
-        model.id.clone(),
-        req.user.clone(),
-        req.stream.unwrap_or(false),
-        started,
-    );
-
-    if record.stream {
-        let first = sse::first_event(&mut stream, state.server.stream_heartbeat, deadline)
-            .await
-            .inspect_err(|e| record.failed(e))?;
-        let include_usage = req
-            .stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
-        let renderer = CompletionRenderer {
-            include_usage,
-            ..renderer
+    let choices = prompts * n as usize;
+    let (folded, record, renderer) =
+        match deliver(stream, record, &state.server, choices, renderer).await? {
+            Delivered::Streamed(response) => return Ok(response),
+            Delivered::Folded {
+                folded,
+                record,
+                renderer,
+            } => (folded, record, renderer),
         };
-        let timing = Timing {
-            started,
-            heartbeat: state.server.stream_heartbeat,
-            deadline,
-            record,
-        };
-        return Ok(sse::respond(stream, first, renderer, timing));
-    }
-
-    let folded = tokio::time::timeout_at(
-        tokio::time::Instant::from_std(deadline),
-        fold::fold(stream, prompts * n as usize),
-    )
-    .await
-    .map_err(|_| ApiError::Timeout(state.server.request_timeout))
-    .and_then(|folded| folded)
-    .inspect_err(|e| record.failed(e))?;
-    record.ended(folded.totals.prompt, folded.totals.completion);
     let choices = folded
         .choices
         .into_iter()

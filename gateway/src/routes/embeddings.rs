@@ -5,11 +5,12 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use turnpike_engine_api::EmbedParams;
 
 use super::extract::JsonBody;
-use super::{AppState, new_id};
+use super::{AppState, new_id, with_request_id};
 use crate::error::ApiError;
 use crate::observability::requests::RequestRecord;
 use crate::openai::embeddings::{
@@ -21,7 +22,7 @@ use crate::pipeline::{params, prompt};
 pub async fn embeddings(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<EmbeddingRequest>,
-) -> Result<Json<EmbeddingList>, ApiError> {
+) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model(&req.model)?;
     if !model.backend.supports_embeddings() || model.info.embedding_dim.is_none() {
@@ -72,16 +73,6 @@ pub async fn embeddings(
     let backend = std::sync::Arc::clone(&model.backend);
     let engine_model = model.info.id.clone();
     let embed_params = EmbedParams { dimensions };
-    let deadline = tokio::time::Instant::from_std(started + state.server.request_timeout);
-    let task =
-        tokio::task::spawn_blocking(move || backend.embed(&engine_model, &ids, &embed_params));
-    let vectors = tokio::time::timeout_at(deadline, task)
-        .await
-        .map_err(|_| ApiError::Timeout(state.server.request_timeout))?
-        .map_err(|e| ApiError::Internal {
-            detail: format!("embedding task failed: {e}"),
-        })?
-        .map_err(|e| ApiError::from_engine(e, state.server.retry_after))?;
     let record = RequestRecord::new(
         new_id("embd-"),
         "embeddings",
@@ -90,6 +81,21 @@ pub async fn embeddings(
         false,
         started,
     );
+    let deadline = tokio::time::Instant::from_std(started + state.server.request_timeout);
+    let task =
+        tokio::task::spawn_blocking(move || backend.embed(&engine_model, &ids, &embed_params));
+    let vectors = tokio::time::timeout_at(deadline, task)
+        .await
+        .map_err(|_| ApiError::Timeout(state.server.request_timeout))
+        .and_then(|joined| {
+            joined.map_err(|e| ApiError::Internal {
+                detail: format!("embedding task failed: {e}"),
+            })
+        })
+        .and_then(|embedded| {
+            embedded.map_err(|e| ApiError::from_engine(e, state.server.retry_after))
+        })
+        .inspect_err(|e| record.failed(e))?;
     record.ended(prompt_tokens, 0);
     let data = vectors
         .into_iter()
@@ -108,7 +114,7 @@ pub async fn embeddings(
             }
         })
         .collect();
-    Ok(Json(EmbeddingList {
+    let body = EmbeddingList {
         object: "list",
         data,
         model: req.model,
@@ -116,5 +122,6 @@ pub async fn embeddings(
             prompt_tokens,
             total_tokens: prompt_tokens,
         },
-    }))
+    };
+    Ok(with_request_id(Json(body).into_response(), &record.id))
 }

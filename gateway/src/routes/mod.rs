@@ -3,6 +3,7 @@
 pub mod chat;
 pub mod completions;
 mod cors;
+pub mod deliver;
 pub mod embeddings;
 pub mod extract;
 pub mod health;

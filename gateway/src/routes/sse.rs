@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -81,10 +82,13 @@ impl<R: Render> State<R> {
                         self.timing.started.elapsed(),
                     );
                 }
-                if let GenEvent::Usage(t) = &event {
-                    self.timing.record.ended(t.prompt, t.completion);
-                }
                 self.out.extend(self.renderer.event(&event));
+                if let GenEvent::Usage(t) = &event {
+                    // The last event: the response is complete, whatever the clock says now.
+                    self.timing.record.ended(t.prompt, t.completion);
+                    self.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    self.finished = true;
+                }
             }
         }
     }
@@ -162,18 +166,29 @@ pub fn respond(
     response
 }
 
-/// Waits for the first event (up to the heartbeat interval, never past the deadline), so a
-/// failure before any output is answered with its real status rather than a 200 and an error
-/// event.
+/// Waits until the engine has produced something (up to the heartbeat interval, never past the
+/// deadline), so a failure before any output is answered with its real status rather than a 200
+/// and an error event. Returns the first event when there is one; once the engine is under way,
+/// text the pipeline still holds (a tool call being parsed) does not hold back the response.
+/// Reaching `deadline` first is a timeout (`limit` is the configured request timeout).
 pub async fn first_event(
     stream: &mut GenStream,
     heartbeat: Duration,
     deadline: Instant,
+    limit: Duration,
 ) -> Result<Option<GenEvent>, ApiError> {
-    let wait = heartbeat.min(deadline.saturating_duration_since(Instant::now()));
-    match tokio::time::timeout(wait, stream.next()).await {
-        Ok(Some(GenEvent::Error(e))) => Err(e),
-        Ok(Some(event)) => Ok(Some(event)),
-        Ok(None) | Err(_) => Ok(None),
+    let now = Instant::now();
+    let wait = heartbeat.min(deadline.saturating_duration_since(now));
+    let first = std::future::poll_fn(|cx| match stream.poll_next_unpin(cx) {
+        Poll::Ready(event) => Poll::Ready(Ok(event)),
+        Poll::Pending if stream.engine_started() => Poll::Ready(Err(())),
+        Poll::Pending => Poll::Pending,
+    });
+    match tokio::time::timeout(wait, first).await {
+        Ok(Ok(Some(GenEvent::Error(e)))) => Err(e),
+        Ok(Ok(Some(event))) => Ok(Some(event)),
+        Ok(Ok(None) | Err(())) => Ok(None),
+        Err(_) if Instant::now() >= deadline => Err(ApiError::Timeout(limit)),
+        Err(_) => Ok(None),
     }
 }
