@@ -5,11 +5,12 @@
 //! compiled into the binary and written once to a temporary folder, so the default needs no files
 //! and no network.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use super::{Config, DEFAULT_LISTEN, Defaults, EngineConfig, ModelConfig, ServerConfig};
+use super::{Config, Defaults, EngineConfig, ModelConfig, ServerConfig};
 use crate::pipeline::tools::ToolCallFormat;
 
 const MODEL_FILES: [(&str, &str); 3] = [
@@ -68,7 +69,13 @@ fn end_of_turn() -> Option<u64> {
         .as_u64()
 }
 
-pub(super) fn config() -> Result<Config, String> {
+/// The built-in engine and model, served at `listen` with the file's (validated) server settings
+/// and defaults.
+pub(super) fn config(
+    listen: SocketAddr,
+    server: ServerConfig,
+    defaults: Defaults,
+) -> Result<Config, String> {
     let folder = model_folder()?;
     let tokenizer: &Path = &folder.join("tokenizer.json");
     let sim = json!({
@@ -81,23 +88,9 @@ pub(super) fn config() -> Result<Config, String> {
             "output": {"mode": "random", "length": [20, 120]},
         }]
     });
-    let defaults = Defaults {
-        max_request_tokens: 8192,
-        max_output_tokens: 1024,
-        temperature: 0.7,
-        top_p: 1.0,
-        presence_penalty: 0.0,
-        frequency_penalty: 0.0,
-    };
     Ok(Config {
-        listen: DEFAULT_LISTEN.parse().map_err(|e| format!("{e}"))?,
-        server: ServerConfig {
-            max_body_bytes: 4 << 20,
-            stream_heartbeat: std::time::Duration::from_secs(15),
-            request_timeout: std::time::Duration::from_secs(60),
-            retry_after: std::time::Duration::from_secs(1),
-            cors: super::CorsOrigins::None,
-        },
+        listen,
+        server,
         engines: vec![EngineConfig {
             name: "sim".into(),
             plugin: plugin_beside_binary("turnpike_sim"),

@@ -156,15 +156,8 @@ impl RawConfig {
             if self.models.is_some() {
                 return Err("models: listed without [[engines]] to serve them".into());
             }
-            let mut builtin =
-                super::builtin::config().map_err(|e| format!("built-in default: {e}"))?;
-            builtin.listen = listen;
-            builtin.server = server;
-            for model in builtin.models.iter_mut().flatten() {
-                model.max_output_tokens = defaults.max_output_tokens;
-            }
-            builtin.defaults = defaults;
-            return Ok(builtin);
+            return super::builtin::config(listen, server, defaults)
+                .map_err(|e| format!("built-in default: {e}"));
         };
         if raw_engines.is_empty() {
             return Err(
