@@ -28,6 +28,9 @@ cat > "$work/turnpike.toml" <<EOF
 [server]
 listen = "127.0.0.1:4100"
 
+[auth]
+mode = "none"
+
 [[engines]]
 name = "sim"
 plugin = "$PWD/target/release/libturnpike_sim.so"

@@ -254,7 +254,7 @@ fn serve_reads_a_config_file_and_rejects_a_bad_one() {
     std::fs::write(
         &config,
         format!(
-            "[[engines]]\nname = \"sim\"\nplugin = {:?}\nconfig = {{ models = [{{ id = \"a\", tokenizer = {tok:?} }}, {{ id = \"b\", tokenizer = {tok:?} }}] }}\n",
+            "[auth]\nmode = \"none\"\n[[engines]]\nname = \"sim\"\nplugin = {:?}\nconfig = {{ models = [{{ id = \"a\", tokenizer = {tok:?} }}, {{ id = \"b\", tokenizer = {tok:?} }}] }}\n",
             plugin.to_string_lossy(),
             tok = tokenizer.to_string_lossy()
         ),

@@ -69,6 +69,9 @@ pub struct GenerationParams {
     /// The tenant the request belongs to (for fair scheduling).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// The tenant's share of the engine under contention, relative to other tenants (weighted
+    /// fair queuing); 1 when the gateway has no tenants.
+    pub tenant_weight: u32,
 }
 
 impl Default for GenerationParams {
@@ -93,6 +96,7 @@ impl Default for GenerationParams {
             grammar: None,
             priority: 0,
             tenant: None,
+            tenant_weight: 1,
         }
     }
 }

@@ -102,6 +102,47 @@ pub enum ApiError {
     #[error("The request timed out after {0:?}.")]
     Timeout(Duration),
     /// Anything else; the detail is logged, not sent.
+    /// No valid credential (401).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The credential may not do this (403).
+    #[error("{message}")]
+    Forbidden {
+        /// The parameter at fault (`model`), if any.
+        param: Option<String>,
+        /// `model_not_allowed` or `endpoint_not_allowed`.
+        code: &'static str,
+        /// What is not allowed.
+        message: String,
+    },
+    /// A tenant limit refused the request (429).
+    #[error("{}", .0.message())]
+    RateLimited(Box<RateLimited>),
+    /// The state store is unreachable and the feature fails closed (503).
+    #[error("Rate limiting state is unavailable right now; retry after a short wait.")]
+    StateUnavailable {
+        /// What failed (logged, not sent).
+        detail: String,
+        /// What `retry-after` says.
+        retry_after: Duration,
+    },
+    /// A malformed header (400).
+    #[error("{message}")]
+    InvalidHeader {
+        /// The header.
+        header: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// An idempotency key conflict (409).
+    #[error("{message}")]
+    Idempotency {
+        /// `idempotency_key_reused`, `idempotency_request_in_progress` or
+        /// `idempotency_response_unavailable`.
+        code: &'static str,
+        /// What happened.
+        message: String,
+    },
     #[error("The server had an error while processing your request.")]
     Internal {
         /// What happened (logged).
@@ -167,6 +208,12 @@ impl ApiError {
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::StateUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::InvalidHeader { .. } => StatusCode::BAD_REQUEST,
+            Self::Idempotency { .. } => StatusCode::CONFLICT,
         }
     }
 
@@ -216,6 +263,16 @@ impl ApiError {
             Self::Unavailable { .. } => ("server_error", None, Some("engine_unavailable")),
             Self::Timeout(_) => ("server_error", None, Some("timeout")),
             Self::Internal { .. } => ("server_error", None, None),
+            Self::Unauthenticated(_) => ("invalid_request_error", None, Some("invalid_api_key")),
+            Self::Forbidden { param, code, .. } => ("permission_error", param.clone(), Some(*code)),
+            Self::RateLimited(r) => (r.kind.error_type(), None, Some(r.kind.code())),
+            Self::StateUnavailable { .. } => ("server_error", None, Some("state_unavailable")),
+            Self::InvalidHeader { header, .. } => (
+                "invalid_request_error",
+                Some((*header).to_string()),
+                Some("invalid_header"),
+            ),
+            Self::Idempotency { code, .. } => ("invalid_request_error", None, Some(*code)),
         };
         ErrorDetail {
             message: self.to_string(),
@@ -228,9 +285,10 @@ impl ApiError {
     /// When the client should retry, for 429 and 503.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Overloaded { retry_after, .. } | Self::Unavailable { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            Self::Overloaded { retry_after, .. }
+            | Self::Unavailable { retry_after, .. }
+            | Self::StateUnavailable { retry_after, .. } => Some(*retry_after),
+            Self::RateLimited(r) if !r.never => Some(r.retry_after),
             _ => None,
         }
     }
@@ -240,7 +298,11 @@ impl ApiError {
     /// would most likely fail the same way again, so it is not retried behind the caller's back.
     pub fn should_retry(&self) -> Option<bool> {
         match self {
-            Self::Overloaded { .. } | Self::Unavailable { .. } => Some(true),
+            Self::Overloaded { .. } | Self::Unavailable { .. } | Self::StateUnavailable { .. } => {
+                Some(true)
+            }
+            // Only a plan change helps a request larger than a limit.
+            Self::RateLimited(r) => Some(!r.never),
             Self::Timeout(_) | Self::Internal { .. } => Some(false),
             _ => None,
         }
@@ -251,7 +313,95 @@ impl ApiError {
         match self {
             Self::Internal { detail } => tracing::error!(%detail, "internal error"),
             Self::Unavailable { detail, .. } => tracing::warn!(%detail, "engine unavailable"),
+            Self::StateUnavailable { detail, .. } => {
+                tracing::warn!(%detail, "state store unavailable");
+            }
             _ => {}
+        }
+    }
+}
+
+/// Which limit refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    /// A request-rate window.
+    Requests,
+    /// A token window.
+    Tokens,
+    /// Concurrent generations.
+    Concurrency,
+}
+
+impl LimitKind {
+    /// Its metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Requests => "requests",
+            Self::Tokens => "tokens",
+            Self::Concurrency => "concurrency",
+        }
+    }
+
+    /// OpenAI's error `type` for it.
+    fn error_type(self) -> &'static str {
+        match self {
+            Self::Requests => "requests",
+            Self::Tokens => "tokens",
+            Self::Concurrency => "rate_limit_error",
+        }
+    }
+
+    fn code(self) -> &'static str {
+        match self {
+            Self::Requests | Self::Tokens => "rate_limit_exceeded",
+            Self::Concurrency => "concurrency_limit_exceeded",
+        }
+    }
+}
+
+/// A refusal by a tenant limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateLimited {
+    /// Which limit.
+    pub kind: LimitKind,
+    /// Its capacity.
+    pub limit: u64,
+    /// Its window (zero for concurrency).
+    pub period: Duration,
+    /// What the request needed.
+    pub requested: u64,
+    /// When it would fit.
+    pub retry_after: Duration,
+    /// It never fits (larger than the limit): only a plan change helps.
+    pub never: bool,
+}
+
+impl RateLimited {
+    fn message(&self) -> String {
+        let per = match self.period.as_secs() {
+            1 => "per second",
+            60 => "per minute",
+            86_400 => "per day",
+            _ => "per window",
+        };
+        let wait = crate::tenancy::ratelimit_headers::format_reset(self.retry_after);
+        match (self.kind, self.never) {
+            (LimitKind::Concurrency, _) => format!(
+                "Too many concurrent requests: the limit is {}. Retry when one of them finishes.",
+                self.limit
+            ),
+            (kind, true) => format!(
+                "Request too large for {} {per}: limit {}, requested {}. Reduce the request (prompt or max_tokens) or ask for a larger plan.",
+                kind.as_str(),
+                self.limit,
+                self.requested
+            ),
+            (kind, false) => format!(
+                "Rate limit reached for {} {per}: limit {}, requested {}. Please try again in {wait}.",
+                kind.as_str(),
+                self.limit,
+                self.requested
+            ),
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::config::Config;
 use crate::engine_host::{self, EngineHostError};
 use crate::observability::metrics;
 use crate::routes::{AppState, router};
+use crate::tenancy::Tenancy;
 
 /// Why the server cannot start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +27,9 @@ pub enum ServeError {
         /// Why.
         source: std::io::Error,
     },
+    /// The state store or the tenant directory cannot be set up.
+    #[error("tenancy: {0}")]
+    State(crate::store::StoreError),
     /// The server failed while running.
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
@@ -36,6 +40,7 @@ pub enum ServeError {
 pub struct Server {
     listener: tokio::net::TcpListener,
     state: AppState,
+    keys_watch: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Server {
@@ -52,12 +57,32 @@ impl Server {
                 addr: config.listen,
                 source,
             })?;
+        let tenancy = Arc::new(
+            Tenancy::build(&config.tenancy, config.server.retry_after)
+                .map_err(ServeError::State)?,
+        );
+        let keys_watch = tenancy.watch_keys_file(config.tenancy.clone());
+        tracing::info!(
+            authentication = config.tenancy.auth_required,
+            state = if config.tenancy.redis_url.is_some() {
+                "redis"
+            } else {
+                "memory"
+            },
+            idempotency = config.tenancy.idempotency.is_some(),
+            "tenancy ready"
+        );
         let state = AppState {
             registry: Arc::new(registry),
             server: Arc::new(config.server.clone()),
             defaults: Arc::new(config.defaults.clone()),
+            tenancy,
         };
-        Ok(Self { listener, state })
+        Ok(Self {
+            listener,
+            state,
+            keys_watch,
+        })
     }
 
     /// The address actually bound (useful with port 0).
@@ -90,6 +115,9 @@ impl Server {
             .with_graceful_shutdown(shutdown)
             .await;
         upkeep.abort();
+        if let Some(watch) = self.keys_watch {
+            watch.abort();
+        }
         Ok(served?)
     }
 }

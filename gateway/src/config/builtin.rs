@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use super::{Config, Defaults, EngineConfig, ModelConfig, ServerConfig};
+use super::{Config, Defaults, EngineConfig, ModelConfig, ServerConfig, TenancyConfig};
 use crate::pipeline::tools::ToolCallFormat;
 
 const MODEL_FILES: [(&str, &str); 3] = [
@@ -75,6 +75,7 @@ pub(super) fn config(
     listen: SocketAddr,
     server: ServerConfig,
     defaults: Defaults,
+    tenancy: TenancyConfig,
 ) -> Result<Config, String> {
     let folder = model_folder()?;
     let tokenizer: &Path = &folder.join("tokenizer.json");
@@ -111,5 +112,6 @@ pub(super) fn config(
             tool_call_parser: Some(ToolCallFormat::Llama3Json),
         }]),
         defaults,
+        tenancy,
     })
 }

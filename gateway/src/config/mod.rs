@@ -7,7 +7,9 @@
 
 mod builtin;
 mod env;
+pub mod keys_file;
 mod raw;
+mod tenancy;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -59,6 +61,50 @@ pub struct Config {
     pub engines: Vec<EngineConfig>,
     /// Models to serve; `None` serves every engine model that names its tokenizer.
     pub models: Option<Vec<ModelConfig>>,
+    /// Authentication, tenants, limits, state and idempotency.
+    pub tenancy: TenancyConfig,
+}
+
+/// Authentication, tenants, limits, state and idempotency, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenancyConfig {
+    /// Whether callers must authenticate (off only when configured so, or in the built-in
+    /// default).
+    pub auth_required: bool,
+    /// Tenants and keys of the configuration file (the keys file adds to them).
+    pub directory: crate::tenancy::Directory,
+    /// Plans of the configuration file, for tenants of the keys file.
+    pub(crate) plans: std::collections::BTreeMap<String, tenancy::RawLimits>,
+    /// The keys file, re-read when it changes.
+    pub keys_file: Option<PathBuf>,
+    /// How often the keys file is checked for changes.
+    pub reload_interval: Duration,
+    /// JWT verification.
+    pub jwt: Option<SharedJwt>,
+    /// The Redis URL; `None` keeps state in memory.
+    pub redis_url: Option<String>,
+    /// Longest wait for the state store.
+    pub state_timeout: Duration,
+    /// Time to live of a concurrency lease (renewed while held).
+    pub lease_ttl: Duration,
+    /// What each feature does when the store fails.
+    pub failure: crate::tenancy::limits::FailureModes,
+    /// Limits of the in-memory store.
+    pub memory: crate::store::memory::MemoryLimits,
+    /// Idempotency, unless switched off.
+    pub idempotency: Option<crate::idempotency::IdempotencySettings>,
+    /// Per-model queue sizes.
+    pub queue: crate::tenancy::queue::QueueLimits,
+}
+
+/// A JWT verifier shared by clones of the configuration (equal when it is the same one).
+#[derive(Debug, Clone)]
+pub struct SharedJwt(pub std::sync::Arc<crate::tenancy::jwt::JwtVerifier>);
+
+impl PartialEq for SharedJwt {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// Server limits and timings.
@@ -212,7 +258,7 @@ mod tests {
         Config::from_toml(text, Path::new("/etc/turnpike/turnpike.toml"), &[])
     }
 
-    const ENGINE: &str = "[[engines]]\nname = \"sim\"\nplugin = \"plugins/libturnpike_sim.so\"\n";
+    const ENGINE: &str = "[auth]\nmode = \"none\"\n[[engines]]\nname = \"sim\"\nplugin = \"plugins/libturnpike_sim.so\"\n";
 
     #[test]
     fn full_config() {
@@ -270,10 +316,27 @@ mod tests {
             ),
             (format!("{ENGINE}flavour = 1\n"), "unknown field `flavour`"),
             (
-                format!("{ENGINE}{ENGINE}"),
+                format!(
+                    "{ENGINE}{}",
+                    ENGINE.replace("[auth]\nmode = \"none\"\n", "")
+                ),
                 "engine name `sim` is used twice",
             ),
-            ("engines = []\n".into(), "at least one engine"),
+            (
+                "engines = []\n[auth]\nmode = \"none\"\n".into(),
+                "at least one engine",
+            ),
+            (
+                ENGINE.replace("[auth]\nmode = \"none\"\n", ""),
+                "say who may call this gateway",
+            ),
+            (
+                format!(
+                    "[auth]\nmode = \"maybe\"\n{}",
+                    ENGINE.replace("[auth]\nmode = \"none\"\n", "")
+                ),
+                "auth.mode",
+            ),
             (
                 model("engine_modle = \"x\"\n"),
                 "unknown field `engine_modle`",

@@ -22,6 +22,18 @@ pub(super) struct RawConfig {
     engines: Option<Vec<RawEngine>>,
     #[serde(default)]
     models: Option<Vec<RawModel>>,
+    #[serde(default)]
+    auth: Option<super::tenancy::RawAuth>,
+    #[serde(default)]
+    plans: std::collections::BTreeMap<String, super::tenancy::RawLimits>,
+    #[serde(default)]
+    tenants: std::collections::BTreeMap<String, super::tenancy::RawLimits>,
+    #[serde(default)]
+    state: super::tenancy::RawState,
+    #[serde(default)]
+    idempotency: super::tenancy::RawIdempotency,
+    #[serde(default)]
+    queue: super::tenancy::RawQueue,
 }
 
 #[derive(Debug, Deserialize)]
@@ -152,11 +164,20 @@ impl RawConfig {
         })?;
         let server = self.server.validate()?;
         let defaults = self.defaults.validate()?;
+        let tenancy = super::tenancy::RawTenancy {
+            auth: self.auth,
+            plans: self.plans,
+            tenants: self.tenants,
+            state: self.state,
+            idempotency: self.idempotency,
+            queue: self.queue,
+        }
+        .validate(base, self.engines.is_none())?;
         let Some(raw_engines) = self.engines else {
             if self.models.is_some() {
                 return Err("models: listed without [[engines]] to serve them".into());
             }
-            return super::builtin::config(listen, server, defaults)
+            return super::builtin::config(listen, server, defaults, tenancy)
                 .map_err(|e| format!("built-in default: {e}"));
         };
         if raw_engines.is_empty() {
@@ -189,6 +210,7 @@ impl RawConfig {
             defaults,
             engines,
             models,
+            tenancy,
         })
     }
 }

@@ -10,6 +10,13 @@
 //! | `turnpike_active_streams` | gauge | |
 //! | `turnpike_engine_queued`, `turnpike_engine_running` | gauge | `engine` |
 //! | `turnpike_engine_requests_total` | counter (the engine's own count) | `engine`, `outcome` |
+//! | `turnpike_rate_limited_total` | counter | `tenant`, `limit` (`requests`, `tokens`, `concurrency`) |
+//! | `turnpike_state_errors_total` | counter (state store failures) | `feature` |
+//! | `turnpike_concurrency_leases` | gauge (leases this replica holds) | |
+//! | `turnpike_queue_running`, `turnpike_queue_waiting` | gauge | `model` |
+//! | `turnpike_queue_full_total` | counter | `model` |
+//! | `turnpike_idempotency_total` | counter | `outcome` (`started`, `replayed`, `joined`, `conflict`, `in_progress`) |
+//! | `turnpike_idempotency_records`, `turnpike_idempotency_bytes` | gauge (in-memory store) | |
 //!
 //! The recorder is process-wide; histogram samples are drained by [`upkeep`], which the server
 //! runs every few seconds, so memory stays bounded whether or not anyone scrapes.
@@ -114,4 +121,42 @@ impl Drop for StreamGuard {
     fn drop(&mut self) {
         metrics::gauge!("turnpike_active_streams").decrement(1.0);
     }
+}
+
+/// A tenant limit refused a request.
+pub fn rate_limited(tenant: &str, limit: &'static str) {
+    metrics::counter!("turnpike_rate_limited_total", "tenant" => tenant.to_string(), "limit" => limit)
+        .increment(1);
+}
+
+/// A state store operation failed.
+pub fn state_error(feature: &'static str) {
+    metrics::counter!("turnpike_state_errors_total", "feature" => feature).increment(1);
+}
+
+/// Concurrency leases held by this replica changed by `delta`.
+pub fn active_leases(delta: f64) {
+    metrics::gauge!("turnpike_concurrency_leases").increment(delta);
+}
+
+/// A model's queue.
+pub fn queue_depth(model: &str, running: usize, waiting: usize) {
+    metrics::gauge!("turnpike_queue_running", "model" => model.to_string()).set(running as f64);
+    metrics::gauge!("turnpike_queue_waiting", "model" => model.to_string()).set(waiting as f64);
+}
+
+/// A model's queue refused a request.
+pub fn queue_full(model: &str) {
+    metrics::counter!("turnpike_queue_full_total", "model" => model.to_string()).increment(1);
+}
+
+/// An idempotent request's outcome on arrival.
+pub fn idempotency(outcome: &'static str) {
+    metrics::counter!("turnpike_idempotency_total", "outcome" => outcome).increment(1);
+}
+
+/// The in-memory idempotency table's size.
+pub fn idempotency_records(records: usize, bytes: usize) {
+    metrics::gauge!("turnpike_idempotency_records").set(records as f64);
+    metrics::gauge!("turnpike_idempotency_bytes").set(bytes as f64);
 }

@@ -369,6 +369,31 @@ pub fn max_tokens(
     Ok(max)
 }
 
+/// Highest `metadata.priority` magnitude.
+pub const MAX_PRIORITY: i64 = 1000;
+
+/// The scheduling priority in `metadata.priority` (OpenAI metadata values are strings, so
+/// `"5"` and `5` both count); 0 without one.
+pub fn priority(metadata: Option<&Value>) -> Result<i32, ApiError> {
+    let Some(value) = metadata.and_then(|m| m.get("priority")) else {
+        return Ok(0);
+    };
+    let parsed = match value {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse::<i64>().ok(),
+        _ => None,
+    };
+    match parsed {
+        Some(p) if (-MAX_PRIORITY..=MAX_PRIORITY).contains(&p) => Ok(p as i32),
+        _ => Err(ApiError::invalid(
+            "metadata.priority",
+            format!(
+                "'metadata.priority' must be an integer from -{MAX_PRIORITY} to {MAX_PRIORITY}"
+            ),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

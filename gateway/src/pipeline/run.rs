@@ -23,6 +23,7 @@ use super::stop::{StopMatcher, StopOutcome};
 use super::tools::{ToolCallFormat, ToolCallParser, ToolOutput};
 use crate::engine_host::{EngineRun, ServedModel};
 use crate::error::ApiError;
+use crate::tenancy::Admission;
 
 /// What to generate.
 #[derive(Debug)]
@@ -41,6 +42,8 @@ pub struct Job {
     pub retry_after: Duration,
     /// Parse tool calls out of the text.
     pub tools: Option<ToolSetup>,
+    /// The tenant's hold on limits, settled with the tokens used when the stream ends.
+    pub admission: Option<Admission>,
 }
 
 /// How to find tool calls in a choice's text.
@@ -178,6 +181,9 @@ pub struct GenStream {
     /// An engine event has arrived.
     started: bool,
     done: bool,
+    /// Tokens the engines sent (also those of choices already cut), for settling on cancel.
+    tokens_seen: u64,
+    admission: Option<Admission>,
 }
 
 impl std::fmt::Debug for GenStream {
@@ -241,6 +247,8 @@ pub fn start(job: Job) -> Result<GenStream, ApiError> {
         next_run: 0,
         started: false,
         done: false,
+        tokens_seen: 0,
+        admission: job.admission,
     })
 }
 
@@ -401,8 +409,19 @@ impl GenStream {
         }
     }
 
+    /// Tells the admission the tokens used so far (prompt plus generated).
+    fn account(&self) {
+        if let Some(a) = &self.admission {
+            let generated = self.tokens_seen.max(self.totals.completion);
+            a.record(self.totals.prompt + generated);
+        }
+    }
+
     fn on_event(&mut self, run: usize, event: EngineEvent) {
         self.started = true;
+        if matches!(event, EngineEvent::Token(_)) {
+            self.tokens_seen += 1;
+        }
         match event {
             EngineEvent::Token(t) => self.on_token(run, t),
             EngineEvent::ChoiceEnd { choice, finish } => {
@@ -468,6 +487,7 @@ impl Stream for GenStream {
                     Poll::Ready(Some(event)) => {
                         this.next_run = (i + 1) % count;
                         this.on_event(i, event);
+                        this.account();
                         progressed = true;
                         break;
                     }

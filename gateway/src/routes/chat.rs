@@ -2,17 +2,17 @@
 
 use std::time::Instant;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde_json::{Value, json};
 use turnpike_engine_api::Grammar;
 
 use super::deliver::{Delivered, deliver};
 use super::extract::JsonBody;
 use super::sse::{self, Render};
-use super::{AppState, new_id, unix_now, with_request_id};
+use super::{AppState, admit, new_id, unix_now, with_request_id};
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::observability::requests::RequestRecord;
@@ -23,6 +23,7 @@ use crate::openai::chat::{
 use crate::openai::common::{ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, Usage};
 use crate::pipeline::run::{self, GenEvent, Job, TokenLogprob, ToolSetup};
 use crate::pipeline::{params, prompt};
+use crate::tenancy::Caller;
 
 /// Log probabilities in the chat format.
 fn chat_logprobs(tokens: &[TokenLogprob]) -> ChatLogprobs {
@@ -99,10 +100,12 @@ fn tool_setup(
 /// Handles a chat completion.
 pub async fn chat(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model(&req.model)?;
+    state.tenancy.check_model(&caller, &model, &req.model)?;
     let defaults = &state.defaults;
 
     let messages = prompt::template_messages(&req.messages)?;
@@ -182,6 +185,18 @@ pub async fn chat(
     let id = new_id("chatcmpl-");
     p.request_id = Some(id.clone());
     let n = p.n;
+    let prompt_tokens = ids.len() as u64;
+    let admission = admit(
+        &state,
+        &caller,
+        &model,
+        &mut p,
+        req.metadata.as_ref(),
+        prompt_tokens,
+        1,
+        started,
+    )
+    .await?;
     let job = Job {
         model: std::sync::Arc::clone(&model),
         prompts: vec![ids],
@@ -190,6 +205,7 @@ pub async fn chat(
         logprobs: logprobs.is_some(),
         retry_after: state.server.retry_after,
         tools: tool_setup,
+        admission: Some(admission),
     };
     let record = RequestRecord::new(
         id.clone(),

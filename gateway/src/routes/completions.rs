@@ -3,22 +3,23 @@
 
 use std::time::Instant;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde_json::{Map, Value};
 
 use super::deliver::{Delivered, deliver};
 use super::extract::JsonBody;
 use super::sse::{self, Render};
-use super::{AppState, new_id, unix_now, with_request_id};
+use super::{AppState, admit, new_id, unix_now, with_request_id};
 use crate::error::ApiError;
 use crate::observability::requests::RequestRecord;
 use crate::openai::common::{CompletionLogprobs, Usage};
 use crate::openai::completions::{Completion, CompletionChoice, CompletionRequest};
 use crate::pipeline::run::{self, GenEvent, Job, TokenLogprob};
 use crate::pipeline::{params, prompt};
+use crate::tenancy::Caller;
 
 /// OpenAI's default `max_tokens` for legacy completions.
 const LEGACY_DEFAULT_MAX_TOKENS: u32 = 16;
@@ -59,10 +60,12 @@ fn requested_logprobs(value: Option<&Value>) -> Result<Option<u32>, ApiError> {
 /// Handles a legacy completion.
 pub async fn completions(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model(&req.model)?;
+    state.tenancy.check_model(&caller, &model, &req.model)?;
     let defaults = &state.defaults;
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::unsupported(
@@ -127,6 +130,18 @@ pub async fn completions(
         Vec::new()
     };
     let prompts = inputs.len();
+    let prompt_tokens: u64 = inputs.iter().map(|i| i.ids.len() as u64).sum();
+    let admission = admit(
+        &state,
+        &caller,
+        &model,
+        &mut p,
+        req.metadata.as_ref(),
+        prompt_tokens,
+        prompts as u64,
+        started,
+    )
+    .await?;
     let job = Job {
         model: std::sync::Arc::clone(&model),
         prompts: inputs.into_iter().map(|i| i.ids).collect(),
@@ -135,6 +150,7 @@ pub async fn completions(
         logprobs: logprobs.is_some(),
         retry_after: state.server.retry_after,
         tools: None,
+        admission: Some(admission),
     };
     let record = RequestRecord::new(
         id.clone(),

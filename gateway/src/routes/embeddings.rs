@@ -3,9 +3,9 @@
 
 use std::time::Instant;
 
-use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use base64::Engine as _;
 use turnpike_engine_api::EmbedParams;
 
@@ -17,14 +17,17 @@ use crate::openai::embeddings::{
     Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage, Vector,
 };
 use crate::pipeline::{params, prompt};
+use crate::tenancy::Caller;
 
 /// Handles an embeddings request.
 pub async fn embeddings(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<EmbeddingRequest>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let model = state.model(&req.model)?;
+    state.tenancy.check_model(&caller, &model, &req.model)?;
     if !model.backend.supports_embeddings() || model.info.embedding_dim.is_none() {
         return Err(ApiError::unsupported(
             "model",
@@ -81,9 +84,26 @@ pub async fn embeddings(
         false,
         started,
     );
+    // Embeddings carry no metadata: they wait at the default priority.
+    let priority = 0;
+    let admission = state
+        .tenancy
+        .admit(
+            &caller,
+            &model,
+            prompt_tokens,
+            0,
+            priority,
+            started + state.server.request_timeout,
+        )
+        .await?;
     let deadline = tokio::time::Instant::from_std(started + state.server.request_timeout);
-    let task =
-        tokio::task::spawn_blocking(move || backend.embed(&engine_model, &ids, &embed_params));
+    // The admission lives as long as the engine works, also past a client that left.
+    let task = tokio::task::spawn_blocking(move || {
+        let embedded = backend.embed(&engine_model, &ids, &embed_params);
+        admission.settle(prompt_tokens);
+        embedded
+    });
     let vectors = tokio::time::timeout_at(deadline, task)
         .await
         .map_err(|_| ApiError::Timeout(state.server.request_timeout))

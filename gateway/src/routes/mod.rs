@@ -1,5 +1,6 @@
 //! HTTP routes: one thin handler file per endpoint, and the router that joins them.
 
+mod admission;
 pub mod chat;
 pub mod completions;
 mod cors;
@@ -25,6 +26,7 @@ use crate::config::{Defaults, ServerConfig};
 use crate::engine_host::{ModelRegistry, ServedModel};
 use crate::error::ApiError;
 use crate::observability::metrics as record;
+use crate::tenancy::Tenancy;
 
 /// What every handler can reach.
 #[derive(Debug, Clone)]
@@ -35,6 +37,8 @@ pub struct AppState {
     pub server: Arc<ServerConfig>,
     /// Request defaults.
     pub defaults: Arc<Defaults>,
+    /// Authentication, limits, queues and idempotency.
+    pub tenancy: Arc<Tenancy>,
 }
 
 impl AppState {
@@ -51,12 +55,18 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     record::handle(); // the metrics recorder, installed once per process
     let cors = cors::layer(&state.server.cors);
-    let router = Router::new()
+    let api = Router::new()
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*model}", get(models::retrieve))
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            admission::admission,
+        ));
+    let router = Router::new()
+        .merge(api)
         .route("/health", get(health::health))
         .route("/ready", get(health::ready))
         .route("/metrics", get(metrics::metrics))
@@ -104,6 +114,40 @@ pub fn with_request_id(mut response: Response, id: &str) -> Response {
         response.headers_mut().insert("x-request-id", value);
     }
     response
+}
+
+/// Admits a generation for `caller`: the request's priority (`metadata.priority`) and the
+/// tenant's name and weight go to the engine in `params`; the tokens reserved are the prompt's
+/// plus the most the request may generate (`max_tokens` for each of `n` choices of each of
+/// `prompts` prompts).
+#[allow(clippy::too_many_arguments)]
+pub async fn admit(
+    state: &AppState,
+    caller: &crate::tenancy::Caller,
+    model: &ServedModel,
+    params: &mut turnpike_engine_api::GenerationParams,
+    metadata: Option<&serde_json::Value>,
+    prompt_tokens: u64,
+    prompts: u64,
+    started: Instant,
+) -> Result<crate::tenancy::Admission, ApiError> {
+    let priority = crate::pipeline::params::priority(metadata)?;
+    let tenant = &caller.principal.tenant;
+    params.priority = priority;
+    params.tenant = Some(tenant.name.clone());
+    params.tenant_weight = tenant.plan.weight;
+    let most_new = u64::from(params.max_tokens) * u64::from(params.n) * prompts;
+    state
+        .tenancy
+        .admit(
+            caller,
+            model,
+            prompt_tokens,
+            most_new,
+            priority,
+            started + state.server.request_timeout,
+        )
+        .await
 }
 
 /// Seconds since the Unix epoch.

@@ -1,13 +1,14 @@
 //! `GET /v1/models` and `GET /v1/models/{model}` (ids may hold `/`, as `org/name` ones do).
 
-use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
+use axum::{Extension, Json};
 
 use super::AppState;
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::openai::models::{Model, ModelList};
+use crate::tenancy::Caller;
 
 fn wire(id: &str, model: &ServedModel) -> Model {
     Model {
@@ -19,13 +20,17 @@ fn wire(id: &str, model: &ServedModel) -> Model {
     }
 }
 
-/// Lists every public model id (names, pinned versions, aliases).
-pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
+/// Lists every public model id (names, pinned versions, aliases) the caller may use.
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
         data: state
             .registry
             .listing()
+            .filter(|(id, m)| caller.principal.may_use([*id, m.id.as_str()].into_iter()))
             .map(|(id, m)| wire(id, m))
             .collect(),
     })
@@ -34,6 +39,7 @@ pub async fn list(State(state): State<AppState>) -> Json<ModelList> {
 /// Describes one model id.
 pub async fn retrieve(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Model>, ApiError> {
     let Path(id) = id.map_err(|e| {
@@ -43,5 +49,12 @@ pub async fn retrieve(
         )
     })?;
     let model = state.model(&id)?;
+    // A model the caller may not use is, to the caller, one that does not exist.
+    if !caller
+        .principal
+        .may_use([id.as_str(), model.id.as_str()].into_iter())
+    {
+        return Err(ApiError::ModelNotFound(id));
+    }
     Ok(Json(wire(&id, &model)))
 }

@@ -51,6 +51,7 @@ struct State<R> {
     finished: bool,
     timing: Timing,
     first_text_seen: bool,
+    failed: StreamFailed,
     _guard: StreamGuard,
 }
 
@@ -94,6 +95,9 @@ impl<R: Render> State<R> {
     }
 
     fn fail(&mut self, e: ApiError) {
+        self.failed
+            .0
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         e.log();
         self.timing.record.failed(&e);
         let detail = e.detail();
@@ -131,6 +135,11 @@ impl<R: Render> State<R> {
     }
 }
 
+/// Set when a streamed response ended with an error event (its status was already 200), so a
+/// recorder of the response knows it did not succeed.
+#[derive(Debug, Clone, Default)]
+pub struct StreamFailed(pub std::sync::Arc<std::sync::atomic::AtomicBool>);
+
 /// The streamed response: opening chunks, then `first` (already read, so an early failure could
 /// still become a plain error response), then the rest of the stream.
 pub fn respond(
@@ -141,6 +150,7 @@ pub fn respond(
 ) -> Response {
     let out: VecDeque<Bytes> = renderer.opening().into();
     let state_id = timing.record.id.clone();
+    let failed = StreamFailed::default();
     let state = State {
         stream,
         renderer,
@@ -149,10 +159,12 @@ pub fn respond(
         finished: false,
         timing,
         first_text_seen: false,
+        failed: failed.clone(),
         _guard: StreamGuard::open(),
     };
     let body = Body::from_stream(futures_util::stream::unfold(state, State::next));
     let mut response = body.into_response();
+    response.extensions_mut().insert(failed);
     let headers = response.headers_mut();
     if let Ok(id) = HeaderValue::from_str(&state_id) {
         headers.insert("x-request-id", id);

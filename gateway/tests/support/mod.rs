@@ -14,10 +14,11 @@ use axum::http::{Request, StatusCode};
 use futures_util::StreamExt;
 use serde_json::Value;
 use tower::ServiceExt;
-use turnpike::config::{Defaults, ModelConfig, ServerConfig};
+use turnpike::config::{Config, Defaults, ModelConfig, ServerConfig};
 use turnpike::engine_host::{self, Backend, EngineRun};
 use turnpike::pipeline::tokenizer::TextTokenizer;
 use turnpike::routes::{AppState, router};
+use turnpike::tenancy::Tenancy;
 use turnpike_engine_api::host::EngineRequest;
 use turnpike_engine_api::{
     Capabilities, EmbedParams, EngineError, EngineEvent, FinalEvent, Finish, ModelInfo, Stats,
@@ -273,11 +274,34 @@ pub fn app_with(backend: FakeBackend, server_config: ServerConfig) -> Router {
     app_with_model(backend, server_config, |_| {})
 }
 
-/// The app over `backend`, its model configuration changed by `edit`.
+/// Tenancy services from configuration text (the tenancy sections only).
+pub fn tenancy(toml: &str) -> Arc<Tenancy> {
+    let text = format!("{toml}\n[[engines]]\nname = \"fake\"\nplugin = \"none.so\"\n");
+    let config = Config::from_toml(&text, std::path::Path::new("/tmp/turnpike.toml"), &[])
+        .unwrap_or_else(|e| panic!("{e}"));
+    Arc::new(Tenancy::build(&config.tenancy, Duration::from_secs(1)).unwrap())
+}
+
+/// The app over `backend`, its model configuration changed by `edit`, without authentication.
 pub fn app_with_model(
     backend: FakeBackend,
     server_config: ServerConfig,
     edit: impl FnOnce(&mut ModelConfig),
+) -> Router {
+    app_with_tenancy(
+        backend,
+        server_config,
+        edit,
+        tenancy("[auth]\nmode = \"none\""),
+    )
+}
+
+/// The app over `backend` with these tenancy services.
+pub fn app_with_tenancy(
+    backend: FakeBackend,
+    server_config: ServerConfig,
+    edit: impl FnOnce(&mut ModelConfig),
+    tenancy: Arc<Tenancy>,
 ) -> Router {
     let mut model = ModelConfig {
         name: "fake".into(),
@@ -301,6 +325,7 @@ pub fn app_with_model(
         registry: Arc::new(registry),
         server: Arc::new(server_config),
         defaults: Arc::new(defaults()),
+        tenancy,
     })
 }
 

@@ -1,0 +1,488 @@
+//! The tenancy sections of the configuration, as written and validated: `[auth]`, `[plans.*]`,
+//! `[tenants.*]`, `[state]`, `[idempotency]` and `[queue]`. The keys file ([`super::keys_file`])
+//! reuses the plan and tenant shapes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::TenancyConfig;
+use crate::idempotency::IdempotencySettings;
+use crate::store::memory::MemoryLimits;
+use crate::tenancy::jwt::{JwtSettings, JwtVerifier};
+use crate::tenancy::limits::{FailureMode, FailureModes};
+use crate::tenancy::queue::QueueLimits;
+use crate::tenancy::{Directory, Endpoint, KeyRecord, NameSet, Plan, Scopes, Tenant, keys};
+
+/// Limits as written, in a plan or a tenant.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    #[serde(default)]
+    plan: Option<String>,
+    requests_per_second: Option<u64>,
+    requests_per_minute: Option<u64>,
+    requests_per_day: Option<u64>,
+    tokens_per_minute: Option<u64>,
+    tokens_per_day: Option<u64>,
+    concurrent_streams: Option<u64>,
+    models: Option<Vec<String>>,
+    priority_weight: Option<u32>,
+    #[serde(default)]
+    keys: Vec<RawEnvKey>,
+}
+
+/// A key given to a tenant through an environment variable.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEnvKey {
+    env: String,
+    models: Option<Vec<String>>,
+    endpoints: Option<Vec<String>>,
+}
+
+impl RawLimits {
+    /// Fields set here win over the plan's.
+    fn over(&self, plan: &RawLimits) -> RawLimits {
+        RawLimits {
+            plan: None,
+            requests_per_second: self.requests_per_second.or(plan.requests_per_second),
+            requests_per_minute: self.requests_per_minute.or(plan.requests_per_minute),
+            requests_per_day: self.requests_per_day.or(plan.requests_per_day),
+            tokens_per_minute: self.tokens_per_minute.or(plan.tokens_per_minute),
+            tokens_per_day: self.tokens_per_day.or(plan.tokens_per_day),
+            concurrent_streams: self.concurrent_streams.or(plan.concurrent_streams),
+            models: self.models.clone().or_else(|| plan.models.clone()),
+            priority_weight: self.priority_weight.or(plan.priority_weight),
+            keys: self.keys.clone(),
+        }
+    }
+
+    fn plan(&self, at: &str) -> Result<Plan, String> {
+        let weight = self.priority_weight.unwrap_or(1);
+        if !(1..=1000).contains(&weight) {
+            return Err(format!("{at}.priority_weight must be 1 to 1000"));
+        }
+        Ok(Plan {
+            requests: Plan::windows(
+                self.requests_per_second,
+                self.requests_per_minute,
+                self.requests_per_day,
+            ),
+            tokens: Plan::windows(None, self.tokens_per_minute, self.tokens_per_day),
+            concurrent: self.concurrent_streams,
+            models: self
+                .models
+                .as_deref()
+                .map_or(NameSet::All, NameSet::from_list),
+            weight,
+        })
+    }
+}
+
+/// A name usable in state keys and logs.
+pub(crate) fn check_name(kind: &str, name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{kind} name `{name}`: use 1 to 64 letters, digits, '-', '_' or '.'"
+        ))
+    }
+}
+
+/// Endpoint scope names.
+pub(crate) fn endpoints(
+    list: Option<&[String]>,
+    at: &str,
+) -> Result<Option<BTreeSet<Endpoint>>, String> {
+    let Some(list) = list else { return Ok(None) };
+    list.iter()
+        .map(|name| {
+            Endpoint::parse(name).ok_or_else(|| {
+                let known: Vec<&str> = Endpoint::ALL.iter().map(|(_, n)| *n).collect();
+                format!(
+                    "{at}: unknown endpoint `{name}` (known: {})",
+                    known.join(", ")
+                )
+            })
+        })
+        .collect::<Result<_, _>>()
+        .map(Some)
+}
+
+/// Tenants from plans and tenant tables, keys from the environment (`vars`).
+pub(crate) fn tenants(
+    plans: &BTreeMap<String, RawLimits>,
+    raw: &BTreeMap<String, RawLimits>,
+    vars: &dyn Fn(&str) -> Option<String>,
+    directory: &mut Directory,
+) -> Result<(), String> {
+    for (name, plan) in plans {
+        check_name("plan", name)?;
+        if plan.plan.is_some() || !plan.keys.is_empty() {
+            return Err(format!("plans.{name}: a plan has no `plan` or `keys`"));
+        }
+    }
+    for (name, t) in raw {
+        check_name("tenant", name)?;
+        let at = format!("tenants.{name}");
+        if directory.tenants.contains_key(name) {
+            return Err(format!("{at}: tenant defined twice"));
+        }
+        let limits = match &t.plan {
+            Some(p) => t.over(
+                plans
+                    .get(p)
+                    .ok_or_else(|| format!("{at}.plan: no plan `{p}`"))?,
+            ),
+            None => t.clone(),
+        };
+        let tenant = Tenant {
+            name: name.clone(),
+            plan: limits.plan(&at)?,
+        };
+        directory.tenants.insert(name.clone(), Arc::new(tenant));
+        for (i, k) in t.keys.iter().enumerate() {
+            let at = format!("{at}.keys[{i}]");
+            let key = vars(&k.env)
+                .ok_or_else(|| format!("{at}: environment variable {} is not set", k.env))?;
+            let id = keys::parse_id(key.trim()).map_err(|_| {
+                format!(
+                    "{at}: {} does not hold a Turnpike API key (make one with `turnpike keys generate`)",
+                    k.env
+                )
+            })?;
+            let record = KeyRecord {
+                id: id.to_string(),
+                hash: keys::hash(key.trim()),
+                tenant: name.clone(),
+                expires_at: None,
+                scopes: Scopes {
+                    models: k.models.as_deref().map_or(NameSet::All, NameSet::from_list),
+                    endpoints: endpoints(k.endpoints.as_deref(), &at)?,
+                },
+                revoked: false,
+            };
+            if directory.keys.insert(record.id.clone(), record).is_some() {
+                return Err(format!("{at}: key id {id} is used twice"));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAuth {
+    mode: Option<String>,
+    keys_file: Option<String>,
+    reload_interval_ms: Option<u64>,
+    jwt: Option<RawJwt>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJwt {
+    algorithm: String,
+    secret_env: Option<String>,
+    public_key_file: Option<String>,
+    jwks_file: Option<String>,
+    issuer: Option<String>,
+    audience: Option<String>,
+    tenant_claim: Option<String>,
+    scope_claim: Option<String>,
+    leeway_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawState {
+    backend: String,
+    redis_url: Option<String>,
+    timeout_ms: u64,
+    lease_ms: u64,
+    memory_max_records: usize,
+    memory_max_bytes: usize,
+    failure_mode: RawFailureModes,
+}
+
+impl Default for RawState {
+    fn default() -> Self {
+        Self {
+            backend: "memory".into(),
+            redis_url: None,
+            timeout_ms: 250,
+            lease_ms: 30_000,
+            memory_max_records: 100_000,
+            memory_max_bytes: 256 << 20,
+            failure_mode: RawFailureModes::default(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFailureModes {
+    requests: Option<String>,
+    tokens: Option<String>,
+    concurrency: Option<String>,
+    idempotency: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawIdempotency {
+    enabled: bool,
+    ttl_secs: u64,
+    join: bool,
+    max_record_bytes: usize,
+    lease_ms: u64,
+}
+
+impl Default for RawIdempotency {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            ttl_secs: 86_400,
+            join: true,
+            max_record_bytes: 1 << 20,
+            lease_ms: 60_000,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(super) struct RawQueue {
+    max_running: usize,
+    max_waiting: usize,
+}
+
+impl Default for RawQueue {
+    fn default() -> Self {
+        Self {
+            max_running: 256,
+            max_waiting: 1024,
+        }
+    }
+}
+
+/// The tenancy sections as written.
+#[derive(Debug, Default)]
+pub(super) struct RawTenancy {
+    pub auth: Option<RawAuth>,
+    pub plans: BTreeMap<String, RawLimits>,
+    pub tenants: BTreeMap<String, RawLimits>,
+    pub state: RawState,
+    pub idempotency: RawIdempotency,
+    pub queue: RawQueue,
+}
+
+fn mode(value: Option<&str>, default: FailureMode, at: &str) -> Result<FailureMode, String> {
+    match value {
+        None => Ok(default),
+        Some("open") => Ok(FailureMode::Open),
+        Some("closed") => Ok(FailureMode::Closed),
+        Some(other) => Err(format!("{at}: `{other}` is not `open` or `closed`")),
+    }
+}
+
+impl RawTenancy {
+    /// Validates; `builtin` is the built-in local default (authentication off unless asked).
+    pub(super) fn validate(self, base: &Path, builtin: bool) -> Result<TenancyConfig, String> {
+        let mode_text = self.auth.as_ref().and_then(|a| a.mode.clone());
+        let required = match mode_text.as_deref() {
+            Some("required") => true,
+            Some("none") => false,
+            Some(other) => {
+                return Err(format!("auth.mode: `{other}` is not `required` or `none`"));
+            }
+            None if self.auth.is_some() || !self.tenants.is_empty() => true,
+            None if builtin => false,
+            None => {
+                return Err("auth: say who may call this gateway: configure [tenants] (and [auth]), or set [auth] mode = \"none\" to serve without authentication".into());
+            }
+        };
+        let auth = self.auth.unwrap_or_default();
+        if !required && (auth.keys_file.is_some() || auth.jwt.is_some() || !self.tenants.is_empty())
+        {
+            return Err("auth.mode is `none`, but tenants, keys or JWT are configured".into());
+        }
+        let mut directory = Directory::default();
+        let env = |name: &str| std::env::var(name).ok();
+        tenants(&self.plans, &self.tenants, &env, &mut directory)?;
+        let jwt = auth.jwt.map(|j| jwt(j, base)).transpose()?;
+        let keys_file = auth.keys_file.map(|f| base.join(f));
+        if required && directory.keys.is_empty() && keys_file.is_none() && jwt.is_none() {
+            return Err("auth: authentication is required but no keys, keys_file or jwt are configured, so every request would be refused".into());
+        }
+        let state = &self.state;
+        let backend = match (state.backend.as_str(), &state.redis_url) {
+            ("memory", _) => None,
+            ("redis", Some(url)) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+                Some(url.clone())
+            }
+            ("redis", _) => {
+                return Err("state.redis_url: set a redis:// URL for the redis backend".into());
+            }
+            (other, _) => {
+                return Err(format!(
+                    "state.backend: `{other}` is not `memory` or `redis`"
+                ));
+            }
+        };
+        if state.timeout_ms == 0 || state.lease_ms < 1000 {
+            return Err("state: timeout_ms must be > 0 and lease_ms at least 1000".into());
+        }
+        let fm = &state.failure_mode;
+        let failure = FailureModes {
+            requests: mode(
+                fm.requests.as_deref(),
+                FailureMode::Open,
+                "state.failure_mode.requests",
+            )?,
+            tokens: mode(
+                fm.tokens.as_deref(),
+                FailureMode::Open,
+                "state.failure_mode.tokens",
+            )?,
+            concurrency: mode(
+                fm.concurrency.as_deref(),
+                FailureMode::Open,
+                "state.failure_mode.concurrency",
+            )?,
+            idempotency: mode(
+                fm.idempotency.as_deref(),
+                FailureMode::Closed,
+                "state.failure_mode.idempotency",
+            )?,
+        };
+        let i = &self.idempotency;
+        if i.ttl_secs == 0 || i.lease_ms < 1000 || i.max_record_bytes == 0 {
+            return Err(
+                "idempotency: ttl_secs and max_record_bytes must be > 0, lease_ms at least 1000"
+                    .into(),
+            );
+        }
+        if self.queue.max_running == 0 {
+            return Err("queue.max_running must be greater than 0".into());
+        }
+        Ok(TenancyConfig {
+            auth_required: required,
+            directory,
+            plans: self.plans,
+            keys_file,
+            reload_interval: Duration::from_millis(
+                auth.reload_interval_ms.unwrap_or(2000).max(100),
+            ),
+            jwt: jwt.map(|j| super::SharedJwt(Arc::new(j))),
+            redis_url: backend,
+            state_timeout: Duration::from_millis(state.timeout_ms),
+            lease_ttl: Duration::from_millis(state.lease_ms),
+            failure,
+            memory: MemoryLimits {
+                max_records: state.memory_max_records.max(1),
+                max_bytes: state.memory_max_bytes.max(1),
+            },
+            idempotency: i.enabled.then(|| IdempotencySettings {
+                ttl: Duration::from_secs(i.ttl_secs),
+                join: i.join,
+                max_record_bytes: i.max_record_bytes,
+                lease: Duration::from_millis(i.lease_ms),
+            }),
+            queue: QueueLimits {
+                max_running: self.queue.max_running,
+                max_waiting: self.queue.max_waiting,
+            },
+        })
+    }
+}
+
+fn read(base: &Path, file: &str, at: &str) -> Result<(PathBuf, Vec<u8>), String> {
+    let path = base.join(file);
+    let bytes = std::fs::read(&path).map_err(|e| format!("{at}: {}: {e}", path.display()))?;
+    Ok((path, bytes))
+}
+
+fn jwt(raw: RawJwt, base: &Path) -> Result<JwtVerifier, String> {
+    use jsonwebtoken::{Algorithm, DecodingKey};
+    let algorithm = match raw.algorithm.as_str() {
+        "HS256" => Algorithm::HS256,
+        "RS256" => Algorithm::RS256,
+        "ES256" => Algorithm::ES256,
+        other => {
+            return Err(format!(
+                "auth.jwt.algorithm: `{other}` is not HS256, RS256 or ES256"
+            ));
+        }
+    };
+    let sources = [&raw.secret_env, &raw.public_key_file, &raw.jwks_file]
+        .iter()
+        .filter(|s| s.is_some())
+        .count();
+    if sources != 1 {
+        return Err("auth.jwt: give exactly one of secret_env, public_key_file, jwks_file".into());
+    }
+    let mut keys = Vec::new();
+    if let Some(var) = &raw.secret_env {
+        if algorithm != Algorithm::HS256 {
+            return Err("auth.jwt.secret_env is for HS256; RS256 and ES256 need public_key_file or jwks_file".into());
+        }
+        let secret = std::env::var(var)
+            .map_err(|_| format!("auth.jwt.secret_env: environment variable {var} is not set"))?;
+        if secret.len() < 32 {
+            return Err(format!(
+                "auth.jwt.secret_env: {var} must hold at least 32 bytes"
+            ));
+        }
+        keys.push((None, DecodingKey::from_secret(secret.as_bytes())));
+    }
+    if let Some(file) = &raw.public_key_file {
+        let (path, pem) = read(base, file, "auth.jwt.public_key_file")?;
+        let key = match algorithm {
+            Algorithm::RS256 => DecodingKey::from_rsa_pem(&pem),
+            Algorithm::ES256 => DecodingKey::from_ec_pem(&pem),
+            _ => {
+                return Err(
+                    "auth.jwt.public_key_file is for RS256 and ES256; HS256 uses secret_env".into(),
+                );
+            }
+        }
+        .map_err(|e| format!("auth.jwt.public_key_file: {}: {e}", path.display()))?;
+        keys.push((None, key));
+    }
+    if let Some(file) = &raw.jwks_file {
+        let (path, text) = read(base, file, "auth.jwt.jwks_file")?;
+        let set: jsonwebtoken::jwk::JwkSet = serde_json::from_slice(&text)
+            .map_err(|e| format!("auth.jwt.jwks_file: {}: {e}", path.display()))?;
+        for jwk in &set.keys {
+            let key = DecodingKey::from_jwk(jwk)
+                .map_err(|e| format!("auth.jwt.jwks_file: {}: {e}", path.display()))?;
+            keys.push((jwk.common.key_id.clone(), key));
+        }
+        if keys.is_empty() {
+            return Err(format!(
+                "auth.jwt.jwks_file: {} holds no keys",
+                path.display()
+            ));
+        }
+    }
+    Ok(JwtVerifier::new(JwtSettings {
+        algorithm,
+        keys,
+        issuer: raw.issuer,
+        audience: raw.audience,
+        tenant_claim: raw.tenant_claim.unwrap_or_else(|| "tenant".into()),
+        scope_claim: raw.scope_claim.unwrap_or_else(|| "scope".into()),
+        leeway_secs: raw.leeway_secs.unwrap_or(30),
+    }))
+}

@@ -1,0 +1,198 @@
+//! The live side of an idempotent request: one generation, any number of listeners. The
+//! original client and every client that joins with the same key read the same chunks; the
+//! chunks are kept (up to a byte limit) so a late joiner starts from the beginning, and so the
+//! finished response can be stored for replay. When the last listener leaves before the end,
+//! the generation is dropped, which cancels the engine work.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use futures_util::StreamExt;
+use tokio::sync::{mpsc, watch};
+
+use crate::routes::sse::StreamFailed;
+
+/// Chunks buffered per listener before the generation waits for it.
+const LISTENER_BUFFER: usize = 64;
+
+/// How a pumped response ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ended {
+    /// Every chunk was read; the chunks, unless they outgrew the limit.
+    Completed {
+        /// The response failed (its status, or an error event mid-stream).
+        failed: bool,
+        /// The chunks as text, when kept.
+        chunks: Option<Vec<String>>,
+    },
+    /// Every listener left first, or the body failed.
+    Cancelled,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    kept: Vec<Bytes>,
+    kept_bytes: usize,
+    overflow: bool,
+    listeners: Vec<mpsc::Sender<Bytes>>,
+    ended: bool,
+}
+
+/// A response being produced for one or more listeners.
+#[derive(Debug)]
+pub struct Hub {
+    state: Mutex<State>,
+    head: watch::Sender<Option<(StatusCode, HeaderMap)>>,
+    max_bytes: usize,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    // Updates under the lock are plain pushes and flags: a poisoned lock is consistent.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A listener: the chunks so far, then the live ones.
+#[derive(Debug)]
+pub struct Listener {
+    head: watch::Receiver<Option<(StatusCode, HeaderMap)>>,
+    backlog: Vec<Bytes>,
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl Hub {
+    /// A hub that keeps at most `max_bytes` of chunks.
+    pub fn new(max_bytes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::default(),
+            head: watch::Sender::new(None),
+            max_bytes,
+        })
+    }
+
+    /// A new listener, or `None` when the start of the response is no longer kept.
+    pub fn listen(&self) -> Option<Listener> {
+        let mut state = lock(&self.state);
+        if state.overflow {
+            return None;
+        }
+        let (tx, rx) = mpsc::channel(LISTENER_BUFFER);
+        if !state.ended {
+            state.listeners.push(tx);
+        }
+        Some(Listener {
+            head: self.head.subscribe(),
+            backlog: state.kept.clone(),
+            rx,
+        })
+    }
+
+    /// Pumps `response` to the listeners until it ends or they all leave. `keep_alive` runs
+    /// every `tick` while it lasts (to extend the store's lease).
+    pub async fn pump(
+        &self,
+        response: Response,
+        tick: Duration,
+        mut keep_alive: impl FnMut() -> futures_util::future::BoxFuture<'static, ()>,
+    ) -> Ended {
+        let failed_flag = response.extensions().get::<StreamFailed>().cloned();
+        let status = response.status();
+        let (parts, body) = response.into_parts();
+        self.head.send_replace(Some((parts.status, parts.headers)));
+        let mut body = body.into_data_stream();
+        let mut ticker = tokio::time::interval(tick.max(Duration::from_millis(50)));
+        ticker.tick().await;
+        let mut check = tokio::time::interval(Duration::from_millis(250));
+        let ended = loop {
+            tokio::select! {
+                chunk = body.next() => match chunk {
+                    Some(Ok(bytes)) => {
+                        if !self.deliver(bytes).await {
+                            break Ended::Cancelled;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "an idempotent response's body failed");
+                        break Ended::Cancelled;
+                    }
+                    None => {
+                        let failed = status.is_server_error()
+                            || failed_flag.as_ref().is_some_and(|f| f.0.load(Ordering::Relaxed));
+                        break Ended::Completed { failed, chunks: self.kept_text() };
+                    }
+                },
+                _ = ticker.tick() => keep_alive().await,
+                _ = check.tick() => {
+                    if !self.anyone_listening() {
+                        break Ended::Cancelled;
+                    }
+                }
+            }
+        };
+        let mut state = lock(&self.state);
+        state.ended = true;
+        state.listeners.clear();
+        ended
+    }
+
+    fn anyone_listening(&self) -> bool {
+        let mut state = lock(&self.state);
+        state.listeners.retain(|l| !l.is_closed());
+        !state.listeners.is_empty()
+    }
+
+    /// Keeps and sends one chunk; `false` when no listener is left.
+    async fn deliver(&self, bytes: Bytes) -> bool {
+        let listeners = {
+            let mut state = lock(&self.state);
+            let heartbeat = bytes.starts_with(b":");
+            if !state.overflow && !heartbeat {
+                if state.kept_bytes + bytes.len() > self.max_bytes {
+                    state.overflow = true;
+                    state.kept = Vec::new();
+                } else {
+                    state.kept_bytes += bytes.len();
+                    state.kept.push(bytes.clone());
+                }
+            }
+            state.listeners.clone()
+        };
+        let mut alive = 0;
+        for listener in &listeners {
+            if listener.send(bytes.clone()).await.is_ok() {
+                alive += 1;
+            }
+        }
+        alive > 0 || self.anyone_listening()
+    }
+
+    fn kept_text(&self) -> Option<Vec<String>> {
+        let state = lock(&self.state);
+        if state.overflow {
+            return None;
+        }
+        state
+            .kept
+            .iter()
+            .map(|b| String::from_utf8(b.to_vec()).ok())
+            .collect()
+    }
+}
+
+impl Listener {
+    /// The response this listener reads, once the head is known (`None` if the producer
+    /// vanished first).
+    pub async fn into_response(mut self) -> Option<(StatusCode, HeaderMap, Body)> {
+        let head = self.head.wait_for(Option::is_some).await.ok()?.clone()?;
+        let backlog = futures_util::stream::iter(self.backlog.into_iter().map(Ok));
+        let live = futures_util::stream::unfold(self.rx, |mut rx| async move {
+            rx.recv()
+                .await
+                .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+        });
+        Some((head.0, head.1, Body::from_stream(backlog.chain(live))))
+    }
+}

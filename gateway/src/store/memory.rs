@@ -1,0 +1,408 @@
+//! The in-memory store: one process, no dependencies. Request rates go through `governor`'s
+//! GCRA limiters; token budgets are token buckets that can give back unused reservations.
+//!
+//! Every map is bounded: buckets and leases by the configured tenants (keys come from the
+//! tenant directory, never from clients), idempotency records by a count and a byte budget,
+//! oldest evicted first.
+
+use std::collections::{HashMap, VecDeque};
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use governor::clock::{Clock, DefaultClock};
+use governor::middleware::StateInformationMiddleware;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
+
+use super::{
+    Begin, Level, Store, StoreError, StoreFuture, Take, Window, level_of, refill, time_to,
+};
+use crate::observability::metrics;
+
+type Gcra = RateLimiter<NotKeyed, InMemoryState, DefaultClock, StateInformationMiddleware>;
+
+/// Limits of the in-memory idempotency table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryLimits {
+    /// Most records kept.
+    pub max_records: usize,
+    /// Most bytes of recorded responses kept.
+    pub max_bytes: usize,
+}
+
+#[derive(Debug)]
+enum Record {
+    Running { owner: String, until: Instant },
+    Done { body: Vec<u8>, until: Instant },
+}
+
+#[derive(Debug)]
+struct Entry {
+    fingerprint: String,
+    record: Record,
+}
+
+#[derive(Debug, Default)]
+struct Records {
+    entries: HashMap<String, Entry>,
+    /// Keys in insertion order, for eviction (may hold keys already removed).
+    order: VecDeque<String>,
+    bytes: usize,
+}
+
+/// State in this process only.
+#[derive(Debug)]
+pub struct MemoryStore {
+    limits: MemoryLimits,
+    clock: DefaultClock,
+    gcras: Mutex<HashMap<(String, Window), Arc<Gcra>>>,
+    buckets: Mutex<HashMap<(String, Window), (f64, Instant)>>,
+    leases: Mutex<HashMap<String, HashMap<String, Instant>>>,
+    records: Mutex<Records>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves consistent data (every update is one
+    // assignment), so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new(limits: MemoryLimits) -> Self {
+        Self {
+            limits,
+            clock: DefaultClock::default(),
+            gcras: Mutex::default(),
+            buckets: Mutex::default(),
+            leases: Mutex::default(),
+            records: Mutex::default(),
+        }
+    }
+
+    fn gcra(&self, key: &str, window: Window) -> Option<Arc<Gcra>> {
+        let burst = NonZeroU32::new(u32::try_from(window.capacity).unwrap_or(u32::MAX))?;
+        let mut map = lock(&self.gcras);
+        let gcra = map.entry((key.to_string(), window)).or_insert_with(|| {
+            let quota = Quota::with_period(window.period / burst.get())
+                .unwrap_or_else(|| Quota::per_second(burst))
+                .allow_burst(burst);
+            Arc::new(RateLimiter::direct_with_clock(quota, self.clock.clone()).with_middleware())
+        });
+        Some(Arc::clone(gcra))
+    }
+
+    /// One request against every window, shortest first. GCRA cannot give back, so a window
+    /// refusing after shorter ones allowed leaves those charged; refusals come from the
+    /// shortest windows in practice, whose units return within their period.
+    fn hit_now(&self, key: &str, windows: &[Window]) -> Take {
+        let mut order: Vec<usize> = (0..windows.len()).collect();
+        order.sort_by_key(|&i| windows[i].period);
+        let mut levels: Vec<Option<Level>> = vec![None; windows.len()];
+        for i in order {
+            let window = windows[i];
+            let Some(gcra) = self.gcra(key, window) else {
+                return refused(windows, i, Duration::MAX, true);
+            };
+            match gcra.check() {
+                Ok(snapshot) => {
+                    let remaining = u64::from(snapshot.remaining_burst_capacity());
+                    levels[i] = Some(level_of(window, remaining as f64));
+                }
+                Err(not_until) => {
+                    let wait = not_until.wait_time_from(self.clock.now());
+                    return refused(windows, i, wait, window.capacity == 0);
+                }
+            }
+        }
+        Take {
+            allowed: true,
+            levels: levels
+                .into_iter()
+                .zip(windows)
+                .map(|(l, w)| l.unwrap_or_else(|| level_of(*w, 0.0)))
+                .collect(),
+            retry_after: Duration::ZERO,
+            never: false,
+        }
+    }
+
+    fn take_now(&self, key: &str, windows: &[Window], amount: u64) -> Take {
+        let now = Instant::now();
+        let mut buckets = lock(&self.buckets);
+        let mut current = Vec::with_capacity(windows.len());
+        let (mut allowed, mut never, mut wait) = (true, false, Duration::ZERO);
+        for window in windows {
+            let level = buckets
+                .get(&(key.to_string(), *window))
+                .map_or(window.capacity as f64, |(level, at)| {
+                    refill(*window, *level, now.duration_since(*at))
+                });
+            if amount > window.capacity {
+                (allowed, never) = (false, true);
+            } else if level < amount as f64 {
+                allowed = false;
+                wait = wait.max(time_to(*window, level, amount as f64));
+            }
+            current.push(level);
+        }
+        if allowed {
+            for (window, level) in windows.iter().zip(current.iter_mut()) {
+                *level -= amount as f64;
+                buckets.insert((key.to_string(), *window), (*level, now));
+            }
+        }
+        Take {
+            allowed,
+            levels: windows
+                .iter()
+                .zip(current)
+                .map(|(w, l)| level_of(*w, l))
+                .collect(),
+            retry_after: if never { Duration::MAX } else { wait },
+            never,
+        }
+    }
+
+    fn give_back_now(&self, key: &str, windows: &[Window], amount: u64) {
+        let now = Instant::now();
+        let mut buckets = lock(&self.buckets);
+        for window in windows {
+            if let Some((level, at)) = buckets.get_mut(&(key.to_string(), *window)) {
+                *level = (refill(*window, *level, now.duration_since(*at)) + amount as f64)
+                    .min(window.capacity as f64);
+                *at = now;
+            }
+        }
+    }
+
+    fn acquire_now(&self, key: &str, lease: &str, limit: u64, ttl: Duration) -> bool {
+        let now = Instant::now();
+        let mut leases = lock(&self.leases);
+        let held = leases.entry(key.to_string()).or_default();
+        held.retain(|_, until| *until > now);
+        if held.len() as u64 >= limit {
+            return false;
+        }
+        held.insert(lease.to_string(), now + ttl);
+        true
+    }
+
+    fn begin_now(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Begin {
+        let now = Instant::now();
+        let mut records = lock(&self.records);
+        let expired = records.entries.get(key).is_some_and(|e| match &e.record {
+            Record::Running { until, .. } | Record::Done { until, .. } => *until <= now,
+        });
+        if expired {
+            remove(&mut records, key);
+        }
+        if let Some(entry) = records.entries.get(key) {
+            if entry.fingerprint != fingerprint {
+                return Begin::Conflict;
+            }
+            return match &entry.record {
+                Record::Running { .. } => Begin::Running,
+                Record::Done { body, .. } => Begin::Done(body.clone()),
+            };
+        }
+        self.make_room(&mut records, 0, now);
+        records.entries.insert(
+            key.to_string(),
+            Entry {
+                fingerprint: fingerprint.to_string(),
+                record: Record::Running {
+                    owner: owner.to_string(),
+                    until: now + lease,
+                },
+            },
+        );
+        records.order.push_back(key.to_string());
+        metrics::idempotency_records(records.entries.len(), records.bytes);
+        Begin::Started
+    }
+
+    /// Evicts expired records, then the oldest, until one more record of `adding` bytes fits.
+    fn make_room(&self, records: &mut Records, adding: usize, now: Instant) {
+        let mut scanned = records.order.len();
+        while scanned > 0
+            && (records.entries.len() >= self.limits.max_records
+                || records.bytes + adding > self.limits.max_bytes)
+        {
+            scanned -= 1;
+            let Some(key) = records.order.pop_front() else {
+                break;
+            };
+            if let Some(entry) = records.entries.get(&key) {
+                // A running record is kept unless its lease lapsed: evicting it would let a
+                // retry run the request twice.
+                let evictable = match &entry.record {
+                    Record::Running { until, .. } => *until <= now,
+                    Record::Done { .. } => true,
+                };
+                if evictable {
+                    remove(records, &key);
+                } else {
+                    records.order.push_back(key);
+                }
+            }
+        }
+    }
+
+    fn with_running(&self, key: &str, owner: &str, f: impl FnOnce(&mut Records)) {
+        let mut records = lock(&self.records);
+        let owned = records
+            .entries
+            .get(key)
+            .is_some_and(|e| matches!(&e.record, Record::Running { owner: o, .. } if o == owner));
+        if owned {
+            f(&mut records);
+        }
+        metrics::idempotency_records(records.entries.len(), records.bytes);
+    }
+}
+
+fn remove(records: &mut Records, key: &str) {
+    if let Some(entry) = records.entries.remove(key)
+        && let Record::Done { body, .. } = &entry.record
+    {
+        records.bytes -= body.len();
+    }
+}
+
+fn refused(windows: &[Window], at: usize, wait: Duration, never: bool) -> Take {
+    Take {
+        allowed: false,
+        levels: windows
+            .iter()
+            .enumerate()
+            .map(|(i, w)| level_of(*w, if i == at { 0.0 } else { w.capacity as f64 }))
+            .collect(),
+        retry_after: wait,
+        never,
+    }
+}
+
+fn ready<'a, T: Send + 'a>(value: T) -> StoreFuture<'a, T> {
+    Box::pin(std::future::ready(Ok::<T, StoreError>(value)))
+}
+
+impl Store for MemoryStore {
+    fn hit<'a>(&'a self, key: &'a str, windows: &'a [Window]) -> StoreFuture<'a, Take> {
+        ready(self.hit_now(key, windows))
+    }
+
+    fn take<'a>(
+        &'a self,
+        key: &'a str,
+        windows: &'a [Window],
+        amount: u64,
+    ) -> StoreFuture<'a, Take> {
+        ready(self.take_now(key, windows, amount))
+    }
+
+    fn give_back<'a>(
+        &'a self,
+        key: &'a str,
+        windows: &'a [Window],
+        amount: u64,
+    ) -> StoreFuture<'a, ()> {
+        self.give_back_now(key, windows, amount);
+        ready(())
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        lease: &'a str,
+        limit: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
+        ready(self.acquire_now(key, lease, limit, ttl))
+    }
+
+    fn renew<'a>(&'a self, key: &'a str, lease: &'a str, ttl: Duration) -> StoreFuture<'a, ()> {
+        if let Some(until) = lock(&self.leases)
+            .get_mut(key)
+            .and_then(|held| held.get_mut(lease))
+        {
+            *until = Instant::now() + ttl;
+        }
+        ready(())
+    }
+
+    fn release<'a>(&'a self, key: &'a str, lease: &'a str) -> StoreFuture<'a, ()> {
+        let mut leases = lock(&self.leases);
+        if let Some(held) = leases.get_mut(key) {
+            held.remove(lease);
+            if held.is_empty() {
+                leases.remove(key);
+            }
+        }
+        ready(())
+    }
+
+    fn begin<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: &'a str,
+        owner: &'a str,
+        lease: Duration,
+    ) -> StoreFuture<'a, Begin> {
+        ready(self.begin_now(key, fingerprint, owner, lease))
+    }
+
+    fn keep<'a>(&'a self, key: &'a str, owner: &'a str, lease: Duration) -> StoreFuture<'a, ()> {
+        self.with_running(key, owner, |records| {
+            if let Some(Entry {
+                record: Record::Running { until, .. },
+                ..
+            }) = records.entries.get_mut(key)
+            {
+                *until = Instant::now() + lease;
+            }
+        });
+        ready(())
+    }
+
+    fn finish<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        record: Vec<u8>,
+        ttl: Duration,
+    ) -> StoreFuture<'a, ()> {
+        let max_bytes = self.limits.max_bytes;
+        self.with_running(key, owner, |records| {
+            let now = Instant::now();
+            if record.len() > max_bytes {
+                remove(records, key);
+                return;
+            }
+            self.make_room(records, record.len(), now);
+            if let Some(entry) = records.entries.get_mut(key) {
+                let len = record.len();
+                entry.record = Record::Done {
+                    body: record,
+                    until: now + ttl,
+                };
+                records.bytes += len;
+            }
+        });
+        ready(())
+    }
+
+    fn abandon<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, ()> {
+        self.with_running(key, owner, |records| remove(records, key));
+        ready(())
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        ready(())
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}

@@ -1,0 +1,169 @@
+//! Shared request state behind one trait, [`Store`]: rate buckets, token budgets,
+//! concurrency leases and idempotency records.
+//!
+//! Two backends: [`memory::MemoryStore`] (the default, one process) and [`redis::RedisStore`]
+//! (shared by every gateway replica). The trait is small and speaks plain data (keys, numbers,
+//! byte records) so the limit and idempotency logic above it is the same on both, and every
+//! Redis operation is one server-side script: a check and its update are one atomic step, never
+//! a read-modify-write from the gateway, so replicas cannot race each other past a limit.
+//!
+//! Buckets are token buckets: a [`Window`] of capacity `c` refills `c` units evenly over its
+//! period. A request-rate window takes 1 per request, a token window takes prompt plus maximum
+//! completion tokens, and gives back what went unused when the generation ends.
+
+pub mod memory;
+pub mod redis;
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+/// A boxed future of a store operation.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// Why a store operation failed (the backend is unreachable or answered nonsense).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("state store: {0}")]
+pub struct StoreError(pub String);
+
+/// A token bucket: `capacity` units, refilled evenly over `period`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Window {
+    /// Most units the bucket holds.
+    pub capacity: u64,
+    /// Time to refill from empty.
+    pub period: Duration,
+}
+
+/// A bucket after an operation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Level {
+    /// The window.
+    pub window: Window,
+    /// Whole units left.
+    pub remaining: u64,
+    /// Time until the bucket is full again.
+    pub reset: Duration,
+}
+
+/// The outcome of taking units from several windows at once (all or none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Take {
+    /// Whether the units were taken from every window.
+    pub allowed: bool,
+    /// Each window's level afterwards, in the order given.
+    pub levels: Vec<Level>,
+    /// When refused: how long until the amount fits.
+    pub retry_after: Duration,
+    /// When refused: the amount is larger than some window's capacity, so waiting never helps.
+    pub never: bool,
+}
+
+/// The outcome of starting an idempotent request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Begin {
+    /// No record existed; the caller owns it now and must finish or abandon it.
+    Started,
+    /// The same request is running (here or on another replica).
+    Running,
+    /// The same request finished; its recorded response.
+    Done(Vec<u8>),
+    /// The key was used with a different request.
+    Conflict,
+}
+
+/// The state backend.
+pub trait Store: Send + Sync + Debug {
+    /// Counts one request against every window of `key`, or against none.
+    fn hit<'a>(&'a self, key: &'a str, windows: &'a [Window]) -> StoreFuture<'a, Take>;
+
+    /// Takes `amount` from every window of `key`, or from none.
+    fn take<'a>(
+        &'a self,
+        key: &'a str,
+        windows: &'a [Window],
+        amount: u64,
+    ) -> StoreFuture<'a, Take>;
+
+    /// Gives back `amount` to every window of `key` (an unused reservation), never above capacity.
+    fn give_back<'a>(
+        &'a self,
+        key: &'a str,
+        windows: &'a [Window],
+        amount: u64,
+    ) -> StoreFuture<'a, ()>;
+
+    /// Holds one of `limit` concurrency leases of `key` under the id `lease`; `false` when all
+    /// are held. A lease not renewed within `ttl` lapses (a replica that died returns its leases).
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        lease: &'a str,
+        limit: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool>;
+
+    /// Extends a lease by `ttl`.
+    fn renew<'a>(&'a self, key: &'a str, lease: &'a str, ttl: Duration) -> StoreFuture<'a, ()>;
+
+    /// Returns a lease.
+    fn release<'a>(&'a self, key: &'a str, lease: &'a str) -> StoreFuture<'a, ()>;
+
+    /// Starts the idempotent request `key` with body `fingerprint`, owned by `owner` for at most
+    /// `lease` unless renewed.
+    fn begin<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: &'a str,
+        owner: &'a str,
+        lease: Duration,
+    ) -> StoreFuture<'a, Begin>;
+
+    /// Extends the running record's lease (only its owner can).
+    fn keep<'a>(&'a self, key: &'a str, owner: &'a str, lease: Duration) -> StoreFuture<'a, ()>;
+
+    /// Stores the finished response of a running record, kept for `ttl`.
+    fn finish<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        record: Vec<u8>,
+        ttl: Duration,
+    ) -> StoreFuture<'a, ()>;
+
+    /// Forgets a running record (it failed or was cancelled), so a retry runs anew.
+    fn abandon<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, ()>;
+
+    /// Whether the backend answers.
+    fn ping(&self) -> StoreFuture<'_, ()>;
+
+    /// `memory` or `redis`.
+    fn kind(&self) -> &'static str;
+}
+
+/// Bucket arithmetic shared by the in-memory store and mirrored by the Redis scripts: the level
+/// of a bucket last at `level` `elapsed` ago.
+pub(crate) fn refill(window: Window, level: f64, elapsed: Duration) -> f64 {
+    let cap = window.capacity as f64;
+    let period = window.period.as_secs_f64().max(1e-9);
+    (level + elapsed.as_secs_f64() * cap / period).min(cap)
+}
+
+/// The time for a bucket at `level` to hold `amount`.
+pub(crate) fn time_to(window: Window, level: f64, amount: f64) -> Duration {
+    if level >= amount || window.capacity == 0 {
+        return Duration::ZERO;
+    }
+    let rate = window.capacity as f64 / window.period.as_secs_f64().max(1e-9);
+    Duration::from_secs_f64((amount - level) / rate)
+}
+
+/// A bucket's level as reported.
+pub(crate) fn level_of(window: Window, level: f64) -> Level {
+    Level {
+        window,
+        remaining: level.max(0.0).floor() as u64,
+        reset: time_to(window, level, window.capacity as f64),
+    }
+}

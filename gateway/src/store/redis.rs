@@ -1,0 +1,309 @@
+//! The Redis store: state shared by every gateway replica. Each operation is one Lua script run
+//! by the server (`EVALSHA`, loaded again after a Redis restart), so a check and its update are
+//! atomic across replicas. Scripts read the clock with `TIME` on the Redis server, so replicas
+//! with skewed clocks still agree.
+//!
+//! The connection manager reconnects by itself; every call is bounded by the configured
+//! timeout, so a Redis that vanishes costs a request at most that long before the caller's
+//! failure mode (open or closed) applies.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+
+use super::{Begin, Store, StoreError, StoreFuture, Take, Window, level_of};
+
+/// State in Redis.
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: ConnectionManager,
+    timeout: Duration,
+    scripts: std::sync::Arc<Scripts>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Scripts {
+    take: Script,
+    give_back: Script,
+    acquire: Script,
+    renew: Script,
+    begin: Script,
+    owned: Script,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn bucket_keys(key: &str, windows: &[Window]) -> Vec<String> {
+    windows
+        .iter()
+        .map(|w| format!("{key}:{}:{}", ms(w.period), w.capacity))
+        .collect()
+}
+
+fn integer(value: &Value) -> Result<i64, StoreError> {
+    match value {
+        Value::Int(i) => Ok(*i),
+        other => Err(StoreError(format!("unexpected script reply {other:?}"))),
+    }
+}
+
+impl RedisStore {
+    /// A store on `url` (`redis://host:port/db`). Connects lazily: the gateway starts while Redis
+    /// is down and uses it once it answers.
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(|e| StoreError(e.to_string()))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let connection = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| StoreError(e.to_string()))?;
+        Ok(Self {
+            connection,
+            timeout,
+            scripts: std::sync::Arc::new(Scripts {
+                take: Script::new(include_str!("scripts/take.lua")),
+                give_back: Script::new(include_str!("scripts/give_back.lua")),
+                acquire: Script::new(include_str!("scripts/acquire.lua")),
+                renew: Script::new(include_str!("scripts/renew.lua")),
+                begin: Script::new(include_str!("scripts/begin.lua")),
+                owned: Script::new(include_str!("scripts/owned.lua")),
+            }),
+        })
+    }
+
+    async fn run(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: Vec<Vec<u8>>,
+    ) -> Result<Value, StoreError> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let mut connection = self.connection.clone();
+        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(StoreError(e.to_string())),
+            Err(_) => Err(StoreError(format!(
+                "no answer within {} ms",
+                self.timeout.as_millis()
+            ))),
+        }
+    }
+
+    async fn take_units(
+        &self,
+        key: &str,
+        windows: &[Window],
+        amount: u64,
+    ) -> Result<Take, StoreError> {
+        let mut args = vec![amount.to_string().into_bytes()];
+        for w in windows {
+            args.push(w.capacity.to_string().into_bytes());
+            args.push(ms(w.period).to_string().into_bytes());
+        }
+        let reply = self
+            .run(&self.scripts.take, &bucket_keys(key, windows), args)
+            .await?;
+        let Value::Array(items) = reply else {
+            return Err(StoreError(format!("unexpected take reply {reply:?}")));
+        };
+        if items.len() != 3 + windows.len() {
+            return Err(StoreError("take reply has the wrong length".into()));
+        }
+        let allowed = integer(&items[0])? == 1;
+        let never = integer(&items[1])? == 1;
+        let wait = Duration::from_millis(integer(&items[2])?.max(0).unsigned_abs());
+        let mut levels = Vec::with_capacity(windows.len());
+        for (w, item) in windows.iter().zip(&items[3..]) {
+            levels.push(level_of(*w, integer(item)? as f64 / 1000.0));
+        }
+        Ok(Take {
+            allowed,
+            levels,
+            retry_after: if never { Duration::MAX } else { wait },
+            never,
+        })
+    }
+
+    async fn owned(
+        &self,
+        key: &str,
+        owner: &str,
+        action: &str,
+        ttl: Duration,
+        record: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        let args = vec![
+            owner.as_bytes().to_vec(),
+            action.as_bytes().to_vec(),
+            ms(ttl).to_string().into_bytes(),
+            record,
+        ];
+        self.run(&self.scripts.owned, &[key.to_string()], args)
+            .await
+            .map(drop)
+    }
+}
+
+impl Store for RedisStore {
+    fn hit<'a>(&'a self, key: &'a str, windows: &'a [Window]) -> StoreFuture<'a, Take> {
+        Box::pin(self.take_units(key, windows, 1))
+    }
+
+    fn take<'a>(
+        &'a self,
+        key: &'a str,
+        windows: &'a [Window],
+        amount: u64,
+    ) -> StoreFuture<'a, Take> {
+        Box::pin(self.take_units(key, windows, amount))
+    }
+
+    fn give_back<'a>(
+        &'a self,
+        key: &'a str,
+        windows: &'a [Window],
+        amount: u64,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let mut args = vec![amount.to_string().into_bytes()];
+            for w in windows {
+                args.push(w.capacity.to_string().into_bytes());
+                args.push(ms(w.period).to_string().into_bytes());
+            }
+            self.run(&self.scripts.give_back, &bucket_keys(key, windows), args)
+                .await
+                .map(drop)
+        })
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        lease: &'a str,
+        limit: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let args = vec![
+                lease.as_bytes().to_vec(),
+                limit.to_string().into_bytes(),
+                ms(ttl).to_string().into_bytes(),
+            ];
+            let reply = self
+                .run(&self.scripts.acquire, &[key.to_string()], args)
+                .await?;
+            Ok(integer(&reply)? == 1)
+        })
+    }
+
+    fn renew<'a>(&'a self, key: &'a str, lease: &'a str, ttl: Duration) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let args = vec![lease.as_bytes().to_vec(), ms(ttl).to_string().into_bytes()];
+            self.run(&self.scripts.renew, &[key.to_string()], args)
+                .await
+                .map(drop)
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a str, lease: &'a str) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let mut connection = self.connection.clone();
+            let command = redis::cmd("ZREM").arg(key).arg(lease).to_owned();
+            match tokio::time::timeout(self.timeout, command.query_async::<i64>(&mut connection))
+                .await
+            {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(StoreError(e.to_string())),
+                Err(_) => Err(StoreError("release timed out".into())),
+            }
+        })
+    }
+
+    fn begin<'a>(
+        &'a self,
+        key: &'a str,
+        fingerprint: &'a str,
+        owner: &'a str,
+        lease: Duration,
+    ) -> StoreFuture<'a, Begin> {
+        Box::pin(async move {
+            let args = vec![
+                fingerprint.as_bytes().to_vec(),
+                owner.as_bytes().to_vec(),
+                ms(lease).to_string().into_bytes(),
+            ];
+            let reply = self
+                .run(&self.scripts.begin, &[key.to_string()], args)
+                .await?;
+            let Value::Array(items) = reply else {
+                return Err(StoreError(format!("unexpected begin reply {reply:?}")));
+            };
+            let text = |v: Option<&Value>| match v {
+                Some(Value::BulkString(b)) => Some(b.clone()),
+                Some(Value::SimpleString(s)) => Some(s.clone().into_bytes()),
+                _ => None,
+            };
+            match text(items.first()).as_deref() {
+                Some(b"started") => Ok(Begin::Started),
+                Some(b"running") => Ok(Begin::Running),
+                Some(b"conflict") => Ok(Begin::Conflict),
+                Some(b"done") => Ok(Begin::Done(text(items.get(1)).unwrap_or_default())),
+                _ => Err(StoreError(format!("unexpected begin reply {items:?}"))),
+            }
+        })
+    }
+
+    fn keep<'a>(&'a self, key: &'a str, owner: &'a str, lease: Duration) -> StoreFuture<'a, ()> {
+        Box::pin(self.owned(key, owner, "keep", lease, Vec::new()))
+    }
+
+    fn finish<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        record: Vec<u8>,
+        ttl: Duration,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(self.owned(key, owner, "finish", ttl, record))
+    }
+
+    fn abandon<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, ()> {
+        Box::pin(self.owned(key, owner, "abandon", Duration::ZERO, Vec::new()))
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let mut connection = self.connection.clone();
+            let command = redis::cmd("PING");
+            match tokio::time::timeout(self.timeout, command.query_async::<String>(&mut connection))
+                .await
+            {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(StoreError(e.to_string())),
+                Err(_) => Err(StoreError("ping timed out".into())),
+            }
+        })
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+}

@@ -1,0 +1,202 @@
+//! JWT bearer tokens, verified with `jsonwebtoken`.
+//!
+//! The algorithm is pinned by configuration; a token whose header names another algorithm is
+//! refused before its signature is looked at (the "alg: none" and HS256-with-a-public-key
+//! attacks). `exp` is required; `nbf`, `iss` and `aud` are checked when configured. Claims map
+//! to a tenant (a configured claim, `tenant` by default) and scopes (the space-separated `scope`
+//! claim: `model:NAME` and `endpoint:NAME` items narrow the tenant's rights).
+
+use std::collections::BTreeSet;
+
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde_json::{Map, Value};
+
+use super::{Endpoint, NameSet, Scopes};
+
+/// A verifier for one algorithm and its keys.
+#[derive(Clone)]
+pub struct JwtVerifier {
+    algorithm: Algorithm,
+    /// Keys with their `kid`, tried in order (a token's `kid` picks one when both name it).
+    keys: Vec<(Option<String>, DecodingKey)>,
+    validation: Validation,
+    tenant_claim: String,
+    scope_claim: String,
+}
+
+impl std::fmt::Debug for JwtVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtVerifier")
+            .field("algorithm", &self.algorithm)
+            .field("keys", &self.keys.len())
+            .field("tenant_claim", &self.tenant_claim)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a verified token says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenClaims {
+    /// The tenant it names.
+    pub tenant: String,
+    /// Its subject, for logs.
+    pub subject: Option<String>,
+    /// Its scopes.
+    pub scopes: Scopes,
+}
+
+/// Validated JWT settings.
+#[derive(Debug, Clone)]
+pub struct JwtSettings {
+    /// The one accepted algorithm.
+    pub algorithm: Algorithm,
+    /// Verification keys with their `kid`.
+    pub keys: Vec<(Option<String>, DecodingKey)>,
+    /// Required `iss`.
+    pub issuer: Option<String>,
+    /// Required `aud`.
+    pub audience: Option<String>,
+    /// Claim naming the tenant.
+    pub tenant_claim: String,
+    /// Claim holding scopes.
+    pub scope_claim: String,
+    /// Clock skew allowed on `exp` and `nbf`, in seconds.
+    pub leeway_secs: u64,
+}
+
+impl JwtVerifier {
+    /// A verifier from validated settings.
+    pub fn new(settings: JwtSettings) -> Self {
+        let mut validation = Validation::new(settings.algorithm);
+        validation.leeway = settings.leeway_secs;
+        validation.validate_nbf = true;
+        validation.set_required_spec_claims(&["exp"]);
+        if let Some(iss) = &settings.issuer {
+            validation.set_issuer(&[iss]);
+        }
+        match &settings.audience {
+            Some(aud) => validation.set_audience(&[aud]),
+            None => validation.validate_aud = false,
+        }
+        Self {
+            algorithm: settings.algorithm,
+            keys: settings.keys,
+            validation,
+            tenant_claim: settings.tenant_claim,
+            scope_claim: settings.scope_claim,
+        }
+    }
+
+    /// Verifies a token; the error is a sentence for the client.
+    pub fn verify(&self, token: &str) -> Result<TokenClaims, String> {
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|_| "the bearer token is not a well-formed JWT".to_string())?;
+        if header.alg != self.algorithm {
+            return Err(format!(
+                "the token is signed with {:?}, but this gateway accepts only {:?}",
+                header.alg, self.algorithm
+            ));
+        }
+        let candidates = self
+            .keys
+            .iter()
+            .filter(|(kid, _)| match (&header.kid, kid) {
+                (Some(want), Some(have)) => want == have,
+                _ => true,
+            });
+        let mut last = "no verification key matches the token's kid".to_string();
+        for (_, key) in candidates {
+            match jsonwebtoken::decode::<Map<String, Value>>(token, key, &self.validation) {
+                Ok(data) => return self.claims(data.claims),
+                Err(e) => {
+                    last = explain(e.kind());
+                    if !matches!(e.kind(), ErrorKind::InvalidSignature) {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(last)
+    }
+
+    fn claims(&self, claims: Map<String, Value>) -> Result<TokenClaims, String> {
+        let tenant = claims
+            .get(&self.tenant_claim)
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("the token has no `{}` claim", self.tenant_claim))?
+            .to_string();
+        let items: Vec<String> = match claims.get(&self.scope_claim) {
+            Some(Value::String(s)) => s.split_whitespace().map(str::to_string).collect(),
+            Some(Value::Array(list)) => list
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect(),
+            _ => Vec::new(),
+        };
+        Ok(TokenClaims {
+            tenant,
+            subject: claims
+                .get("sub")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            scopes: scopes_from(&items),
+        })
+    }
+}
+
+/// Scopes from `model:NAME` and `endpoint:NAME` items; a kind with no items is not narrowed.
+pub fn scopes_from(items: &[String]) -> Scopes {
+    let models: Vec<String> = items
+        .iter()
+        .filter_map(|s| s.strip_prefix("model:"))
+        .map(str::to_string)
+        .collect();
+    let endpoints: BTreeSet<Endpoint> = items
+        .iter()
+        .filter_map(|s| s.strip_prefix("endpoint:"))
+        .filter_map(Endpoint::parse)
+        .collect();
+    let named_endpoints = items.iter().any(|s| s.starts_with("endpoint:"));
+    Scopes {
+        models: if models.is_empty() {
+            NameSet::All
+        } else {
+            NameSet::from_list(&models)
+        },
+        endpoints: named_endpoints.then_some(endpoints),
+    }
+}
+
+fn explain(kind: &ErrorKind) -> String {
+    match kind {
+        ErrorKind::ExpiredSignature => "the token has expired".into(),
+        ErrorKind::ImmatureSignature => "the token is not valid yet (nbf)".into(),
+        ErrorKind::InvalidAudience => "the token is for another audience (aud)".into(),
+        ErrorKind::InvalidIssuer => "the token is from another issuer (iss)".into(),
+        ErrorKind::InvalidSignature => "the token's signature does not verify".into(),
+        ErrorKind::InvalidAlgorithm | ErrorKind::MissingAlgorithm => {
+            "the token's algorithm is not accepted".into()
+        }
+        ErrorKind::MissingRequiredClaim(c) => format!("the token has no `{c}` claim"),
+        ErrorKind::InvalidClaimFormat(c) => format!("the token's `{c}` claim is malformed"),
+        _ => "the bearer token is not a well-formed JWT".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scope_items_narrow_only_what_they_name() {
+        let s = scopes_from(&["model:a".into(), "openid".into()]);
+        assert!(s.models.allows_any(["a"].into_iter()));
+        assert!(!s.models.allows_any(["b"].into_iter()));
+        assert_eq!(s.endpoints, None);
+        let s = scopes_from(&["endpoint:chat".into(), "endpoint:bogus".into()]);
+        assert_eq!(s.models, NameSet::All);
+        assert_eq!(s.endpoints, Some([Endpoint::Chat].into_iter().collect()));
+    }
+}

@@ -1,0 +1,231 @@
+//! The tenancy services a request goes through, built from the configuration: authentication,
+//! limits on the state store, model queues, idempotency; and [`Admission`], what a generation
+//! holds while it runs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::auth::{Authenticator, Caller};
+use super::limits::{Limiter, StreamPermit, TokenHold};
+use super::queue::{QueueSlot, Queues};
+use crate::config::{TenancyConfig, keys_file};
+use crate::engine_host::ServedModel;
+use crate::error::ApiError;
+use crate::idempotency::Idempotency;
+use crate::store::memory::MemoryStore;
+use crate::store::redis::RedisStore;
+use crate::store::{Store, StoreError};
+
+/// Authentication, limits, queues and idempotency.
+#[derive(Debug)]
+pub struct Tenancy {
+    /// Credentials to principals.
+    pub auth: Authenticator,
+    /// Per-tenant limits.
+    pub limiter: Limiter,
+    /// Per-model queues.
+    pub queues: Queues,
+    /// Idempotency, unless switched off.
+    pub idempotency: Option<Arc<Idempotency>>,
+}
+
+/// What a running generation holds: its token reservation, its concurrency lease and its place
+/// in the model's queue. Dropping it returns all three (unused tokens included).
+#[derive(Debug, Default)]
+pub struct Admission {
+    tokens: Option<TokenHold>,
+    _permit: Option<StreamPermit>,
+    _slot: Option<QueueSlot>,
+}
+
+impl Admission {
+    /// Records the tokens used so far, so a drop (cancel, error) settles with them.
+    pub fn record(&self, used: u64) {
+        if let Some(t) = &self.tokens {
+            t.record(used);
+        }
+    }
+
+    /// Settles with the tokens used and returns everything held.
+    pub fn settle(mut self, used: u64) {
+        if let Some(t) = self.tokens.take() {
+            t.settle(used);
+        }
+    }
+}
+
+impl Tenancy {
+    /// Builds the services. Needs a Tokio runtime (the Redis connection lives on it).
+    pub fn build(config: &TenancyConfig, retry_after: Duration) -> Result<Self, StoreError> {
+        let store: Arc<dyn Store> = match &config.redis_url {
+            Some(url) => Arc::new(RedisStore::new(url, config.state_timeout)?),
+            None => Arc::new(MemoryStore::new(config.memory)),
+        };
+        let auth = if config.auth_required {
+            let directory = keys_file::directory(config).map_err(StoreError)?;
+            Authenticator::required(directory, config.jwt.as_ref().map(|j| (*j.0).clone()))
+        } else {
+            Authenticator::off()
+        };
+        let limiter = Limiter::new(
+            Arc::clone(&store),
+            config.failure,
+            config.lease_ttl,
+            retry_after,
+        );
+        let idempotency = config.idempotency.clone().map(|settings| {
+            Arc::new(Idempotency::new(
+                Arc::clone(&store),
+                settings,
+                config.failure.idempotency,
+                retry_after,
+            ))
+        });
+        Ok(Self {
+            auth,
+            limiter,
+            queues: Queues::new(config.queue),
+            idempotency,
+        })
+    }
+
+    /// Refuses a model the caller may not use (403).
+    pub fn check_model(
+        &self,
+        caller: &Caller,
+        model: &ServedModel,
+        asked: &str,
+    ) -> Result<(), ApiError> {
+        let names = [asked, model.id.as_str()];
+        if caller.principal.may_use(names.iter().copied()) {
+            return Ok(());
+        }
+        Err(ApiError::Forbidden {
+            param: Some("model".into()),
+            code: "model_not_allowed",
+            message: format!("Your plan or key does not allow the model `{asked}`."),
+        })
+    }
+
+    /// Admits a generation of `prompt` tokens that may produce `most_new` more: reserves the
+    /// tokens, takes a concurrency lease, then waits for a place in the model's queue (until
+    /// `deadline`).
+    pub async fn admit(
+        &self,
+        caller: &Caller,
+        model: &ServedModel,
+        prompt: u64,
+        most_new: u64,
+        priority: i32,
+        deadline: Instant,
+    ) -> Result<Admission, ApiError> {
+        let mut report = caller.snapshot();
+        let reserved = self
+            .limiter
+            .reserve(&caller.principal, prompt + most_new, &mut report)
+            .await;
+        caller.report(|r| r.tokens = report.tokens);
+        let tokens = reserved?;
+        let permit = self.limiter.acquire(&caller.principal).await?;
+        let queue = self.queues.of(&model.id);
+        let (slot, position) =
+            match tokio::time::timeout_at(deadline.into(), queue.enter(priority)).await {
+                Ok(Ok(entered)) => entered,
+                Ok(Err(full)) => {
+                    return Err(ApiError::Overloaded {
+                        message: format!(
+                            "the queue of model `{}` is full ({} waiting)",
+                            model.id, full.waiting
+                        ),
+                        retry_after: self.limiter_retry_after(),
+                    });
+                }
+                Err(_) => {
+                    return Err(ApiError::Timeout(
+                        deadline.saturating_duration_since(Instant::now()),
+                    ));
+                }
+            };
+        caller.report(|r| r.queue_position = position);
+        if let Some(t) = &tokens {
+            t.record(prompt);
+        }
+        Ok(Admission {
+            tokens,
+            _permit: permit,
+            _slot: Some(slot),
+        })
+    }
+
+    fn limiter_retry_after(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    /// Re-reads the keys file every `interval` when it changed (and on SIGHUP), swapping the
+    /// directory; a file that fails to load keeps the current one. Every reload is audited.
+    pub fn watch_keys_file(
+        self: &Arc<Self>,
+        config: TenancyConfig,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let path = config.keys_file.clone()?;
+        if !config.auth_required {
+            return None;
+        }
+        let this = Arc::clone(self);
+        Some(tokio::spawn(async move {
+            let modified = |p: &std::path::Path| {
+                std::fs::metadata(p)
+                    .and_then(|m| m.modified())
+                    .unwrap_or(SystemTime::UNIX_EPOCH)
+            };
+            let mut seen = modified(&path);
+            let mut tick = tokio::time::interval(config.reload_interval);
+            #[cfg(unix)]
+            let mut hup =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+            loop {
+                #[cfg(unix)]
+                let forced = match hup.as_mut() {
+                    Some(signal) => tokio::select! {
+                        _ = tick.tick() => false,
+                        _ = signal.recv() => true,
+                    },
+                    None => {
+                        tick.tick().await;
+                        false
+                    }
+                };
+                #[cfg(not(unix))]
+                let forced = {
+                    tick.tick().await;
+                    false
+                };
+                let now = modified(&path);
+                if now == seen && !forced {
+                    continue;
+                }
+                seen = now;
+                match keys_file::directory(&config) {
+                    Ok(directory) => {
+                        tracing::info!(
+                            target: "turnpike::audit",
+                            event = "keys_reloaded",
+                            file = %path.display(),
+                            tenants = directory.tenants.len(),
+                            keys = directory.keys.len(),
+                            "keys file reloaded"
+                        );
+                        this.auth.replace(directory);
+                    }
+                    Err(error) => tracing::error!(
+                        target: "turnpike::audit",
+                        event = "keys_reload_failed",
+                        file = %path.display(),
+                        %error,
+                        "keys file not reloaded; the previous keys stay in force"
+                    ),
+                }
+            }
+        }))
+    }
+}
