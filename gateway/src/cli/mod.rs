@@ -1,5 +1,6 @@
 //! The command line: `turnpike [serve]`, `turnpike plugin check`, `turnpike plugin conformance`.
 
+mod keys;
 mod plugin_check;
 mod plugin_config;
 
@@ -46,6 +47,9 @@ pub enum Command {
     /// Inspect and check engine plugins.
     #[command(subcommand)]
     Plugin(PluginCommand),
+    /// Make API keys and manage the keys file.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
 }
 
 /// Arguments of `serve`.
@@ -96,6 +100,9 @@ pub enum CliError {
     /// A plugin command failed.
     #[error(transparent)]
     Plugin(#[from] PluginCommandError),
+    /// A keys command failed.
+    #[error(transparent)]
+    Keys(#[from] keys::KeysError),
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
@@ -112,6 +119,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Plugin(PluginCommand::Conformance(args)) => {
             Ok(plugin_check::conformance(&args, out)?)
         }
+        Command::Keys(command) => Ok(keys::run(command, out)?),
     }
 }
 

@@ -190,6 +190,11 @@ pub struct ModelConfig {
     pub tool_call_parser: Option<ToolCallFormat>,
 }
 
+/// Checks a tenant name (letters, digits, `-`, `_`, `.`; at most 64).
+pub fn tenancy_name_check(name: &str) -> Result<(), String> {
+    tenancy::check_name("tenant", name)
+}
+
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
