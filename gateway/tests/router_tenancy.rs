@@ -295,3 +295,35 @@ async fn jwts_are_verified_with_the_pinned_algorithm_audience_and_expiry() {
     .await;
     assert_eq!(error_of(&reply, 403)["code"], "endpoint_not_allowed");
 }
+
+#[tokio::test]
+async fn a_full_model_queue_answers_queue_full_and_waiters_learn_their_place() {
+    use tower::ServiceExt;
+    let (app, keys, _dir) = tenant_app(
+        "[tenants.acme]\n[queue]\nmax_running = 1\nmax_waiting = 1\n",
+        &["acme"],
+    );
+    let request = |key: &str| {
+        let mut body = chat();
+        body["stream"] = json!(true);
+        Request::post("/v1/chat/completions")
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {key}"))
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    // A stream holds its place until its body is read or dropped.
+    let running = app.clone().oneshot(request(&keys[0])).await.unwrap();
+    assert_eq!(running.status(), 200);
+    let waiting = tokio::spawn({
+        let (app, req) = (app.clone(), request(&keys[0]));
+        async move { app.oneshot(req).await.unwrap() }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let full = send(&app, request(&keys[0])).await;
+    assert_eq!(error_of(&full, 429)["code"], "queue_full");
+    drop(running);
+    let admitted = waiting.await.unwrap();
+    assert_eq!(admitted.status(), 200);
+    assert_eq!(admitted.headers()["x-queue-position"], "1");
+}
