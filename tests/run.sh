@@ -24,6 +24,14 @@ venv() { # venv NAME REQUIREMENTS: create or refresh target/py/NAME
 venv openai3 tests/python/requirements.txt
 venv openai2 tests/python/requirements-openai2.txt
 
+# The Redis tests (tests/python/test_redis.py) start their own redis-server.
+if ! command -v redis-server >/dev/null; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get install -y -q redis-server || { $sudo apt-get update -q && $sudo apt-get install -y -q redis-server; }
+fi
+
 export TURNPIKE_BIN="$PWD/target/debug/turnpike" TURNPIKE_SIM="$PWD/target/debug/libturnpike_sim.so"
 target/py/openai3/bin/python -m pytest -q -p no:cacheprovider tests/python
 target/py/openai2/bin/python -m pytest -q -p no:cacheprovider tests/python/test_sdk.py

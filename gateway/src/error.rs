@@ -119,7 +119,9 @@ pub enum ApiError {
     #[error("{}", .0.message())]
     RateLimited(Box<RateLimited>),
     /// The state store is unreachable and the feature fails closed (503).
-    #[error("Rate limiting state is unavailable right now; retry after a short wait.")]
+    #[error(
+        "The gateway's shared state (limits, idempotency records) is unavailable right now; retry after a short wait."
+    )]
     StateUnavailable {
         /// What failed (logged, not sent).
         detail: String,

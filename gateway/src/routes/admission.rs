@@ -26,24 +26,22 @@ pub async fn admission(
     let now = i64::try_from(unix_now()).unwrap_or(i64::MAX);
     let principal = match tenancy.auth.authenticate(request.headers(), now) {
         Ok(p) => p,
-        Err(e) => return e.into_response(),
+        Err(e) => return refuse(request, e, &LimitReport::default(), &state).await,
     };
     if let Some(endpoint) = Endpoint::of_path(request.uri().path())
         && !principal.may_call(endpoint)
     {
-        return ApiError::Forbidden {
+        let e = ApiError::Forbidden {
             param: None,
             code: "endpoint_not_allowed",
             message: format!("This key may not call the `{}` endpoint.", endpoint.name()),
-        }
-        .into_response();
+        };
+        return refuse(request, e, &LimitReport::default(), &state).await;
     }
     let caller = Caller::new(Arc::new(principal));
     let mut report = LimitReport::default();
     if let Err(e) = tenancy.limiter.hit(&caller.principal, &mut report).await {
-        let mut response = e.into_response();
-        ratelimit_headers::apply(response.headers_mut(), &report);
-        return response;
+        return refuse(request, e, &report, &state).await;
     }
     caller.report(|r| r.requests = report.requests);
     request.extensions_mut().insert(caller.clone());
@@ -66,3 +64,30 @@ pub async fn admission(
     ratelimit_headers::apply(response.headers_mut(), &caller.snapshot());
     response
 }
+
+/// Refuses a request before its handler ran. The body is read first (within the size limit and
+/// briefly): answering while a client is still sending makes the server drop the connection,
+/// and a client that wrote its body separately would see a broken connection, not the error.
+async fn refuse(
+    request: Request,
+    error: ApiError,
+    report: &LimitReport,
+    state: &AppState,
+) -> Response {
+    let limit = state.server.max_body_bytes;
+    let drained =
+        tokio::time::timeout(DRAIN_TIME, axum::body::to_bytes(request.into_body(), limit)).await;
+    let mut response = error.into_response();
+    ratelimit_headers::apply(response.headers_mut(), report);
+    if !matches!(drained, Ok(Ok(_))) {
+        // The body is too large or too slow to wait for: say the connection ends here.
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    response
+}
+
+/// Longest a refused request's body is waited for.
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);

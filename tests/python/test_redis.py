@@ -1,0 +1,220 @@
+"""Several gateway replicas on one real Redis: shared request and token limits, idempotency
+records seen by every replica, and what happens while Redis is down and after it is back.
+
+Needs `redis-server` on the PATH (tests/run.sh installs it); without it these tests fail."""
+
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import engine_counter, wait_for
+from tenancy_support import Gateway, Redis, chat_body, config_text, error_of, make_key, post_once, timed_stream
+
+
+@pytest.fixture
+def redis(tmp_path):
+    server = Redis(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def replicas(tmp_path):
+    """Starts gateways and stops them at the end: `replicas(sections, env, count)`."""
+    started = []
+
+    def start(sections, env, count=2, name="replica"):
+        gateways = [Gateway(tmp_path, config_text(sections), env, f"{name}{len(started) + i}") for i in range(count)]
+        started.extend(gateways)
+        return gateways
+
+    yield start
+    for gateway in started:
+        gateway.stop()
+
+
+def state(redis, failure_mode=""):
+    return f"""
+[state]
+backend = "redis"
+redis_url = "{redis.url}"
+timeout_ms = 250
+{failure_mode}
+"""
+
+
+def tenant(limits):
+    return f"""
+[auth]
+mode = "required"
+
+[tenants.acme]
+models = ["*"]
+keys = [{{ env = "ACME_API_KEY" }}]
+{limits}
+"""
+
+
+def burst(gateways, key, body, count, threads=24):
+    """`count` requests at once, alternating between the gateways; returns the answers and
+    the seconds from the first send to the last answer."""
+    started = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        answers = list(pool.map(
+            lambda i: post_once(gateways[i % len(gateways)].base, "/v1/chat/completions", key, body), range(count)
+        ))
+    return answers, time.monotonic() - started
+
+
+def test_request_rate_is_shared(redis, replicas):
+    key = make_key()
+    gateways = replicas(tenant("requests_per_minute = 20") + state(redis), {"ACME_API_KEY": key})
+    answers, elapsed = burst(gateways, key, chat_body(max_tokens=1), 120)
+    statuses = Counter(status for status, _, _ in answers)
+    assert set(statuses) <= {200, 429}, statuses
+    admitted = statuses[200]
+    # 20 at once, then one every 3 s.
+    assert 20 - 1 <= admitted <= 20 + elapsed * 20 / 60 + 1, (statuses, elapsed)
+    for status, headers, body in answers:
+        if status == 429:
+            assert (body["error"]["type"], body["error"]["code"]) == ("requests", "rate_limit_exceeded")
+            assert headers["x-ratelimit-limit-requests"] == "20"
+            assert headers["x-ratelimit-remaining-requests"] == "0"
+            assert int(headers["retry-after"]) >= 1
+    # Both replicas turn the tenant away now, whichever admitted what.
+    for gateway in gateways:
+        status, _, _ = post_once(gateway.base, "/v1/chat/completions", key, chat_body(max_tokens=1))
+        assert status == 429
+
+
+@pytest.mark.parametrize("model", ["chat", "fixed"])
+def test_token_budget_is_shared(redis, replicas, model):
+    """600 tokens a minute; each request reserves prompt + 50. `chat` gives back what it did
+    not use; `fixed` uses all 50, so its admissions are bounded exactly."""
+    key = make_key()
+    gateways = replicas(tenant("tokens_per_minute = 600") + state(redis), {"ACME_API_KEY": key})
+    answers, elapsed = burst(gateways, key, chat_body(model, max_tokens=50), 60)
+    statuses = Counter(status for status, _, _ in answers)
+    assert set(statuses) <= {200, 429}, statuses
+    usages = [body["usage"] for status, _, body in answers if status == 200]
+    prompt = usages[0]["prompt_tokens"]
+    one_request = prompt + 50
+    assert all(u["prompt_tokens"] == prompt for u in usages)
+    spent = sum(u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+    budget = 600 + elapsed * 10
+    # Every admission fitted what the budget had left, so all that was spent fits the budget.
+    assert spent <= budget + one_request, (statuses, spent, elapsed)
+    # The first 600 // one_request reservations fit whatever the order.
+    assert len(usages) >= 600 // one_request, (statuses, spent)
+    if model == "fixed":
+        assert all(u["completion_tokens"] == 50 for u in usages)
+        assert len(usages) * one_request <= budget + one_request
+    assert statuses[429] > 0
+    for status, headers, body in answers:
+        if status == 429:
+            assert (body["error"]["type"], body["error"]["code"]) == ("tokens", "rate_limit_exceeded")
+            assert headers["x-ratelimit-limit-tokens"] == "600"
+
+
+def test_idempotent_replay_across_replicas(redis, replicas):
+    key = make_key()
+    a, b = replicas(tenant("") + state(redis), {"ACME_API_KEY": key})
+    headers = {"Idempotency-Key": "order-1"}
+    with a.client(key) as on_a, b.client(key) as on_b:
+        first = on_a.post("/chat/completions", json=chat_body(max_tokens=30), headers=headers)
+        replay = on_b.post("/chat/completions", json=chat_body(max_tokens=30), headers=headers)
+        assert first.status_code == replay.status_code == 200
+        assert first.headers.get("idempotent-replayed") is None
+        assert replay.headers["idempotent-replayed"] == "true"
+        assert replay.json() == first.json()
+        assert replay.headers["x-request-id"] == first.headers["x-request-id"]
+        # A different body under the same key is refused on either replica.
+        for client in (on_a, on_b):
+            r = client.post("/chat/completions", json=chat_body(max_tokens=31), headers=headers)
+            assert r.status_code == 409 and error_of(r)["code"] == "idempotency_key_reused"
+
+        stream = chat_body(max_tokens=30, stream=True)
+        headers = {"Idempotency-Key": "order-2"}
+        first = on_b.post("/chat/completions", json=stream, headers=headers)
+        replay = on_a.post("/chat/completions", json=stream, headers=headers)
+        assert first.status_code == replay.status_code == 200
+        assert replay.headers["idempotent-replayed"] == "true"
+        assert replay.text == first.text and first.text.rstrip().endswith("data: [DONE]")
+
+
+def test_repeat_on_another_replica_while_running(redis, replicas):
+    """A repeat on replica B while replica A still generates waits for A's record and replays
+    it (joining the live stream is per replica); the engine runs once in all."""
+    key = make_key()
+    a, b = replicas(tenant("") + state(redis), {"ACME_API_KEY": key})
+    body = chat_body("long", max_tokens=50, stream=True)
+    headers = {"Idempotency-Key": "join-across"}
+    answers = {}
+
+    def send(gateway):
+        with gateway.client(key) as c:
+            answers[gateway.base] = timed_stream(c, body, headers)
+
+    first = threading.Thread(target=send, args=(a,))
+    first.start()
+    time.sleep(0.3)  # A's stream takes about 1 s
+    send(b)
+    first.join()
+    (one, one_text, _, one_end), (two, two_text, _, two_end) = answers[a.base], answers[b.base]
+    assert one.status_code == two.status_code == 200
+    assert one.headers.get("idempotent-replayed") is None
+    assert two.headers["idempotent-replayed"] == "true"
+    assert one_text == two_text and one_text.rstrip().endswith("data: [DONE]")
+    assert two_end - one_end < 0.5  # not a second run of about 1 s
+    completed = lambda: sum(engine_counter(g.base, "completed") for g in (a, b))
+    assert wait_for(lambda: completed() >= 1, timeout=5)
+    time.sleep(0.1)
+    assert completed() == 1
+
+
+def test_redis_outage_and_recovery(redis, replicas):
+    key = make_key()
+    env = {"ACME_API_KEY": key}
+    limits = tenant("requests_per_minute = 10")
+    # A lets plain requests through without Redis but refuses idempotent ones; B refuses both.
+    (a,) = replicas(limits + state(redis, '[state.failure_mode]\nrequests = "open"\nidempotency = "closed"'), env, 1, "open")
+    (b,) = replicas(limits + state(redis, '[state.failure_mode]\nrequests = "closed"'), env, 1, "closed")
+    plain = chat_body(max_tokens=1)
+
+    def send(gateway, idempotency_key=None):
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return post_once(gateway.base, "/v1/chat/completions", key, plain, headers)
+
+    assert send(a)[0] == 200 and send(b)[0] == 200
+    assert send(a, "before-outage")[0] == 200
+
+    redis.stop()
+    for _ in range(3):  # also once the store has noticed
+        status, _, body = send(a)
+        assert status == 200, body
+        status, headers, body = send(a, "during-outage")
+        assert status == 503, body
+        assert body["error"]["code"] == "state_unavailable" and int(headers["retry-after"]) >= 1
+        status, _, body = send(b)
+        assert status == 503, body
+        assert body["error"]["code"] == "state_unavailable"
+
+    redis.start()  # same port, empty
+    back = time.monotonic()
+    assert wait_for(lambda: send(b)[0] == 200, timeout=10), "the closed replica did not recover"
+    assert wait_for(lambda: send(a, "after-outage")[0] == 200, timeout=10), "idempotency did not recover"
+    recovered = time.monotonic() - back
+    assert recovered < 5, recovered
+    # The records live in Redis again: the same key is now a replay, on either replica.
+    for gateway in (a, b):
+        status, headers, _ = send(gateway, "after-outage")
+        assert status == 200 and headers["idempotent-replayed"] == "true"
+    # And the limit holds again, for both replicas.
+    statuses = [send(a)[0] for _ in range(12)]
+    assert 429 in statuses, statuses
+    assert statuses.count(200) <= 10
+    status, _, body = send(b)
+    assert status == 429 and body["error"]["code"] == "rate_limit_exceeded"
