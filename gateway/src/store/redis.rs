@@ -50,6 +50,16 @@ fn bucket_keys(key: &str, windows: &[Window]) -> Vec<String> {
         .collect()
 }
 
+/// The arguments of the bucket scripts: the amount, then each window's capacity and period.
+fn bucket_args(amount: u64, windows: &[Window]) -> Vec<Vec<u8>> {
+    let mut args = vec![amount.to_string().into_bytes()];
+    for w in windows {
+        args.push(w.capacity.to_string().into_bytes());
+        args.push(ms(w.period).to_string().into_bytes());
+    }
+    args
+}
+
 fn integer(value: &Value) -> Result<i64, StoreError> {
     match value {
         Value::Int(i) => Ok(*i),
@@ -113,13 +123,12 @@ impl RedisStore {
         windows: &[Window],
         amount: u64,
     ) -> Result<Take, StoreError> {
-        let mut args = vec![amount.to_string().into_bytes()];
-        for w in windows {
-            args.push(w.capacity.to_string().into_bytes());
-            args.push(ms(w.period).to_string().into_bytes());
-        }
         let reply = self
-            .run(&self.scripts.take, &bucket_keys(key, windows), args)
+            .run(
+                &self.scripts.take,
+                &bucket_keys(key, windows),
+                bucket_args(amount, windows),
+            )
             .await?;
         let Value::Array(items) = reply else {
             return Err(StoreError(format!("unexpected take reply {reply:?}")));
@@ -183,11 +192,7 @@ impl Store for RedisStore {
         amount: u64,
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let mut args = vec![amount.to_string().into_bytes()];
-            for w in windows {
-                args.push(w.capacity.to_string().into_bytes());
-                args.push(ms(w.period).to_string().into_bytes());
-            }
+            let args = bucket_args(amount, windows);
             self.run(&self.scripts.give_back, &bucket_keys(key, windows), args)
                 .await
                 .map(drop)
