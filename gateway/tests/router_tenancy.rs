@@ -327,3 +327,32 @@ async fn a_full_model_queue_answers_queue_full_and_waiters_learn_their_place() {
     assert_eq!(admitted.status(), 200);
     assert_eq!(admitted.headers()["x-queue-position"], "1");
 }
+
+#[tokio::test]
+async fn a_jwks_file_supplies_keys_picked_by_kid() {
+    let rsa =
+        EncodingKey::from_rsa_pem(&std::fs::read(fixture("rsa-private.pem")).unwrap()).unwrap();
+    let text = format!(
+        "[auth.jwt]\nalgorithm = \"RS256\"\njwks_file = {:?}\n[tenants.acme]\n",
+        fixture("rsa-jwks.json").display().to_string()
+    );
+    let (_, backend) = fake(Box::new(|_| Ok(say("Fine."))));
+    let app = app_with_tenancy(backend, server(10_000, 10_000), |_| {}, tenancy(&text));
+    let claims = json!({"tenant": "acme", "exp": now() + 600});
+    let signed = |kid: &str| {
+        let mut header = Header::new(Algorithm::RS256);
+        header.kid = Some(kid.into());
+        jsonwebtoken::encode(&header, &claims, &rsa).unwrap()
+    };
+    assert_eq!(
+        call(&app, Some(&signed("k1")), None, chat()).await.status,
+        200
+    );
+    let reply = call(&app, Some(&signed("k2")), None, chat()).await;
+    assert!(
+        error_of(&reply, 401)["message"]
+            .as_str()
+            .unwrap()
+            .contains("kid")
+    );
+}
