@@ -7,6 +7,7 @@
 
 mod builtin;
 mod env;
+mod jwt;
 pub mod keys_file;
 mod raw;
 mod tenancy;
