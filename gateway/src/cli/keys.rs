@@ -131,10 +131,10 @@ fn new_key() -> Result<(String, String), KeysError> {
 
 /// Runs a keys subcommand.
 pub fn run(command: KeysCommand, out: &mut dyn Write) -> Result<(), KeysError> {
-    let (key, id) = new_key()?;
-    match command {
-        KeysCommand::Generate => {}
+    let key = match command {
+        KeysCommand::Generate => new_key()?.0,
         KeysCommand::Create(args) => {
+            let (key, id) = new_key()?;
             crate::config::tenancy_name_check(&args.tenant).map_err(KeysError::Invalid)?;
             if let Some(t) = &args.expires {
                 parse_time(t, "--expires").map_err(KeysError::Invalid)?;
@@ -152,8 +152,10 @@ pub fn run(command: KeysCommand, out: &mut dyn Write) -> Result<(), KeysError> {
             });
             save(&args.file, table, &list)?;
             tracing::info!(target: "turnpike::audit", event = "key_created", key_id = %id, tenant = %args.tenant, file = %args.file.display(), "API key created");
+            key
         }
         KeysCommand::Rotate(args) => {
+            let (key, id) = new_key()?;
             let (table, mut list) = load(&args.file)?;
             let old = list
                 .iter_mut()
@@ -170,6 +172,7 @@ pub fn run(command: KeysCommand, out: &mut dyn Write) -> Result<(), KeysError> {
             list.push(new);
             save(&args.file, table, &list)?;
             tracing::info!(target: "turnpike::audit", event = "key_rotated", key_id = %id, replaces = %args.id, old_key_expires = %grace_end, tenant = %tenant, "API key rotated");
+            key
         }
         KeysCommand::Revoke(args) => {
             let (table, mut list) = load(&args.file)?;
@@ -183,7 +186,7 @@ pub fn run(command: KeysCommand, out: &mut dyn Write) -> Result<(), KeysError> {
             tracing::info!(target: "turnpike::audit", event = "key_revoked", key_id = %args.id, tenant = %tenant, "API key revoked");
             return Ok(());
         }
-    }
+    };
     // The key itself, once; nothing else on stdout, so scripts can capture it.
     let _ = writeln!(out, "{key}");
     Ok(())

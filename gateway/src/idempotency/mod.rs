@@ -65,6 +65,23 @@ fn conflict(code: &'static str, message: &str) -> Response {
     .into_response()
 }
 
+/// What a listener reads, as a response (marked when it is not the original request's).
+async fn respond(listener: hub::Listener, replay: bool) -> Response {
+    match listener.into_response().await {
+        Some((status, headers, body)) if replay => replayed(status, headers, body),
+        Some((status, headers, body)) => {
+            let mut response = Response::new(body);
+            *response.status_mut() = status;
+            *response.headers_mut() = headers;
+            response
+        }
+        None => ApiError::Internal {
+            detail: "an idempotent request ended before its response".into(),
+        }
+        .into_response(),
+    }
+}
+
 fn replayed(
     status: axum::http::StatusCode,
     headers: axum::http::HeaderMap,
@@ -157,13 +174,7 @@ impl Idempotency {
                     let hub = self.hubs().get(&scoped).cloned();
                     if let Some(listener) = hub.and_then(|h| h.listen()) {
                         metrics::idempotency("joined");
-                        return match listener.into_response().await {
-                            Some((status, headers, body)) => replayed(status, headers, body),
-                            None => ApiError::Internal {
-                                detail: "an idempotent request ended before its response".into(),
-                            }
-                            .into_response(),
-                        };
+                        return respond(listener, true).await;
                     }
                     // Running elsewhere (another replica), or too large to join: wait for it.
                     if Instant::now() >= deadline {
@@ -222,18 +233,7 @@ impl Idempotency {
                 hubs.remove(&scoped);
             }
         });
-        match listener.into_response().await {
-            Some((status, headers, body)) => {
-                let mut response = Response::new(body);
-                *response.status_mut() = status;
-                *response.headers_mut() = headers;
-                response
-            }
-            None => ApiError::Internal {
-                detail: "an idempotent request ended before its response".into(),
-            }
-            .into_response(),
-        }
+        respond(listener, false).await
     }
 
     /// Stores or forgets a finished request.

@@ -402,7 +402,7 @@ impl Store for MemoryStore {
         ready(())
     }
 
-    fn kind(&self) -> &'static str {
-        "memory"
+    fn shared(&self) -> bool {
+        false
     }
 }

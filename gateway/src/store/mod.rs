@@ -138,8 +138,9 @@ pub trait Store: Send + Sync + Debug {
     /// Whether the backend answers.
     fn ping(&self) -> StoreFuture<'_, ()>;
 
-    /// `memory` or `redis`.
-    fn kind(&self) -> &'static str;
+    /// Whether other processes share this state, so a lease a crashed holder never returned must
+    /// lapse, and live leases must be renewed.
+    fn shared(&self) -> bool;
 }
 
 /// Bucket arithmetic shared by the in-memory store and mirrored by the Redis scripts: the level

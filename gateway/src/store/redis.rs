@@ -308,7 +308,7 @@ impl Store for RedisStore {
         })
     }
 
-    fn kind(&self) -> &'static str {
-        "redis"
+    fn shared(&self) -> bool {
+        true
     }
 }

@@ -114,14 +114,9 @@ impl Limiter {
         self.modes
     }
 
-    /// A store failure under `mode`: `None` to go on unlimited, or the 503.
-    pub fn failed(&self, feature: &'static str, mode: FailureMode, e: &StoreError) -> ApiError {
-        metrics::state_error(feature);
-        tracing::warn!(feature, error = %e, mode = ?mode, "state store failed");
-        ApiError::StateUnavailable {
-            detail: e.to_string(),
-            retry_after: self.retry_after,
-        }
+    /// What `retry-after` says when a limit or queue refuses.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
     }
 
     /// Counts one request against the caller's request-rate windows.
@@ -150,10 +145,14 @@ impl Limiter {
         mode: FailureMode,
         e: &StoreError,
     ) -> Result<(), ApiError> {
-        let error = self.failed(feature, mode, e);
+        metrics::state_error(feature);
+        tracing::warn!(feature, error = %e, mode = ?mode, "state store failed");
         match mode {
             FailureMode::Open => Ok(()),
-            FailureMode::Closed => Err(error),
+            FailureMode::Closed => Err(ApiError::StateUnavailable {
+                detail: e.to_string(),
+                retry_after: self.retry_after,
+            }),
         }
     }
 
@@ -291,7 +290,7 @@ pub struct StreamPermit {
 
 impl StreamPermit {
     fn new(store: Arc<dyn Store>, key: String, lease: String, ttl: Duration) -> Self {
-        let renewer = (store.kind() != "memory").then(|| {
+        let renewer = store.shared().then(|| {
             let (store, key, lease) = (Arc::clone(&store), key.clone(), lease.clone());
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(ttl / 3);

@@ -137,7 +137,7 @@ impl Tenancy {
                             "the queue of model `{}` is full ({} waiting)",
                             model.id, full.waiting
                         ),
-                        retry_after: self.limiter_retry_after(),
+                        retry_after: self.limiter.retry_after(),
                     });
                 }
                 Err(_) => {
@@ -155,10 +155,6 @@ impl Tenancy {
             _permit: permit,
             _slot: Some(slot),
         })
-    }
-
-    fn limiter_retry_after(&self) -> Duration {
-        Duration::from_secs(1)
     }
 
     /// Re-reads the keys file every `interval` when it changed (and on SIGHUP), swapping the
