@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-use turnpike_tests::http::request;
+use turnpike_tests::http::{request, request_json};
 use turnpike_tests::{
     Header, c_example_plugin, rust_example_plugin, sim_plugin, table_fixture, turnpike_bin,
 };
@@ -166,9 +166,14 @@ struct Gateway {
 
 impl Gateway {
     fn start(args: &[&str]) -> Self {
+        Self::start_with_env(args, &[])
+    }
+
+    fn start_with_env(args: &[&str], env: &[(&str, &Path)]) -> Self {
         let mut child = Command::new(turnpike_bin())
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .spawn()
@@ -207,12 +212,14 @@ impl Drop for Gateway {
 
 #[test]
 fn serve_answers_on_its_built_in_default() {
-    let gateway = Gateway::start(&[]);
+    // The default engine's `tiny` model is made on first start into the cache folder.
+    let cache = tempfile::tempdir().expect("tempdir");
+    let gateway = Gateway::start_with_env(&[], &[("XDG_CACHE_HOME", cache.path())]);
     let models = request(gateway.addr, "GET", "/v1/models");
     assert_eq!(models.status, 200);
     let body = models.json();
     assert_eq!(body["object"], "list");
-    assert_eq!(body["data"][0]["id"], "sim");
+    assert_eq!(body["data"][0]["id"], "tiny");
     assert_eq!(body["data"][0]["object"], "model");
     assert_eq!(body["data"][0]["owned_by"], "turnpike");
     assert!(
@@ -222,8 +229,19 @@ fn serve_answers_on_its_built_in_default() {
     );
 
     assert_eq!(
-        request(gateway.addr, "GET", "/v1/models/sim").json()["id"],
-        "sim"
+        request(gateway.addr, "GET", "/v1/models/tiny").json()["id"],
+        "tiny"
+    );
+    let chat = request_json(
+        gateway.addr,
+        "/v1/chat/completions",
+        r#"{"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}"#,
+    );
+    assert_eq!(chat.status, 200, "{}", chat.body);
+    assert!(
+        chat.json()["usage"]["completion_tokens"]
+            .as_u64()
+            .is_some_and(|n| n >= 1)
     );
     let missing = request(gateway.addr, "GET", "/v1/models/absent");
     assert_eq!(missing.status, 404);

@@ -6,7 +6,8 @@ use std::path::Path;
 
 use turnpike_engine_api::conformance::{KitOptions, Outcome, Report, run};
 use turnpike_tests::{
-    Header, c_example_plugin, faulty_plugin, rust_example_plugin, sim_plugin, table_fixture,
+    Header, c_example_plugin, cuda_plugin, faulty_plugin, rust_example_plugin, sim_plugin,
+    table_fixture, tiny_model,
 };
 
 fn kit(path: &Path, config: &str) -> Report {
@@ -55,6 +56,22 @@ fn simulator_conforms_with_latency_queueing_and_echo() {
     };
     let report = run(&sim_plugin(), &options).expect("kit");
     assert!(report.passed(), "{report}");
+}
+
+#[test]
+fn default_engine_conforms_on_the_cpu() {
+    let config = serde_json::json!({
+        "seed": 1,
+        "models": [{"id": "tiny", "path": tiny_model(), "device": "cpu", "threads": 1,
+                    "max_running": 8, "max_batch_tokens": 64}]
+    });
+    let report = assert_conforms(&cuda_plugin(), &config.to_string());
+    let skipped: Vec<_> = report
+        .checks
+        .iter()
+        .filter(|c| matches!(c.outcome, Outcome::Skip(_)))
+        .collect();
+    assert!(skipped.is_empty(), "nothing skipped: {report}");
 }
 
 #[test]

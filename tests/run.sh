@@ -2,8 +2,10 @@
 # Runs every test:
 #   1. the Rust workspace: unit tests, in-process router tests, the plugin conformance kit over
 #      every shipped plugin, ABI compatibility, and black-box tests of the real binary;
-#   2. the official OpenAI SDK suite against the real binary, under both SDK majors;
-#   3. schemathesis against OpenAI's OpenAPI spec.
+#   2. the official OpenAI SDK suite against the real binary, under both SDK majors (the
+#      simulator and the default engine's CPU device on a model the tests make);
+#   3. schemathesis against OpenAI's OpenAPI spec;
+#   4. the default engine's numerics against Hugging Face transformers on the same weights.
 # The Python packages are installed into virtual environments under target/py (network is used
 # only for that); nothing else leaves loopback.
 set -euo pipefail
@@ -23,6 +25,7 @@ venv() { # venv NAME REQUIREMENTS: create or refresh target/py/NAME
 }
 venv openai3 tests/python/requirements.txt
 venv openai2 tests/python/requirements-openai2.txt
+venv numerics tests/python/numerics/requirements.txt
 
 # The Redis tests (tests/python/test_redis.py) start their own redis-server.
 if ! command -v redis-server >/dev/null; then
@@ -33,5 +36,8 @@ if ! command -v redis-server >/dev/null; then
 fi
 
 export TURNPIKE_BIN="$PWD/target/debug/turnpike" TURNPIKE_SIM="$PWD/target/debug/libturnpike_sim.so"
-target/py/openai3/bin/python -m pytest -q -p no:cacheprovider tests/python
+export TURNPIKE_CUDA="$PWD/target/debug/libturnpike_cuda.so"
+target/py/openai3/bin/python -m pytest -q -p no:cacheprovider tests/python --ignore=tests/python/numerics
+# The default engine against Hugging Face transformers (torch on the CPU) on the same weights.
+target/py/numerics/bin/python -m pytest -q -p no:cacheprovider tests/python/numerics
 target/py/openai2/bin/python -m pytest -q -p no:cacheprovider tests/python/test_sdk.py

@@ -23,13 +23,23 @@ impl Response {
 
 /// Sends `method path` with no body and reads the whole response.
 pub fn request(addr: SocketAddr, method: &str, path: &str) -> Response {
+    send(addr, method, path, "")
+}
+
+/// POSTs a JSON body and reads the whole response.
+pub fn request_json(addr: SocketAddr, path: &str, body: &str) -> Response {
+    send(addr, "POST", path, body)
+}
+
+fn send(addr: SocketAddr, method: &str, path: &str, body: &str) -> Response {
     let mut stream = TcpStream::connect(addr).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )
     .expect("send");
     let mut raw = String::new();

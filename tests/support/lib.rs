@@ -103,6 +103,34 @@ pub fn sim_plugin() -> PathBuf {
     cdylib("turnpike-sim", "turnpike_sim")
 }
 
+/// The default engine's plugin.
+pub fn cuda_plugin() -> PathBuf {
+    cdylib("turnpike-cuda", "turnpike_cuda")
+}
+
+/// A `tiny` model folder, made once by `turnpike make-model` under the target folder.
+pub fn tiny_model() -> PathBuf {
+    static MADE: OnceLock<PathBuf> = OnceLock::new();
+    MADE.get_or_init(|| {
+        let dir = target_dir().join("test-models").join("tiny");
+        if !dir.join("config.json").exists() {
+            let out = Command::new(turnpike_bin())
+                .args(["make-model", "--preset", "tiny", "--out"])
+                .arg(&dir)
+                .output()
+                .expect("run turnpike make-model");
+            // Another test process may have made it first.
+            assert!(
+                out.status.success() || dir.join("config.json").exists(),
+                "make-model failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        dir
+    })
+    .clone()
+}
+
 /// The Rust example plugin.
 pub fn rust_example_plugin() -> PathBuf {
     cdylib("turnpike-example-engine", "turnpike_example_engine")
@@ -159,6 +187,7 @@ pub fn table_fixture(variant: Option<&str>, header: Header) -> PathBuf {
 /// The `turnpike` binary (the simulator is built too: it is the built-in default engine).
 pub fn turnpike_bin() -> PathBuf {
     sim_plugin();
+    cuda_plugin();
     cargo_artifact(
         "turnpike",
         &format!("turnpike{}", std::env::consts::EXE_SUFFIX),

@@ -1,6 +1,7 @@
 //! The command line: `turnpike [serve]`, `turnpike plugin check`, `turnpike plugin conformance`.
 
 mod keys;
+mod make_model;
 mod plugin_check;
 mod plugin_config;
 
@@ -50,6 +51,9 @@ pub enum Command {
     /// Make API keys and manage the keys file.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
+    /// Write a Llama-family model folder with deterministic random weights (for tests, demos
+    /// and benchmarks).
+    MakeModel(make_model::MakeModelArgs),
 }
 
 /// Arguments of `serve`.
@@ -103,6 +107,9 @@ pub enum CliError {
     /// A keys command failed.
     #[error(transparent)]
     Keys(#[from] keys::KeysError),
+    /// `make-model` failed.
+    #[error(transparent)]
+    MakeModel(#[from] make_model::MakeModelError),
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
@@ -120,6 +127,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
             Ok(plugin_check::conformance(&args, out)?)
         }
         Command::Keys(command) => Ok(keys::run(command, out)?),
+        Command::MakeModel(args) => Ok(make_model::run(&args, out)?),
     }
 }
 

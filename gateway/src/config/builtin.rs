@@ -1,32 +1,21 @@
 //! The built-in default configuration: what `turnpike` serves with no configuration file.
 //!
-//! It runs the simulator engine found next to the binary and serves one model, `sim`, with the
-//! project's own small tokenizer and chat template (`examples/models/sim-small`). Those files are
-//! compiled into the binary and written once to a temporary folder, so the default needs no files
-//! and no network.
+//! It runs the default engine found next to the binary (`libturnpike_cuda.so`, device `auto`)
+//! and serves one model, `tiny`: the engine's smallest preset, made on first start into the
+//! user's cache folder (`$XDG_CACHE_HOME/turnpike/models`, else `~/.cache/...`) with the
+//! project's own tokenizer and chat template. So the default needs no files and no network.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::json;
+use turnpike_cuda::model::make;
 
 use super::{Config, Defaults, EngineConfig, ModelConfig, ServerConfig, TenancyConfig};
 use crate::pipeline::tools::ToolCallFormat;
 
-const MODEL_FILES: [(&str, &str); 3] = [
-    (
-        "tokenizer.json",
-        include_str!("../../../examples/models/sim-small/tokenizer.json"),
-    ),
-    (
-        "tokenizer_config.json",
-        include_str!("../../../examples/models/sim-small/tokenizer_config.json"),
-    ),
-    (
-        "generation_config.json",
-        include_str!("../../../examples/models/sim-small/generation_config.json"),
-    ),
-];
+/// The preset the built-in default serves.
+const MODEL: &str = "tiny";
 
 /// `lib<name>.so` (or the platform's equivalent) in the directory of the running binary.
 pub fn plugin_beside_binary(name: &str) -> PathBuf {
@@ -41,34 +30,6 @@ pub fn plugin_beside_binary(name: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(file))
 }
 
-/// Writes the embedded model folder (once; atomically, so concurrent starts agree).
-fn model_folder() -> Result<PathBuf, String> {
-    let dir =
-        std::env::temp_dir().join(format!("turnpike-{}-sim-small", env!("CARGO_PKG_VERSION")));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    for (name, contents) in MODEL_FILES {
-        let path = dir.join(name);
-        if std::fs::read(&path).is_ok_and(|existing| existing == contents.as_bytes()) {
-            continue;
-        }
-        let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, contents)
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    Ok(dir)
-}
-
-/// The id of the end-of-turn token in the embedded tokenizer.
-fn end_of_turn() -> Option<u64> {
-    let doc: serde_json::Value = serde_json::from_str(MODEL_FILES[0].1).ok()?;
-    doc["added_tokens"]
-        .as_array()?
-        .iter()
-        .find(|t| t["content"] == "<|eot_id|>")?["id"]
-        .as_u64()
-}
-
 /// The built-in engine and model, served at `listen` with the file's (validated) server settings
 /// and defaults.
 pub(super) fn config(
@@ -77,32 +38,26 @@ pub(super) fn config(
     defaults: Defaults,
     tenancy: TenancyConfig,
 ) -> Result<Config, String> {
-    let folder = model_folder()?;
-    let tokenizer: &Path = &folder.join("tokenizer.json");
-    let sim = json!({
-        "models": [{
-            "id": "sim",
-            "owned_by": "turnpike",
-            "tokenizer": tokenizer,
-            "eos_token_id": end_of_turn(),
-            "latency": "fast",
-            "output": {"mode": "random", "length": [20, 120]},
-        }]
+    let tiny = make::preset(MODEL).ok_or_else(|| format!("no preset `{MODEL}`"))?;
+    let folder =
+        make::cached_model(&tiny, 0).map_err(|e| format!("making model `{MODEL}`: {e}"))?;
+    let engine = json!({
+        "models": [{"id": MODEL, "path": folder, "owned_by": "turnpike", "device": "auto"}]
     });
     Ok(Config {
         listen,
         server,
         engines: vec![EngineConfig {
-            name: "sim".into(),
-            plugin: plugin_beside_binary("turnpike_sim"),
-            config_json: sim.to_string(),
+            name: "default".into(),
+            plugin: plugin_beside_binary("turnpike_cuda"),
+            config_json: engine.to_string(),
         }],
         models: Some(vec![ModelConfig {
-            name: "sim".into(),
+            name: MODEL.into(),
             version: None,
             aliases: Vec::new(),
-            engine: "sim".into(),
-            engine_model: "sim".into(),
+            engine: "default".into(),
+            engine_model: MODEL.into(),
             folder,
             owned_by: Some("turnpike".into()),
             deprecation_date: None,

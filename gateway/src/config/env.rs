@@ -134,3 +134,89 @@ mod tests {
         assert!(err.contains("past the end"), "{err}");
     }
 }
+
+/// Replaces `${NAME}` in every string of the file with the environment variable `NAME`
+/// (upper-case letters, digits and `_`), so one file serves paths an operator sets per machine
+/// (`path = "${MODEL_DIR}"`). A variable that is not set is an error naming it and its key.
+/// Lower-case references such as `${config_dir}` are left for their own expansion.
+pub(super) fn expand_references(
+    table: &mut Table,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), String> {
+    for (key, value) in table.iter_mut() {
+        expand_value(value, key, lookup)?;
+    }
+    Ok(())
+}
+
+fn expand_value(
+    value: &mut Value,
+    at: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), String> {
+    match value {
+        Value::String(s) => *s = expand_text(s, at, lookup)?,
+        Value::Array(items) => {
+            for (i, v) in items.iter_mut().enumerate() {
+                expand_value(v, &format!("{at}[{i}]"), lookup)?;
+            }
+        }
+        Value::Table(t) => {
+            for (k, v) in t.iter_mut() {
+                expand_value(v, &format!("{at}.{k}"), lookup)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn expand_text(
+    text: &str,
+    at: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let name = after.find('}').map(|end| &after[..end]).filter(|n| {
+            !n.is_empty()
+                && n.bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+        });
+        match name {
+            Some(name) => {
+                let value = lookup(name)
+                    .ok_or_else(|| format!("{at}: the environment variable {name} is not set"))?;
+                out.push_str(&value);
+                rest = &after[name.len() + 1..];
+            }
+            None => {
+                out.push_str("${");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod reference_tests {
+    use super::*;
+
+    #[test]
+    fn references_expand_and_unset_ones_are_named() {
+        let lookup = |n: &str| (n == "MODEL_DIR").then(|| "/models/x".to_string());
+        let mut table: Table =
+            toml::from_str("a = \"${MODEL_DIR}/w\"\nb = [\"${config_dir}\"]\n").expect("toml");
+        expand_references(&mut table, &lookup).expect("expands");
+        assert_eq!(table["a"].as_str(), Some("/models/x/w"));
+        assert_eq!(table["b"][0].as_str(), Some("${config_dir}"));
+        let mut bad: Table = toml::from_str("[m]\np = \"${NOPE}\"\n").expect("toml");
+        let err = expand_references(&mut bad, &lookup).expect_err("unset");
+        assert!(err.contains("m.p") && err.contains("NOPE"), "{err}");
+    }
+}

@@ -238,6 +238,7 @@ impl Config {
         };
         let mut table: toml::Table = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
         let applied = env::apply(&mut table, vars).map_err(parse)?;
+        env::expand_references(&mut table, &|name| std::env::var(name).ok()).map_err(parse)?;
         let raw: raw::RawConfig = table.try_into().map_err(|e: toml::de::Error| {
             let mut message = e.to_string().trim_end().to_string();
             if !applied.is_empty() {
@@ -434,17 +435,18 @@ mod tests {
     }
 
     #[test]
-    fn builtin_serves_the_simulator_with_its_model_folder() {
+    fn builtin_serves_the_tiny_model_through_the_default_engine() {
         let config = Config::builtin().expect("built-in");
         assert_eq!(config.engines.len(), 1);
         assert!(
             config.engines[0]
                 .plugin
                 .to_string_lossy()
-                .contains("turnpike_sim")
+                .contains("turnpike_cuda")
         );
         let model = &config.models.as_ref().expect("models")[0];
-        assert_eq!(model.name, "sim");
+        assert_eq!(model.name, "tiny");
+        assert!(model.folder.join("model.safetensors").is_file());
         assert!(model.folder.join("tokenizer.json").is_file());
     }
 }

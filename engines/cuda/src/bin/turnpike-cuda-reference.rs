@@ -1,0 +1,173 @@
+//! `turnpike-cuda-reference`: runs prompts through the engine's real scheduler, block manager
+//! and CPU device, greedily, and prints every logit; the numerics tests compare them with
+//! Hugging Face `transformers` on the same weights.
+//!
+//! Input (JSON on stdin):
+//! `{"model": DIR, "block_size": 16, "max_batch_tokens": 512, "runs": [{"prompts": [[ids]],
+//! "generate": 32}]}`. The runs share one KV cache, so a later run can hit the prefix cache of
+//! an earlier one. Output (JSON on stdout), per run and prompt: the logits at the prompt's last
+//! position, the greedy tokens after it, and the prompt tokens served from the prefix cache.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+use serde::Deserialize;
+use serde_json::json;
+use turnpike_cuda::cpu::CpuDevice;
+use turnpike_cuda::device::{Batch, Chunk, Device};
+use turnpike_cuda::model::ModelFolder;
+use turnpike_cuda::scheduler::{NewSequence, Scheduler, SchedulerConfig};
+
+#[derive(Deserialize)]
+struct Input {
+    model: std::path::PathBuf,
+    #[serde(default = "default_block")]
+    block_size: u32,
+    #[serde(default = "default_budget")]
+    max_batch_tokens: usize,
+    #[serde(default = "default_blocks")]
+    num_blocks: u32,
+    runs: Vec<Run>,
+}
+
+#[derive(Deserialize)]
+struct Run {
+    prompts: Vec<Vec<u32>>,
+    #[serde(default)]
+    generate: usize,
+}
+
+fn default_block() -> u32 {
+    16
+}
+fn default_budget() -> usize {
+    512
+}
+fn default_blocks() -> u32 {
+    1024
+}
+
+#[derive(Default)]
+struct Seq {
+    logits: Vec<f32>,
+    tokens: Vec<u32>,
+    cached: usize,
+    done: bool,
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in row.iter().enumerate() {
+        if *v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(out) => {
+            let _ = std::io::stdout().write_all(out.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "turnpike-cuda-reference: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<String, String> {
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    let input: Input = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let folder = ModelFolder::open(&input.model).map_err(|e| e.to_string())?;
+    let threads = std::thread::available_parallelism().map_or(1, Into::into);
+    let mut device = CpuDevice::load(&folder, input.num_blocks, input.block_size, threads)
+        .map_err(|e| e.to_string())?;
+    let mut scheduler = Scheduler::new(SchedulerConfig {
+        max_batch_tokens: input.max_batch_tokens,
+        max_running: 64,
+        max_waiting: 1024,
+        block_size: input.block_size,
+        num_blocks: input.num_blocks,
+    });
+    let mut next_id = 0;
+    let mut runs = Vec::new();
+    for run in &input.runs {
+        let mut seqs: HashMap<u64, Seq> = HashMap::new();
+        let mut order = Vec::new();
+        for prompt in &run.prompts {
+            scheduler
+                .add(NewSequence {
+                    id: next_id,
+                    tokens: prompt.clone(),
+                    priority: 0,
+                    tenant: String::new(),
+                    weight: 1,
+                })
+                .map_err(|e| e.to_string())?;
+            seqs.insert(next_id, Seq::default());
+            order.push(next_id);
+            next_id += 1;
+        }
+        while seqs.values().any(|s| !s.done) {
+            let plan = scheduler.schedule();
+            if plan.chunks.is_empty() {
+                return Err("the scheduler planned nothing".into());
+            }
+            let copies: Vec<(u32, u32)> = plan.copies.iter().map(|c| (c.src, c.dst)).collect();
+            let chunks: Vec<Chunk<'_>> = plan
+                .chunks
+                .iter()
+                .map(|c| Chunk {
+                    tokens: &c.tokens,
+                    start: c.start,
+                    block_table: &c.block_table,
+                    logits: c.sample,
+                })
+                .collect();
+            let logits = device
+                .forward(&Batch {
+                    copies: &copies,
+                    chunks: &chunks,
+                })
+                .map_err(|e| e.to_string())?;
+            scheduler.complete(&plan);
+            let vocab = folder.spec.vocab_size;
+            let mut rows = logits.chunks_exact(vocab);
+            for chunk in &plan.chunks {
+                let Some(seq) = seqs.get_mut(&chunk.seq) else {
+                    continue;
+                };
+                seq.cached = seq.cached.max(chunk.cached_tokens);
+                if !chunk.sample {
+                    continue;
+                }
+                let row = rows.next().ok_or("missing logits")?;
+                if seq.logits.is_empty() {
+                    seq.logits = row.to_vec();
+                }
+                if seq.tokens.len() == run.generate {
+                    seq.done = true;
+                    scheduler.remove(chunk.seq);
+                    continue;
+                }
+                let token = argmax(row);
+                seq.tokens.push(token);
+                scheduler.append(chunk.seq, token);
+            }
+        }
+        let results: Vec<_> = order
+            .iter()
+            .filter_map(|id| seqs.get(id))
+            .map(|s| json!({"logits": s.logits, "tokens": s.tokens, "cached_tokens": s.cached}))
+            .collect();
+        runs.push(json!({"results": results}));
+    }
+    Ok(json!({"runs": runs}).to_string())
+}

@@ -1,0 +1,132 @@
+//! The CPU device: the whole model in f32 on every core, the reference for correctness and the
+//! fallback where no GPU is present. Matrix products go through `matrixmultiply`, parallel work
+//! through the device's own `rayon` pool (a plugin never touches the host's global pool).
+
+mod forward;
+mod kv;
+mod linalg;
+mod weights;
+
+use crate::device::{Batch, Device, DeviceError};
+use crate::model::{ModelError, ModelFolder, ModelSpec, Weights};
+
+pub use forward::inverse_frequencies;
+use kv::KvStore;
+use weights::CpuWeights;
+
+/// A model loaded for the CPU with its KV cache.
+#[derive(Debug)]
+pub struct CpuDevice {
+    spec: ModelSpec,
+    weights: CpuWeights,
+    inv_freq: Vec<f32>,
+    kv: KvStore,
+    pool: rayon::ThreadPool,
+}
+
+impl CpuDevice {
+    /// Loads the folder's weights and allocates `num_blocks` blocks of `block_size` tokens.
+    pub fn load(
+        folder: &ModelFolder,
+        num_blocks: u32,
+        block_size: u32,
+        threads: usize,
+    ) -> Result<Self, ModelError> {
+        let spec = folder.spec.clone();
+        let weights = CpuWeights::load(&spec, &Weights::open(&folder.path)?)?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("turnpike-cpu-{i}"))
+            .build()
+            .map_err(|e| ModelError::Config(format!("cannot start CPU threads: {e}")))?;
+        let kv = KvStore::new(
+            spec.num_layers,
+            num_blocks as usize,
+            block_size as usize,
+            spec.num_kv_heads * spec.head_dim,
+        );
+        Ok(Self {
+            inv_freq: inverse_frequencies(&spec),
+            spec,
+            weights,
+            kv,
+            pool,
+        })
+    }
+}
+
+impl Device for CpuDevice {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn num_blocks(&self) -> u32 {
+        self.kv.num_blocks() as u32
+    }
+
+    fn forward(&mut self, batch: &Batch<'_>) -> Result<Vec<f32>, DeviceError> {
+        for &(src, dst) in batch.copies {
+            self.kv.copy_block(src as usize, dst as usize);
+        }
+        if batch.chunks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Self {
+            spec,
+            weights,
+            inv_freq,
+            kv,
+            pool,
+        } = self;
+        pool.install(|| {
+            let x = forward::hidden_states(spec, weights, inv_freq, kv, batch.chunks)?;
+            let mut rows = Vec::new();
+            let mut end = 0;
+            for chunk in batch.chunks {
+                end += chunk.tokens.len();
+                if chunk.logits && !chunk.tokens.is_empty() {
+                    rows.push(end - 1);
+                }
+            }
+            Ok(forward::logits(spec, weights, &x, &rows))
+        })
+    }
+
+    fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, DeviceError> {
+        if tokens.is_empty() {
+            return Err(DeviceError::InvalidBatch("no tokens to embed".into()));
+        }
+        let block = self.kv.block_size;
+        let blocks = tokens.len().div_ceil(block);
+        let mut scratch = KvStore::new(self.spec.num_layers, blocks, block, self.kv.token_width);
+        let table: Vec<u32> = (0..blocks as u32).collect();
+        let chunks = [crate::device::Chunk {
+            tokens,
+            start: 0,
+            block_table: &table,
+            logits: false,
+        }];
+        let Self {
+            spec,
+            weights,
+            inv_freq,
+            pool,
+            ..
+        } = self;
+        pool.install(|| {
+            let x = forward::hidden_states(spec, weights, inv_freq, &mut scratch, &chunks)?;
+            let d = spec.hidden_size;
+            let mut normed = vec![0.0f32; x.len()];
+            linalg::rms_norm(&x, &weights.norm, spec.rms_norm_eps, &mut normed);
+            let mut mean = vec![0.0f32; d];
+            for row in normed.chunks_exact(d) {
+                for (m, v) in mean.iter_mut().zip(row) {
+                    *m += v;
+                }
+            }
+            let n = tokens.len() as f32;
+            mean.iter_mut().for_each(|m| *m /= n);
+            Ok(mean)
+        })
+    }
+}

@@ -1,0 +1,53 @@
+//! The seam between the engine loop and the hardware: one step of the model over a batch of
+//! chunks that read and write a paged KV cache.
+//!
+//! The scheduler decides what runs; a device only computes. Everything crossing this seam is
+//! plain data (token ids, positions, block tables, copy lists, logits), so a device can be a
+//! CPU reference or a GPU without the loop knowing which.
+
+/// A contiguous run of one sequence's tokens to compute in a step.
+#[derive(Debug, Clone, Copy)]
+pub struct Chunk<'a> {
+    /// The tokens, at positions `start..start + tokens.len()`.
+    pub tokens: &'a [u32],
+    /// Position of the first token; positions below it already have KV in the cache.
+    pub start: usize,
+    /// The sequence's blocks, covering every position up to the end of this chunk.
+    pub block_table: &'a [u32],
+    /// Return the logits of this chunk's last token.
+    pub logits: bool,
+}
+
+/// One step's work.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    /// Block copies (`src`, `dst`) to make before computing (copy on write).
+    pub copies: &'a [(u32, u32)],
+    /// The chunks, in any order.
+    pub chunks: &'a [Chunk<'a>],
+}
+
+/// Why a device could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// The device is not present or cannot start.
+    #[error("device unavailable: {0}")]
+    Unavailable(String),
+    /// The batch is inconsistent with the model or the cache (an engine bug).
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+}
+
+/// A device that runs one model on a paged KV cache it owns.
+pub trait Device: Send {
+    /// `cpu` or `cuda`, for logs and stats.
+    fn name(&self) -> &'static str;
+    /// Blocks in the device's KV cache.
+    fn num_blocks(&self) -> u32;
+    /// Runs one step: the copies, then every chunk. Returns the logits of the chunks that ask
+    /// for them, in chunk order, `vocab_size` each.
+    fn forward(&mut self, batch: &Batch<'_>) -> Result<Vec<f32>, DeviceError>;
+    /// The last hidden state (after the final norm) of every token of `tokens`, averaged,
+    /// computed outside the shared cache.
+    fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, DeviceError>;
+}

@@ -1,0 +1,297 @@
+//! One served model: its device, its worker thread and the checks a request passes before it
+//! is accepted. [`ModelRuntime`] is what the plugin's entry points talk to.
+
+mod config;
+mod counters;
+mod request;
+mod worker;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Sender, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use serde_json::{Value, json};
+use turnpike_engine_api::plugin::{Host, Request, Sink};
+use turnpike_engine_api::{Capabilities, EngineError, ModelInfo};
+
+pub use config::{DeviceChoice, EngineSettings, KvBudget, ModelSettings, available_memory};
+use counters::Counters;
+use worker::{Command, Submission, Worker};
+
+use crate::device::Device;
+use crate::model::ModelFolder;
+use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
+
+/// A model being served.
+#[derive(Debug)]
+pub struct ModelRuntime {
+    info: ModelInfo,
+    device: &'static str,
+    num_blocks: u32,
+    block_size: u32,
+    max_queued: u64,
+    max_n: u32,
+    commands: Mutex<Sender<Command>>,
+    counters: Arc<Counters>,
+    stats: Arc<Mutex<Option<SchedulerStats>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Blocks the KV budget allows for this model.
+fn kv_blocks(settings: &ModelSettings, folder: &ModelFolder, max_context: usize) -> u32 {
+    let per_block = (folder.spec.kv_bytes_per_token() * settings.block_size as usize) as u64;
+    let available = available_memory().unwrap_or(8 << 30);
+    let bytes = match settings.kv_cache {
+        KvBudget::Bytes(b) => b,
+        KvBudget::Fraction(f) => (available as f64 * f) as u64,
+        KvBudget::Auto => {
+            let wanted = (settings.max_running * max_context) as u64
+                * folder.spec.kv_bytes_per_token() as u64;
+            wanted.min(available / 4)
+        }
+    };
+    (bytes / per_block.max(1)).min(u64::from(u32::MAX)) as u32
+}
+
+/// Picks the device and logs why.
+fn open_device(
+    settings: &ModelSettings,
+    folder: &ModelFolder,
+    blocks: u32,
+    host: &Host,
+) -> Result<Box<dyn Device>, EngineError> {
+    let gpu = std::path::Path::new("/proc/driver/nvidia/version").exists();
+    match settings.device {
+        DeviceChoice::Cuda => {
+            return Err(EngineError::invalid_config(format!(
+                "model `{}`: device `cuda` is not available in this build; use `cpu` or `auto`",
+                settings.id
+            )));
+        }
+        DeviceChoice::Auto if gpu => host.info(&format!(
+            "model `{}`: an NVIDIA driver is present but this build has no CUDA device; using the CPU",
+            settings.id
+        )),
+        DeviceChoice::Auto => host.info(&format!(
+            "model `{}`: no GPU found; using the CPU",
+            settings.id
+        )),
+        DeviceChoice::Cpu => {}
+    }
+    let threads = settings
+        .threads
+        .or_else(|| std::thread::available_parallelism().ok().map(Into::into))
+        .unwrap_or(1);
+    let device = crate::cpu::CpuDevice::load(folder, blocks, settings.block_size, threads)
+        .map_err(|e| EngineError::invalid_config(format!("model `{}`: {e}", settings.id)))?;
+    Ok(Box::new(device))
+}
+
+impl ModelRuntime {
+    /// Loads the model and starts its worker.
+    pub fn start(settings: &ModelSettings, seed: u64, host: &Host) -> Result<Self, EngineError> {
+        let fail = |e: String| EngineError::invalid_config(format!("model `{}`: {e}", settings.id));
+        let folder = ModelFolder::open(&settings.path).map_err(|e| fail(e.to_string()))?;
+        let max_context = settings
+            .max_context
+            .map_or(folder.spec.max_context, |c| c.min(folder.spec.max_context));
+        let num_blocks = kv_blocks(settings, &folder, max_context);
+        let min_blocks = max_context.div_ceil(settings.block_size as usize);
+        if (num_blocks as usize) < min_blocks {
+            return Err(fail(format!(
+                "the KV cache budget holds {num_blocks} blocks; one full context of {max_context} tokens needs {min_blocks}"
+            )));
+        }
+        let scheduler_config = SchedulerConfig {
+            max_batch_tokens: settings.max_batch_tokens,
+            max_running: settings.max_running,
+            max_waiting: settings.max_waiting,
+            block_size: settings.block_size,
+            num_blocks,
+        };
+        scheduler_config.validate().map_err(fail)?;
+        let device = open_device(settings, &folder, num_blocks, host)?;
+        let device_name = device.name();
+        host.info(&format!(
+            "model `{}` loaded from {} on the {device_name}: {} KV blocks of {} tokens, context {max_context}",
+            settings.id,
+            folder.path.display(),
+            num_blocks,
+            settings.block_size
+        ));
+        let counters = Arc::new(Counters::default());
+        let stats = Arc::new(Mutex::new(None));
+        let worker = Worker {
+            device,
+            scheduler: Scheduler::new(scheduler_config),
+            eos: folder.eos_token_ids.clone(),
+            max_context: max_context as u32,
+            seed,
+            counters: Arc::clone(&counters),
+            stats: Arc::clone(&stats),
+            host: host.clone(),
+            requests: HashMap::new(),
+            seqs: HashMap::new(),
+            next_seq: 0,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("turnpike-engine-{}", settings.id))
+            .spawn(move || worker.run(rx))
+            .map_err(|e| EngineError::internal(format!("cannot start the engine thread: {e}")))?;
+        let info = ModelInfo {
+            id: settings.id.clone(),
+            owned_by: settings.owned_by.clone(),
+            max_context: max_context as u32,
+            vocab_size: folder.spec.vocab_size as u32,
+            eos_token_ids: folder.eos_token_ids.clone(),
+            tokenizer: folder.tokenizer.as_ref().map(|p| p.display().to_string()),
+            embedding_dim: Some(folder.spec.hidden_size as u32),
+            capabilities: Capabilities {
+                max_n: settings.max_n,
+                logprobs: true,
+                max_top_logprobs: turnpike_engine_api::docs::MAX_TOP_LOGPROBS,
+                sampling: true,
+                penalties: true,
+                grammar: false,
+            },
+        };
+        Ok(Self {
+            info,
+            device: device_name,
+            num_blocks,
+            block_size: settings.block_size,
+            max_queued: (settings.max_running + settings.max_waiting) as u64,
+            max_n: settings.max_n,
+            commands: Mutex::new(tx),
+            counters,
+            stats,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// What `models` reports.
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn send(&self, command: Command) -> Result<(), EngineError> {
+        let tx = self
+            .commands
+            .lock()
+            .map_err(|_| EngineError::internal("the engine's command channel is poisoned"))?;
+        tx.send(command).map_err(|_| {
+            EngineError::new(
+                turnpike_engine_api::Status::Unavailable,
+                "the engine has stopped",
+            )
+        })
+    }
+
+    /// Checks a request and hands it to the worker.
+    pub fn submit(&self, request: Request, sink: Sink) -> Result<(), EngineError> {
+        let params = &request.params;
+        self.check(&request.prompt, params.n, params.grammar.is_some())?;
+        let in_flight = self.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+        if in_flight >= self.max_queued {
+            self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+            return Err(EngineError::overloaded(format!(
+                "model `{}` has {in_flight} requests in flight, its limit",
+                self.info.id
+            )));
+        }
+        let sent = self.send(Command::Submit(Box::new(Submission { request, sink })));
+        if sent.is_err() {
+            self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+        sent
+    }
+
+    fn check(&self, prompt: &[u32], n: u32, grammar: bool) -> Result<(), EngineError> {
+        let vocab = self.info.vocab_size;
+        if prompt.is_empty() {
+            return Err(EngineError::invalid_request("the prompt is empty"));
+        }
+        if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
+            return Err(EngineError::invalid_request(format!(
+                "prompt token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        if prompt.len() >= self.info.max_context as usize {
+            return Err(EngineError::invalid_request(format!(
+                "the prompt has {} tokens; model `{}` has a context of {}",
+                prompt.len(),
+                self.info.id,
+                self.info.max_context
+            )));
+        }
+        if n > self.max_n {
+            return Err(EngineError::unsupported(format!(
+                "n is {n}; model `{}` allows at most {}",
+                self.info.id, self.max_n
+            )));
+        }
+        if grammar {
+            return Err(EngineError::unsupported(
+                "this engine does not constrain output by grammar yet",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Stops a request (idempotent).
+    pub fn cancel(&self, id: u64) {
+        let _ = self.send(Command::Cancel(id));
+    }
+
+    /// Mean-pooled last hidden states of each input, computed between steps.
+    pub fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, EngineError> {
+        for tokens in &inputs {
+            self.check(tokens, 1, false)?;
+        }
+        let (tx, rx): (SyncSender<_>, _) = std::sync::mpsc::sync_channel(1);
+        self.send(Command::Embed(inputs, tx))?;
+        rx.recv()
+            .map_err(|_| EngineError::internal("the engine stopped while embedding"))?
+            .map_err(EngineError::internal)
+    }
+
+    /// Counters and cache statistics.
+    pub fn stats(&self) -> (u64, u64, u64, Value) {
+        let c = &self.counters;
+        let mut extra = json!({
+            "device": self.device,
+            "kv_blocks_total": self.num_blocks,
+            "kv_block_size": self.block_size,
+        });
+        if let Ok(slot) = self.stats.lock()
+            && let Some(s) = slot.as_ref()
+        {
+            extra["waiting"] = json!(s.waiting);
+            extra["running"] = json!(s.running);
+            extra["preemptions"] = json!(s.preemptions);
+            extra["kv_blocks_used"] = json!(s.kv.used);
+            extra["kv_blocks_cached"] = json!(s.kv.cached);
+            extra["kv_blocks_free"] = json!(s.kv.free);
+            extra["prefix_hit_rate"] = json!(s.kv.prefix_hit_rate());
+            extra["prefix_hit_tokens"] = json!(s.kv.prefix_hit_tokens);
+            extra["evictions"] = json!(s.kv.evictions);
+        }
+        (
+            c.completed.load(Ordering::Relaxed),
+            c.cancelled.load(Ordering::Relaxed),
+            c.failed.load(Ordering::Relaxed),
+            extra,
+        )
+    }
+
+    /// Ends every request and joins the worker.
+    pub fn shutdown(&self) {
+        let _ = self.send(Command::Stop);
+        if let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = thread.join();
+        }
+    }
+}

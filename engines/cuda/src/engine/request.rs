@@ -1,0 +1,181 @@
+//! A request while it runs: its sink, its choices and their samplers, and the rules that end a
+//! choice (end-of-sequence, stop ids, `max_tokens`, the context window).
+
+use turnpike_engine_api::plugin::Sink;
+use turnpike_engine_api::{Finish, GenerationParams, TopLogprob, Usage};
+
+use crate::sampler::{Sampled, SamplingParams, SequenceSampler, mix};
+use crate::scheduler::SeqId;
+
+/// One of a request's `n` choices.
+#[derive(Debug)]
+pub struct Choice {
+    /// Its sequence in the scheduler.
+    pub seq: SeqId,
+    /// Its sampler (own RNG, own history).
+    pub sampler: SequenceSampler,
+    /// Tokens generated, stop tokens included.
+    pub generated: u32,
+    /// Ended.
+    pub done: bool,
+}
+
+/// What sampling a token did to a choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The token was sent; the choice goes on with it.
+    Continue(u32),
+    /// The choice ended.
+    Ended,
+}
+
+/// A request the engine accepted.
+#[derive(Debug)]
+pub struct LiveRequest {
+    /// Where events go; taken when the FINAL is sent.
+    pub sink: Option<Sink>,
+    /// Its parameters.
+    pub params: GenerationParams,
+    /// Prompt tokens.
+    pub prompt_len: u32,
+    /// Prompt tokens found in the prefix cache at first admission.
+    pub cached: Option<u32>,
+    /// Completion tokens of every choice.
+    pub completion: u32,
+    /// Choices; one until the prompt is computed, then `n`.
+    pub choices: Vec<Choice>,
+    /// The seed choices derive theirs from.
+    pub seed: u64,
+    /// How the last choice to end ended.
+    pub last_finish: Finish,
+}
+
+/// Sampling settings of a request.
+pub fn sampling(params: &GenerationParams) -> SamplingParams {
+    SamplingParams {
+        temperature: params.temperature,
+        top_k: params.top_k,
+        top_p: params.top_p,
+        min_p: params.min_p,
+        presence_penalty: params.presence_penalty,
+        frequency_penalty: params.frequency_penalty,
+        repetition_penalty: params.repetition_penalty,
+        top_logprobs: params.logprobs.then_some(params.top_logprobs),
+    }
+}
+
+impl LiveRequest {
+    /// A request whose first choice is sequence `seq`.
+    pub fn new(
+        sink: Sink,
+        params: GenerationParams,
+        prompt: &[u32],
+        seq: SeqId,
+        seed: u64,
+    ) -> Self {
+        let sampler = SequenceSampler::new(sampling(&params), mix(&[seed, 0]), prompt);
+        Self {
+            sink: Some(sink),
+            params,
+            prompt_len: prompt.len() as u32,
+            cached: None,
+            completion: 0,
+            choices: vec![Choice {
+                seq,
+                sampler,
+                generated: 0,
+                done: false,
+            }],
+            seed,
+            last_finish: Finish::default(),
+        }
+    }
+
+    /// Token counts so far.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt_len,
+            cached_prompt_tokens: self.cached.unwrap_or(0),
+            completion_tokens: self.completion,
+        }
+    }
+
+    /// Whether every choice has ended.
+    pub fn finished(&self) -> bool {
+        self.choices.iter().all(|c| c.done)
+    }
+
+    /// Adds choices 1..n as copies of choice 0 (before it samples), each with its own RNG.
+    pub fn fork_choices(&mut self, mut next_seq: impl FnMut() -> SeqId) -> Vec<SeqId> {
+        let n = self.params.n.max(1);
+        let mut added = Vec::new();
+        for i in 1..n {
+            let sampler = self.choices[0]
+                .sampler
+                .fork(mix(&[self.seed, u64::from(i)]));
+            let seq = next_seq();
+            added.push(seq);
+            self.choices.push(Choice {
+                seq,
+                sampler,
+                generated: 0,
+                done: false,
+            });
+        }
+        added
+    }
+
+    /// Samples choice `index` from its logits, sends the token (or ends the choice), and says
+    /// which. `eos` are the model's end-of-sequence ids; `max_context` the window.
+    pub fn sample(
+        &mut self,
+        index: usize,
+        logits: &mut [f32],
+        eos: &[u32],
+        max_context: u32,
+    ) -> Outcome {
+        let p = &self.params;
+        let choice = &mut self.choices[index];
+        let below_min = choice.generated < p.min_tokens;
+        let mut banned: Vec<u32> = Vec::new();
+        if below_min {
+            banned.extend(&p.stop_token_ids);
+            if !p.ignore_eos {
+                banned.extend(eos);
+            }
+        }
+        let Sampled {
+            token,
+            logprob,
+            top_logprobs,
+        } = choice.sampler.sample(logits, &banned);
+        choice.generated += 1;
+        self.completion += 1;
+        let stops = p.stop_token_ids.contains(&token) || (!p.ignore_eos && eos.contains(&token));
+        let several = p.n > 1;
+        let finish = if stops && !below_min {
+            Some(Finish::stop(token))
+        } else {
+            if let Some(sink) = self.sink.as_mut() {
+                let top: Vec<TopLogprob> = top_logprobs
+                    .iter()
+                    .map(|&(token_id, logprob)| TopLogprob { token_id, logprob })
+                    .collect();
+                sink.token_with_logprobs(index as u32, token, logprob, &top);
+            }
+            let total = self.prompt_len + choice.generated;
+            (choice.generated >= p.max_tokens || total >= max_context).then(Finish::length)
+        };
+        match finish {
+            None => Outcome::Continue(token),
+            Some(finish) => {
+                choice.done = true;
+                self.last_finish = finish;
+                if several && let Some(sink) = self.sink.as_mut() {
+                    sink.end_choice(index as u32, finish);
+                }
+                Outcome::Ended
+            }
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! The engine loop: one thread per model that owns the scheduler, the device and every live
+//! request. Each turn it takes new commands, plans a step, runs it on the device, samples, and
+//! sends events. Requests join and leave between any two steps.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use turnpike_engine_api::plugin::{Host, Request, Sink};
+use turnpike_engine_api::{GenerationParams, Status};
+
+use super::counters::Counters;
+use super::request::{LiveRequest, Outcome};
+use crate::device::{Batch, Chunk, Device};
+use crate::sampler::mix;
+use crate::scheduler::{NewSequence, Scheduler, SchedulerStats, SeqId, StepPlan};
+
+/// A request the worker is to run, with its sink.
+#[derive(Debug)]
+pub struct Submission {
+    /// The request (already validated).
+    pub request: Request,
+    /// Where its events go.
+    pub sink: Sink,
+}
+
+/// What the worker is asked to do.
+#[derive(Debug)]
+pub enum Command {
+    /// Run a request (already validated).
+    Submit(Box<Submission>),
+    /// Stop a request.
+    Cancel(u64),
+    /// Mean-pooled hidden states of each input.
+    Embed(Vec<Vec<u32>>, SyncSender<Result<Vec<Vec<f32>>, String>>),
+    /// End every request and stop.
+    Stop,
+}
+
+/// The worker's state.
+pub struct Worker {
+    pub(super) device: Box<dyn Device>,
+    pub(super) scheduler: Scheduler,
+    pub(super) eos: Vec<u32>,
+    pub(super) max_context: u32,
+    pub(super) seed: u64,
+    pub(super) counters: Arc<Counters>,
+    pub(super) stats: Arc<Mutex<Option<SchedulerStats>>>,
+    pub(super) host: Host,
+    pub(super) requests: HashMap<u64, LiveRequest>,
+    /// Sequence -> (request, choice index).
+    pub(super) seqs: HashMap<SeqId, (u64, usize)>,
+    pub(super) next_seq: SeqId,
+}
+
+impl Worker {
+    /// Runs until `Stop` or until every sender is gone.
+    pub fn run(mut self, commands: Receiver<Command>) {
+        loop {
+            // Idle: sleep until a command comes. Busy: take what has come, then step.
+            if self.scheduler.is_idle() {
+                match commands.recv() {
+                    Ok(command) => {
+                        if self.handle(command) {
+                            break;
+                        }
+                    }
+                    // Every sender is gone: the engine was dropped.
+                    Err(_) => break,
+                }
+            }
+            if commands.try_iter().any(|command| self.handle(command)) {
+                break;
+            }
+            if !self.scheduler.is_idle() {
+                self.step();
+            }
+        }
+        self.end_all();
+    }
+
+    fn handle(&mut self, command: Command) -> bool {
+        match command {
+            Command::Submit(submission) => {
+                let Submission { request, sink } = *submission;
+                self.admit(request.id, request.prompt, request.params, sink);
+            }
+            Command::Cancel(id) => self.cancel(id),
+            Command::Embed(inputs, reply) => {
+                let result = inputs
+                    .iter()
+                    .map(|tokens| self.device.embed(tokens).map_err(|e| e.to_string()))
+                    .collect();
+                let _ = reply.send(result);
+            }
+            Command::Stop => return true,
+        }
+        false
+    }
+
+    fn admit(&mut self, id: u64, prompt: Vec<u32>, params: GenerationParams, sink: Sink) {
+        let seed = match params.seed {
+            Some(s) => mix(&[s]),
+            None => mix(&[self.seed, id]),
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let new = NewSequence {
+            id: seq,
+            tokens: prompt.clone(),
+            priority: params.priority,
+            tenant: params.tenant.clone().unwrap_or_default(),
+            weight: params.tenant_weight.max(1),
+        };
+        let zero_tokens = params.max_tokens == 0;
+        let live = LiveRequest::new(sink, params, &prompt, seq, seed);
+        if zero_tokens {
+            self.requests.insert(id, live);
+            return self.end(id, Status::Ok, "");
+        }
+        match self.scheduler.add(new) {
+            Ok(()) => {
+                self.requests.insert(id, live);
+                self.seqs.insert(seq, (id, 0));
+            }
+            Err(refused) => {
+                self.requests.insert(id, live);
+                self.end(id, Status::Overloaded, &refused.to_string());
+            }
+        }
+    }
+
+    fn cancel(&mut self, id: u64) {
+        if self.requests.contains_key(&id) {
+            self.end(id, Status::Cancelled, "cancelled");
+        }
+    }
+
+    /// Sends the FINAL of request `id` and forgets it and its sequences.
+    fn end(&mut self, id: u64, status: Status, message: &str) {
+        let Some(mut live) = self.requests.remove(&id) else {
+            return;
+        };
+        for choice in &live.choices {
+            self.scheduler.remove(choice.seq);
+            self.seqs.remove(&choice.seq);
+        }
+        let usage = live.usage();
+        let counter = match status {
+            Status::Ok => &self.counters.completed,
+            Status::Cancelled => &self.counters.cancelled,
+            _ => &self.counters.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some(sink) = live.sink.take() {
+            match status {
+                Status::Ok => sink.complete(live.last_finish, usage),
+                Status::Cancelled => sink.cancelled(usage),
+                other => sink.fail(other, message, usage),
+            }
+        }
+    }
+
+    fn step(&mut self) {
+        let plan = self.scheduler.schedule();
+        if plan.chunks.is_empty() {
+            // Nothing fits this step (every block is held); wait for a cancel or a finish.
+            std::thread::sleep(Duration::from_millis(1));
+            self.publish();
+            return;
+        }
+        let copies: Vec<(u32, u32)> = plan.copies.iter().map(|c| (c.src, c.dst)).collect();
+        let chunks: Vec<Chunk<'_>> = plan
+            .chunks
+            .iter()
+            .map(|c| Chunk {
+                tokens: &c.tokens,
+                start: c.start,
+                block_table: &c.block_table,
+                logits: c.sample,
+            })
+            .collect();
+        let result = self.device.forward(&Batch {
+            copies: &copies,
+            chunks: &chunks,
+        });
+        drop(chunks);
+        match result {
+            Ok(logits) => {
+                self.scheduler.complete(&plan);
+                self.sample_all(&plan, logits);
+            }
+            Err(e) => {
+                self.host.error(&format!("device step failed: {e}"));
+                let ids: Vec<u64> = plan
+                    .chunks
+                    .iter()
+                    .filter_map(|c| self.seqs.get(&c.seq).map(|&(id, _)| id))
+                    .collect();
+                for id in ids {
+                    self.end(
+                        id,
+                        Status::Internal,
+                        "the engine failed to run this request",
+                    );
+                }
+            }
+        }
+        self.publish();
+    }
+
+    fn sample_all(&mut self, plan: &StepPlan, logits: Vec<f32>) {
+        let vocab = if plan.chunks.iter().any(|c| c.sample) {
+            logits.len() / plan.chunks.iter().filter(|c| c.sample).count().max(1)
+        } else {
+            0
+        };
+        let mut rows = logits.chunks_exact(vocab.max(1));
+        for chunk in &plan.chunks {
+            if let Some(&(id, _)) = self.seqs.get(&chunk.seq)
+                && let Some(live) = self.requests.get_mut(&id)
+                && live.cached.is_none()
+            {
+                live.cached = Some(chunk.cached_tokens as u32);
+            }
+            if !chunk.sample {
+                continue;
+            }
+            let Some(row) = rows.next() else { break };
+            self.sample_one(chunk.seq, row);
+        }
+    }
+
+    fn sample_one(&mut self, seq: SeqId, row: &[f32]) {
+        let Some(&(id, index)) = self.seqs.get(&seq) else {
+            return;
+        };
+        let Some(live) = self.requests.get_mut(&id) else {
+            return;
+        };
+        let mut indices = vec![index];
+        if index == 0 && live.choices.len() == 1 && live.params.n > 1 {
+            let mut next = self.next_seq;
+            let added = live.fork_choices(|| {
+                next += 1;
+                next - 1
+            });
+            self.next_seq = next;
+            for (i, child) in added.into_iter().enumerate() {
+                self.scheduler.fork(seq, child);
+                self.seqs.insert(child, (id, i + 1));
+                indices.push(i + 1);
+            }
+        }
+        let mut ended = Vec::new();
+        for i in indices {
+            let mut logits = row.to_vec();
+            let choice_seq = live.choices[i].seq;
+            match live.sample(i, &mut logits, &self.eos, self.max_context) {
+                Outcome::Continue(token) => self.scheduler.append(choice_seq, token),
+                Outcome::Ended => ended.push(choice_seq),
+            }
+        }
+        for s in ended {
+            self.scheduler.remove(s);
+            self.seqs.remove(&s);
+        }
+        if live.finished() {
+            self.end(id, Status::Ok, "");
+        }
+    }
+
+    fn publish(&self) {
+        if let Ok(mut slot) = self.stats.lock() {
+            *slot = Some(self.scheduler.stats());
+        }
+    }
+
+    fn end_all(&mut self) {
+        let ids: Vec<u64> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.end(id, Status::Cancelled, "the engine is shutting down");
+        }
+        self.publish();
+    }
+}

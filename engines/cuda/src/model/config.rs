@@ -1,0 +1,296 @@
+//! `config.json` of a Hugging Face model folder, validated into a [`ModelSpec`] in one step.
+//!
+//! Only what the engine can serve passes: the Llama family (`llama`, `mistral`, `qwen2`) with
+//! SiLU gated MLPs, RMSNorm, rotary embeddings (plain, `linear` or `llama3` scaling) and
+//! grouped-query attention. Anything else is an error that names what is unsupported.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::ModelError;
+
+/// The architectures this engine serves (`model_type` in `config.json`).
+pub const SUPPORTED_TYPES: [&str; 3] = ["llama", "mistral", "qwen2"];
+
+/// How rotary frequencies are scaled for long contexts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        /// The divisor.
+        factor: f32,
+    },
+    /// Llama 3.1's frequency-dependent scaling.
+    Llama3 {
+        /// Scale of the low frequencies.
+        factor: f32,
+        /// Wavelengths above `original / low_freq_factor` are scaled fully.
+        low_freq_factor: f32,
+        /// Wavelengths below `original / high_freq_factor` are kept.
+        high_freq_factor: f32,
+        /// The context the model was trained on before extension.
+        original_max_position: f32,
+    },
+}
+
+/// The validated shape of a model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSpec {
+    /// `model_type`.
+    pub model_type: String,
+    /// Embedding width.
+    pub hidden_size: usize,
+    /// MLP inner width.
+    pub intermediate_size: usize,
+    /// Transformer blocks.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `num_heads`).
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Rows of the embedding matrix.
+    pub vocab_size: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// RoPE scaling.
+    pub rope_scaling: RopeScaling,
+    /// Context window the engine serves (`max_position_embeddings`, capped by a sliding window).
+    pub max_context: usize,
+    /// The output projection is the embedding matrix.
+    pub tie_word_embeddings: bool,
+    /// End-of-sequence ids from `config.json` (the folder's `generation_config.json` may add more).
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct RawConfig {
+    #[serde(default)]
+    model_type: Option<String>,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    #[serde(default)]
+    num_key_value_heads: Option<usize>,
+    #[serde(default)]
+    head_dim: Option<usize>,
+    vocab_size: usize,
+    #[serde(default = "default_eps")]
+    rms_norm_eps: f64,
+    #[serde(default)]
+    rope_theta: Option<f64>,
+    #[serde(default)]
+    rope_scaling: Option<Value>,
+    /// Newer `transformers` write the RoPE settings (theta included) here.
+    #[serde(default)]
+    rope_parameters: Option<Value>,
+    #[serde(default = "default_max_positions")]
+    max_position_embeddings: usize,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default)]
+    hidden_act: Option<String>,
+    #[serde(default)]
+    sliding_window: Option<usize>,
+    #[serde(default)]
+    use_sliding_window: Option<bool>,
+    #[serde(default)]
+    mlp_bias: bool,
+    #[serde(default)]
+    eos_token_id: Option<Value>,
+}
+
+fn default_eps() -> f64 {
+    1e-6
+}
+
+fn default_max_positions() -> usize {
+    2048
+}
+
+/// Token ids from a number or a list of numbers.
+pub fn token_ids(value: &Value) -> Vec<u32> {
+    match value {
+        Value::Number(n) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .into_iter()
+            .collect(),
+        Value::Array(items) => items.iter().flat_map(token_ids).collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl ModelSpec {
+    /// Reads and validates `folder/config.json`.
+    pub fn from_folder(folder: &Path) -> Result<Self, ModelError> {
+        let path = folder.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        Self::from_json(&text)
+    }
+
+    /// Validates the text of a `config.json`.
+    pub fn from_json(text: &str) -> Result<Self, ModelError> {
+        let raw: RawConfig = serde_json::from_str(text)
+            .map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+        let model_type = raw.model_type.clone().unwrap_or_default();
+        if !SUPPORTED_TYPES.contains(&model_type.as_str()) {
+            return Err(ModelError::Unsupported(format!(
+                "model_type `{model_type}` (this engine serves {})",
+                SUPPORTED_TYPES.join(", ")
+            )));
+        }
+        if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
+            return Err(ModelError::Unsupported(format!(
+                "hidden_act `{act}` (only `silu`)"
+            )));
+        }
+        if raw.mlp_bias {
+            return Err(ModelError::Unsupported("mlp_bias = true".into()));
+        }
+        let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
+        let positive = [
+            ("hidden_size", raw.hidden_size),
+            ("intermediate_size", raw.intermediate_size),
+            ("num_hidden_layers", raw.num_hidden_layers),
+            ("num_attention_heads", raw.num_attention_heads),
+            ("num_key_value_heads", num_kv_heads),
+            ("vocab_size", raw.vocab_size),
+            ("max_position_embeddings", raw.max_position_embeddings),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(ModelError::Config(format!("{name} must be positive")));
+        }
+        if !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
+            return Err(ModelError::Config(format!(
+                "num_attention_heads ({}) is not a multiple of num_key_value_heads ({num_kv_heads})",
+                raw.num_attention_heads
+            )));
+        }
+        let head_dim = raw
+            .head_dim
+            .unwrap_or(raw.hidden_size / raw.num_attention_heads);
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(ModelError::Config(format!(
+                "head_dim must be even and positive, got {head_dim}"
+            )));
+        }
+        let rope = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
+        let rope_theta = raw
+            .rope_theta
+            .or_else(|| rope.and_then(|r| r["rope_theta"].as_f64()))
+            .unwrap_or(10_000.0);
+        let rope_scaling = rope_scaling(rope)?;
+        let window = match (model_type.as_str(), raw.use_sliding_window) {
+            ("qwen2", Some(true)) | ("mistral", _) => raw.sliding_window,
+            _ => None,
+        };
+        let max_context = window.map_or(raw.max_position_embeddings, |w| {
+            w.min(raw.max_position_embeddings)
+        });
+        Ok(Self {
+            model_type,
+            hidden_size: raw.hidden_size,
+            intermediate_size: raw.intermediate_size,
+            num_layers: raw.num_hidden_layers,
+            num_heads: raw.num_attention_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size: raw.vocab_size,
+            rms_norm_eps: raw.rms_norm_eps as f32,
+            rope_theta: rope_theta as f32,
+            rope_scaling,
+            max_context,
+            tie_word_embeddings: raw.tie_word_embeddings,
+            eos_token_ids: raw.eos_token_id.as_ref().map(token_ids).unwrap_or_default(),
+        })
+    }
+
+    /// Bytes of key and value cache per token, in f32.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * self.num_layers * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
+    }
+}
+
+fn rope_scaling(value: Option<&Value>) -> Result<RopeScaling, ModelError> {
+    let Some(v) = value.filter(|v| !v.is_null()) else {
+        return Ok(RopeScaling::None);
+    };
+    let kind = v["rope_type"].as_str().or_else(|| v["type"].as_str());
+    let num = |key: &str| -> Result<f32, ModelError> {
+        v[key].as_f64().map(|x| x as f32).ok_or_else(|| {
+            ModelError::Config(format!("rope scaling `{key}` is missing or not a number"))
+        })
+    };
+    match kind {
+        None | Some("default") => Ok(RopeScaling::None),
+        Some("linear") => Ok(RopeScaling::Linear {
+            factor: num("factor")?,
+        }),
+        Some("llama3") => Ok(RopeScaling::Llama3 {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position: num("original_max_position_embeddings")?,
+        }),
+        Some(other) => Err(ModelError::Unsupported(format!(
+            "rope scaling `{other}` (supported: linear, llama3)"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LLAMA: &str = r#"{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 100, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+        "eos_token_id": [1, 4]}"#;
+
+    #[test]
+    fn llama_config_validates() {
+        let spec = ModelSpec::from_json(LLAMA).expect("valid");
+        assert_eq!(spec.head_dim, 16);
+        assert_eq!(spec.eos_token_ids, vec![1, 4]);
+        assert!(matches!(spec.rope_scaling, RopeScaling::Llama3 { .. }));
+    }
+
+    #[test]
+    fn unsupported_configs_name_what_is_unsupported() {
+        let cases = [
+            (LLAMA.replace("\"llama\"", "\"gpt2\""), "gpt2"),
+            (LLAMA.replace("\"llama3\"", "\"yarn\""), "yarn"),
+            (
+                LLAMA.replace("\"vocab_size\"", "\"hidden_act\": \"gelu\", \"vocab_size\""),
+                "gelu",
+            ),
+        ];
+        for (text, word) in cases {
+            let err = ModelSpec::from_json(&text)
+                .expect_err("refused")
+                .to_string();
+            assert!(err.contains(word), "{err}");
+        }
+    }
+
+    #[test]
+    fn mistral_window_caps_the_context() {
+        let text = LLAMA
+            .replace("\"llama\"", "\"mistral\"")
+            .replace("\"vocab_size\"", "\"sliding_window\": 64, \"vocab_size\"");
+        assert_eq!(
+            ModelSpec::from_json(&text).map(|s| s.max_context).ok(),
+            Some(64)
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! Model folders: the validated shape ([`config`]), the weights ([`weights`]), and the models
+//! the project makes itself ([`make`]).
+
+pub mod config;
+pub mod make;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+pub use config::{ModelSpec, RopeScaling};
+pub use weights::{Tensor, Weights};
+
+/// Why a model folder cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A file is malformed or inconsistent.
+    #[error("{0}")]
+    Config(String),
+    /// The folder holds something this engine cannot run.
+    #[error("unsupported model: {0}")]
+    Unsupported(String),
+}
+
+impl ModelError {
+    /// An I/O error on `path`.
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// A model folder ready to load: its spec, end-of-sequence ids and tokenizer.
+#[derive(Debug, Clone)]
+pub struct ModelFolder {
+    /// The folder.
+    pub path: PathBuf,
+    /// The validated `config.json`.
+    pub spec: ModelSpec,
+    /// End-of-sequence ids from `config.json` and `generation_config.json`.
+    pub eos_token_ids: Vec<u32>,
+    /// `tokenizer.json`, when the folder has one.
+    pub tokenizer: Option<PathBuf>,
+}
+
+impl ModelFolder {
+    /// Reads the folder's configuration (not its weights).
+    pub fn open(path: &Path) -> Result<Self, ModelError> {
+        if !path.is_dir() {
+            return Err(ModelError::Config(format!(
+                "{} is not a model folder",
+                path.display()
+            )));
+        }
+        let spec = ModelSpec::from_folder(path)?;
+        let mut eos = spec.eos_token_ids.clone();
+        let generation = path.join("generation_config.json");
+        if let Ok(text) = std::fs::read_to_string(&generation) {
+            let doc: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| ModelError::Config(format!("{}: {e}", generation.display())))?;
+            eos.extend(config::token_ids(&doc["eos_token_id"]));
+        }
+        eos.sort_unstable();
+        eos.dedup();
+        eos.retain(|&t| (t as usize) < spec.vocab_size);
+        let tokenizer = Some(path.join("tokenizer.json")).filter(|p| p.exists());
+        Ok(Self {
+            path: path.to_path_buf(),
+            spec,
+            eos_token_ids: eos,
+            tokenizer,
+        })
+    }
+}

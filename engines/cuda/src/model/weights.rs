@@ -1,0 +1,128 @@
+//! Safetensors weights, single file or sharded (`model.safetensors.index.json`), memory-mapped.
+//!
+//! Tensors are read by name and converted to f32 on demand; the mapped files stay open only while
+//! the device copies what it needs.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+use super::ModelError;
+
+/// The weight files of a model folder, mapped.
+#[derive(Debug)]
+pub struct Weights {
+    files: Vec<(PathBuf, Mmap)>,
+    /// Tensor name -> index into `files`.
+    index: HashMap<String, usize>,
+}
+
+/// One tensor, converted to f32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    /// Dimensions, outermost first.
+    pub shape: Vec<usize>,
+    /// Row-major values.
+    pub data: Vec<f32>,
+}
+
+impl Weights {
+    /// Maps `model.safetensors`, or every shard named by `model.safetensors.index.json`.
+    pub fn open(folder: &Path) -> Result<Self, ModelError> {
+        let index_path = folder.join("model.safetensors.index.json");
+        let names: Vec<PathBuf> = if index_path.exists() {
+            let text =
+                std::fs::read_to_string(&index_path).map_err(|e| ModelError::io(&index_path, e))?;
+            let doc: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| ModelError::Config(format!("{}: {e}", index_path.display())))?;
+            let Some(map) = doc["weight_map"].as_object() else {
+                return Err(ModelError::Config(format!(
+                    "{}: no `weight_map`",
+                    index_path.display()
+                )));
+            };
+            let mut shards: Vec<PathBuf> = map
+                .values()
+                .filter_map(|v| v.as_str())
+                .map(|s| folder.join(s))
+                .collect();
+            shards.sort();
+            shards.dedup();
+            shards
+        } else {
+            vec![folder.join("model.safetensors")]
+        };
+        let mut files = Vec::with_capacity(names.len());
+        let mut index = HashMap::new();
+        for path in names {
+            let file = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
+            // SAFETY: the mapping is read-only and the engine never writes model files; a file
+            // truncated underneath a running engine is outside what any mmap reader can guard.
+            let map = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
+            let tensors = SafeTensors::deserialize(&map)
+                .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
+            for name in tensors.names() {
+                index.insert(name.to_string(), files.len());
+            }
+            files.push((path, map));
+        }
+        Ok(Self { files, index })
+    }
+
+    /// Whether the model has a tensor of this name.
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// Reads a tensor as f32, checking its shape.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
+        let tensor = self.read(name)?;
+        if tensor.shape != shape {
+            return Err(ModelError::Config(format!(
+                "tensor `{name}` has shape {:?}, expected {shape:?}",
+                tensor.shape
+            )));
+        }
+        Ok(tensor)
+    }
+
+    /// Reads a tensor as f32 whatever its shape.
+    pub fn read(&self, name: &str) -> Result<Tensor, ModelError> {
+        let &file = self
+            .index
+            .get(name)
+            .ok_or_else(|| ModelError::Config(format!("tensor `{name}` is missing")))?;
+        let (path, map) = &self.files[file];
+        let tensors = SafeTensors::deserialize(map)
+            .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
+        let view = tensors
+            .tensor(name)
+            .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
+        let bytes = view.data();
+        let data = match view.dtype() {
+            Dtype::F32 => convert(bytes, 4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            Dtype::F16 => convert(bytes, 2, |b| {
+                half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+            }),
+            Dtype::BF16 => convert(bytes, 2, |b| {
+                half::bf16::from_le_bytes([b[0], b[1]]).to_f32()
+            }),
+            other => {
+                return Err(ModelError::Unsupported(format!(
+                    "tensor `{name}` has dtype {other:?} (supported: F32, F16, BF16)"
+                )));
+            }
+        };
+        Ok(Tensor {
+            shape: view.shape().to_vec(),
+            data,
+        })
+    }
+}
+
+fn convert(bytes: &[u8], width: usize, one: impl Fn(&[u8]) -> f32) -> Vec<f32> {
+    bytes.chunks_exact(width).map(one).collect()
+}

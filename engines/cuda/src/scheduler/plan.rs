@@ -1,0 +1,217 @@
+//! [`Scheduler::schedule`] and its helpers (the policy is described in the module docs).
+
+use std::cmp::Reverse;
+use std::collections::HashSet;
+
+use super::{PlannedChunk, Scheduler, SeqId, StepPlan};
+use crate::kv::BlockCopy;
+
+/// Sort key of a running sequence: smaller is preferred (higher priority, lower tenant virtual
+/// time, earlier arrival; the id makes it total).
+type Preference = (Reverse<i32>, u128, u64, SeqId);
+
+impl Scheduler {
+    /// Plans one step: decodes first, then chunked prefills in progress, then admissions, within
+    /// the token budget, preempting when blocks run out (see the module docs).
+    pub fn schedule(&mut self) -> StepPlan {
+        let mut plan = StepPlan::default();
+        let mut budget = self.config.max_batch_tokens;
+        let mut planned: HashSet<SeqId> = HashSet::new();
+        let mut order: Vec<(Preference, SeqId)> = self
+            .running
+            .iter()
+            .filter_map(|&id| self.preference(id).map(|p| (p, id)))
+            .collect();
+        order.sort_unstable();
+
+        for &(_, id) in &order {
+            if budget == 0 {
+                break;
+            }
+            let decode = self.seqs.get(&id).is_some_and(|s| s.is_decode());
+            if decode && self.running.contains(&id) {
+                budget -= self.plan_running(id, 1, &mut planned, &mut plan);
+            }
+        }
+        for &(_, id) in &order {
+            if budget == 0 {
+                break;
+            }
+            if !self.running.contains(&id) || planned.contains(&id) {
+                continue;
+            }
+            let Some(want) = self
+                .seqs
+                .get(&id)
+                .filter(|s| s.is_prefill())
+                .map(|s| s.remaining().min(budget))
+            else {
+                continue;
+            };
+            budget -= self.plan_running(id, want, &mut planned, &mut plan);
+        }
+        if plan.preempted.is_empty() {
+            while budget > 0 && self.running.len() < self.config.max_running {
+                let Some(id) = self.fair.next_waiting() else {
+                    break;
+                };
+                let admitted = self.admit(id, budget, &mut plan);
+                if admitted == 0 {
+                    break;
+                }
+                budget -= admitted;
+            }
+        }
+        plan
+    }
+
+    fn preference(&self, id: SeqId) -> Option<Preference> {
+        let s = self.seqs.get(&id)?;
+        Some((Reverse(s.priority), self.fair.vt(&s.tenant), s.arrival, id))
+    }
+
+    /// Plans up to `want` tokens of the running sequence `id`; while not even one token fits,
+    /// preempts the lowest-preference running sequence not planned yet (possibly `id` itself).
+    /// Returns the tokens planned.
+    fn plan_running(
+        &mut self,
+        id: SeqId,
+        want: usize,
+        planned: &mut HashSet<SeqId>,
+        plan: &mut StepPlan,
+    ) -> usize {
+        loop {
+            let fit = self.grow(id, want, &mut plan.copies);
+            if fit > 0 {
+                self.push_chunk(id, fit, 0, plan);
+                planned.insert(id);
+                return fit;
+            }
+            let victim = self
+                .running
+                .iter()
+                .filter(|v| !planned.contains(v))
+                .filter_map(|&v| self.preference(v).map(|p| (p, v)))
+                .max();
+            let Some((_, victim)) = victim else {
+                return 0;
+            };
+            self.preempt(victim, plan);
+            if victim == id {
+                return 0;
+            }
+        }
+    }
+
+    /// Makes the blocks for positions `[computed, computed + want)` of `id` writable (copying
+    /// shared ones) and allocates missing ones, as far as blocks can be had. Returns how many of
+    /// the `want` tokens fit.
+    fn grow(&mut self, id: SeqId, want: usize, copies: &mut Vec<BlockCopy>) -> usize {
+        let bs = self.blocks.block_size();
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return 0;
+        };
+        let start = seq.computed;
+        let end = start + want;
+        let existing = end.div_ceil(bs).min(seq.table.len());
+        for i in start / bs..existing {
+            match self.blocks.make_writable(seq.table[i]) {
+                Ok(None) => {}
+                Ok(Some(copy)) => {
+                    seq.table[i] = copy.dst;
+                    copies.push(copy);
+                }
+                Err(_) => return (i * bs).saturating_sub(start).min(want),
+            }
+        }
+        while seq.table.len() * bs < end {
+            match self.blocks.allocate() {
+                Some(b) => seq.table.push(b),
+                None => break,
+            }
+        }
+        (seq.table.len() * bs).saturating_sub(start).min(want)
+    }
+
+    /// Adds the chunk of the next `len` tokens of `id` and charges its tenant.
+    fn push_chunk(&mut self, id: SeqId, len: usize, cached_tokens: usize, plan: &mut StepPlan) {
+        let Some(seq) = self.seqs.get(&id) else {
+            return;
+        };
+        let start = seq.computed;
+        let end = (start + len).min(seq.tokens.len());
+        plan.chunks.push(PlannedChunk {
+            seq: id,
+            start,
+            tokens: seq.tokens[start..end].to_vec(),
+            block_table: seq.table.clone(),
+            sample: end == seq.tokens.len(),
+            cached_tokens,
+        });
+        self.fair.charge(&seq.tenant, end - start, seq.weight);
+    }
+
+    /// Releases all blocks of the running sequence `id` and puts it back in the waiting queue
+    /// with its arrival and tokens.
+    fn preempt(&mut self, id: SeqId, plan: &mut StepPlan) {
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        for &b in seq.table.iter().rev() {
+            self.blocks.release(b);
+        }
+        seq.table.clear();
+        seq.hashes.clear();
+        seq.computed = 0;
+        self.running.remove(&id);
+        self.fair
+            .push_waiting(seq.priority, &seq.tenant, seq.arrival, id);
+        self.preemptions += 1;
+        plan.preempted.push(id);
+    }
+
+    /// Tries to admit the waiting sequence `id` with at most `budget` tokens. Returns the tokens
+    /// planned; 0 means it was not admitted and nothing changed.
+    fn admit(&mut self, id: SeqId, budget: usize, plan: &mut StepPlan) -> usize {
+        let bs = self.blocks.block_size();
+        let Some(seq) = self.seqs.get(&id) else {
+            return 0;
+        };
+        let Some(prefix) = seq.tokens.len().checked_sub(1).map(|n| &seq.tokens[..n]) else {
+            return 0;
+        };
+        let peek = self.blocks.peek_prefix(prefix);
+        let available = self.blocks.available().saturating_sub(peek.idle);
+        let want = (seq.tokens.len() - peek.blocks * bs).min(budget);
+        if want.min(available * bs) == 0 {
+            return 0;
+        }
+        let matched = self.blocks.match_prefix(prefix);
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return 0;
+        };
+        seq.computed = matched.blocks.len() * bs;
+        seq.table = matched.blocks;
+        seq.hashes = matched.hashes;
+        let cached = seq.computed;
+        let want = seq.remaining().min(budget);
+        let fit = self.grow(id, want, &mut plan.copies);
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return 0;
+        };
+        if fit == 0 {
+            for &b in seq.table.iter().rev() {
+                self.blocks.release(b);
+            }
+            seq.table.clear();
+            seq.hashes.clear();
+            seq.computed = 0;
+            return 0;
+        }
+        self.fair
+            .remove_waiting(seq.priority, &seq.tenant, seq.arrival, id);
+        self.running.insert(id);
+        self.push_chunk(id, fit, cached, plan);
+        fit
+    }
+}

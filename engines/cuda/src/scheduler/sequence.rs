@@ -1,0 +1,39 @@
+//! Per-sequence state kept by the scheduler.
+
+use crate::kv::BlockId;
+
+/// One sequence: its tokens, how many have KV, and its block table.
+#[derive(Debug, Clone)]
+pub(super) struct Sequence {
+    /// Prompt followed by the appended (generated) tokens.
+    pub(super) tokens: Vec<u32>,
+    /// Leading tokens whose KV is computed.
+    pub(super) computed: usize,
+    /// Blocks holding positions `[i * block_size, (i + 1) * block_size)`.
+    pub(super) table: Vec<BlockId>,
+    /// Chain hash of each registered full block, in order (`hashes.len() <= table.len()`).
+    pub(super) hashes: Vec<u64>,
+    pub(super) priority: i32,
+    pub(super) tenant: String,
+    /// Fair-share weight (at least 1).
+    pub(super) weight: u32,
+    /// Arrival order; kept across preemptions.
+    pub(super) arrival: u64,
+}
+
+impl Sequence {
+    /// All tokens but the last have KV: the next step computes one token.
+    pub(super) fn is_decode(&self) -> bool {
+        self.computed + 1 == self.tokens.len()
+    }
+
+    /// More than one token is left to compute (a prefill, possibly chunked or a recompute).
+    pub(super) fn is_prefill(&self) -> bool {
+        self.computed + 1 < self.tokens.len()
+    }
+
+    /// Tokens without KV.
+    pub(super) fn remaining(&self) -> usize {
+        self.tokens.len().saturating_sub(self.computed)
+    }
+}

@@ -1,0 +1,143 @@
+"""The real gateway serving the `tiny` model through the default engine's plugin
+(`libturnpike_cuda.so`, CPU device), driven by the official `openai` SDK."""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import openai
+import pytest
+
+from conftest import BIN, ROOT
+
+PLUGIN = Path(os.environ.get("TURNPIKE_CUDA", ROOT / "target/debug/libturnpike_cuda.so"))
+
+
+@pytest.fixture(scope="module")
+def tiny_gateway(tmp_path_factory):
+    work = tmp_path_factory.mktemp("default-engine")
+    model = work / "tiny"
+    subprocess.run([str(BIN), "make-model", "--preset", "tiny", "--out", str(model)], check=True, capture_output=True)
+    config = work / "turnpike.toml"
+    config.write_text(
+        "\n".join(
+            [
+                "[server]",
+                'listen = "127.0.0.1:0"',
+                "[auth]",
+                'mode = "none"',
+                "[[engines]]",
+                'name = "default"',
+                f'plugin = "{PLUGIN}"',
+                "[engines.config]",
+                "seed = 5",
+                "[[engines.config.models]]",
+                'id = "tiny"',
+                f'path = "{model}"',
+                'device = "cpu"',
+                "threads = 2",
+                "[[models]]",
+                'name = "tiny"',
+                'engine = "default"',
+                f'folder = "{model}"',
+                "",
+            ]
+        )
+    )
+    process = subprocess.Popen(
+        [str(BIN), "--log-format", "json", "serve", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, RUST_LOG="warn"),
+    )
+    line = process.stdout.readline()
+    match = re.match(r"turnpike listening on (http://\S+)", line)
+    assert match, f"unexpected first line: {line!r}"
+    yield match.group(1)
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def tiny(tiny_gateway):
+    return openai.OpenAI(base_url=f"{tiny_gateway}/v1", api_key="sk-unused", max_retries=0)
+
+
+def test_models_lists_tiny(tiny):
+    assert [m.id for m in tiny.models.list().data] == ["tiny"]
+
+
+def test_chat_answers_and_counts_tokens(tiny):
+    r = tiny.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello there"}], max_tokens=12, temperature=0
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 5
+    assert 1 <= r.usage.completion_tokens <= 12
+    if choice.finish_reason == "length":
+        assert r.usage.completion_tokens == 12
+
+
+def test_streamed_chat_matches_the_non_streamed_answer(tiny):
+    messages = [{"role": "user", "content": "Tell me about the road"}]
+    whole = tiny.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0)
+    chunks = list(
+        tiny.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_completions_with_logprobs(tiny):
+    r = tiny.completions.create(model="tiny", prompt="The gateway", max_tokens=6, logprobs=3, temperature=0)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) >= 1
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert logprob <= 0.0
+        assert len(top) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert max(top.values()) == pytest.approx(logprob, abs=1e-5)
+
+
+def test_embeddings_are_unit_vectors_of_the_hidden_size(tiny):
+    r = tiny.embeddings.create(model="tiny", input=["a road", "a toll booth"])
+    assert len(r.data) == 2
+    for item in r.data:
+        assert len(item.embedding) == 64
+        assert sum(x * x for x in item.embedding) == pytest.approx(1.0, abs=1e-4)
+    assert r.data[0].embedding != r.data[1].embedding
+    short = tiny.embeddings.create(model="tiny", input="a road", dimensions=16)
+    assert len(short.data[0].embedding) == 16
+
+
+def test_n_two_gives_two_choices(tiny):
+    r = tiny.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Pick a word"}], n=2, max_tokens=8, seed=3
+    )
+    assert sorted(c.index for c in r.choices) == [0, 1]
+    assert all(c.finish_reason in ("stop", "length") for c in r.choices)
+
+
+def test_a_seed_reproduces_sampled_text(tiny):
+    def ask(seed):
+        r = tiny.completions.create(model="tiny", prompt="Once upon", max_tokens=12, temperature=1.0, seed=seed)
+        return r.choices[0].text
+
+    assert ask(42) == ask(42)
+    assert len({ask(s) for s in (1, 2, 3, 4)}) > 1
+
+
+def test_a_prompt_longer_than_the_context_is_a_clear_400(tiny):
+    with pytest.raises(openai.BadRequestError) as e:
+        tiny.completions.create(model="tiny", prompt=[5] * 3000, max_tokens=1)
+    assert e.value.status_code == 400
