@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p turnpike -p turnpike-cuda -p turnpike-bench
-py=target/py/numerics/bin/python
+py=${PYTHON:-target/py/numerics/bin/python}
 [ -x "$py" ] || { echo "run tests/run.sh once first (it makes the transformers venv)"; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

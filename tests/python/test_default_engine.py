@@ -141,3 +141,26 @@ def test_a_prompt_longer_than_the_context_is_a_clear_400(tiny):
     with pytest.raises(openai.BadRequestError) as e:
         tiny.completions.create(model="tiny", prompt=[5] * 3000, max_tokens=1)
     assert e.value.status_code == 400
+
+
+def stat(base, name):
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    pattern = rf'turnpike_engine_stat\{{[^}}]*stat="{name}"[^}}]*\}} (\S+)'
+    found = re.search(pattern, text)
+    assert found, f"no turnpike_engine_stat for {name}"
+    return float(found.group(1))
+
+
+def test_a_repeated_prompt_hits_the_prefix_cache_and_metrics_show_the_cache(tiny, tiny_gateway):
+    prompt = "The toll road runs along the coast for many miles " * 6
+    first = tiny.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0)
+    again = tiny.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0)
+    assert first.usage.prompt_tokens == again.usage.prompt_tokens > 32
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 32 and cached % 16 == 0, cached
+    assert again.choices[0].text == first.choices[0].text
+    assert stat(tiny_gateway, "kv_blocks_total") > 0
+    assert stat(tiny_gateway, "prefix_hit_rate") > 0
+    assert stat(tiny_gateway, "kv_blocks_cached") >= 2

@@ -10,6 +10,7 @@
 //! | `turnpike_active_streams` | gauge | |
 //! | `turnpike_engine_queued`, `turnpike_engine_running` | gauge | `engine` |
 //! | `turnpike_engine_requests_total` | counter (the engine's own count) | `engine`, `outcome` |
+//! | `turnpike_engine_stat` | gauge (every numeric engine-specific stat: KV blocks, prefix hit rate, preemptions, ...) | `engine`, `model` (empty when engine-wide), `stat` |
 //! | `turnpike_rate_limited_total` | counter | `tenant`, `limit` (`requests`, `tokens`, `concurrency`) |
 //! | `turnpike_state_errors_total` | counter (state store failures) | `feature` |
 //! | `turnpike_concurrency_leases` | gauge (leases this replica holds) | |
@@ -102,6 +103,27 @@ pub fn engine_stats(engine: &str, stats: &turnpike_engine_api::Stats) {
     ] {
         metrics::counter!("turnpike_engine_requests_total", "engine" => engine.to_string(), "outcome" => outcome)
             .absolute(value);
+    }
+    for (name, value) in &stats.extra {
+        match value {
+            serde_json::Value::Object(models) if name == "models" => {
+                for (model, per_model) in models {
+                    for (stat, value) in per_model.as_object().into_iter().flatten() {
+                        engine_stat(engine, model, stat, value);
+                    }
+                }
+            }
+            value => engine_stat(engine, "", name, value),
+        }
+    }
+}
+
+/// One numeric engine-specific counter (KV blocks, prefix hit rate, preemptions, ...);
+/// values that are not numbers are not metrics and are skipped.
+fn engine_stat(engine: &str, model: &str, stat: &str, value: &serde_json::Value) {
+    if let Some(v) = value.as_f64() {
+        metrics::gauge!("turnpike_engine_stat", "engine" => engine.to_string(), "model" => model.to_string(), "stat" => stat.to_string())
+            .set(v);
     }
 }
 

@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use super::kv::KvStore;
-use super::linalg::{add_into, linear, rms_norm, rope, silu_gate};
+use super::linalg::{add_into, dot, linear, rms_norm, rope, silu_gate};
 use super::weights::CpuWeights;
 use crate::device::{Chunk, DeviceError};
 use crate::model::{ModelSpec, RopeScaling};
@@ -184,7 +184,7 @@ fn attend(
         let mut max = f32::NEG_INFINITY;
         for (s, &o) in scores.iter_mut().zip(&offsets) {
             let k = &keys[o + g * hd..o + (g + 1) * hd];
-            *s = qh.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+            *s = dot(qh, k) * scale;
             max = max.max(*s);
         }
         let mut sum = 0.0f32;

@@ -22,7 +22,8 @@ impl SendPtr {
     }
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// Dot product with eight independent sums, so the compiler can vectorise it.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -38,8 +39,10 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`: a linear layer with PyTorch's weight layout.
 pub fn linear(x: &[f32], w: &[f32], bias: Option<&[f32]>, out: &mut [f32], k: usize, n: usize) {
     let m = x.len() / k;
-    debug_assert_eq!(w.len(), n * k);
-    debug_assert_eq!(out.len(), m * n);
+    // The unsafe product below relies on these shapes.
+    assert_eq!(w.len(), n * k, "weight shape");
+    assert_eq!(out.len(), m * n, "output shape");
+    assert_eq!(x.len(), m * k, "input shape");
     if m <= DOT_ROWS {
         for (row, o) in x.chunks_exact(k).zip(out.chunks_exact_mut(n)) {
             o.par_chunks_mut(64).enumerate().for_each(|(c, cols)| {

@@ -107,7 +107,9 @@ impl ModelRuntime {
         let scheduler_config = SchedulerConfig {
             max_batch_tokens: settings.max_batch_tokens,
             max_running: settings.max_running,
-            max_waiting: settings.max_waiting,
+            // Requests are bounded in `submit`; the scheduler also queues preempted sequences
+            // and the n choices of each request, which must never be refused after acceptance.
+            max_waiting: (settings.max_running + settings.max_waiting) * settings.max_n as usize,
             block_size: settings.block_size,
             num_blocks,
         };
@@ -127,6 +129,7 @@ impl ModelRuntime {
             device,
             scheduler: Scheduler::new(scheduler_config),
             eos: folder.eos_token_ids.clone(),
+            vocab: folder.spec.vocab_size,
             max_context: max_context as u32,
             seed,
             counters: Arc::clone(&counters),

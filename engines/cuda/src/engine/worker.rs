@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use turnpike_engine_api::plugin::{Host, Request, Sink};
-use turnpike_engine_api::{GenerationParams, Status};
+use turnpike_engine_api::{Finish, GenerationParams, Status, Usage};
 
 use super::counters::Counters;
 use super::request::{LiveRequest, Outcome};
@@ -44,6 +44,7 @@ pub struct Worker {
     pub(super) device: Box<dyn Device>,
     pub(super) scheduler: Scheduler,
     pub(super) eos: Vec<u32>,
+    pub(super) vocab: usize,
     pub(super) max_context: u32,
     pub(super) seed: u64,
     pub(super) counters: Arc<Counters>,
@@ -79,6 +80,20 @@ impl Worker {
             }
         }
         self.end_all();
+        // Commands that came after `Stop`: their requests end cancelled, their embeds fail.
+        for command in commands.try_iter() {
+            match command {
+                Command::Submit(submission) => {
+                    self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                    submission.sink.cancelled(Usage::default());
+                }
+                Command::Embed(_, reply) => {
+                    let _ = reply.send(Err("the engine is shutting down".into()));
+                }
+                Command::Cancel(_) | Command::Stop => {}
+            }
+        }
     }
 
     fn handle(&mut self, command: Command) -> bool {
@@ -114,9 +129,21 @@ impl Worker {
             tenant: params.tenant.clone().unwrap_or_default(),
             weight: params.tenant_weight.max(1),
         };
+        if self.requests.contains_key(&id) {
+            // The host promises unique ids; a repeat must not replace a live request.
+            self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+            self.counters.failed.fetch_add(1, Ordering::Relaxed);
+            sink.fail(
+                Status::InvalidRequest,
+                format!("request id {id} is already running"),
+                Usage::default(),
+            );
+            return;
+        }
         let zero_tokens = params.max_tokens == 0;
-        let live = LiveRequest::new(sink, params, &prompt, seq, seed);
+        let mut live = LiveRequest::new(sink, params, &prompt, seq, seed);
         if zero_tokens {
+            live.last_finish = Finish::length();
             self.requests.insert(id, live);
             return self.end(id, Status::Ok, "");
         }
@@ -162,6 +189,9 @@ impl Worker {
                 other => sink.fail(other, message, usage),
             }
         }
+        if self.scheduler.is_idle() {
+            self.publish();
+        }
     }
 
     fn step(&mut self) {
@@ -195,30 +225,40 @@ impl Worker {
             }
             Err(e) => {
                 self.host.error(&format!("device step failed: {e}"));
-                let ids: Vec<u64> = plan
-                    .chunks
-                    .iter()
-                    .filter_map(|c| self.seqs.get(&c.seq).map(|&(id, _)| id))
-                    .collect();
-                for id in ids {
-                    self.end(
-                        id,
-                        Status::Internal,
-                        "the engine failed to run this request",
-                    );
-                }
+                self.fail_plan(&plan);
             }
         }
         self.publish();
     }
 
+    /// Ends every request of a step that could not be run or read.
+    fn fail_plan(&mut self, plan: &StepPlan) {
+        let mut ids: Vec<u64> = plan
+            .chunks
+            .iter()
+            .filter_map(|c| self.seqs.get(&c.seq).map(|&(id, _)| id))
+            .collect();
+        ids.dedup();
+        for id in ids {
+            self.end(
+                id,
+                Status::Internal,
+                "the engine failed to run this request",
+            );
+        }
+    }
+
     fn sample_all(&mut self, plan: &StepPlan, logits: Vec<f32>) {
-        let vocab = if plan.chunks.iter().any(|c| c.sample) {
-            logits.len() / plan.chunks.iter().filter(|c| c.sample).count().max(1)
-        } else {
-            0
-        };
-        let mut rows = logits.chunks_exact(vocab.max(1));
+        let wanted = plan.chunks.iter().filter(|c| c.sample).count();
+        if logits.len() != wanted * self.vocab {
+            self.host.error(&format!(
+                "the device returned {} logits for {wanted} rows of {}",
+                logits.len(),
+                self.vocab
+            ));
+            return self.fail_plan(plan);
+        }
+        let mut rows = logits.chunks_exact(self.vocab.max(1));
         for chunk in &plan.chunks {
             if let Some(&(id, _)) = self.seqs.get(&chunk.seq)
                 && let Some(live) = self.requests.get_mut(&id)
@@ -250,7 +290,11 @@ impl Worker {
             });
             self.next_seq = next;
             for (i, child) in added.into_iter().enumerate() {
-                self.scheduler.fork(seq, child);
+                if !self.scheduler.fork(seq, child) {
+                    // Cannot happen for a sequence that was just sampled; end the request
+                    // rather than leave a choice that never runs.
+                    return self.end(id, Status::Internal, "the engine lost a choice's sequence");
+                }
                 self.seqs.insert(child, (id, i + 1));
                 indices.push(i + 1);
             }
