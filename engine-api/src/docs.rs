@@ -182,6 +182,18 @@ pub struct EmbedParams {
     pub dimensions: Option<u32>,
 }
 
+impl EmbedParams {
+    /// The vector size to return for a model whose vectors have `full` dimensions: `full`
+    /// unless `dimensions` asks for fewer; the error is a one-line reason.
+    pub fn dimensions_for(&self, full: usize) -> Result<usize, String> {
+        match self.dimensions {
+            None => Ok(full),
+            Some(d) if d >= 1 && d as usize <= full => Ok(d as usize),
+            Some(d) => Err(format!("dimensions must be between 1 and {full}, got {d}")),
+        }
+    }
+}
+
 /// A model an engine serves, as `models` reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelInfo {

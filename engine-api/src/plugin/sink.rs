@@ -91,6 +91,9 @@ pub(crate) struct SinkCell {
     request_id: u64,
     /// The engine's error, when `submit` failed after events had gone out.
     late_error: Mutex<Option<EngineError>>,
+    /// The engine's `Sink` was dropped while its thread unwound from a panic. Recorded there,
+    /// because the cell itself may be dropped later on another thread (the one in `submit`).
+    owner_panicked: AtomicBool,
     life: Arc<Lifecycle>,
 }
 
@@ -109,6 +112,7 @@ impl SinkCell {
             state: AtomicU8::new(OPEN),
             request_id,
             late_error: Mutex::new(None),
+            owner_panicked: AtomicBool::new(false),
             life,
         })
     }
@@ -185,7 +189,7 @@ impl Drop for SinkCell {
         if self.is_open() {
             let (status, message) = if self.life.destroying.load(Ordering::Acquire) {
                 (Status::Cancelled, "engine destroyed")
-            } else if std::thread::panicking() {
+            } else if std::thread::panicking() || self.owner_panicked.load(Ordering::Acquire) {
                 (
                     Status::Internal,
                     "engine panicked while running the request",
@@ -222,6 +226,14 @@ impl std::fmt::Debug for Sink {
         f.debug_struct("Sink")
             .field("request_id", &self.cell.request_id)
             .finish()
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.cell.owner_panicked.store(true, Ordering::Release);
+        }
     }
 }
 

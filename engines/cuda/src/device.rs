@@ -5,6 +5,8 @@
 //! plain data (token ids, positions, block tables, copy lists, logits), so a device can be a
 //! CPU reference or a GPU without the loop knowing which.
 
+use crate::scheduler::{PlannedChunk, StepPlan};
+
 /// A contiguous run of one sequence's tokens to compute in a step.
 #[derive(Debug, Clone, Copy)]
 pub struct Chunk<'a> {
@@ -16,6 +18,23 @@ pub struct Chunk<'a> {
     pub block_table: &'a [u32],
     /// Return the logits of this chunk's last token.
     pub logits: bool,
+}
+
+impl<'a> Chunk<'a> {
+    /// The device's view of a chunk the scheduler planned.
+    pub fn planned(chunk: &'a PlannedChunk) -> Self {
+        Self {
+            tokens: &chunk.tokens,
+            start: chunk.start,
+            block_table: &chunk.block_table,
+            logits: chunk.sample,
+        }
+    }
+}
+
+/// The block copies of a plan, as (`src`, `dst`) pairs.
+pub fn planned_copies(plan: &StepPlan) -> Vec<(u32, u32)> {
+    plan.copies.iter().map(|c| (c.src, c.dst)).collect()
 }
 
 /// One step's work.

@@ -114,15 +114,10 @@ impl Engine for DefaultEngine {
     fn embed(&self, request: EmbedRequest) -> Result<Vec<Vec<f32>>, EngineError> {
         let model = self.model(&request.model)?;
         let full = model.info().embedding_dim.unwrap_or(0) as usize;
-        let dim = match request.params.dimensions {
-            None => full,
-            Some(d) if d >= 1 && d as usize <= full => d as usize,
-            Some(d) => {
-                return Err(EngineError::invalid_request(format!(
-                    "dimensions must be between 1 and {full}, got {d}"
-                )));
-            }
-        };
+        let dim = request
+            .params
+            .dimensions_for(full)
+            .map_err(EngineError::invalid_request)?;
         let pooled = model.embed(request.inputs)?;
         Ok(pooled
             .into_iter()

@@ -190,15 +190,10 @@ impl Engine for SimEngine {
                 model.id
             )));
         }
-        let dim = match request.params.dimensions {
-            None => full,
-            Some(d) if d >= 1 && d as usize <= full => d as usize,
-            Some(d) => {
-                return Err(EngineError::invalid_request(format!(
-                    "dimensions must be between 1 and {full}, got {d}"
-                )));
-            }
-        };
+        let dim = request
+            .params
+            .dimensions_for(full)
+            .map_err(EngineError::invalid_request)?;
         let seed = mix(&[self.seed, 0xE3BE]);
         Ok(request
             .inputs

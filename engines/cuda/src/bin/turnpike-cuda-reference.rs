@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use serde::Deserialize;
 use serde_json::json;
 use turnpike_cuda::cpu::CpuDevice;
-use turnpike_cuda::device::{Batch, Chunk, Device};
+use turnpike_cuda::device::{Batch, Chunk, Device, planned_copies};
 use turnpike_cuda::model::ModelFolder;
 use turnpike_cuda::scheduler::{NewSequence, Scheduler, SchedulerConfig};
 
@@ -120,17 +120,8 @@ fn run() -> Result<String, String> {
             if plan.chunks.is_empty() {
                 return Err("the scheduler planned nothing".into());
             }
-            let copies: Vec<(u32, u32)> = plan.copies.iter().map(|c| (c.src, c.dst)).collect();
-            let chunks: Vec<Chunk<'_>> = plan
-                .chunks
-                .iter()
-                .map(|c| Chunk {
-                    tokens: &c.tokens,
-                    start: c.start,
-                    block_table: &c.block_table,
-                    logits: c.sample,
-                })
-                .collect();
+            let copies = planned_copies(&plan);
+            let chunks: Vec<Chunk<'_>> = plan.chunks.iter().map(Chunk::planned).collect();
             let logits = device
                 .forward(&Batch {
                     copies: &copies,

@@ -13,7 +13,7 @@ use turnpike_engine_api::{Finish, GenerationParams, Status, Usage};
 
 use super::counters::Counters;
 use super::request::{LiveRequest, Outcome};
-use crate::device::{Batch, Chunk, Device};
+use crate::device::{Batch, Chunk, Device, planned_copies};
 use crate::sampler::mix;
 use crate::scheduler::{NewSequence, Scheduler, SchedulerStats, SeqId, StepPlan};
 
@@ -202,17 +202,8 @@ impl Worker {
             self.publish();
             return;
         }
-        let copies: Vec<(u32, u32)> = plan.copies.iter().map(|c| (c.src, c.dst)).collect();
-        let chunks: Vec<Chunk<'_>> = plan
-            .chunks
-            .iter()
-            .map(|c| Chunk {
-                tokens: &c.tokens,
-                start: c.start,
-                block_table: &c.block_table,
-                logits: c.sample,
-            })
-            .collect();
+        let copies = planned_copies(&plan);
+        let chunks: Vec<Chunk<'_>> = plan.chunks.iter().map(Chunk::planned).collect();
         let result = self.device.forward(&Batch {
             copies: &copies,
             chunks: &chunks,
