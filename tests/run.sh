@@ -25,7 +25,7 @@ venv() { # venv NAME REQUIREMENTS: create or refresh target/py/NAME
 }
 venv openai3 tests/python/requirements.txt
 venv openai2 tests/python/requirements-openai2.txt
-venv numerics tests/python/numerics/requirements.txt
+venv numerics tests/numerics/requirements.txt
 
 # The Redis tests (tests/python/test_redis.py) start their own redis-server.
 if ! command -v redis-server >/dev/null; then
@@ -37,7 +37,7 @@ fi
 
 export TURNPIKE_BIN="$PWD/target/debug/turnpike" TURNPIKE_SIM="$PWD/target/debug/libturnpike_sim.so"
 export TURNPIKE_CUDA="$PWD/target/debug/libturnpike_cuda.so"
-target/py/openai3/bin/python -m pytest -q -p no:cacheprovider tests/python --ignore=tests/python/numerics
+target/py/openai3/bin/python -m pytest -q -p no:cacheprovider tests/python
 # The default engine against Hugging Face transformers (torch on the CPU) on the same weights.
-target/py/numerics/bin/python -m pytest -q -p no:cacheprovider tests/python/numerics
+target/py/numerics/bin/python -m pytest -q -p no:cacheprovider tests/numerics
 target/py/openai2/bin/python -m pytest -q -p no:cacheprovider tests/python/test_sdk.py

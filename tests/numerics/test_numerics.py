@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("TURNPIKE_BIN", ROOT / "target/debug/turnpike"))
 REFERENCE = BIN.parent / "turnpike-cuda-reference"
 TOLERANCE = 1e-4
