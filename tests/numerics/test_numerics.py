@@ -119,11 +119,12 @@ def test_32_greedy_tokens_are_identical(model_dir, hf):
         assert result["tokens"] == hf_greedy(hf, prompt, 32)
 
 
-def test_bf16_sharded_weights_load_and_match(tmp_path):
-    path = make(tmp_path, "tiny", "--dtype", "bf16", "--shard-mib", "0.05")
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_half_precision_sharded_weights_load_and_match(tmp_path, dtype):
+    path = make(tmp_path, "tiny", "--dtype", dtype, "--shard-mib", "0.05")
     assert (path / "model.safetensors.index.json").exists()
     model = load_hf(path)
     [prompt] = prompts(6, [50])
     [run] = engine(path, [{"prompts": [prompt]}])
     err = rel_err(run["results"][0]["logits"], hf_last_logits(model, prompt))
-    assert err < TOLERANCE, f"bf16 weights: relative error {err:.2e}"
+    assert err < TOLERANCE, f"{dtype} weights: relative error {err:.2e}"

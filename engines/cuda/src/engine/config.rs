@@ -154,6 +154,14 @@ impl RawModel {
         if max_n == 0 {
             return Err("max_n must be positive".into());
         }
+        // Every choice of every running request decodes a token each step; a smaller budget
+        // would leave the last choices waiting behind the first.
+        let decodes = max_running.saturating_mul(max_n as usize);
+        if max_batch_tokens < decodes {
+            return Err(format!(
+                "max_batch_tokens ({max_batch_tokens}) must be at least max_running × max_n ({max_running} × {max_n} = {decodes})"
+            ));
+        }
         if self.threads == Some(0) || self.max_context == Some(0) {
             return Err("threads and max_context must be positive".into());
         }
@@ -211,6 +219,10 @@ mod tests {
             (
                 r#"{"models": [{"id": "m", "path": "/x", "kv_cache_fraction": 2}]}"#,
                 "fraction",
+            ),
+            (
+                r#"{"models": [{"id": "m", "path": "/x", "max_running": 64, "max_batch_tokens": 256}]}"#,
+                "max_n",
             ),
         ] {
             let err = EngineSettings::parse(bad).expect_err(bad);
