@@ -211,6 +211,20 @@ impl Drop for Gateway {
 }
 
 #[test]
+fn the_built_in_default_makes_its_model_in_the_temporary_folder_when_the_cache_is_read_only() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let unwritable = Path::new("/proc/turnpike-cache");
+    let gateway = Gateway::start_with_env(
+        &[],
+        &[("XDG_CACHE_HOME", unwritable), ("TMPDIR", tmp.path())],
+    );
+    let models = request(gateway.addr, "GET", "/v1/models");
+    assert_eq!(models.json()["data"][0]["id"], "tiny");
+    assert!(tmp.path().join("turnpike/models").is_dir());
+    assert!(gateway.stop().success());
+}
+
+#[test]
 fn serve_answers_on_its_built_in_default() {
     // The default engine's `tiny` model is made on first start into the cache folder.
     let cache = tempfile::tempdir().expect("tempdir");

@@ -164,3 +164,12 @@ def test_a_repeated_prompt_hits_the_prefix_cache_and_metrics_show_the_cache(tiny
     assert stat(tiny_gateway, "kv_blocks_total") > 0
     assert stat(tiny_gateway, "prefix_hit_rate") > 0
     assert stat(tiny_gateway, "kv_blocks_cached") >= 2
+
+
+def test_ready_reports_the_engine_healthy(tiny_gateway):
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{tiny_gateway}/ready", timeout=10) as r:
+        assert r.status == 200
+        json.loads(r.read())

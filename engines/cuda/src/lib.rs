@@ -109,6 +109,10 @@ impl Engine for DefaultEngine {
         base
     }
 
+    fn health(&self) -> Result<(), EngineError> {
+        self.models.iter().try_for_each(ModelRuntime::health)
+    }
+
     const EMBEDDINGS: bool = true;
 
     fn embed(&self, request: EmbedRequest) -> Result<Vec<Vec<f32>>, EngineError> {

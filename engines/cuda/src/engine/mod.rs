@@ -290,6 +290,22 @@ impl ModelRuntime {
         )
     }
 
+    /// `Ok` while the worker runs; a worker that stopped (a bug made it panic) cannot serve.
+    pub fn health(&self) -> Result<(), EngineError> {
+        let stopped = self
+            .thread
+            .lock()
+            .map(|t| t.as_ref().is_none_or(JoinHandle::is_finished))
+            .unwrap_or(true);
+        if stopped {
+            return Err(EngineError::new(
+                turnpike_engine_api::Status::Unavailable,
+                format!("model `{}`: the engine thread has stopped", self.info.id),
+            ));
+        }
+        Ok(())
+    }
+
     /// Ends every request and joins the worker.
     pub fn shutdown(&self) {
         let _ = self.send(Command::Stop);

@@ -392,34 +392,40 @@ fn write(path: &Path, text: &str) -> Result<(), ModelError> {
     std::fs::write(path, text).map_err(|e| ModelError::io(path, e))
 }
 
-/// The folder a preset is made into on first use, under the user's cache.
-pub fn cache_folder(preset: &str, seed: u64) -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME")
+/// Where presets are made on first use: the user's cache (`$XDG_CACHE_HOME`, else
+/// `~/.cache`), then the temporary folder.
+fn cache_bases() -> Vec<PathBuf> {
+    let user = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("turnpike").join("models").join(format!(
-        "{preset}-seed{seed}-v{}",
-        env!("CARGO_PKG_VERSION")
-    ))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
+    user.into_iter()
+        .chain(std::iter::once(std::env::temp_dir()))
+        .map(|base| base.join("turnpike").join("models"))
+        .collect()
 }
 
-/// The preset's folder in the cache, made first if it is not there yet.
+/// The preset's folder, made first if it is not there yet: in the user's cache, or in the
+/// temporary folder when the cache cannot be written (a read-only home in a container).
 pub fn cached_model(preset: &Preset, seed: u64) -> Result<PathBuf, ModelError> {
-    let dir = cache_folder(preset.name, seed);
-    if dir.join("config.json").exists() {
-        return Ok(dir);
-    }
+    let name = format!("{}-seed{seed}-v{}", preset.name, env!("CARGO_PKG_VERSION"));
     let options = MakeOptions {
         seed,
         ..MakeOptions::default()
     };
-    match write_model(preset, &dir, options) {
-        Ok(()) => Ok(dir),
-        // Another process made it first.
-        Err(_) if dir.join("config.json").exists() => Ok(dir),
-        Err(e) => Err(e),
+    let mut last = None;
+    for base in cache_bases() {
+        let dir = base.join(&name);
+        if dir.join("config.json").exists() {
+            return Ok(dir);
+        }
+        match write_model(preset, &dir, options) {
+            Ok(()) => return Ok(dir),
+            // Another process made it first.
+            Err(_) if dir.join("config.json").exists() => return Ok(dir),
+            Err(e) => last = Some(e),
+        }
     }
+    Err(last.unwrap_or_else(|| ModelError::Config("no folder to make the model in".into())))
 }
 
 #[cfg(test)]
