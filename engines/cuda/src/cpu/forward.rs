@@ -44,22 +44,52 @@ pub fn inverse_frequencies(spec: &ModelSpec) -> Vec<f32> {
     }
 }
 
-/// Where each row of the batch sits: its chunk and position.
-struct Rows<'a> {
-    chunks: &'a [Chunk<'a>],
+/// Where each row of the batch sits, and where every position of each chunk's sequence lives in
+/// the cache: resolved through the block tables once per step, shared by every layer.
+struct Rows {
     /// (chunk index, position) per row.
     at: Vec<(usize, usize)>,
+    /// Per chunk, the cache offset of positions `0..start + len`.
+    offsets: Vec<Vec<usize>>,
 }
 
-impl<'a> Rows<'a> {
-    fn new(chunks: &'a [Chunk<'a>]) -> Self {
+impl Rows {
+    fn new(chunks: &[Chunk<'_>], kv: &KvStore) -> Result<Self, DeviceError> {
         let at = chunks
             .iter()
             .enumerate()
             .flat_map(|(c, chunk)| (0..chunk.tokens.len()).map(move |i| (c, chunk.start + i)))
             .collect();
-        Self { chunks, at }
+        let offsets = chunks
+            .iter()
+            .map(|chunk| {
+                (0..chunk.start + chunk.tokens.len())
+                    .map(|pos| {
+                        kv.offset(chunk.block_table, pos).ok_or_else(|| {
+                            DeviceError::InvalidBatch(format!(
+                                "position {pos} has no block in its table"
+                            ))
+                        })
+                    })
+                    .collect()
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { at, offsets })
     }
+
+    /// The cache offsets of positions `0..=pos` of chunk `c`'s sequence.
+    fn history(&self, c: usize, pos: usize) -> &[usize] {
+        &self.offsets[c][..=pos]
+    }
+}
+
+/// The attention shape of a model.
+#[derive(Clone, Copy)]
+struct Heads {
+    query: usize,
+    kv: usize,
+    dim: usize,
+    scale: f32,
 }
 
 /// Runs every layer over the batch and returns the residual stream (rows × hidden), before the
@@ -71,7 +101,7 @@ pub fn hidden_states(
     kv: &mut KvStore,
     chunks: &[Chunk<'_>],
 ) -> Result<Vec<f32>, DeviceError> {
-    let rows = Rows::new(chunks);
+    let rows = Rows::new(chunks, kv)?;
     let t = rows.at.len();
     let d = spec.hidden_size;
     let (hd, nh, nkv) = (spec.head_dim, spec.num_heads, spec.num_kv_heads);
@@ -79,13 +109,11 @@ pub fn hidden_states(
     let qkv_w = qw + 2 * kvw;
     let f = spec.intermediate_size;
 
-    let mut slots = Vec::with_capacity(t);
-    for &(c, pos) in &rows.at {
-        let slot = kv.offset(chunks[c].block_table, pos).ok_or_else(|| {
-            DeviceError::InvalidBatch(format!("position {pos} has no block in its table"))
-        })?;
-        slots.push(slot);
-    }
+    let slots: Vec<usize> = rows
+        .at
+        .iter()
+        .map(|&(c, pos)| rows.offsets[c][pos])
+        .collect();
     let mut x = Vec::with_capacity(t * d);
     for chunk in chunks {
         for &tok in chunk.tokens {
@@ -116,7 +144,12 @@ pub fn hidden_states(
     let mut proj = vec![0.0f32; t * d];
     let mut gate_up = vec![0.0f32; t * 2 * f];
     let mut act = vec![0.0f32; t * f];
-    let scale = 1.0 / (hd as f32).sqrt();
+    let heads = Heads {
+        query: nh,
+        kv: nkv,
+        dim: hd,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
     for (l, layer) in w.layers.iter().enumerate() {
         rms_norm(&x, &layer.attn_norm, spec.rms_norm_eps, &mut h);
         linear(
@@ -145,9 +178,8 @@ pub fn hidden_states(
         let (keys, values) = kv.layer(l);
         attn.par_chunks_mut(qw).enumerate().for_each(|(r, out)| {
             let (c, pos) = rows.at[r];
-            let table = rows.chunks[c].block_table;
             let q_row = &qkv[r * qkv_w..r * qkv_w + qw];
-            attend(kv, keys, values, table, pos, q_row, out, nh, nkv, hd, scale);
+            attend(keys, values, rows.history(c, pos), q_row, out, heads);
         });
         linear(&attn, &layer.o, layer.o_bias.as_deref(), &mut proj, qw, d);
         add_into(&mut x, &proj);
@@ -160,29 +192,29 @@ pub fn hidden_states(
     Ok(x)
 }
 
-/// Causal attention of one query row (all heads) over positions `0..=pos` of its sequence.
-#[allow(clippy::too_many_arguments)]
+/// Causal attention of one query row (all heads) over the positions at `offsets` (its
+/// sequence up to and including itself).
 fn attend(
-    kv: &KvStore,
     keys: &[f32],
     values: &[f32],
-    table: &[u32],
-    pos: usize,
+    offsets: &[usize],
     q: &[f32],
     out: &mut [f32],
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-    scale: f32,
+    heads: Heads,
 ) {
+    let Heads {
+        query: nh,
+        kv: nkv,
+        dim: hd,
+        scale,
+    } = heads;
     let group = nh / nkv;
-    let offsets: Vec<usize> = (0..=pos).filter_map(|p| kv.offset(table, p)).collect();
     let mut scores = vec![0.0f32; offsets.len()];
     for head in 0..nh {
         let g = head / group;
         let qh = &q[head * hd..(head + 1) * hd];
         let mut max = f32::NEG_INFINITY;
-        for (s, &o) in scores.iter_mut().zip(&offsets) {
+        for (s, &o) in scores.iter_mut().zip(offsets) {
             let k = &keys[o + g * hd..o + (g + 1) * hd];
             *s = dot(qh, k) * scale;
             max = max.max(*s);
@@ -194,7 +226,7 @@ fn attend(
         }
         let oh = &mut out[head * hd..(head + 1) * hd];
         oh.fill(0.0);
-        for (s, &o) in scores.iter().zip(&offsets) {
+        for (s, &o) in scores.iter().zip(offsets) {
             let p = s / sum;
             let v = &values[o + g * hd..o + (g + 1) * hd];
             for (acc, v) in oh.iter_mut().zip(v) {

@@ -239,7 +239,7 @@ impl Worker {
         }
     }
 
-    fn sample_all(&mut self, plan: &StepPlan, logits: Vec<f32>) {
+    fn sample_all(&mut self, plan: &StepPlan, mut logits: Vec<f32>) {
         let wanted = plan.chunks.iter().filter(|c| c.sample).count();
         if logits.len() != wanted * self.vocab {
             self.host.error(&format!(
@@ -249,7 +249,7 @@ impl Worker {
             ));
             return self.fail_plan(plan);
         }
-        let mut rows = logits.chunks_exact(self.vocab.max(1));
+        let mut rows = logits.chunks_exact_mut(self.vocab.max(1));
         for chunk in &plan.chunks {
             if let Some(&(id, _)) = self.seqs.get(&chunk.seq)
                 && let Some(live) = self.requests.get_mut(&id)
@@ -265,7 +265,9 @@ impl Worker {
         }
     }
 
-    fn sample_one(&mut self, seq: SeqId, row: &[f32]) {
+    /// Samples every choice of `seq`'s request that this row feeds. The sampler restores the
+    /// logits it changes, so one row serves all `n` choices without a copy.
+    fn sample_one(&mut self, seq: SeqId, row: &mut [f32]) {
         let Some(&(id, index)) = self.seqs.get(&seq) else {
             return;
         };
@@ -292,9 +294,8 @@ impl Worker {
         }
         let mut ended = Vec::new();
         for i in indices {
-            let mut logits = row.to_vec();
             let choice_seq = live.choices[i].seq;
-            match live.sample(i, &mut logits, &self.eos, self.max_context) {
+            match live.sample(i, row, &self.eos, self.max_context) {
                 Outcome::Continue(token) => self.scheduler.append(choice_seq, token),
                 Outcome::Ended => ended.push(choice_seq),
             }
