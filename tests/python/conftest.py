@@ -7,7 +7,6 @@ which `tests/run.sh` builds first.
 
 import os
 import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -38,7 +37,7 @@ SIM_MODELS = {
 GATEWAY_MODELS = {"tools": 'tool_call_parser = "llama3_json"'}
 
 
-def write_config(path: Path) -> None:
+def config_text() -> str:
     lines = [
         "[server]",
         'listen = "127.0.0.1:0"',
@@ -70,34 +69,17 @@ def write_config(path: Path) -> None:
     for name in SIM_MODELS:
         lines += ["[[models]]", f'name = "{name}"', 'engine = "sim"', f'folder = "{FOLDER}"', 'owned_by = "tests"']
         lines += [GATEWAY_MODELS[name]] if name in GATEWAY_MODELS else []
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 @pytest.fixture(scope="session")
 def gateway(tmp_path_factory):
     """The base URL of a running gateway."""
-    for artifact in (BIN, SIM):
-        assert artifact.exists(), f"{artifact} is missing: build the workspace first (tests/run.sh does)"
-    config = tmp_path_factory.mktemp("turnpike") / "turnpike.toml"
-    write_config(config)
-    env = dict(os.environ, RUST_LOG="warn")
-    process = subprocess.Popen(
-        [str(BIN), "--log-format", "json", "serve", "--config", str(config)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    line = process.stdout.readline()
-    match = re.match(r"turnpike listening on (http://\S+)", line)
-    assert match, f"unexpected first line: {line!r}"
-    base = match.group(1)
-    yield base
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    from tenancy_support import Gateway  # it imports this module's constants
+
+    running = Gateway(tmp_path_factory.mktemp("turnpike"), config_text(), {})
+    yield running.base
+    running.stop()
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from conftest import BIN, ROOT
+from tenancy_support import Gateway
 
 PLUGIN = Path(os.environ.get("TURNPIKE_CUDA", ROOT / "target/debug/libturnpike_cuda.so"))
 
@@ -19,44 +20,32 @@ def tiny_gateway(tmp_path_factory):
     work = tmp_path_factory.mktemp("default-engine")
     model = work / "tiny"
     subprocess.run([str(BIN), "make-model", "--preset", "tiny", "--out", str(model)], check=True, capture_output=True)
-    config = work / "turnpike.toml"
-    config.write_text(
-        "\n".join(
-            [
-                "[server]",
-                'listen = "127.0.0.1:0"',
-                "[auth]",
-                'mode = "none"',
-                "[[engines]]",
-                'name = "default"',
-                f'plugin = "{PLUGIN}"',
-                "[engines.config]",
-                "seed = 5",
-                "[[engines.config.models]]",
-                'id = "tiny"',
-                f'path = "{model}"',
-                'device = "cpu"',
-                "threads = 2",
-                "[[models]]",
-                'name = "tiny"',
-                'engine = "default"',
-                f'folder = "{model}"',
-                "",
-            ]
-        )
+    config = "\n".join(
+        [
+            "[server]",
+            'listen = "127.0.0.1:0"',
+            "[auth]",
+            'mode = "none"',
+            "[[engines]]",
+            'name = "default"',
+            f'plugin = "{PLUGIN}"',
+            "[engines.config]",
+            "seed = 5",
+            "[[engines.config.models]]",
+            'id = "tiny"',
+            f'path = "{model}"',
+            'device = "cpu"',
+            "threads = 2",
+            "[[models]]",
+            'name = "tiny"',
+            'engine = "default"',
+            f'folder = "{model}"',
+            "",
+        ]
     )
-    process = subprocess.Popen(
-        [str(BIN), "--log-format", "json", "serve", "--config", str(config)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ, RUST_LOG="warn"),
-    )
-    line = process.stdout.readline()
-    match = re.match(r"turnpike listening on (http://\S+)", line)
-    assert match, f"unexpected first line: {line!r}"
-    yield match.group(1)
-    process.terminate()
-    process.wait(timeout=10)
+    running = Gateway(work, config, {})
+    yield running.base
+    running.stop()
 
 
 @pytest.fixture
