@@ -5,14 +5,13 @@
 #   2. the official OpenAI SDK suite against the real binary, under both SDK majors (the
 #      simulator and the default engine's CPU device on a model the tests make);
 #   3. schemathesis against OpenAI's OpenAPI spec;
-#   4. the default engine's numerics against Hugging Face transformers on the same weights.
+#   4. the default engine's numerics against Hugging Face transformers on the same weights;
+#   5. its CUDA kernels: compiled by NVRTC for sm_80 and sm_90 (warnings fail; inside step 1),
+#      and run on the CPU under an emulation of CUDA's built-ins against NumPy.
 # The Python packages are installed into virtual environments under target/py (network is used
-# only for that); nothing else leaves loopback.
+# only for that); nothing else leaves loopback. No GPU is needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-cargo build --workspace
-cargo test --workspace
 
 venv() { # venv NAME REQUIREMENTS: create or refresh target/py/NAME
   local dir="target/py/$1" requirements="$2"
@@ -23,6 +22,15 @@ venv() { # venv NAME REQUIREMENTS: create or refresh target/py/NAME
     cp "$requirements" "$dir/requirements.installed"
   fi
 }
+
+# NVRTC from PyPI, so the Rust tests compile every kernel (engines/cuda/tests/kernels.rs).
+venv nvrtc tests/kernels/requirements.txt
+nvrtc_lib=$(target/py/nvrtc/bin/python -c 'import nvidia.cuda_nvrtc, os; print(os.path.join(nvidia.cuda_nvrtc.__path__[0], "lib"))')
+export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" TURNPIKE_REQUIRE_NVRTC=1
+
+cargo build --workspace
+cargo test --workspace
+
 venv openai3 tests/python/requirements.txt
 venv openai2 tests/python/requirements-openai2.txt
 venv numerics tests/numerics/requirements.txt
@@ -40,4 +48,6 @@ export TURNPIKE_CUDA="$PWD/target/debug/libturnpike_cuda.so"
 target/py/openai3/bin/python -m pytest -q -p no:cacheprovider tests/python
 # The default engine against Hugging Face transformers (torch on the CPU) on the same weights.
 target/py/numerics/bin/python -m pytest -q -p no:cacheprovider tests/numerics
+# The CUDA kernels on the CPU (g++ and an emulation of the CUDA built-ins) against NumPy.
+target/py/numerics/bin/python -m pytest -q -p no:cacheprovider tests/kernels
 target/py/openai2/bin/python -m pytest -q -p no:cacheprovider tests/python/test_sdk.py

@@ -5,6 +5,7 @@
 //! plain data (token ids, positions, block tables, copy lists, logits), so a device can be a
 //! CPU reference or a GPU without the loop knowing which.
 
+use crate::sampler::{Sampled, SamplingParams};
 use crate::scheduler::{PlannedChunk, StepPlan};
 
 /// A contiguous run of one sequence's tokens to compute in a step.
@@ -46,6 +47,21 @@ pub struct Batch<'a> {
     pub chunks: &'a [Chunk<'a>],
 }
 
+/// One choice to sample on a device that samples (see [`Device::sample`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SampleRequest<'a> {
+    /// Which logits row of the last `forward` (the chunks that asked for logits, in order).
+    pub logits_row: usize,
+    /// The choice's sampling settings.
+    pub params: &'a SamplingParams,
+    /// The uniform draw in `[0, 1)` for a non-greedy sample, from the choice's own RNG.
+    pub uniform: f32,
+    /// `(token, generated count)` pairs the penalties apply to.
+    pub penalties: &'a [(u32, u32)],
+    /// Tokens that cannot be chosen (end of sequence below `min_tokens`).
+    pub banned: &'a [u32],
+}
+
 /// Why a device could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
@@ -69,4 +85,30 @@ pub trait Device: Send {
     /// The last hidden state (after the final norm) of every token of `tokens`, averaged,
     /// computed outside the shared cache.
     fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, DeviceError>;
+    /// Numeric statistics of the device (memory, graph use, step times) for `stats`.
+    fn stats(&self) -> Vec<(&'static str, f64)> {
+        Vec::new()
+    }
+    /// The first `rows` logits rows of the last `forward` of a device that samples (for
+    /// tests and the reference tool; the engine never reads them).
+    fn read_logits(&mut self, rows: usize) -> Result<Vec<f32>, DeviceError> {
+        let _ = rows;
+        Err(DeviceError::InvalidBatch(format!(
+            "the {} device returns its logits from forward",
+            self.name()
+        )))
+    }
+    /// Whether this device samples itself: its `forward` then keeps the logits and returns
+    /// none, and the engine calls [`Device::sample`] for the step's choices.
+    fn samples(&self) -> bool {
+        false
+    }
+    /// Samples choices from the logits of the last `forward`, one result per request, in order.
+    fn sample(&mut self, rows: &[SampleRequest<'_>]) -> Result<Vec<Sampled>, DeviceError> {
+        let _ = rows;
+        Err(DeviceError::InvalidBatch(format!(
+            "the {} device returns logits and does not sample",
+            self.name()
+        )))
+    }
 }

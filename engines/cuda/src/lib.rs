@@ -28,6 +28,7 @@
 pub mod cpu;
 pub mod device;
 mod engine;
+pub mod gpu;
 pub mod kv;
 pub mod model;
 pub mod sampler;

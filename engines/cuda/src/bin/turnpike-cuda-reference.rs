@@ -1,10 +1,11 @@
 //! `turnpike-cuda-reference`: runs prompts through the engine's real scheduler, block manager
-//! and CPU device, greedily, and prints every logit; the numerics tests compare them with
-//! Hugging Face `transformers` on the same weights.
+//! and a device (the CPU, or the GPU with `"device": "cuda"`), greedily, and prints every
+//! logit; the numerics tests and `bench/gpu/` compare them with Hugging Face `transformers` on
+//! the same weights, and the two devices with each other.
 //!
 //! Input (JSON on stdin):
-//! `{"model": DIR, "block_size": 16, "max_batch_tokens": 512, "runs": [{"prompts": [[ids]],
-//! "generate": 32}]}`. The runs share one KV cache, so a later run can hit the prefix cache of
+//! `{"model": DIR, "device": "cpu", "block_size": 16, "max_batch_tokens": 512,
+//! "num_blocks": 1024, "graphs": true, "runs": [{"prompts": [[ids]], "generate": 32}]}`. The runs share one KV cache, so a later run can hit the prefix cache of
 //! an earlier one. Output (JSON on stdout), per run and prompt: the logits at the prompt's last
 //! position, the greedy tokens after it, and the prompt tokens served from the prefix cache.
 
@@ -16,6 +17,7 @@ use serde::Deserialize;
 use serde_json::json;
 use turnpike_cuda::cpu::CpuDevice;
 use turnpike_cuda::device::{Batch, Chunk, Device, planned_copies};
+use turnpike_cuda::gpu::{Capacity, CudaDevice, GpuKvBudget, GpuSettings, kv_bytes_per_block};
 use turnpike_cuda::model::ModelFolder;
 use turnpike_cuda::scheduler::{NewSequence, Scheduler, SchedulerConfig};
 
@@ -28,6 +30,10 @@ struct Input {
     max_batch_tokens: usize,
     #[serde(default = "default_blocks")]
     num_blocks: u32,
+    #[serde(default = "default_device")]
+    device: String,
+    #[serde(default = "default_graphs")]
+    graphs: bool,
     runs: Vec<Run>,
 }
 
@@ -46,6 +52,60 @@ fn default_budget() -> usize {
 }
 fn default_blocks() -> u32 {
     1024
+}
+fn default_device() -> String {
+    "cpu".into()
+}
+fn default_graphs() -> bool {
+    true
+}
+
+const MAX_RUNNING: usize = 64;
+
+/// Opens the device the input names.
+fn open(input: &Input, folder: &ModelFolder) -> Result<Box<dyn Device>, String> {
+    match input.device.as_str() {
+        "cpu" => {
+            let threads = std::thread::available_parallelism().map_or(1, Into::into);
+            let device = CpuDevice::load(folder, input.num_blocks, input.block_size, threads)
+                .map_err(|e| e.to_string())?;
+            Ok(Box::new(device))
+        }
+        "cuda" => {
+            let block_size = input.block_size as usize;
+            let per_block = kv_bytes_per_block(&folder.spec, block_size);
+            let device = CudaDevice::load(
+                folder,
+                GpuSettings {
+                    ordinal: 0,
+                    capacity: Capacity {
+                        tokens: input.max_batch_tokens,
+                        seqs: MAX_RUNNING,
+                        blocks_per_seq: folder.spec.max_context.div_ceil(block_size),
+                    },
+                    block_size,
+                    kv_budget: GpuKvBudget::Bytes((per_block * input.num_blocks as usize) as u64),
+                    graphs: input.graphs,
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            Ok(Box::new(device))
+        }
+        other => Err(format!("unknown device `{other}`: cpu or cuda")),
+    }
+}
+
+/// The logits rows of a step: returned by a device that does not sample, read back from one
+/// that does.
+fn step_logits(
+    device: &mut dyn Device,
+    returned: Vec<f32>,
+    rows: usize,
+) -> Result<Vec<f32>, String> {
+    if !device.samples() {
+        return Ok(returned);
+    }
+    device.read_logits(rows).map_err(|e| e.to_string())
 }
 
 #[derive(Default)]
@@ -86,12 +146,10 @@ fn run() -> Result<String, String> {
         .map_err(|e| e.to_string())?;
     let input: Input = serde_json::from_str(&text).map_err(|e| e.to_string())?;
     let folder = ModelFolder::open(&input.model).map_err(|e| e.to_string())?;
-    let threads = std::thread::available_parallelism().map_or(1, Into::into);
-    let mut device = CpuDevice::load(&folder, input.num_blocks, input.block_size, threads)
-        .map_err(|e| e.to_string())?;
+    let mut device = open(&input, &folder)?;
     let mut scheduler = Scheduler::new(SchedulerConfig {
         max_batch_tokens: input.max_batch_tokens,
-        max_running: 64,
+        max_running: MAX_RUNNING,
         max_waiting: 1024,
         block_size: input.block_size,
         num_blocks: input.num_blocks,
@@ -128,8 +186,10 @@ fn run() -> Result<String, String> {
                     chunks: &chunks,
                 })
                 .map_err(|e| e.to_string())?;
-            scheduler.complete(&plan);
             let vocab = folder.spec.vocab_size;
+            let wanted = plan.chunks.iter().filter(|c| c.sample).count();
+            let logits = step_logits(device.as_mut(), logits, wanted)?;
+            scheduler.complete(&plan);
             let mut rows = logits.chunks_exact(vocab);
             for chunk in &plan.chunks {
                 let Some(seq) = seqs.get_mut(&chunk.seq) else {

@@ -5,8 +5,8 @@ use rayon::prelude::*;
 
 use super::kv::KvStore;
 use super::linalg::{add_into, dot, linear, rms_norm, rope, silu_gate};
-use super::weights::CpuWeights;
 use crate::device::{Chunk, DeviceError};
+use crate::model::CpuWeights;
 use crate::model::{ModelSpec, RopeScaling};
 
 /// Rotary inverse frequencies, computed in f32 the way `transformers` does, with scaling.

@@ -5,14 +5,12 @@
 mod forward;
 mod kv;
 mod linalg;
-mod weights;
 
 use crate::device::{Batch, Device, DeviceError};
-use crate::model::{ModelError, ModelFolder, ModelSpec, Weights};
+use crate::model::{CpuWeights, ModelError, ModelFolder, ModelSpec, Weights};
 
 pub use forward::inverse_frequencies;
 use kv::KvStore;
-use weights::CpuWeights;
 
 /// A model loaded for the CPU with its KV cache.
 #[derive(Debug)]

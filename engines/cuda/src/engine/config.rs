@@ -55,6 +55,10 @@ pub struct ModelSettings {
     pub max_context: Option<usize>,
     /// CPU threads; every core when absent.
     pub threads: Option<usize>,
+    /// Which GPU (CUDA device ordinal).
+    pub gpu: usize,
+    /// Capture decode steps into CUDA graphs.
+    pub cuda_graphs: bool,
 }
 
 /// The whole configuration.
@@ -101,6 +105,10 @@ struct RawModel {
     max_context: Option<usize>,
     #[serde(default)]
     threads: Option<usize>,
+    #[serde(default)]
+    gpu: Option<usize>,
+    #[serde(default)]
+    cuda_graphs: Option<bool>,
 }
 
 impl EngineSettings {
@@ -178,6 +186,8 @@ impl RawModel {
             max_n,
             max_context: self.max_context,
             threads: self.threads,
+            gpu: self.gpu.unwrap_or(0),
+            cuda_graphs: self.cuda_graphs.unwrap_or(true),
         })
     }
 }

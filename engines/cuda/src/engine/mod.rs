@@ -4,6 +4,7 @@
 mod config;
 mod counters;
 mod request;
+mod sampling;
 mod worker;
 
 use std::collections::HashMap;
@@ -18,11 +19,11 @@ use turnpike_engine_api::{Capabilities, EngineError, ModelInfo};
 
 pub use config::{DeviceChoice, EngineSettings, KvBudget, ModelSettings, available_memory};
 use counters::Counters;
-use worker::{Command, Submission, Worker};
+use worker::{Command, PublishedStats, Submission, Worker};
 
 use crate::device::Device;
 use crate::model::ModelFolder;
-use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
+use crate::scheduler::{Scheduler, SchedulerConfig};
 
 /// A model being served.
 #[derive(Debug)]
@@ -35,7 +36,7 @@ pub struct ModelRuntime {
     max_n: u32,
     commands: Mutex<Sender<Command>>,
     counters: Arc<Counters>,
-    stats: Arc<Mutex<Option<SchedulerStats>>>,
+    stats: Arc<Mutex<Option<PublishedStats>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -55,37 +56,79 @@ fn kv_blocks(settings: &ModelSettings, folder: &ModelFolder, max_context: usize)
     (bytes / per_block.max(1)).min(u64::from(u32::MAX)) as u32
 }
 
-/// Picks the device and logs why.
+/// Picks the device and logs why. `auto` takes the GPU when the probe finds one and the CPU
+/// otherwise; a GPU that is found but cannot load the model is an error, not a quiet fallback.
 fn open_device(
     settings: &ModelSettings,
     folder: &ModelFolder,
-    blocks: u32,
+    max_context: usize,
     host: &Host,
 ) -> Result<Box<dyn Device>, EngineError> {
-    let gpu = std::path::Path::new("/proc/driver/nvidia/version").exists();
-    match settings.device {
+    let fail = |e: String| EngineError::invalid_config(format!("model `{}`: {e}", settings.id));
+    let gpu = match settings.device {
+        DeviceChoice::Cpu => false,
         DeviceChoice::Cuda => {
-            return Err(EngineError::invalid_config(format!(
-                "model `{}`: device `cuda` is not available in this build; use `cpu` or `auto`",
-                settings.id
-            )));
+            crate::gpu::probe::probe().map_err(|e| fail(format!("device `cuda`: {e}")))?;
+            true
         }
-        DeviceChoice::Auto if gpu => host.info(&format!(
-            "model `{}`: an NVIDIA driver is present but this build has no CUDA device; using the CPU",
-            settings.id
-        )),
-        DeviceChoice::Auto => host.info(&format!(
-            "model `{}`: no GPU found; using the CPU",
-            settings.id
-        )),
-        DeviceChoice::Cpu => {}
+        DeviceChoice::Auto => match crate::gpu::probe::probe() {
+            Ok(_) => true,
+            Err(why) => {
+                host.info(&format!("model `{}`: using the CPU ({why})", settings.id));
+                false
+            }
+        },
+    };
+    if gpu {
+        return open_gpu(settings, folder, max_context, host).map_err(fail);
     }
+    let blocks = kv_blocks(settings, folder, max_context);
     let threads = settings
         .threads
         .or_else(|| std::thread::available_parallelism().ok().map(Into::into))
         .unwrap_or(1);
     let device = crate::cpu::CpuDevice::load(folder, blocks, settings.block_size, threads)
-        .map_err(|e| EngineError::invalid_config(format!("model `{}`: {e}", settings.id)))?;
+        .map_err(|e| fail(e.to_string()))?;
+    Ok(Box::new(device))
+}
+
+/// Loads the model on the GPU; the KV cache takes the memory left after weights and buffers.
+fn open_gpu(
+    settings: &ModelSettings,
+    folder: &ModelFolder,
+    max_context: usize,
+    host: &Host,
+) -> Result<Box<dyn Device>, String> {
+    use crate::gpu::{Capacity, CudaDevice, GpuKvBudget, GpuSettings};
+    let kv_budget = match settings.kv_cache {
+        KvBudget::Bytes(b) => GpuKvBudget::Bytes(b),
+        KvBudget::Fraction(f) => GpuKvBudget::Fraction(f),
+        KvBudget::Auto => GpuKvBudget::Fraction(0.9),
+    };
+    let device = CudaDevice::load(
+        folder,
+        GpuSettings {
+            ordinal: settings.gpu,
+            capacity: Capacity {
+                tokens: settings.max_batch_tokens,
+                seqs: settings.max_running * settings.max_n as usize,
+                blocks_per_seq: max_context.div_ceil(settings.block_size as usize),
+            },
+            block_size: settings.block_size as usize,
+            kv_budget,
+            graphs: settings.cuda_graphs,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    for warning in device.kernel_warnings() {
+        host.warn(&format!("kernel compiled with warnings: {warning}"));
+    }
+    host.info(&format!(
+        "model `{}` on {} (GPU {})",
+        settings.id,
+        device.gpu_name(),
+        settings.gpu
+    ));
     Ok(Box::new(device))
 }
 
@@ -97,7 +140,8 @@ impl ModelRuntime {
         let max_context = settings
             .max_context
             .map_or(folder.spec.max_context, |c| c.min(folder.spec.max_context));
-        let num_blocks = kv_blocks(settings, &folder, max_context);
+        let device = open_device(settings, &folder, max_context, host)?;
+        let num_blocks = device.num_blocks();
         let min_blocks = max_context.div_ceil(settings.block_size as usize);
         if (num_blocks as usize) < min_blocks {
             return Err(fail(format!(
@@ -114,7 +158,6 @@ impl ModelRuntime {
             num_blocks,
         };
         scheduler_config.validate().map_err(fail)?;
-        let device = open_device(settings, &folder, num_blocks, host)?;
         let device_name = device.name();
         host.info(&format!(
             "model `{}` loaded from {} on the {device_name}: {} KV blocks of {} tokens, context {max_context}",
@@ -270,8 +313,11 @@ impl ModelRuntime {
             "kv_block_size": self.block_size,
         });
         if let Ok(slot) = self.stats.lock()
-            && let Some(s) = slot.as_ref()
+            && let Some((s, device)) = slot.as_ref()
         {
+            for &(key, value) in device {
+                extra[key] = json!(value);
+            }
             extra["waiting"] = json!(s.waiting);
             extra["running"] = json!(s.running);
             extra["preemptions"] = json!(s.preemptions);

@@ -134,21 +134,61 @@ impl LiveRequest {
         eos: &[u32],
         max_context: u32,
     ) -> Outcome {
+        let banned = self.banned(index, eos);
+        let sampled = self.choices[index].sampler.sample(logits, &banned);
+        self.accept(index, sampled, eos, max_context)
+    }
+
+    /// What a device that samples needs for choice `index`: the uniform it draws with (the
+    /// choice's RNG advances as in [`LiveRequest::sample`]), the penalty list into
+    /// `penalties`, and the banned tokens.
+    pub fn device_inputs(
+        &mut self,
+        index: usize,
+        eos: &[u32],
+        penalties: &mut Vec<(u32, u32)>,
+    ) -> (f32, Vec<u32>) {
+        let banned = self.banned(index, eos);
+        let uniform = self.choices[index].sampler.device_inputs(penalties);
+        (uniform, banned)
+    }
+
+    /// Takes a token a device sampled for choice `index`, as [`LiveRequest::sample`] does.
+    pub fn accept_device(
+        &mut self,
+        index: usize,
+        sampled: Sampled,
+        eos: &[u32],
+        max_context: u32,
+    ) -> Outcome {
+        self.choices[index].sampler.record(sampled.token);
+        self.accept(index, sampled, eos, max_context)
+    }
+
+    /// The tokens choice `index` may not pick yet: stop ids and (unless ignored) EOS while it is
+    /// below `min_tokens`.
+    fn banned(&self, index: usize, eos: &[u32]) -> Vec<u32> {
         let p = &self.params;
-        let choice = &mut self.choices[index];
-        let below_min = choice.generated < p.min_tokens;
-        let mut banned: Vec<u32> = Vec::new();
-        if below_min {
+        let mut banned = Vec::new();
+        if self.choices[index].generated < p.min_tokens {
             banned.extend(&p.stop_token_ids);
             if !p.ignore_eos {
                 banned.extend(eos);
             }
         }
+        banned
+    }
+
+    /// Sends a sampled token (or ends the choice) and says which.
+    fn accept(&mut self, index: usize, sampled: Sampled, eos: &[u32], max_context: u32) -> Outcome {
+        let p = &self.params;
+        let choice = &mut self.choices[index];
+        let below_min = choice.generated < p.min_tokens;
         let Sampled {
             token,
             logprob,
             top_logprobs,
-        } = choice.sampler.sample(logits, &banned);
+        } = sampled;
         choice.generated += 1;
         self.completion += 1;
         let stops = p.stop_token_ids.contains(&token) || (!p.ignore_eos && eos.contains(&token));

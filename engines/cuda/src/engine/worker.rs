@@ -12,7 +12,7 @@ use turnpike_engine_api::plugin::{Host, Request, Sink};
 use turnpike_engine_api::{Finish, GenerationParams, Status, Usage};
 
 use super::counters::Counters;
-use super::request::{LiveRequest, Outcome};
+use super::request::LiveRequest;
 use crate::device::{Batch, Chunk, Device, planned_copies};
 use crate::sampler::mix;
 use crate::scheduler::{NewSequence, Scheduler, SchedulerStats, SeqId, StepPlan};
@@ -39,6 +39,9 @@ pub enum Command {
     Stop,
 }
 
+/// What the worker publishes for `stats`: the scheduler's and the device's figures.
+pub type PublishedStats = (SchedulerStats, Vec<(&'static str, f64)>);
+
 /// The worker's state.
 pub struct Worker {
     pub(super) device: Box<dyn Device>,
@@ -48,7 +51,7 @@ pub struct Worker {
     pub(super) max_context: u32,
     pub(super) seed: u64,
     pub(super) counters: Arc<Counters>,
-    pub(super) stats: Arc<Mutex<Option<SchedulerStats>>>,
+    pub(super) stats: Arc<Mutex<Option<PublishedStats>>>,
     pub(super) host: Host,
     pub(super) requests: HashMap<u64, LiveRequest>,
     /// Sequence -> (request, choice index).
@@ -166,7 +169,7 @@ impl Worker {
     }
 
     /// Sends the FINAL of request `id` and forgets it and its sequences.
-    fn end(&mut self, id: u64, status: Status, message: &str) {
+    pub(super) fn end(&mut self, id: u64, status: Status, message: &str) {
         let Some(mut live) = self.requests.remove(&id) else {
             return;
         };
@@ -223,7 +226,7 @@ impl Worker {
     }
 
     /// Ends every request of a step that could not be run or read.
-    fn fail_plan(&mut self, plan: &StepPlan) {
+    pub(super) fn fail_plan(&mut self, plan: &StepPlan) {
         let mut ids: Vec<u64> = plan
             .chunks
             .iter()
@@ -239,79 +242,9 @@ impl Worker {
         }
     }
 
-    fn sample_all(&mut self, plan: &StepPlan, mut logits: Vec<f32>) {
-        let wanted = plan.chunks.iter().filter(|c| c.sample).count();
-        if logits.len() != wanted * self.vocab {
-            self.host.error(&format!(
-                "the device returned {} logits for {wanted} rows of {}",
-                logits.len(),
-                self.vocab
-            ));
-            return self.fail_plan(plan);
-        }
-        let mut rows = logits.chunks_exact_mut(self.vocab.max(1));
-        for chunk in &plan.chunks {
-            if let Some(&(id, _)) = self.seqs.get(&chunk.seq)
-                && let Some(live) = self.requests.get_mut(&id)
-                && live.cached.is_none()
-            {
-                live.cached = Some(chunk.cached_tokens as u32);
-            }
-            if !chunk.sample {
-                continue;
-            }
-            let Some(row) = rows.next() else { break };
-            self.sample_one(chunk.seq, row);
-        }
-    }
-
-    /// Samples every choice of `seq`'s request that this row feeds. The sampler restores the
-    /// logits it changes, so one row serves all `n` choices without a copy.
-    fn sample_one(&mut self, seq: SeqId, row: &mut [f32]) {
-        let Some(&(id, index)) = self.seqs.get(&seq) else {
-            return;
-        };
-        let Some(live) = self.requests.get_mut(&id) else {
-            return;
-        };
-        let mut indices = vec![index];
-        if index == 0 && live.choices.len() == 1 && live.params.n > 1 {
-            let mut next = self.next_seq;
-            let added = live.fork_choices(|| {
-                next += 1;
-                next - 1
-            });
-            self.next_seq = next;
-            for (i, child) in added.into_iter().enumerate() {
-                if !self.scheduler.fork(seq, child) {
-                    // Cannot happen for a sequence that was just sampled; end the request
-                    // rather than leave a choice that never runs.
-                    return self.end(id, Status::Internal, "the engine lost a choice's sequence");
-                }
-                self.seqs.insert(child, (id, i + 1));
-                indices.push(i + 1);
-            }
-        }
-        let mut ended = Vec::new();
-        for i in indices {
-            let choice_seq = live.choices[i].seq;
-            match live.sample(i, row, &self.eos, self.max_context) {
-                Outcome::Continue(token) => self.scheduler.append(choice_seq, token),
-                Outcome::Ended => ended.push(choice_seq),
-            }
-        }
-        for s in ended {
-            self.scheduler.remove(s);
-            self.seqs.remove(&s);
-        }
-        if live.finished() {
-            self.end(id, Status::Ok, "");
-        }
-    }
-
     fn publish(&self) {
         if let Ok(mut slot) = self.stats.lock() {
-            *slot = Some(self.scheduler.stats());
+            *slot = Some((self.scheduler.stats(), self.device.stats()));
         }
     }
 

@@ -2,12 +2,14 @@
 //! the project makes itself ([`make`]).
 
 pub mod config;
+mod layers;
 pub mod make;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
 
 pub use config::{ModelSpec, RopeScaling};
+pub use layers::{CpuWeights, Layer, LayeredWeights};
 pub use weights::{Tensor, Weights};
 
 /// Why a model folder cannot be served.

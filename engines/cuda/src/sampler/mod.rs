@@ -226,6 +226,27 @@ impl SequenceSampler {
         }
     }
 
+    /// What a device that samples on its own needs for this sequence's next token: the one
+    /// uniform draw a non-greedy sample makes (so the RNG advances exactly as in [`sample`])
+    /// and the penalty list. Call [`SequenceSampler::record`] with the token it chose.
+    ///
+    /// [`sample`]: SequenceSampler::sample
+    pub fn device_inputs(&mut self, penalties: &mut Vec<(u32, u32)>) -> f32 {
+        self.history.penalty_list(&self.params, penalties);
+        let t = self.params.temperature;
+        if t.is_nan() || t <= 0.0 {
+            0.0
+        } else {
+            // f32 rounding may reach 1.0; the device clamps its walk to the last kept token.
+            self.rng.next_f64() as f32
+        }
+    }
+
+    /// Records a token a device sampled (see [`SequenceSampler::device_inputs`]).
+    pub fn record(&mut self, token: u32) {
+        self.history.record(token);
+    }
+
     /// Temperature, the filters and one draw over processed `logits`; `None` (after drawing)
     /// when no token is left.
     fn draw(&mut self, logits: &[f32], temperature: f32) -> Option<u32> {

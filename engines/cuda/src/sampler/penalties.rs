@@ -45,6 +45,25 @@ impl History {
         self.seen.contains(&token)
     }
 
+    /// The tokens the penalties of `params` touch, as `(token, generated count)` pairs: every
+    /// seen token when the repetition penalty is on (count 0 for prompt-only tokens), else the
+    /// generated ones when a frequency or presence penalty is on, else none. This is what a
+    /// device that samples on its own needs to apply [`History::apply`] itself.
+    pub(crate) fn penalty_list(&self, params: &SamplingParams, out: &mut Vec<(u32, u32)>) {
+        out.clear();
+        let rep = params.repetition_penalty;
+        if rep != 1.0 && rep.is_finite() && rep > 0.0 {
+            out.extend(
+                self.seen
+                    .iter()
+                    .map(|&t| (t, self.counts.get(&t).copied().unwrap_or(0))),
+            );
+        } else if params.frequency_penalty != 0.0 || params.presence_penalty != 0.0 {
+            out.extend(self.counts.iter().map(|(&t, &c)| (t, c)));
+        }
+        out.sort_unstable();
+    }
+
     /// Applies the repetition, then the frequency and presence penalties to `logits` in place.
     ///
     /// Every entry is pushed onto `saved` as `(id, old value)` before it is changed, so undoing

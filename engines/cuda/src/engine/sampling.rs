@@ -1,0 +1,196 @@
+//! The worker's sampling pass after a step: fork the `n` choices of requests whose prompt just
+//! finished, sample every choice that the step fed (on the host from logits rows, or on a
+//! device that samples), then advance, end or finish each choice and request.
+
+use turnpike_engine_api::Status;
+
+use super::request::Outcome;
+use super::worker::Worker;
+use crate::device::SampleRequest;
+use crate::sampler::Sampled;
+use crate::scheduler::{SeqId, StepPlan};
+
+/// A choice to sample this step: its request, its index and its logits row.
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    id: u64,
+    index: usize,
+    row: usize,
+}
+
+impl Worker {
+    /// Samples every choice the step's logits feed. `logits` is empty for a device that
+    /// samples; otherwise it holds one row per chunk that asked for logits.
+    pub(super) fn sample_all(&mut self, plan: &StepPlan, mut logits: Vec<f32>) {
+        let wanted = plan.chunks.iter().filter(|c| c.sample).count();
+        let on_device = self.device.samples();
+        if !on_device && logits.len() != wanted * self.vocab {
+            self.host.error(&format!(
+                "the device returned {} logits for {wanted} rows of {}",
+                logits.len(),
+                self.vocab
+            ));
+            return self.fail_plan(plan);
+        }
+        let mut targets = Vec::new();
+        let mut row = 0;
+        for chunk in &plan.chunks {
+            if let Some(&(id, _)) = self.seqs.get(&chunk.seq)
+                && let Some(live) = self.requests.get_mut(&id)
+                && live.cached.is_none()
+            {
+                live.cached = Some(chunk.cached_tokens as u32);
+            }
+            if !chunk.sample {
+                continue;
+            }
+            self.choices_of(chunk.seq, row, &mut targets);
+            row += 1;
+        }
+        let outcomes = if on_device {
+            match self.sample_on_device(&targets) {
+                Ok(outcomes) => outcomes,
+                Err(message) => {
+                    self.host.error(&message);
+                    return self.fail_plan(plan);
+                }
+            }
+        } else {
+            let vocab = self.vocab.max(1);
+            targets
+                .iter()
+                .map(|t| {
+                    let slice = logits.get_mut(t.row * vocab..(t.row + 1) * vocab);
+                    match (self.requests.get_mut(&t.id), slice) {
+                        (Some(live), Some(slice)) => {
+                            Some(live.sample(t.index, slice, &self.eos, self.max_context))
+                        }
+                        _ => None,
+                    }
+                })
+                .collect()
+        };
+        self.apply(&targets, &outcomes);
+    }
+
+    /// The choices that `seq`'s logits row feeds, forking choices 1..n when the first choice
+    /// of a request with `n > 1` samples for the first time.
+    fn choices_of(&mut self, seq: SeqId, row: usize, targets: &mut Vec<Target>) {
+        let Some(&(id, index)) = self.seqs.get(&seq) else {
+            return;
+        };
+        let Some(live) = self.requests.get_mut(&id) else {
+            return;
+        };
+        targets.push(Target { id, index, row });
+        if index != 0 || live.choices.len() != 1 || live.params.n <= 1 {
+            return;
+        }
+        let mut next = self.next_seq;
+        let added = live.fork_choices(|| {
+            next += 1;
+            next - 1
+        });
+        self.next_seq = next;
+        for (i, child) in added.into_iter().enumerate() {
+            if !self.scheduler.fork(seq, child) {
+                // Cannot happen for a sequence that was just computed; end the request rather
+                // than leave a choice that never runs.
+                targets.retain(|t| t.id != id);
+                return self.end(id, Status::Internal, "the engine lost a choice's sequence");
+            }
+            self.seqs.insert(child, (id, i + 1));
+            targets.push(Target {
+                id,
+                index: i + 1,
+                row,
+            });
+        }
+    }
+
+    /// Samples `targets` on the device and hands each token to its choice.
+    fn sample_on_device(&mut self, targets: &[Target]) -> Result<Vec<Option<Outcome>>, String> {
+        let mut inputs = Vec::with_capacity(targets.len());
+        for t in targets {
+            let Some(live) = self.requests.get_mut(&t.id) else {
+                return Err(format!("request {} vanished before sampling", t.id));
+            };
+            let mut penalties = Vec::new();
+            let (uniform, banned) = live.device_inputs(t.index, &self.eos, &mut penalties);
+            inputs.push((uniform, penalties, banned));
+        }
+        let params: Vec<_> = targets
+            .iter()
+            .map(|t| {
+                self.requests
+                    .get(&t.id)
+                    .map(|live| live.choices[t.index].sampler.params().clone())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let rows: Vec<SampleRequest<'_>> = targets
+            .iter()
+            .zip(&inputs)
+            .zip(&params)
+            .map(
+                |((t, (uniform, penalties, banned)), params)| SampleRequest {
+                    logits_row: t.row,
+                    params,
+                    uniform: *uniform,
+                    penalties,
+                    banned,
+                },
+            )
+            .collect();
+        let sampled: Vec<Sampled> = self
+            .device
+            .sample(&rows)
+            .map_err(|e| format!("device sampling failed: {e}"))?;
+        if sampled.len() != targets.len() {
+            return Err(format!(
+                "the device sampled {} of {} choices",
+                sampled.len(),
+                targets.len()
+            ));
+        }
+        Ok(targets
+            .iter()
+            .zip(sampled)
+            .map(|(t, s)| {
+                self.requests
+                    .get_mut(&t.id)
+                    .map(|live| live.accept_device(t.index, s, &self.eos, self.max_context))
+            })
+            .collect())
+    }
+
+    /// Advances or ends each sampled choice, then finishes the requests whose choices all ended.
+    fn apply(&mut self, targets: &[Target], outcomes: &[Option<Outcome>]) {
+        let mut touched: Vec<u64> = Vec::new();
+        for (t, outcome) in targets.iter().zip(outcomes) {
+            let Some(seq) = self
+                .requests
+                .get(&t.id)
+                .map(|live| live.choices[t.index].seq)
+            else {
+                continue;
+            };
+            match outcome {
+                Some(Outcome::Continue(token)) => self.scheduler.append(seq, *token),
+                Some(Outcome::Ended) => {
+                    self.scheduler.remove(seq);
+                    self.seqs.remove(&seq);
+                }
+                None => continue,
+            }
+            if touched.last() != Some(&t.id) {
+                touched.push(t.id);
+            }
+        }
+        for id in touched {
+            if self.requests.get(&id).is_some_and(|live| live.finished()) {
+                self.end(id, Status::Ok, "");
+            }
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! One step of the model on the GPU: the host lays out the step's inputs, then the layers run
+//! as a fixed sequence of kernel launches and matrix products over the workspace. The same
+//! sequence runs directly or inside a CUDA graph capture.
+
+use cudarc::driver::sys::{CUdeviceptr, CUstream};
+
+use super::blas::Blas;
+use super::launch::{Kernels, arg, launch};
+use super::memory::DeviceBuffer;
+use super::workspace::Workspace;
+use crate::device::{Chunk, DeviceError};
+use crate::model::{LayeredWeights, ModelSpec};
+
+/// Threads per block of the row kernels (norms, gather).
+const ROW_THREADS: u32 = 512;
+/// Threads per block of attention (its kernel's `ATTN_WARPS` warps).
+const ATTENTION_THREADS: u32 = 128;
+
+/// The paged KV cache: per layer, K and V as bf16 [blocks, block_size, kv_heads, head_dim].
+#[derive(Debug)]
+pub struct KvCache {
+    pub k: Vec<DeviceBuffer>,
+    pub v: Vec<DeviceBuffer>,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    /// Bytes of one block in one layer's K (or V).
+    pub block_bytes: usize,
+}
+
+impl KvCache {
+    /// Allocates `num_blocks` blocks for every layer.
+    pub fn new(
+        spec: &ModelSpec,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self, DeviceError> {
+        let block_bytes = block_size * spec.num_kv_heads * spec.head_dim * 2;
+        let mut k = Vec::with_capacity(spec.num_layers);
+        let mut v = Vec::with_capacity(spec.num_layers);
+        for _ in 0..spec.num_layers {
+            k.push(DeviceBuffer::alloc(
+                num_blocks * block_bytes,
+                "the KV cache",
+            )?);
+            v.push(DeviceBuffer::alloc(
+                num_blocks * block_bytes,
+                "the KV cache",
+            )?);
+        }
+        Ok(Self {
+            k,
+            v,
+            num_blocks,
+            block_size,
+            block_bytes,
+        })
+    }
+
+    /// Bytes per block over every layer, K and V.
+    pub fn bytes_per_block(spec: &ModelSpec, block_size: usize) -> usize {
+        2 * spec.num_layers * block_size * spec.num_kv_heads * spec.head_dim * 2
+    }
+}
+
+/// A step's inputs as the host lays them out (i32, as the kernels read them).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StepInputs {
+    pub ids: Vec<i32>,
+    pub positions: Vec<i32>,
+    pub slots: Vec<i32>,
+    pub context: Vec<i32>,
+    pub seq_of: Vec<i32>,
+    /// Token rows whose logits are wanted, in chunk order.
+    pub rows: Vec<i32>,
+    /// One row of `blocks_per_seq` block ids per chunk.
+    pub tables: Vec<i32>,
+    /// The longest context of the step.
+    pub max_context: usize,
+}
+
+impl StepInputs {
+    /// Lays out `chunks` for a cache of `num_blocks` blocks of `block_size`, with table rows of
+    /// `blocks_per_seq`. Checks every position has a block.
+    pub fn layout(
+        chunks: &[Chunk<'_>],
+        block_size: usize,
+        num_blocks: usize,
+        blocks_per_seq: usize,
+    ) -> Result<Self, DeviceError> {
+        let mut s = Self::default();
+        for (row, chunk) in chunks.iter().enumerate() {
+            let end = chunk.start + chunk.tokens.len();
+            if chunk.block_table.len() > blocks_per_seq
+                || end.div_ceil(block_size) > chunk.block_table.len()
+            {
+                return Err(DeviceError::InvalidBatch(format!(
+                    "a chunk ending at {end} has {} blocks of {block_size} (at most {blocks_per_seq})",
+                    chunk.block_table.len()
+                )));
+            }
+            if let Some(&bad) = chunk
+                .block_table
+                .iter()
+                .find(|&&b| b as usize >= num_blocks)
+            {
+                return Err(DeviceError::InvalidBatch(format!(
+                    "block {bad} is outside the cache of {num_blocks}"
+                )));
+            }
+            for (i, &token) in chunk.tokens.iter().enumerate() {
+                let position = chunk.start + i;
+                let block = chunk.block_table[position / block_size] as usize;
+                s.ids.push(token as i32);
+                s.positions.push(position as i32);
+                s.slots
+                    .push((block * block_size + position % block_size) as i32);
+                s.context.push(position as i32 + 1);
+                s.seq_of.push(row as i32);
+            }
+            if chunk.logits && !chunk.tokens.is_empty() {
+                s.rows.push(s.ids.len() as i32 - 1);
+            }
+            let mut table: Vec<i32> = chunk.block_table.iter().map(|&b| b as i32).collect();
+            table.resize(blocks_per_seq, 0);
+            s.tables.extend(table);
+            s.max_context = s.max_context.max(end);
+        }
+        Ok(s)
+    }
+
+    /// Pads a decode step to `bucket` tokens: padding tokens write no KV, attend to one
+    /// position of block 0 and have their own logits row (ignored by sampling).
+    pub fn pad_to(&mut self, bucket: usize, blocks_per_seq: usize) {
+        while self.ids.len() < bucket {
+            let row = self.ids.len() as i32;
+            self.ids.push(0);
+            self.positions.push(0);
+            self.slots.push(-1);
+            self.context.push(1);
+            self.seq_of.push(row);
+            self.rows.push(row);
+            self.tables.extend(std::iter::repeat_n(0, blocks_per_seq));
+        }
+    }
+
+    /// Copies the inputs into the workspace on `stream`.
+    pub fn upload(&self, ws: &Workspace, stream: CUstream) -> Result<(), DeviceError> {
+        let c = ws.capacity;
+        if self.ids.len() > c.tokens
+            || self.rows.len() > c.seqs
+            || self.tables.len() > c.seqs * c.blocks_per_seq
+        {
+            return Err(DeviceError::InvalidBatch(format!(
+                "a step of {} tokens and {} rows exceeds the device's {} tokens and {} sequences",
+                self.ids.len(),
+                self.rows.len(),
+                c.tokens,
+                c.seqs
+            )));
+        }
+        ws.ids.write(&self.ids, stream)?;
+        ws.positions.write(&self.positions, stream)?;
+        ws.slots.write(&self.slots, stream)?;
+        ws.context.write(&self.context, stream)?;
+        ws.seq_of.write(&self.seq_of, stream)?;
+        ws.rows.write(&self.rows, stream)?;
+        ws.block_tables.write(&self.tables, stream)
+    }
+}
+
+/// What the launch sequence reads besides the workspace.
+#[derive(Debug, Clone, Copy)]
+pub struct Model<'a> {
+    pub spec: &'a ModelSpec,
+    pub weights: &'a LayeredWeights<DeviceBuffer>,
+    pub inv_freq: &'a DeviceBuffer,
+    pub kernels: &'a Kernels,
+    pub blas: &'a Blas,
+    pub stream: CUstream,
+}
+
+const NULL: CUdeviceptr = 0;
+
+impl Model<'_> {
+    /// Runs every layer over `tokens` tokens already uploaded, with attention in `splits` of
+    /// `partition` positions. Leaves the last MLP output in `ws.add`, not yet added.
+    pub fn layers(
+        &self,
+        ws: &Workspace,
+        kv: &KvCache,
+        tokens: usize,
+        splits: usize,
+        partition: usize,
+    ) -> Result<(), DeviceError> {
+        let spec = self.spec;
+        let k = &self.kernels;
+        let t = tokens as u32;
+        let (d, hd) = (spec.hidden_size, spec.head_dim);
+        let (hq, hkv) = (spec.num_heads, spec.num_kv_heads);
+        let qkv_width = (hq + 2 * hkv) * hd;
+        let f = spec.intermediate_size;
+        let hidden = d as i32;
+        launch(
+            &k.embedding_gather,
+            (t, 1, 1),
+            ROW_THREADS,
+            self.stream,
+            &mut [
+                arg(&ws.ids.ptr()),
+                arg(&self.weights.embed.ptr()),
+                arg(&ws.resid.ptr()),
+                arg(&hidden),
+            ],
+        )?;
+        for (l, layer) in self.weights.layers.iter().enumerate() {
+            // resid += previous MLP output; normed = norm(resid).
+            let add = if l == 0 { NULL } else { ws.add.ptr() };
+            self.norm(ws, add, NULL, NULL, layer.attn_norm.ptr(), t)?;
+            self.blas.linear(
+                ws.normed.ptr(),
+                layer.qkv.ptr(),
+                ws.qkv.ptr(),
+                tokens,
+                qkv_width,
+                d,
+            )?;
+            let bias = layer.qkv_bias.as_ref().map_or(NULL, DeviceBuffer::ptr);
+            let (q_heads, kv_heads, head_dim) = (hq as i32, hkv as i32, hd as i32);
+            launch(
+                &k.rotary_kv_store,
+                (t, (hq + 2 * hkv) as u32, 1),
+                (hd / 2) as u32,
+                self.stream,
+                &mut [
+                    arg(&ws.qkv.ptr()),
+                    arg(&bias),
+                    arg(&ws.positions.ptr()),
+                    arg(&self.inv_freq.ptr()),
+                    arg(&ws.slots.ptr()),
+                    arg(&ws.q.ptr()),
+                    arg(&kv.k[l].ptr()),
+                    arg(&kv.v[l].ptr()),
+                    arg(&q_heads),
+                    arg(&kv_heads),
+                    arg(&head_dim),
+                ],
+            )?;
+            self.attention(ws, kv, l, t, splits, partition)?;
+            self.blas.linear(
+                ws.attn.ptr(),
+                layer.o.ptr(),
+                ws.add.ptr(),
+                tokens,
+                d,
+                hq * hd,
+            )?;
+            let o_bias = layer.o_bias.as_ref().map_or(NULL, DeviceBuffer::ptr);
+            self.norm(ws, ws.add.ptr(), o_bias, NULL, layer.mlp_norm.ptr(), t)?;
+            self.blas.linear(
+                ws.normed.ptr(),
+                layer.gate_up.ptr(),
+                ws.gate_up.ptr(),
+                tokens,
+                2 * f,
+                d,
+            )?;
+            let inter = f as i32;
+            launch(
+                &k.silu_and_mul,
+                ((f as u32).div_ceil(256), t, 1),
+                256,
+                self.stream,
+                &mut [arg(&ws.gate_up.ptr()), arg(&ws.act.ptr()), arg(&inter)],
+            )?;
+            self.blas
+                .linear(ws.act.ptr(), layer.down.ptr(), ws.add.ptr(), tokens, d, f)?;
+        }
+        Ok(())
+    }
+
+    /// Adds the last MLP output and applies the final norm to `rows` uploaded rows (all
+    /// `rows` tokens when `gather` is false), into `ws.normed`.
+    pub fn final_norm(&self, ws: &Workspace, rows: usize, gather: bool) -> Result<(), DeviceError> {
+        let rows_ptr = if gather { ws.rows.ptr() } else { NULL };
+        self.norm(
+            ws,
+            ws.add.ptr(),
+            NULL,
+            rows_ptr,
+            self.weights.norm.ptr(),
+            rows as u32,
+        )
+    }
+
+    /// The final norm and the output projection for the uploaded logits rows, into
+    /// `ws.logits`.
+    pub fn head(&self, ws: &Workspace, rows: usize) -> Result<(), DeviceError> {
+        if rows == 0 {
+            return Ok(());
+        }
+        self.final_norm(ws, rows, true)?;
+        let spec = self.spec;
+        self.blas.linear(
+            ws.normed.ptr(),
+            self.weights.output().ptr(),
+            ws.logits.ptr(),
+            rows,
+            spec.vocab_size,
+            spec.hidden_size,
+        )
+    }
+
+    fn norm(
+        &self,
+        ws: &Workspace,
+        add: CUdeviceptr,
+        bias: CUdeviceptr,
+        rows: CUdeviceptr,
+        weight: CUdeviceptr,
+        count: u32,
+    ) -> Result<(), DeviceError> {
+        let hidden = self.spec.hidden_size as i32;
+        let eps = self.spec.rms_norm_eps;
+        launch(
+            &self.kernels.rms_norm_residual,
+            (count, 1, 1),
+            ROW_THREADS,
+            self.stream,
+            &mut [
+                arg(&ws.resid.ptr()),
+                arg(&add),
+                arg(&bias),
+                arg(&rows),
+                arg(&weight),
+                arg(&ws.normed.ptr()),
+                arg(&hidden),
+                arg(&eps),
+            ],
+        )
+    }
+
+    fn attention(
+        &self,
+        ws: &Workspace,
+        kv: &KvCache,
+        layer: usize,
+        tokens: u32,
+        splits: usize,
+        partition: usize,
+    ) -> Result<(), DeviceError> {
+        let spec = self.spec;
+        let max_blocks = ws.capacity.blocks_per_seq as i32;
+        let block_size = kv.block_size as i32;
+        let (q_heads, kv_heads, head_dim) = (
+            spec.num_heads as i32,
+            spec.num_kv_heads as i32,
+            spec.head_dim as i32,
+        );
+        let scale = 1.0f32 / (spec.head_dim as f32).sqrt();
+        let partition = partition as i32;
+        launch(
+            &self.kernels.paged_attention,
+            (tokens, spec.num_heads as u32, splits as u32),
+            ATTENTION_THREADS,
+            self.stream,
+            &mut [
+                arg(&ws.q.ptr()),
+                arg(&kv.k[layer].ptr()),
+                arg(&kv.v[layer].ptr()),
+                arg(&ws.context.ptr()),
+                arg(&ws.seq_of.ptr()),
+                arg(&ws.block_tables.ptr()),
+                arg(&max_blocks),
+                arg(&block_size),
+                arg(&q_heads),
+                arg(&kv_heads),
+                arg(&head_dim),
+                arg(&scale),
+                arg(&partition),
+                arg(&ws.part_max.ptr()),
+                arg(&ws.part_sum.ptr()),
+                arg(&ws.part_acc.ptr()),
+                arg(&ws.attn.ptr()),
+            ],
+        )?;
+        if splits > 1 {
+            let splits = splits as i32;
+            launch(
+                &self.kernels.attention_combine,
+                (tokens, spec.num_heads as u32, 1),
+                ATTENTION_THREADS,
+                self.stream,
+                &mut [
+                    arg(&ws.part_max.ptr()),
+                    arg(&ws.part_sum.ptr()),
+                    arg(&ws.part_acc.ptr()),
+                    arg(&splits),
+                    arg(&head_dim),
+                    arg(&ws.attn.ptr()),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,61 @@
+// C entry points that run each kernel under the emulation, for ctypes. Built by
+// test_kernels.py together with the kernel sources; one argument list per kernel, mirroring
+// its signature.
+
+#define EMU_GRID dim3e{gx, gy, gz}
+
+extern "C" void emu_embedding_gather(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+    const int* ids, const bf16_t* table, float* out, int hidden) {
+    emulate(EMU_GRID, threads, [=] { embedding_gather(ids, table, out, hidden); });
+}
+
+extern "C" void emu_rms_norm_residual(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+    float* resid, const float* add, const bf16_t* bias, const int* rows, const bf16_t* weight,
+    bf16_t* out, int hidden, float eps) {
+    emulate(EMU_GRID, threads, [=] { rms_norm_residual(resid, add, bias, rows, weight, out, hidden, eps); });
+}
+
+extern "C" void emu_silu_and_mul(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+    const float* gate_up, bf16_t* out, int inter) {
+    emulate(EMU_GRID, threads, [=] { silu_and_mul(gate_up, out, inter); });
+}
+
+extern "C" void emu_rotary_kv_store(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+    const float* qkv, const bf16_t* bias, const int* positions, const float* inv_freq,
+    const int* slots, float* q_out, bf16_t* k_cache, bf16_t* v_cache, int q_heads,
+    int kv_heads, int head_dim) {
+    emulate(EMU_GRID, threads, [=] {
+        rotary_kv_store(qkv, bias, positions, inv_freq, slots, q_out, k_cache, v_cache, q_heads,
+            kv_heads, head_dim);
+    });
+}
+
+extern "C" void emu_paged_attention(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+    const float* q, const bf16_t* k_cache, const bf16_t* v_cache, const int* context,
+    const int* seq_of, const int* block_tables, int max_blocks, int block_size, int q_heads,
+    int kv_heads, int head_dim, float scale, int partition, float* part_max, float* part_sum,
+    float* part_acc, bf16_t* out) {
+    emulate(EMU_GRID, threads, [=] {
+        paged_attention(q, k_cache, v_cache, context, seq_of, block_tables, max_blocks,
+            block_size, q_heads, kv_heads, head_dim, scale, partition, part_max, part_sum,
+            part_acc, out);
+    });
+}
+
+extern "C" void emu_attention_combine(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+    const float* part_max, const float* part_sum, const float* part_acc, int splits,
+    int head_dim, bf16_t* out) {
+    emulate(EMU_GRID, threads, [=] {
+        attention_combine(part_max, part_sum, part_acc, splits, head_dim, out);
+    });
+}
+
+extern "C" void emu_sample_rows(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+    const float* logits, int vocab, const SampleRow* params, const int* penalty_tokens,
+    const int* penalty_counts, const int* banned_tokens, float* scratch_rows, int* out_token,
+    float* out_logprob, int* out_top_ids, float* out_top_logprobs) {
+    emulate(EMU_GRID, threads, [=] {
+        sample_rows(logits, vocab, params, penalty_tokens, penalty_counts, banned_tokens,
+            scratch_rows, out_token, out_logprob, out_top_ids, out_top_logprobs);
+    });
+}
