@@ -11,79 +11,17 @@
 
 #![allow(clippy::print_stdout, clippy::expect_used, clippy::unwrap_used)]
 
-use std::time::Instant;
-
 use serde_json::json;
-use turnpike_engine_api::host::{EngineHandle, EngineRequest, Plugin};
-use turnpike_engine_api::{EngineEvent, GenerationParams};
+use turnpike_engine_api::host::Plugin;
+
+// Shared with engine-gpu-bench, which uses more of it.
+#[allow(dead_code)]
+#[path = "engine_run.rs"]
+mod engine_run;
+
+use engine_run::{Prompts, median, run};
 
 const RUNS: usize = 5;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-struct Prompts(u64);
-
-impl Prompts {
-    /// Random ids among the tokenizer's ordinary tokens (5..668).
-    fn next(&mut self, len: usize) -> Vec<u32> {
-        (0..len)
-            .map(|_| {
-                self.0 = self
-                    .0
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                5 + ((self.0 >> 33) % 663) as u32
-            })
-            .collect()
-    }
-}
-
-fn params(max_tokens: u32) -> GenerationParams {
-    GenerationParams {
-        max_tokens,
-        temperature: 0.0,
-        ignore_eos: true,
-        ..GenerationParams::default()
-    }
-}
-
-/// Runs requests at once; returns (seconds to the first token of the first request, seconds to
-/// the last FINAL, output tokens).
-async fn run(engine: &EngineHandle, prompts: Vec<Vec<u32>>, max_tokens: u32) -> (f64, f64, usize) {
-    let start = Instant::now();
-    let mut streams: Vec<_> = prompts
-        .into_iter()
-        .map(|prompt| {
-            let request = EngineRequest {
-                model: "bench".into(),
-                prompt,
-                params: params(max_tokens),
-            };
-            engine.submit(&request).expect("submit")
-        })
-        .collect();
-    let mut first = None;
-    let mut tokens = 0;
-    for stream in &mut streams {
-        while let Some(event) = stream.recv().await {
-            match event {
-                EngineEvent::Token(_) => {
-                    first.get_or_insert_with(|| start.elapsed().as_secs_f64());
-                    tokens += 1;
-                }
-                EngineEvent::Final(f) => {
-                    assert_eq!(f.status, turnpike_engine_api::Status::Ok, "{}", f.message);
-                    break;
-                }
-                _ => {}
-            }
-        }
-    }
-    (first.unwrap_or(0.0), start.elapsed().as_secs_f64(), tokens)
-}
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -103,7 +41,7 @@ fn main() {
         .expect("create the engine");
     let mut prompts = Prompts(7);
     // Warm up: page in the weights, start the threads.
-    rt.block_on(run(&engine, vec![prompts.next(64)], 4));
+    rt.block_on(run(&engine, "bench", vec![prompts.next(64)], 4));
 
     let mut prefill = Vec::new();
     let mut decode_1 = Vec::new();
@@ -111,18 +49,18 @@ fn main() {
     let mut cold = Vec::new();
     let mut warm = Vec::new();
     for _ in 0..RUNS {
-        let (_, secs, _) = rt.block_on(run(&engine, vec![prompts.next(512)], 1));
-        prefill.push(512.0 / secs);
-        let (_, secs, tokens) = rt.block_on(run(&engine, vec![prompts.next(16)], 128));
-        decode_1.push(tokens as f64 / secs);
+        let t = rt.block_on(run(&engine, "bench", vec![prompts.next(512)], 1));
+        prefill.push(512.0 / t.end);
+        let t = rt.block_on(run(&engine, "bench", vec![prompts.next(16)], 128));
+        decode_1.push(t.tokens as f64 / t.end);
         let batch = (0..16).map(|_| prompts.next(16)).collect();
-        let (_, secs, tokens) = rt.block_on(run(&engine, batch, 128));
-        decode_16.push(tokens as f64 / secs);
+        let t = rt.block_on(run(&engine, "bench", batch, 128));
+        decode_16.push(t.tokens as f64 / t.end);
         let prompt = prompts.next(512);
-        let (first, _, _) = rt.block_on(run(&engine, vec![prompt.clone()], 1));
-        cold.push(first * 1000.0);
-        let (first, _, _) = rt.block_on(run(&engine, vec![prompt], 1));
-        warm.push(first * 1000.0);
+        let t = rt.block_on(run(&engine, "bench", vec![prompt.clone()], 1));
+        cold.push(t.earliest_first_token() * 1000.0);
+        let t = rt.block_on(run(&engine, "bench", vec![prompt], 1));
+        warm.push(t.earliest_first_token() * 1000.0);
     }
     let results = json!({
         "runs": RUNS,

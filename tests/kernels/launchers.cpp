@@ -32,11 +32,11 @@ extern "C" void emu_rotary_kv_store(unsigned gx, unsigned gy, unsigned gz, unsig
 
 extern "C" void emu_paged_attention(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
     const float* q, const bf16_t* k_cache, const bf16_t* v_cache, const int* context,
-    const int* seq_of, const int* block_tables, int max_blocks, int block_size, int q_heads,
+    const int* seq_of, const int* block_tables, const int* table_stride, int block_size, int q_heads,
     int kv_heads, int head_dim, float scale, int partition, float* part_max, float* part_sum,
     float* part_acc, bf16_t* out) {
     emulate(EMU_GRID, threads, [=] {
-        paged_attention(q, k_cache, v_cache, context, seq_of, block_tables, max_blocks,
+        paged_attention(q, k_cache, v_cache, context, seq_of, block_tables, table_stride,
             block_size, q_heads, kv_heads, head_dim, scale, partition, part_max, part_sum,
             part_acc, out);
     });

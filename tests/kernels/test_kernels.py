@@ -165,8 +165,9 @@ def test_paged_attention_matches_softmax_attention(lib, splits, partition):
     part_sum = np.zeros_like(part_max)
     part_acc = np.zeros(t * hq * splits * hd, dtype=np.float32)
     out = np.zeros((t, hq, hd), dtype=np.uint16)
+    stride = np.array([max_blocks], dtype=np.int32)
     call(lib, "paged_attention", (t, hq, splits), 128, q, k_cache, v_cache, context, seq_of, tables,
-         max_blocks, block_size, hq, hkv, hd, scale, partition, part_max, part_sum, part_acc, out)
+         stride, block_size, hq, hkv, hd, scale, partition, part_max, part_sum, part_acc, out)
     if splits > 1:
         call(lib, "attention_combine", (t, hq), 128, part_max, part_sum, part_acc, splits, hd, out)
     keys, values = f32(k_cache), f32(v_cache)

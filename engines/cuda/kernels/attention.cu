@@ -1,7 +1,8 @@
 // Attention over the paged KV cache, for decode and chunked prefill alike.
 //
 // Every query token t attends to positions 0 .. context[t] - 1 of its own sequence, whose
-// blocks are row `seq_of[t]` of `block_tables` ([seqs, max_blocks]). Causality is in the
+// blocks are row `seq_of[t]` of `block_tables` ([seqs, *table_stride]; the stride is read
+// from device memory so a captured graph serves steps of any width). Causality is in the
 // lengths: a prefill token at position p has context p + 1, and a chunk that follows a
 // prefix-cache hit reads the cached blocks like any others.
 //
@@ -24,7 +25,7 @@ extern "C" __global__ void paged_attention(
     const int* __restrict__ context,
     const int* __restrict__ seq_of,
     const int* __restrict__ block_tables,
-    int max_blocks,
+    const int* __restrict__ table_stride,
     int block_size,
     int q_heads,
     int kv_heads,
@@ -51,7 +52,7 @@ extern "C" __global__ void paged_attention(
     const int length = context[t];
     const int begin = split * partition;
     const int end = min(length, begin + partition);
-    const int* table = block_tables + (long long)seq_of[t] * max_blocks;
+    const int* table = block_tables + (long long)seq_of[t] * table_stride[0];
 
     float qv[ATTN_MAX_PER_LANE];
     float acc[ATTN_MAX_PER_LANE];

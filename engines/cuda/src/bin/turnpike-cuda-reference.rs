@@ -7,7 +7,8 @@
 //! `{"model": DIR, "device": "cpu", "block_size": 16, "max_batch_tokens": 512,
 //! "num_blocks": 1024, "graphs": true, "runs": [{"prompts": [[ids]], "generate": 32}]}`. The runs share one KV cache, so a later run can hit the prefix cache of
 //! an earlier one. Output (JSON on stdout), per run and prompt: the logits at the prompt's last
-//! position, the greedy tokens after it, and the prompt tokens served from the prefix cache.
+//! position, the greedy tokens after it with each one's lead over the runner-up logit, and the
+//! prompt tokens served from the prefix cache.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -112,6 +113,8 @@ fn step_logits(
 struct Seq {
     logits: Vec<f32>,
     tokens: Vec<u32>,
+    /// Per greedy token, its logit's lead over the runner-up (how near a tie the choice was).
+    margins: Vec<f32>,
     cached: usize,
     done: bool,
 }
@@ -124,6 +127,18 @@ fn argmax(row: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// How far the best logit leads the runner-up.
+fn margin(row: &[f32], best: u32) -> f32 {
+    let top = row.get(best as usize).copied().unwrap_or(0.0);
+    let second = row
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != best as usize)
+        .map(|(_, &v)| v)
+        .fold(f32::NEG_INFINITY, f32::max);
+    top - second
 }
 
 fn main() -> ExitCode {
@@ -210,13 +225,14 @@ fn run() -> Result<String, String> {
                 }
                 let token = argmax(row);
                 seq.tokens.push(token);
+                seq.margins.push(margin(row, token));
                 scheduler.append(chunk.seq, token);
             }
         }
         let results: Vec<_> = order
             .iter()
             .filter_map(|id| seqs.get(id))
-            .map(|s| json!({"logits": s.logits, "tokens": s.tokens, "cached_tokens": s.cached}))
+            .map(|s| json!({"logits": s.logits, "tokens": s.tokens, "margins": s.margins, "cached_tokens": s.cached}))
             .collect();
         runs.push(json!({"results": results}));
     }

@@ -72,8 +72,10 @@ pub struct StepInputs {
     pub seq_of: Vec<i32>,
     /// Token rows whose logits are wanted, in chunk order.
     pub rows: Vec<i32>,
-    /// One row of `blocks_per_seq` block ids per chunk.
+    /// One row of `stride` block ids per chunk.
     pub tables: Vec<i32>,
+    /// The widest chunk's block count (at least 1).
+    pub stride: usize,
     /// The longest context of the step.
     pub max_context: usize,
 }
@@ -87,7 +89,15 @@ impl StepInputs {
         num_blocks: usize,
         blocks_per_seq: usize,
     ) -> Result<Self, DeviceError> {
-        let mut s = Self::default();
+        let mut s = Self {
+            stride: chunks
+                .iter()
+                .map(|c| c.block_table.len())
+                .max()
+                .unwrap_or(0)
+                .max(1),
+            ..Self::default()
+        };
         for (row, chunk) in chunks.iter().enumerate() {
             let end = chunk.start + chunk.tokens.len();
             if chunk.block_table.len() > blocks_per_seq
@@ -121,7 +131,7 @@ impl StepInputs {
                 s.rows.push(s.ids.len() as i32 - 1);
             }
             let mut table: Vec<i32> = chunk.block_table.iter().map(|&b| b as i32).collect();
-            table.resize(blocks_per_seq, 0);
+            table.resize(s.stride, 0);
             s.tables.extend(table);
             s.max_context = s.max_context.max(end);
         }
@@ -130,16 +140,17 @@ impl StepInputs {
 
     /// Pads a decode step to `bucket` tokens: padding tokens write no KV, attend to one
     /// position of block 0 and have their own logits row (ignored by sampling).
-    pub fn pad_to(&mut self, bucket: usize, blocks_per_seq: usize) {
+    pub fn pad_to(&mut self, bucket: usize) {
         while self.ids.len() < bucket {
             let row = self.ids.len() as i32;
+            let table_row = (self.tables.len() / self.stride.max(1)) as i32;
             self.ids.push(0);
             self.positions.push(0);
             self.slots.push(-1);
             self.context.push(1);
-            self.seq_of.push(row);
+            self.seq_of.push(table_row);
             self.rows.push(row);
-            self.tables.extend(std::iter::repeat_n(0, blocks_per_seq));
+            self.tables.extend(std::iter::repeat_n(0, self.stride));
         }
     }
 
@@ -164,6 +175,7 @@ impl StepInputs {
         ws.context.write(&self.context, stream)?;
         ws.seq_of.write(&self.seq_of, stream)?;
         ws.rows.write(&self.rows, stream)?;
+        ws.table_stride.write(&[self.stride as i32], stream)?;
         ws.block_tables.write(&self.tables, stream)
     }
 }
@@ -349,7 +361,6 @@ impl Model<'_> {
         partition: usize,
     ) -> Result<(), DeviceError> {
         let spec = self.spec;
-        let max_blocks = ws.capacity.blocks_per_seq as i32;
         let block_size = kv.block_size as i32;
         let (q_heads, kv_heads, head_dim) = (
             spec.num_heads as i32,
@@ -370,7 +381,7 @@ impl Model<'_> {
                 arg(&ws.context.ptr()),
                 arg(&ws.seq_of.ptr()),
                 arg(&ws.block_tables.ptr()),
-                arg(&max_blocks),
+                arg(&ws.table_stride.ptr()),
                 arg(&block_size),
                 arg(&q_heads),
                 arg(&kv_heads),
@@ -401,5 +412,70 @@ impl Model<'_> {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_resolve_slots_contexts_rows_and_padding() {
+        let prefill = [7u32, 8, 9];
+        let decode = [4u32];
+        let tables = [vec![5u32, 2], vec![3u32, 0, 6]];
+        let chunks = [
+            // Positions 2..5 of a sequence whose first two tokens are cached.
+            Chunk {
+                tokens: &prefill,
+                start: 2,
+                block_table: &tables[0],
+                logits: true,
+            },
+            Chunk {
+                tokens: &decode,
+                start: 9,
+                block_table: &tables[1],
+                logits: true,
+            },
+        ];
+        let mut s = StepInputs::layout(&chunks, 4, 8, 4).unwrap_or_default();
+        assert_eq!(s.ids, vec![7, 8, 9, 4]);
+        assert_eq!(s.positions, vec![2, 3, 4, 9]);
+        // Position 4 of the first sequence is slot 0 of block 2; position 9 of the second is
+        // slot 1 of block 6.
+        assert_eq!(s.slots, vec![22, 23, 8, 25]);
+        assert_eq!(s.context, vec![3, 4, 5, 10]);
+        assert_eq!(s.seq_of, vec![0, 0, 0, 1]);
+        assert_eq!(s.rows, vec![2, 3]);
+        assert_eq!(s.stride, 3);
+        assert_eq!(s.tables, vec![5, 2, 0, 3, 0, 6]);
+        assert_eq!(s.max_context, 10);
+        s.pad_to(6);
+        assert_eq!(s.slots[4..], [-1, -1]);
+        assert_eq!(s.rows, vec![2, 3, 4, 5]);
+        assert_eq!(s.seq_of[4..], [2, 3]);
+        assert_eq!(s.tables.len(), 4 * 3);
+
+        let short = [Chunk {
+            tokens: &prefill,
+            start: 6,
+            block_table: &tables[0],
+            logits: false,
+        }];
+        assert!(
+            StepInputs::layout(&short, 4, 8, 4).is_err(),
+            "position 8 has no block"
+        );
+        let outside = [Chunk {
+            tokens: &decode,
+            start: 0,
+            block_table: &[9],
+            logits: false,
+        }];
+        assert!(
+            StepInputs::layout(&outside, 4, 8, 4).is_err(),
+            "block 9 of 8"
+        );
     }
 }

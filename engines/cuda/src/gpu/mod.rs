@@ -45,7 +45,7 @@ use launch::Kernels;
 use memory::{DeviceBuffer, to_bf16};
 use sampling::Sampler;
 pub use workspace::Capacity;
-use workspace::{Workspace, attention_splits};
+use workspace::{Workspace, attention_splits, graph_splits};
 
 /// How much GPU memory the KV cache may take.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -271,10 +271,10 @@ impl Device for CudaDevice {
         let bucket = bucket_for(batch.chunks.len())
             .filter(|&b| decode && self.use_graphs && b <= capacity.seqs);
         if let Some(bucket) = bucket {
-            inputs.pad_to(bucket, capacity.blocks_per_seq);
+            inputs.pad_to(bucket);
             inputs.upload(&self.workspace, stream)?;
             let window = capacity.blocks_per_seq * self.kv.block_size;
-            let (splits, partition) = attention_splits(bucket, heads, window);
+            let (splits, partition) = graph_splits(bucket, heads, window);
             let model = Model {
                 spec: &self.spec,
                 weights: &self.weights,

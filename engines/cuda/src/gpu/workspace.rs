@@ -40,8 +40,10 @@ pub struct Workspace {
     pub seq_of: DeviceBuffer,
     /// i32 [seqs]: the token rows whose logits are wanted.
     pub rows: DeviceBuffer,
-    /// i32 [seqs × blocks_per_seq]: block tables.
+    /// i32 [seqs × stride]: block tables, rows as wide as the step's longest.
     pub block_tables: DeviceBuffer,
+    /// i32 [1]: the stride of `block_tables` this step.
+    pub table_stride: DeviceBuffer,
     /// f32 [tokens × hidden]: the residual stream.
     pub resid: DeviceBuffer,
     /// f32 [tokens × hidden]: the output of the last product to add to it.
@@ -87,6 +89,7 @@ impl Workspace {
             seq_of: i32s(t, "token rows")?,
             rows: i32s(s, "logits rows")?,
             block_tables: i32s(s * capacity.blocks_per_seq.max(1), "block tables")?,
+            table_stride: i32s(1, "the block table stride")?,
             resid: f32s(t * d, "the residual stream")?,
             add: f32s(t * d, "product outputs")?,
             normed: bf16s(t * d, "normalised activations")?,
@@ -112,6 +115,7 @@ impl Workspace {
             &self.seq_of,
             &self.rows,
             &self.block_tables,
+            &self.table_stride,
             &self.resid,
             &self.add,
             &self.normed,
@@ -140,6 +144,15 @@ pub fn attention_splits(tokens: usize, heads: usize, max_context: usize) -> (usi
     (splits, max_context.div_ceil(splits).max(1))
 }
 
+/// The split count a decode graph of `bucket` sequences is captured with: enough to cover a
+/// long context with a few waves of blocks, never more than the partials hold; the partition
+/// then covers the whole window.
+pub fn graph_splits(bucket: usize, heads: usize, window: usize) -> (usize, usize) {
+    let (most, _) = attention_splits(bucket, heads, window);
+    let splits = most.min((1024 / (bucket.max(1) * heads.max(1))).max(1));
+    (splits, window.div_ceil(splits).max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,5 +171,8 @@ mod tests {
         }
         assert_eq!(attention_splits(1, 32, 131_072), (256, 512));
         assert_eq!(attention_splits(4096, 32, 4096).0, 2);
+        assert_eq!(graph_splits(1, 32, 131_072), (32, 4096));
+        assert_eq!(graph_splits(256, 32, 131_072), (1, 131_072));
+        assert_eq!(graph_splits(1, 32, 512), (1, 512));
     }
 }
