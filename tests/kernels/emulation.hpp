@@ -19,6 +19,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
+#define __launch_bounds__(...)
 
 struct dim3e {
     unsigned x = 1, y = 1, z = 1;

@@ -115,7 +115,7 @@ def test_silu_and_mul(lib):
     g, u = rounded(gate_up[:, :inter]), rounded(gate_up[:, inter:])
     expected = rounded(rounded(g / (1 + np.exp(-g))) * u)
     out = np.zeros((t, inter), dtype=np.uint16)
-    call(lib, "silu_and_mul", (2, t), 64, gate_up, out, inter)
+    call(lib, "silu_and_mul", (t, 2), 64, gate_up, out, inter)
     close(f32(out), expected, 1e-2)
 
 
@@ -148,9 +148,9 @@ def test_rotary_rotates_q_and_k_and_writes_the_cache(lib):
     assert not k_cache[untouched].any() and not v_cache[untouched].any()
 
 
-@pytest.mark.parametrize("splits,partition", [(1, 64), (4, 5), (7, 3)])
-def test_paged_attention_matches_softmax_attention(lib, splits, partition):
-    hq, hkv, hd, block_size, num_blocks, max_blocks = 4, 2, 64, 4, 24, 6
+@pytest.mark.parametrize("splits,partition,hd", [(1, 64, 64), (4, 5, 64), (7, 3, 16), (3, 8, 80)])
+def test_paged_attention_matches_softmax_attention(lib, splits, partition, hd):
+    hq, hkv, block_size, num_blocks, max_blocks = 4, 2, 4, 24, 6
     k_cache = bf16(rng.normal(size=(num_blocks * block_size, hkv, hd)))
     v_cache = bf16(rng.normal(size=(num_blocks * block_size, hkv, hd)))
     tables = rng.permutation(num_blocks)[: 3 * max_blocks].reshape(3, max_blocks).astype(np.int32)
@@ -290,12 +290,16 @@ def test_draws_follow_the_filters(lib, threads):
     min_p = w >= 0.2 * w.max()
     uniforms = rng.uniform(size=6 if threads <= 128 else 2)
     rows = Rows()
+    # A uniform that rounded up to 1 takes the last kept token.
+    rows.add(temperature=t, top_k=5, uniform=1.0)
     for u in uniforms:
         rows.add(temperature=t, uniform=float(u))
         rows.add(temperature=t, top_k=5, uniform=float(u))
         rows.add(temperature=t, top_p=0.6, uniform=float(u))
         rows.add(temperature=t, min_p=0.2, uniform=float(u))
     token, *_ = rows.run(lib, logits, threads)
+    assert token[0] == int(np.flatnonzero(top5)[-1])
+    token = token[1:]
     for i, u in enumerate(uniforms):
         assert token[4 * i] == draw(x, t, u)
         assert token[4 * i + 1] == draw(x, t, u, top5)

@@ -13,12 +13,12 @@
 //
 // Grid: (tokens, q_heads, splits); block: ATTN_WARPS warps. Warp w takes positions
 // w, w + ATTN_WARPS, ... of the split; lane l holds elements l, l + 32, ... of the head, so
-// loads of one position are coalesced. head_dim <= 256.
+// loads of one position are coalesced. head_dim <= 256 (any value; lanes past it idle).
 
 #define ATTN_WARPS 4
 #define ATTN_MAX_PER_LANE 8
 
-extern "C" __global__ void paged_attention(
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 1) paged_attention(
     const float* __restrict__ q,
     const bf16_t* __restrict__ k_cache,
     const bf16_t* __restrict__ v_cache,
@@ -47,7 +47,7 @@ extern "C" __global__ void paged_attention(
     const int splits = gridDim.z;
     const int lane = threadIdx.x % WARP;
     const int warp = threadIdx.x / WARP;
-    const int per_lane = head_dim / WARP;
+    const int per_lane = (head_dim + WARP - 1) / WARP;
     const int kv_head = head / (q_heads / kv_heads);
     const int length = context[t];
     const int begin = split * partition;
@@ -59,7 +59,7 @@ extern "C" __global__ void paged_attention(
     const float* qrow = q + (t * q_heads + head) * head_dim;
 #pragma unroll
     for (int j = 0; j < ATTN_MAX_PER_LANE; ++j) {
-        qv[j] = j < per_lane ? qrow[j * WARP + lane] * scale : 0.0f;
+        qv[j] = j * WARP + lane < head_dim ? qrow[j * WARP + lane] * scale : 0.0f;
         acc[j] = 0.0f;
     }
     float running_max = NEG_INF;
@@ -70,7 +70,9 @@ extern "C" __global__ void paged_attention(
         float dot = 0.0f;
 #pragma unroll
         for (int j = 0; j < ATTN_MAX_PER_LANE; ++j) {
-            if (j < per_lane) dot += qv[j] * bf16_to_f32(k_cache[offset + j * WARP + lane]);
+            if (j < per_lane && j * WARP + lane < head_dim) {
+                dot += qv[j] * bf16_to_f32(k_cache[offset + j * WARP + lane]);
+            }
         }
         const float score = warp_sum(dot);
         const float new_max = fmaxf(running_max, score);
@@ -79,8 +81,10 @@ extern "C" __global__ void paged_attention(
         running_sum = running_sum * correction + weight;
 #pragma unroll
         for (int j = 0; j < ATTN_MAX_PER_LANE; ++j) {
-            if (j < per_lane) acc[j] = acc[j] * correction
-                + weight * bf16_to_f32(v_cache[offset + j * WARP + lane]);
+            if (j < per_lane && j * WARP + lane < head_dim) {
+                acc[j] = acc[j] * correction
+                    + weight * bf16_to_f32(v_cache[offset + j * WARP + lane]);
+            }
         }
         running_max = new_max;
     }
@@ -90,7 +94,9 @@ extern "C" __global__ void paged_attention(
     }
 #pragma unroll
     for (int j = 0; j < ATTN_MAX_PER_LANE; ++j) {
-        if (j < per_lane) s_acc[warp][j * WARP + lane] = acc[j];
+        if (j < per_lane && j * WARP + lane < head_dim) {
+            s_acc[warp][j * WARP + lane] = acc[j];
+        }
     }
     __syncthreads();
 

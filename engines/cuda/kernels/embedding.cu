@@ -1,6 +1,6 @@
 // Embedding gather: the residual stream starts as the rows of the embedding table.
 // Grid: one block per token. `out` is f32 [tokens, hidden].
-extern "C" __global__ void embedding_gather(
+extern "C" __global__ void __launch_bounds__(512, 1) embedding_gather(
     const int* __restrict__ ids,
     const bf16_t* __restrict__ table,
     float* __restrict__ out,

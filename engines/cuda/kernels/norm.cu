@@ -4,7 +4,7 @@
 // where o is the block index and r is `rows[o]` when `rows` is given (the final norm runs only
 // on the rows whose logits are wanted), else o. The residual stays f32; `out` is bf16, the
 // input of the next matrix product. Grid: one block per output row.
-extern "C" __global__ void rms_norm_residual(
+extern "C" __global__ void __launch_bounds__(512, 1) rms_norm_residual(
     float* __restrict__ resid,
     const float* __restrict__ add,
     const bf16_t* __restrict__ bias,

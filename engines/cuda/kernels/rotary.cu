@@ -9,7 +9,7 @@
 // cache at `slots[t]` (block * block_size + offset), laid out [slot, kv_heads, head_dim] in
 // bf16. A negative slot (batch padding) writes nothing.
 // Grid: (tokens, q_heads + 2 * kv_heads); block: head_dim / 2 threads.
-extern "C" __global__ void rotary_kv_store(
+extern "C" __global__ void __launch_bounds__(128, 1) rotary_kv_store(
     const float* __restrict__ qkv,
     const bf16_t* __restrict__ bias,
     const int* __restrict__ positions,

@@ -44,7 +44,7 @@ __device__ __forceinline__ unsigned int order_key(float x) {
 
 // The best (value, id) pair below `(bound_value, bound_id)` in the order value descending,
 // id ascending; every thread gets it. Pass +inf and -1 for the best overall.
-__device__ void block_best_below(
+__device__ __forceinline__ void block_best_below(
     const float* values, int n, float bound_value, int bound_id,
     float* out_value, int* out_id, float* scratch_value, int* scratch_id
 ) {
@@ -92,7 +92,7 @@ __device__ void block_best_below(
 }
 
 // Sum over kept tokens (key >= threshold) of `weight` (count when weight is 0, mass when 1).
-__device__ float kept_total(
+__device__ __forceinline__ float kept_total(
     const float* x, int n, unsigned int threshold, float max_value, float temperature,
     bool mass, float* scratch
 ) {
@@ -106,7 +106,7 @@ __device__ float kept_total(
 }
 
 // Grid: one block per sampled row; block: up to 1024 threads (a multiple of 32).
-extern "C" __global__ void sample_rows(
+extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(
     const float* __restrict__ logits,
     int vocab,
     const SampleRow* __restrict__ params,
@@ -241,17 +241,21 @@ extern "C" __global__ void sample_rows(
             }
             const float target = p.uniform * total;
             float before = 0.0f;
+            // Where the target falls inside the owner's segment; with no crossing (the
+            // uniform rounded up to 1) the owner walks to its last kept token.
+            float offset = __int_as_float(0x7f800000);
             int owner = -1;
             for (int i = 0; i < (int)blockDim.x; ++i) {
                 if (segment_mass[i] > 0.0f) {
                     owner = i;
                     if (before + segment_mass[i] > target) {
+                        offset = target - before;
                         break;
                     }
                 }
                 before += segment_mass[i];
             }
-            segment_mass[0] = owner >= 0 ? target - fminf(before, target) : 0.0f;
+            segment_mass[0] = offset;
             chosen = owner;
         }
         __syncthreads();

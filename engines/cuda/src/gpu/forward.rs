@@ -279,7 +279,7 @@ impl Model<'_> {
             let inter = f as i32;
             launch(
                 &k.silu_and_mul,
-                ((f as u32).div_ceil(256), t, 1),
+                (t, (f as u32).div_ceil(256), 1),
                 256,
                 self.stream,
                 &mut [arg(&ws.gate_up.ptr()), arg(&ws.act.ptr()), arg(&inter)],

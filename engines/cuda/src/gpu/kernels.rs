@@ -223,7 +223,11 @@ fn c_text(raw: &[std::ffi::c_char]) -> String {
 /// device checks every launch against it, so an argument list that drifts from its kernel is
 /// an error instead of undefined behaviour.
 pub fn parameter_count(source: &str, function: &str) -> Option<usize> {
-    let start = source.find(&format!("void {function}("))? + function.len() + 6;
+    let opening = format!("{function}(");
+    let start = source.match_indices(&opening).find_map(|(at, _)| {
+        let line = source[..at].rsplit('\n').next().unwrap_or("");
+        line.contains("__global__").then_some(at + opening.len())
+    })?;
     let end = start + source.get(start..)?.find(')')?;
     let params = source.get(start..end)?.trim();
     Some(if params.is_empty() {
@@ -256,7 +260,17 @@ mod tests {
                 "{function}"
             );
         }
-        assert_eq!(parameter_count("void k() {}", "k"), Some(0));
-        assert_eq!(parameter_count("void k(int a) {}", "missing"), None);
+        assert_eq!(parameter_count("__global__ void k() {}", "k"), Some(0));
+        assert_eq!(
+            parameter_count(
+                "// k(a) calls\n__global__ void __launch_bounds__(64) k(int a, int b) {}",
+                "k"
+            ),
+            Some(2)
+        );
+        assert_eq!(
+            parameter_count("__global__ void k(int a) {}", "missing"),
+            None
+        );
     }
 }

@@ -47,6 +47,9 @@ use sampling::Sampler;
 pub use workspace::Capacity;
 use workspace::{Workspace, attention_splits, graph_splits};
 
+/// The largest head the attention kernel holds (`ATTN_MAX_PER_LANE` × 32).
+const MAX_HEAD_DIM: usize = 256;
+
 /// How much GPU memory the KV cache may take.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum GpuKvBudget {
@@ -119,6 +122,12 @@ impl CudaDevice {
     /// Loads `folder` onto GPU `settings.ordinal`, then sizes the KV cache from what is left.
     pub fn load(folder: &ModelFolder, settings: GpuSettings) -> Result<Self, DeviceError> {
         probe::probe().map_err(DeviceError::Unavailable)?;
+        let head_dim = folder.spec.head_dim;
+        if head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(2) {
+            return Err(DeviceError::Unavailable(format!(
+                "head_dim {head_dim} is not supported on the GPU (even, at most {MAX_HEAD_DIM})"
+            )));
+        }
         let ctx = CudaContext::new(settings.ordinal).map_err(|e| {
             DeviceError::Unavailable(format!("cannot open GPU {}: {e}", settings.ordinal))
         })?;
@@ -295,6 +304,11 @@ impl Device for CudaDevice {
             let model = self.model();
             model.layers(&self.workspace, &self.kv, tokens, splits, partition)?;
             model.head(&self.workspace, inputs.rows.len())?;
+        }
+        if inputs.rows.is_empty() {
+            // Nothing will be sampled, so nothing would wait for this step: wait here, so a
+            // fault is reported against the step that caused it.
+            sync(stream)?;
         }
         Ok(Vec::new())
     }
