@@ -20,6 +20,7 @@ import pathlib
 import subprocess
 import sys
 
+import models
 import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
@@ -46,11 +47,7 @@ def prompt(n):
 
 
 def make(preset):
-    folder = args.work / f"{preset}-bf16"
-    if not (folder / "config.json").exists():
-        subprocess.run([str(args.dist / "turnpike"), "make-model", "--preset", preset, "--out", str(folder),
-                        "--dtype", "bf16"], check=True)
-    return folder
+    return models.make(args.dist, args.work, preset)
 
 
 def reference(folder, device, scenario):

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import time
 
+import models
 import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
@@ -76,11 +77,7 @@ def step_bytes(folder):
 
 
 def make(preset):
-    folder = args.work / f"{preset}-bf16"
-    if not (folder / "config.json").exists():
-        subprocess.run([str(args.dist / "turnpike"), "make-model", "--preset", preset, "--out", str(folder),
-                        "--dtype", "bf16"], check=True)
-    return folder
+    return models.make(args.dist, args.work, preset)
 
 
 def ours(folder):

@@ -12,28 +12,23 @@
 #![allow(clippy::print_stdout, clippy::expect_used, clippy::unwrap_used)]
 
 use serde_json::json;
-use turnpike_engine_api::host::Plugin;
 
 // Shared with engine-gpu-bench, which uses more of it.
 #[allow(dead_code)]
 #[path = "engine_run.rs"]
 mod engine_run;
 
-use engine_run::{Prompts, median, run};
+use engine_run::{Prompts, Setup, median, run, setup};
 
 const RUNS: usize = 5;
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let usage = "usage: engine-bench PLUGIN MODEL_DIR OUT_JSON";
-    let plugin = args.next().expect(usage);
-    let model = args.next().expect(usage);
-    let out = args.next().expect(usage);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let plugin = Plugin::load(&plugin).expect("load the plugin");
+    let Setup {
+        rt,
+        plugin,
+        model,
+        out,
+    } = setup("engine-bench");
     let config = json!({"seed": 1, "models": [{"id": "bench", "path": model, "device": "cpu",
         "max_batch_tokens": 1024, "max_running": 32}]});
     let engine = plugin

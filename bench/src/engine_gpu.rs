@@ -14,9 +14,8 @@
 mod engine_run;
 
 use serde_json::{Value, json};
-use turnpike_engine_api::host::Plugin;
 
-use engine_run::{Prompts, median, run};
+use engine_run::{Prompts, Setup, median, run, setup};
 
 const CONCURRENCY: &[usize] = &[1, 8, 64, 256];
 const PROMPT: usize = 128;
@@ -24,16 +23,12 @@ const OUTPUT: u32 = 256;
 const RUNS: usize = 5;
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let usage = "usage: engine-gpu-bench PLUGIN MODEL_DIR OUT_JSON";
-    let plugin = args.next().expect(usage);
-    let model = args.next().expect(usage);
-    let out = args.next().expect(usage);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let plugin = Plugin::load(&plugin).expect("load the plugin");
+    let Setup {
+        rt,
+        plugin,
+        model,
+        out,
+    } = setup("engine-gpu-bench");
     let config = json!({"seed": 1, "models": [{"id": "bench", "path": model, "device": "cuda",
         "max_batch_tokens": 8192, "max_running": 256, "max_n": 1, "max_context": 8192}]});
     let engine = plugin

@@ -3,8 +3,37 @@
 
 use std::time::Instant;
 
-use turnpike_engine_api::host::{EngineHandle, EngineRequest};
+use turnpike_engine_api::host::{EngineHandle, EngineRequest, Plugin};
 use turnpike_engine_api::{EngineEvent, GenerationParams};
+
+/// What every engine benchmark starts from: `NAME PLUGIN MODEL_DIR OUT_JSON` on the command
+/// line, the loaded plugin and a runtime to drive it.
+pub struct Setup {
+    pub rt: tokio::runtime::Runtime,
+    pub plugin: Plugin,
+    pub model: String,
+    pub out: String,
+}
+
+/// Reads the arguments of benchmark `name` and loads its plugin.
+pub fn setup(name: &str) -> Setup {
+    let mut args = std::env::args().skip(1);
+    let usage = format!("usage: {name} PLUGIN MODEL_DIR OUT_JSON");
+    let plugin = args.next().expect(&usage);
+    let model = args.next().expect(&usage);
+    let out = args.next().expect(&usage);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let plugin = Plugin::load(&plugin).expect("load the plugin");
+    Setup {
+        rt,
+        plugin,
+        model,
+        out,
+    }
+}
 
 /// The median of `v` (the upper one for an even count).
 pub fn median(mut v: Vec<f64>) -> f64 {
