@@ -70,6 +70,16 @@ pub enum ApiError {
         /// What is wrong.
         message: String,
     },
+    /// A stored object (a response) that does not exist for this caller.
+    #[error("{message}")]
+    NotFound {
+        /// The parameter that named it (`previous_response_id`), if any.
+        param: Option<String>,
+        /// `previous_response_not_found` or `response_not_found`.
+        code: &'static str,
+        /// What is missing.
+        message: String,
+    },
     /// The model is not served.
     #[error("The model `{0}` does not exist or you do not have access to it.")]
     ModelNotFound(String),
@@ -196,7 +206,9 @@ impl ApiError {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::UnknownUrl { .. } | Self::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            Self::UnknownUrl { .. } | Self::ModelNotFound(_) | Self::NotFound { .. } => {
+                StatusCode::NOT_FOUND
+            }
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::InvalidJson(_)
             | Self::MissingParam(_)
@@ -257,6 +269,9 @@ impl ApiError {
                 Some("model".into()),
                 Some("model_not_found"),
             ),
+            Self::NotFound { param, code, .. } => {
+                ("invalid_request_error", param.clone(), Some(*code))
+            }
             Self::PayloadTooLarge { .. } => {
                 ("invalid_request_error", None, Some("request_too_large"))
             }

@@ -13,6 +13,7 @@ pub mod ids;
 pub mod observability;
 pub mod openai;
 pub mod pipeline;
+pub mod responses;
 pub mod routes;
 pub mod server;
 pub mod store;

@@ -72,12 +72,12 @@ impl Server {
             idempotency = config.tenancy.idempotency.is_some(),
             "tenancy ready"
         );
-        let state = AppState {
-            registry: Arc::new(registry),
-            server: Arc::new(config.server.clone()),
-            defaults: Arc::new(config.defaults.clone()),
+        let state = AppState::new(
+            Arc::new(registry),
+            Arc::new(config.server.clone()),
+            Arc::new(config.defaults.clone()),
             tenancy,
-        };
+        );
         Ok(Self {
             listener,
             state,

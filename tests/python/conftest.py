@@ -31,6 +31,7 @@ SIM_MODELS = {
     "overloaded": "errors = { overload_rate = 1.0 }",
     "down": "errors = { unavailable_rate = 1.0 }",
     "broken": "errors = { refuse_rate = 1.0 }",
+    "midfail": "errors = { fail_midstream_rate = 1.0, fail_after_tokens = 3 }",
     "tools": "output = { mode = \"script\", tokens = %s }",
 }
 # Extra keys of the gateway's own model entries.

@@ -3,6 +3,7 @@ records seen by every replica, and what happens while Redis is down and after it
 
 Needs `redis-server` on the PATH (tests/run.sh installs it); without it these tests fail."""
 
+import json
 import threading
 import time
 from collections import Counter
@@ -218,3 +219,26 @@ def test_redis_outage_and_recovery(redis, replicas):
     assert statuses.count(200) <= 10
     status, _, body = send(b)
     assert status == 429 and body["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_stored_responses_are_shared_by_replicas(redis, replicas):
+    key = make_key()
+    a, b = replicas(tenant("") + state(redis), {"ACME_API_KEY": key})
+    with a.client(key) as on_a, b.client(key) as on_b:
+        first = on_a.post("/responses", json={"model": "chat", "input": "Hello", "max_output_tokens": 8})
+        assert first.status_code == 200, first.text
+        first = first.json()
+        # Stored on one replica, found, continued and deleted on the other.
+        got = on_b.get(f"/responses/{first['id']}")
+        assert got.status_code == 200 and got.json() == first
+        follow = on_b.post("/responses", json={"model": "chat", "input": "More", "previous_response_id": first["id"]})
+        assert follow.status_code == 200 and follow.json()["previous_response_id"] == first["id"]
+        items = on_a.get(f"/responses/{follow.json()['id']}/input_items", params={"order": "asc"}).json()
+        assert [i["type"] for i in items["data"]] == ["message", "message", "message"]
+        # A streamed response is stored too.
+        streamed = on_a.post("/responses", json={"model": "chat", "input": "Stream", "stream": True})
+        last = [line for line in streamed.text.splitlines() if line.startswith("data: {")][-1]
+        streamed_id = json.loads(last[len("data: "):])["response"]["id"]
+        assert wait_for(lambda: on_b.get(f"/responses/{streamed_id}").status_code == 200)
+        assert on_b.delete(f"/responses/{first['id']}").json()["deleted"] is True
+        assert on_a.get(f"/responses/{first['id']}").status_code == 404

@@ -10,7 +10,7 @@ from pathlib import Path
 # A subset of ../shared/reference/openai-openapi.yaml (see trim_spec.py), so the suite needs no
 # file outside the repository.
 SPEC = Path(__file__).with_name("openai-openapi-subset.json")
-OPERATIONS = ["listModels", "createChatCompletion", "createCompletion", "createEmbedding"]
+OPERATIONS = ["listModels", "createChatCompletion", "createCompletion", "createEmbedding", "createResponse"]
 
 
 def test_the_gateway_conforms_to_the_openai_spec(gateway, tmp_path):

@@ -397,3 +397,22 @@ def test_early_rejection_keeps_connection_usable(gateway):
         except OSError as e:
             again = repr(e)
         assert again.startswith("HTTP/1.1 401"), f"the kept-alive connection was closed: {again!r}"
+
+
+def test_stored_responses_belong_to_their_tenant(gateway, keys):
+    acme, globex = sdk(gateway, keys["acme"]), sdk(gateway, keys["globex"])
+    first = acme.responses.create(model="chat", input="Remember this.", max_output_tokens=8)
+    assert acme.responses.retrieve(first.id).id == first.id
+    # Another tenant neither sees it nor continues it.
+    with pytest.raises(openai.NotFoundError) as err:
+        globex.responses.retrieve(first.id)
+    assert err.value.body["code"] == "response_not_found"
+    with pytest.raises(openai.NotFoundError) as err:
+        globex.responses.create(model="chat", input="And then?", previous_response_id=first.id)
+    assert err.value.body["code"] == "previous_response_not_found"
+    assert err.value.body["param"] == "previous_response_id"
+    with pytest.raises(openai.NotFoundError):
+        globex.responses.delete(first.id)
+    # Its owner still can.
+    follow = acme.responses.create(model="chat", input="And then?", previous_response_id=first.id, max_output_tokens=8)
+    assert follow.previous_response_id == first.id

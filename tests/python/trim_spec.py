@@ -1,5 +1,5 @@
 """Extracts from OpenAI's OpenAPI spec the operations the gateway is tested against
-(listModels, createChatCompletion, createCompletion, createEmbedding) and every component they
+(listModels, createChatCompletion, createCompletion, createEmbedding, createResponse) and every component they
 reference, into `openai-openapi-subset.json`.
 
     python tests/python/trim_spec.py ../shared/reference/openai-openapi.yaml
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-OPERATIONS = {"listModels", "createChatCompletion", "createCompletion", "createEmbedding"}
+OPERATIONS = {"listModels", "createChatCompletion", "createCompletion", "createEmbedding", "createResponse"}
 
 
 def refs(node, found):

@@ -18,6 +18,7 @@
 //! | `turnpike_queue_full_total` | counter | `model` |
 //! | `turnpike_idempotency_total` | counter | `outcome` (`started`, `replayed`, `joined`, `conflict`, `in_progress`) |
 //! | `turnpike_idempotency_records`, `turnpike_idempotency_bytes` | gauge (in-memory store) | |
+//! | `turnpike_stored_values`, `turnpike_stored_value_bytes` | gauge (in-memory store: stored responses) | |
 //!
 //! The recorder is process-wide; histogram samples are drained by [`upkeep`], which the server
 //! runs every few seconds, so memory stays bounded whether or not anyone scrapes.
@@ -175,6 +176,12 @@ pub fn queue_full(model: &str) {
 /// An idempotent request's outcome on arrival.
 pub fn idempotency(outcome: &'static str) {
     metrics::counter!("turnpike_idempotency_total", "outcome" => outcome).increment(1);
+}
+
+/// Values (stored responses) held in memory and their bytes.
+pub fn stored_values(values: usize, bytes: usize) {
+    metrics::gauge!("turnpike_stored_values").set(values as f64);
+    metrics::gauge!("turnpike_stored_value_bytes").set(bytes as f64);
 }
 
 /// The in-memory idempotency table's size.

@@ -6,3 +6,4 @@ pub mod completions;
 pub mod embeddings;
 pub mod error;
 pub mod models;
+pub mod responses;

@@ -97,15 +97,30 @@ fn tool_setup(
     }))
 }
 
-/// Handles a chat completion.
-pub async fn chat(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    JsonBody(req): JsonBody<ChatCompletionRequest>,
-) -> Result<Response, ApiError> {
-    let started = Instant::now();
+/// A chat request turned into a generation, admitted and ready to start.
+pub(super) struct Prepared {
+    /// What to run.
+    pub job: Job,
+    /// Choices.
+    pub n: u32,
+    /// Alternatives per token when log probabilities were asked for.
+    pub logprobs: Option<u32>,
+    /// The model.
+    pub model: std::sync::Arc<ServedModel>,
+}
+
+/// Validates `req` once, builds its prompt and parameters, and admits it under `caller`'s
+/// limits with the request id `id`. Shared by chat and the Responses API, which translates its
+/// requests into chat ones.
+pub(super) async fn prepare(
+    state: &AppState,
+    caller: &Caller,
+    req: &ChatCompletionRequest,
+    id: &str,
+    started: Instant,
+) -> Result<Prepared, ApiError> {
     let model = state.model(&req.model)?;
-    state.tenancy.check_model(&caller, &model, &req.model)?;
+    state.tenancy.check_model(caller, &model, &req.model)?;
     let defaults = &state.defaults;
 
     let messages = prompt::template_messages(&req.messages)?;
@@ -113,7 +128,7 @@ pub async fn chat(
         Some(tools) if !tools.is_empty() => Some(prompt::template_tools(tools)?),
         _ => None,
     };
-    let tool_setup = tool_setup(&req, &model)?;
+    let tool_setup = tool_setup(req, &model)?;
     // With tool_choice "none" the model is not shown the tools, so it does not write calls.
     let tools =
         tools.filter(|_| !matches!(&req.tool_choice, Some(Value::String(s)) if s == "none"));
@@ -182,13 +197,12 @@ pub async fn chat(
         "messages",
     )?;
     params::complete_params(&mut p, &model)?;
-    let id = new_id("chatcmpl-");
-    p.request_id = Some(id.clone());
+    p.request_id = Some(id.to_string());
     let n = p.n;
     let prompt_tokens = ids.len() as u64;
     let admission = admit(
-        &state,
-        &caller,
+        state,
+        caller,
         &model,
         &mut p,
         req.metadata.as_ref(),
@@ -207,6 +221,28 @@ pub async fn chat(
         tools: tool_setup,
         admission: Some(admission),
     };
+    Ok(Prepared {
+        job,
+        n,
+        logprobs,
+        model,
+    })
+}
+
+/// Handles a chat completion.
+pub async fn chat(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(req): JsonBody<ChatCompletionRequest>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let id = new_id("chatcmpl-");
+    let Prepared {
+        job,
+        n,
+        logprobs,
+        model,
+    } = prepare(&state, &caller, &req, &id, started).await?;
     let record = RequestRecord::new(
         id.clone(),
         "chat",

@@ -10,6 +10,7 @@ pub mod extract;
 pub mod health;
 pub mod metrics;
 pub mod models;
+pub mod responses;
 pub mod sse;
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use crate::config::{Defaults, ServerConfig};
 use crate::engine_host::{ModelRegistry, ServedModel};
 use crate::error::ApiError;
 use crate::observability::metrics as record;
+use crate::responses::ResponseStore;
 use crate::tenancy::Tenancy;
 
 /// What every handler can reach.
@@ -39,9 +41,28 @@ pub struct AppState {
     pub defaults: Arc<Defaults>,
     /// Authentication, limits, queues and idempotency.
     pub tenancy: Arc<Tenancy>,
+    /// Stored responses (kept in the tenancy's state store).
+    pub responses: ResponseStore,
 }
 
 impl AppState {
+    /// The state of a server: stored responses live in the tenancy's state store.
+    pub fn new(
+        registry: Arc<ModelRegistry>,
+        server: Arc<ServerConfig>,
+        defaults: Arc<Defaults>,
+        tenancy: Arc<Tenancy>,
+    ) -> Self {
+        let responses = ResponseStore::new(Arc::clone(tenancy.limiter.store()), server.retry_after);
+        Self {
+            registry,
+            server,
+            defaults,
+            tenancy,
+            responses,
+        }
+    }
+
     /// The model a request names, or 404.
     pub fn model(&self, id: &str) -> Result<Arc<ServedModel>, ApiError> {
         self.registry
@@ -61,6 +82,15 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             admission::admission,

@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 use crate::error::ApiError;
 use crate::observability::metrics::{self, StreamGuard};
 use crate::observability::requests::RequestRecord;
-use crate::openai::error::ErrorBody;
+use crate::openai::error::{ErrorBody, ErrorDetail};
 use crate::pipeline::run::{GenEvent, GenStream};
 
 /// Turns generation events into an endpoint's chunks (each already an SSE `data:` event; see
@@ -28,6 +28,12 @@ pub trait Render: Send + 'static {
     fn opening(&mut self) -> Vec<Bytes>;
     /// Chunks for one event (never an error: this module sends those).
     fn event(&mut self, event: &GenEvent) -> Vec<Bytes>;
+    /// The endpoint's own chunks for a failure after the head, ending the stream; `None` sends
+    /// the default `data: {"error": ...}` event.
+    fn failure(&mut self, error: &ErrorDetail) -> Option<Vec<Bytes>> {
+        let _ = error;
+        None
+    }
 }
 
 /// How a stream is timed and accounted.
@@ -102,7 +108,10 @@ impl<R: Render> State<R> {
         self.timing.record.failed(&e);
         let detail = e.detail();
         metrics::error(detail.code.unwrap_or("server_error"));
-        self.out.push_back(data(&ErrorBody { error: detail }));
+        match self.renderer.failure(&detail) {
+            Some(chunks) => self.out.extend(chunks),
+            None => self.out.push_back(data(&ErrorBody { error: detail })),
+        }
         self.finished = true;
     }
 

@@ -2,8 +2,8 @@
 //! GCRA limiters; token budgets are token buckets that can give back unused reservations.
 //!
 //! Every map is bounded: buckets and leases by the configured tenants (keys come from the
-//! tenant directory, never from clients), idempotency records by a count and a byte budget,
-//! oldest evicted first.
+//! tenant directory, never from clients), idempotency records and stored values each by a count
+//! and a byte budget, oldest evicted first.
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU32;
@@ -60,6 +60,52 @@ pub struct MemoryStore {
     buckets: Mutex<HashMap<(String, Window), (f64, Instant)>>,
     leases: Mutex<HashMap<String, HashMap<String, Instant>>>,
     records: Mutex<Records>,
+    values: Mutex<Values>,
+}
+
+/// Stored values (responses), bounded like the idempotency records.
+#[derive(Debug, Default)]
+struct Values {
+    entries: HashMap<String, (Vec<u8>, Instant)>,
+    /// Keys in insertion order, for eviction (may hold keys already removed or replaced).
+    order: VecDeque<String>,
+    bytes: usize,
+}
+
+impl Values {
+    fn remove(&mut self, key: &str) -> bool {
+        match self.entries.remove(key) {
+            Some((value, _)) => {
+                self.bytes -= value.len();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Evicts expired values, then the oldest, until one more of `adding` bytes fits.
+    fn make_room(&mut self, limits: MemoryLimits, adding: usize, now: Instant) {
+        let expired: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(_, (_, until))| *until <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in expired {
+            self.remove(&key);
+        }
+        while self.entries.len() >= limits.max_records || self.bytes + adding > limits.max_bytes {
+            let Some(key) = self.order.pop_front() else {
+                break;
+            };
+            self.remove(&key);
+        }
+        // Drop order entries whose keys are gone, so the queue stays bounded too.
+        if self.order.len() > 2 * self.entries.len() + 16 {
+            let entries = &self.entries;
+            self.order.retain(|k| entries.contains_key(k));
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -78,6 +124,7 @@ impl MemoryStore {
             buckets: Mutex::default(),
             leases: Mutex::default(),
             records: Mutex::default(),
+            values: Mutex::default(),
         }
     }
 
@@ -398,11 +445,99 @@ impl Store for MemoryStore {
         ready(())
     }
 
+    fn put<'a>(&'a self, key: &'a str, value: Vec<u8>, ttl: Duration) -> StoreFuture<'a, ()> {
+        let now = Instant::now();
+        let mut values = lock(&self.values);
+        values.remove(key);
+        if value.len() <= self.limits.max_bytes {
+            values.make_room(self.limits, value.len(), now);
+            values.bytes += value.len();
+            values.entries.insert(key.to_string(), (value, now + ttl));
+            values.order.push_back(key.to_string());
+        }
+        metrics::stored_values(values.entries.len(), values.bytes);
+        ready(())
+    }
+
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        let now = Instant::now();
+        let values = lock(&self.values);
+        let found = values
+            .entries
+            .get(key)
+            .filter(|(_, until)| *until > now)
+            .map(|(value, _)| value.clone());
+        ready(found)
+    }
+
+    fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
+        let mut values = lock(&self.values);
+        let removed = values.remove(key);
+        metrics::stored_values(values.entries.len(), values.bytes);
+        ready(removed)
+    }
+
     fn ping(&self) -> StoreFuture<'_, ()> {
         ready(())
     }
 
     fn shared(&self) -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(max_records: usize, max_bytes: usize) -> MemoryStore {
+        MemoryStore::new(MemoryLimits {
+            max_records,
+            max_bytes,
+        })
+    }
+
+    fn get(s: &MemoryStore, key: &str) -> Option<Vec<u8>> {
+        futures_util::FutureExt::now_or_never(s.get(key))
+            .and_then(Result::ok)
+            .flatten()
+    }
+
+    fn run<T>(f: StoreFuture<'_, T>) -> Option<T> {
+        futures_util::FutureExt::now_or_never(f).and_then(Result::ok)
+    }
+
+    #[test]
+    fn values_are_kept_replaced_removed_and_expire() {
+        let s = store(10, 1000);
+        run(s.put("a", b"one".to_vec(), Duration::from_secs(60)));
+        run(s.put("a", b"two".to_vec(), Duration::from_secs(60)));
+        assert_eq!(get(&s, "a"), Some(b"two".to_vec()));
+        assert_eq!(lock(&s.values).bytes, 3);
+        assert_eq!(run(s.delete("a")), Some(true));
+        assert_eq!(run(s.delete("a")), Some(false));
+        assert_eq!(get(&s, "a"), None);
+        run(s.put("b", b"x".to_vec(), Duration::ZERO));
+        assert_eq!(get(&s, "b"), None, "expired");
+    }
+
+    #[test]
+    fn values_are_bounded_by_count_and_bytes_oldest_first() {
+        let s = store(2, 10);
+        for key in ["a", "b", "c"] {
+            run(s.put(key, b"1234".to_vec(), Duration::from_secs(60)));
+        }
+        assert_eq!(get(&s, "a"), None);
+        assert!(get(&s, "b").is_some() && get(&s, "c").is_some());
+        run(s.put("d", b"12345678".to_vec(), Duration::from_secs(60)));
+        let values = lock(&s.values);
+        assert!(
+            values.bytes <= 10 && values.entries.len() <= 2,
+            "{values:?}"
+        );
+        drop(values);
+        assert!(get(&s, "d").is_some());
+        run(s.put("huge", vec![0; 11], Duration::from_secs(60)));
+        assert_eq!(get(&s, "huge"), None, "larger than the whole budget");
     }
 }

@@ -1,5 +1,6 @@
 //! Shared request state behind one trait, [`Store`]: rate buckets, token budgets,
-//! concurrency leases and idempotency records.
+//! concurrency leases, idempotency records and stored values (responses kept for
+//! `previous_response_id`).
 //!
 //! Two backends: [`memory::MemoryStore`] (the default, one process) and [`redis::RedisStore`]
 //! (shared by every gateway replica). The trait is small and speaks plain data (keys, numbers,
@@ -134,6 +135,15 @@ pub trait Store: Send + Sync + Debug {
 
     /// Forgets a running record (it failed or was cancelled), so a retry runs anew.
     fn abandon<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, ()>;
+
+    /// Keeps `value` under `key` for `ttl`, replacing what was there (stored responses).
+    fn put<'a>(&'a self, key: &'a str, value: Vec<u8>, ttl: Duration) -> StoreFuture<'a, ()>;
+
+    /// The value under `key`, unless it expired or was evicted.
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Vec<u8>>>;
+
+    /// Removes `key`; whether it was there.
+    fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool>;
 
     /// Whether the backend answers.
     fn ping(&self) -> StoreFuture<'_, ()>;

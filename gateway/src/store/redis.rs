@@ -117,6 +117,20 @@ impl RedisStore {
         }
     }
 
+    /// Runs one plain command within the timeout.
+    async fn query<T: redis::FromRedisValue>(
+        &self,
+        command: redis::Cmd,
+        what: &str,
+    ) -> Result<T, StoreError> {
+        let mut connection = self.connection.clone();
+        match tokio::time::timeout(self.timeout, command.query_async::<T>(&mut connection)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(StoreError(e.to_string())),
+            Err(_) => Err(StoreError(format!("{what} timed out"))),
+        }
+    }
+
     async fn take_units(
         &self,
         key: &str,
@@ -292,6 +306,26 @@ impl Store for RedisStore {
 
     fn abandon<'a>(&'a self, key: &'a str, owner: &'a str) -> StoreFuture<'a, ()> {
         Box::pin(self.owned(key, owner, "abandon", Duration::ZERO, Vec::new()))
+    }
+
+    fn put<'a>(&'a self, key: &'a str, value: Vec<u8>, ttl: Duration) -> StoreFuture<'a, ()> {
+        let command = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("PX")
+            .arg(ms(ttl).max(1))
+            .to_owned();
+        Box::pin(async move { self.query::<()>(command, "put").await })
+    }
+
+    fn get<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Vec<u8>>> {
+        let command = redis::cmd("GET").arg(key).to_owned();
+        Box::pin(async move { self.query::<Option<Vec<u8>>>(command, "get").await })
+    }
+
+    fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
+        let command = redis::cmd("DEL").arg(key).to_owned();
+        Box::pin(async move { self.query::<i64>(command, "delete").await.map(|n| n > 0) })
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {

@@ -321,12 +321,12 @@ pub fn app_with_tenancy(
     let registry =
         engine_host::load_with(vec![("fake".into(), backend)], Some(&[model]), &defaults())
             .unwrap();
-    router(AppState {
-        registry: Arc::new(registry),
-        server: Arc::new(server_config),
-        defaults: Arc::new(defaults()),
+    router(AppState::new(
+        Arc::new(registry),
+        Arc::new(server_config),
+        Arc::new(defaults()),
         tenancy,
-    })
+    ))
 }
 
 /// The app over `script` with default test settings.

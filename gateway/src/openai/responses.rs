@@ -1,0 +1,260 @@
+//! `POST /v1/responses`: the request, the response object, its output items and its stream
+//! events, as the OpenAI SDKs and the Open Responses specification expect them. Every key of the
+//! response object is present (null where empty).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Number, Value};
+
+use super::common::{Extensions, StopParam};
+
+/// The request body.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ResponsesRequest {
+    /// Model name.
+    pub model: String,
+    /// A string (one user message) or a list of input items.
+    pub input: ResponseInput,
+    /// A system message put before the input (not carried to later turns).
+    #[serde(default)]
+    pub instructions: Option<String>,
+    /// Continue the conversation of a stored response.
+    #[serde(default)]
+    pub previous_response_id: Option<String>,
+    /// Keep the response for later `previous_response_id` and `GET` (default true).
+    #[serde(default)]
+    pub store: Option<bool>,
+    /// Most tokens to generate.
+    #[serde(default)]
+    pub max_output_tokens: Option<Number>,
+    /// Sampling temperature.
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling.
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    /// Alternatives per token, with `include: ["message.output_text.logprobs"]`.
+    #[serde(default)]
+    pub top_logprobs: Option<Number>,
+    /// Tools the model may call (function tools).
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    /// How the model should choose tools.
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    /// Whether several tool calls may come at once.
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    /// Reasoning settings (`effort`, `summary`).
+    #[serde(default)]
+    pub reasoning: Option<Value>,
+    /// Output format (`text.format`).
+    #[serde(default)]
+    pub text: Option<Value>,
+    /// `disabled` (default) or `auto`.
+    #[serde(default)]
+    pub truncation: Option<String>,
+    /// Up to 16 string pairs, echoed back.
+    #[serde(default)]
+    pub metadata: Option<Map<String, Value>>,
+    /// Extra output to include.
+    #[serde(default)]
+    pub include: Option<Vec<String>>,
+    /// Run without holding the connection.
+    #[serde(default)]
+    pub background: Option<bool>,
+    /// Stream events.
+    #[serde(default)]
+    pub stream: Option<bool>,
+    /// End-user id, for logs.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Seed (extension, as on chat).
+    #[serde(default)]
+    pub seed: Option<Number>,
+    /// Stop strings (extension, as on chat).
+    #[serde(default)]
+    pub stop: Option<StopParam>,
+    /// Presence penalty (extension, as on chat).
+    #[serde(default)]
+    pub presence_penalty: Option<f64>,
+    /// Frequency penalty (extension, as on chat).
+    #[serde(default)]
+    pub frequency_penalty: Option<f64>,
+    /// Extra variables for the chat template (extension, as on chat).
+    #[serde(default)]
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// Sampling extensions (top level).
+    #[serde(flatten)]
+    pub extensions: Extensions,
+    /// Sampling extensions (NVIDIA Dynamo's `nvext`).
+    #[serde(default)]
+    pub nvext: Option<Extensions>,
+}
+
+/// `input`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ResponseInput {
+    /// One user message.
+    Text(String),
+    /// Input items, checked one by one (see `responses::input`).
+    Items(Vec<Value>),
+}
+
+/// Token counts of a response.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseUsage {
+    pub input_tokens: u64,
+    pub input_tokens_details: InputTokensDetails,
+    pub output_tokens: u64,
+    pub output_tokens_details: OutputTokensDetails,
+    pub total_tokens: u64,
+}
+
+/// Input token details.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputTokensDetails {
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u64,
+}
+
+/// Output token details.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputTokensDetails {
+    /// Tokens spent reasoning.
+    pub reasoning_tokens: u64,
+}
+
+impl ResponseUsage {
+    /// Usage of `input` prompt tokens (`cached` of them cached) and `output` generated ones.
+    pub fn new(input: u64, output: u64, cached: u64, reasoning: u64) -> Self {
+        Self {
+            input_tokens: input,
+            input_tokens_details: InputTokensDetails {
+                cached_tokens: cached,
+            },
+            output_tokens: output,
+            output_tokens_details: OutputTokensDetails {
+                reasoning_tokens: reasoning,
+            },
+            total_tokens: input + output,
+        }
+    }
+}
+
+/// Why a response is incomplete.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncompleteDetails {
+    /// `max_output_tokens`.
+    pub reason: String,
+}
+
+/// A text part of a message output item.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputText {
+    /// Always `output_text`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text.
+    pub text: String,
+    /// Always empty.
+    pub annotations: Vec<Value>,
+    /// Log probabilities when asked for (else empty).
+    #[serde(default)]
+    pub logprobs: Vec<Value>,
+}
+
+impl OutputText {
+    /// A part holding `text`.
+    pub fn new(text: String) -> Self {
+        Self {
+            kind: "output_text".into(),
+            text,
+            annotations: Vec::new(),
+            logprobs: Vec::new(),
+        }
+    }
+}
+
+/// An output item.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputItem {
+    /// The assistant's message.
+    Message {
+        id: String,
+        status: String,
+        role: String,
+        content: Vec<OutputText>,
+    },
+    /// A tool call.
+    FunctionCall {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+        status: String,
+    },
+}
+
+impl OutputItem {
+    /// The item's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Message { id, .. } | Self::FunctionCall { id, .. } => id,
+        }
+    }
+}
+
+/// The response object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseObject {
+    pub id: String,
+    pub object: String,
+    pub created_at: u64,
+    pub status: String,
+    pub background: bool,
+    pub completed_at: Option<u64>,
+    pub error: Option<Value>,
+    pub incomplete_details: Option<IncompleteDetails>,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<u64>,
+    pub max_tool_calls: Option<u64>,
+    pub model: String,
+    pub output: Vec<OutputItem>,
+    pub output_text: String,
+    pub parallel_tool_calls: bool,
+    pub presence_penalty: f64,
+    pub frequency_penalty: f64,
+    pub previous_response_id: Option<String>,
+    pub prompt_cache_key: Option<String>,
+    pub reasoning: Value,
+    pub safety_identifier: Option<String>,
+    pub service_tier: String,
+    pub store: bool,
+    pub temperature: f64,
+    pub text: Value,
+    pub tool_choice: Value,
+    pub tools: Vec<Value>,
+    pub top_logprobs: u32,
+    pub top_p: f64,
+    pub truncation: String,
+    pub usage: Option<ResponseUsage>,
+    pub user: Option<String>,
+    pub metadata: Map<String, Value>,
+}
+
+/// The list `GET /v1/responses/{id}/input_items` returns.
+#[derive(Debug, Clone, Serialize)]
+pub struct InputItemList {
+    /// Always `list`.
+    pub object: &'static str,
+    /// The items, in the order asked for.
+    pub data: Vec<Value>,
+    /// The first item's id.
+    pub first_id: Option<String>,
+    /// The last item's id.
+    pub last_id: Option<String>,
+    /// Whether more items follow.
+    pub has_more: bool,
+}

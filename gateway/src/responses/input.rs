@@ -1,0 +1,347 @@
+//! Input items: checked once, given ids and a normal form (what is stored and listed by
+//! `input_items`), and turned into the chat messages the prompt is built from.
+//!
+//! Accepted items: messages (`role` and `content`, a string or `input_text` / `output_text`
+//! parts; `type: "message"` optional), `function_call`, `function_call_output`, and `reasoning`
+//! items given back (kept in the conversation, not shown to the model). Images and files are
+//! refused: the served models read text only.
+
+use serde_json::{Map, Value, json};
+
+use crate::error::ApiError;
+use crate::ids::new_id;
+use crate::openai::chat::{ChatMessage, Content, ContentPart, FunctionCall, ToolCall};
+use crate::openai::responses::{OutputItem, ResponseInput};
+
+/// This turn's input items in normal form, each with an id.
+pub fn normalise(input: &ResponseInput) -> Result<Vec<Value>, ApiError> {
+    match input {
+        ResponseInput::Text(text) => Ok(vec![message("user", &[part("input_text", text)])]),
+        ResponseInput::Items(items) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| normalise_item(item, &format!("input[{i}]")))
+            .collect(),
+    }
+}
+
+fn part(kind: &str, text: &str) -> Value {
+    json!({"type": kind, "text": text})
+}
+
+fn message(role: &str, content: &[Value]) -> Value {
+    json!({"type": "message", "id": new_id("msg_"), "role": role, "status": "completed", "content": content})
+}
+
+fn text_field<'a>(item: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str, ApiError> {
+    match item.get(key) {
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(ApiError::invalid(
+            format!("{at}.{key}"),
+            format!("'{at}.{key}' must be a string"),
+        )),
+        None => Err(ApiError::MissingParam(format!("{at}.{key}"))),
+    }
+}
+
+fn normalise_item(item: &Value, at: &str) -> Result<Value, ApiError> {
+    let Some(object) = item.as_object() else {
+        return Err(ApiError::invalid(at, format!("'{at}' must be an object")));
+    };
+    let kind = match object.get("type") {
+        None => "message",
+        Some(Value::String(kind)) => kind.as_str(),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                format!("{at}.type"),
+                "'type' must be a string",
+            ));
+        }
+    };
+    match kind {
+        "message" => normalise_message(object, at),
+        "function_call" => Ok(json!({
+            "type": "function_call",
+            "id": object.get("id").and_then(Value::as_str).map_or_else(|| new_id("fc_"), str::to_string),
+            "call_id": text_field(object, "call_id", at)?,
+            "name": text_field(object, "name", at)?,
+            "arguments": text_field(object, "arguments", at)?,
+            "status": "completed",
+        })),
+        "function_call_output" => {
+            let output = match object.get("output") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join(""),
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        format!("{at}.output"),
+                        "'output' must be a string",
+                    ));
+                }
+                None => return Err(ApiError::MissingParam(format!("{at}.output"))),
+            };
+            Ok(json!({
+                "type": "function_call_output",
+                "id": new_id("fco_"),
+                "call_id": text_field(object, "call_id", at)?,
+                "output": output,
+                "status": "completed",
+            }))
+        }
+        "reasoning" => {
+            let mut kept = object.clone();
+            kept.entry("id")
+                .or_insert_with(|| Value::String(new_id("rs_")));
+            kept.entry("summary")
+                .or_insert_with(|| Value::Array(Vec::new()));
+            Ok(Value::Object(kept))
+        }
+        "item_reference" => Err(ApiError::unsupported(
+            format!("{at}.type"),
+            "item references are not supported; send the item itself or use previous_response_id",
+        )),
+        other => Err(ApiError::invalid(
+            format!("{at}.type"),
+            format!(
+                "unknown input item type '{other}'; expected message, function_call, function_call_output or reasoning"
+            ),
+        )),
+    }
+}
+
+fn normalise_message(object: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
+    let role = text_field(object, "role", at)?;
+    if !matches!(role, "user" | "assistant" | "system" | "developer") {
+        return Err(ApiError::invalid(
+            format!("{at}.role"),
+            format!("'{role}' is not a role; expected user, assistant, system or developer"),
+        ));
+    }
+    let text_kind = if role == "assistant" {
+        "output_text"
+    } else {
+        "input_text"
+    };
+    let parts = match object.get("content") {
+        Some(Value::String(text)) => vec![part(text_kind, text)],
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .enumerate()
+            .map(|(j, p)| normalise_part(p, &format!("{at}.content[{j}]")))
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                format!("{at}.content"),
+                "'content' must be a string or a list of parts",
+            ));
+        }
+        None => return Err(ApiError::MissingParam(format!("{at}.content"))),
+    };
+    let mut item = message(role, &parts);
+    if let Some(id) = object.get("id").and_then(Value::as_str) {
+        item["id"] = Value::String(id.to_string());
+    }
+    Ok(item)
+}
+
+fn normalise_part(part: &Value, at: &str) -> Result<Value, ApiError> {
+    let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+    match kind {
+        "input_text" | "output_text" | "text" => {
+            let text = part
+                .get("text")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::MissingParam(format!("{at}.text")))?;
+            let kind = if kind == "text" { "input_text" } else { kind };
+            Ok(self::part(kind, text))
+        }
+        "refusal" => Ok(self::part(
+            "output_text",
+            part.get("refusal").and_then(Value::as_str).unwrap_or(""),
+        )),
+        "input_image" | "input_file" | "input_audio" => Err(ApiError::unsupported(
+            at,
+            format!("'{kind}' is not supported: the served models read text only"),
+        )),
+        _ => Err(ApiError::invalid(
+            format!("{at}.type"),
+            format!("unknown content part type '{kind}'; expected input_text or output_text"),
+        )),
+    }
+}
+
+/// An output item as an input item of a later turn.
+pub fn from_output(item: &OutputItem) -> Value {
+    serde_json::to_value(item).unwrap_or(Value::Null)
+}
+
+/// The chat messages of a conversation in normal form: `instructions` first as a system
+/// message, then every item except reasoning.
+pub fn to_messages(instructions: Option<&str>, items: &[Value]) -> Vec<ChatMessage> {
+    let mut messages = Vec::with_capacity(items.len() + 1);
+    if let Some(text) = instructions {
+        messages.push(ChatMessage::System {
+            content: Content::Text(text.to_string()),
+            name: None,
+        });
+    }
+    for item in items {
+        let field = |key: &str| {
+            item.get(key)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        match item.get("type").and_then(Value::as_str) {
+            Some("message") => {
+                let parts: Vec<ContentPart> = item
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .map(|text| ContentPart::Text {
+                        text: text.to_string(),
+                    })
+                    .collect();
+                let content = Content::Parts(parts);
+                messages.push(match field("role").as_str() {
+                    "system" => ChatMessage::System {
+                        content,
+                        name: None,
+                    },
+                    "developer" => ChatMessage::Developer {
+                        content,
+                        name: None,
+                    },
+                    "assistant" => ChatMessage::Assistant {
+                        content: Some(content),
+                        tool_calls: None,
+                        name: None,
+                    },
+                    _ => ChatMessage::User {
+                        content,
+                        name: None,
+                    },
+                });
+            }
+            Some("function_call") => {
+                let call = ToolCall {
+                    id: field("call_id"),
+                    kind: "function".into(),
+                    function: FunctionCall {
+                        name: field("name"),
+                        arguments: field("arguments"),
+                    },
+                };
+                // Consecutive calls are one assistant turn, as chat templates expect.
+                if let Some(ChatMessage::Assistant {
+                    content: None,
+                    tool_calls: Some(calls),
+                    ..
+                }) = messages.last_mut()
+                {
+                    calls.push(call);
+                } else {
+                    messages.push(ChatMessage::Assistant {
+                        content: None,
+                        tool_calls: Some(vec![call]),
+                        name: None,
+                    });
+                }
+            }
+            Some("function_call_output") => messages.push(ChatMessage::Tool {
+                content: Content::Text(field("output")),
+                tool_call_id: field("call_id"),
+            }),
+            _ => {}
+        }
+    }
+    messages
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items(value: Value) -> Result<Vec<Value>, ApiError> {
+        let Value::Array(list) = value else {
+            panic!("a list")
+        };
+        normalise(&ResponseInput::Items(list))
+    }
+
+    #[test]
+    fn a_string_is_one_user_message() {
+        let got = normalise(&ResponseInput::Text("hi".into())).unwrap_or_default();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0]["role"], "user");
+        assert_eq!(
+            got[0]["content"][0],
+            json!({"type": "input_text", "text": "hi"})
+        );
+        assert!(
+            got[0]["id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("msg_"))
+        );
+    }
+
+    #[test]
+    fn items_become_messages_with_tool_turns() {
+        let got = items(json!([
+            {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+            {"type": "function_call", "call_id": "c1", "name": "get", "arguments": "{}"},
+            {"type": "function_call", "call_id": "c2", "name": "get", "arguments": "{\"x\":1}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            {"type": "reasoning", "summary": []},
+            {"type": "message", "role": "assistant", "content": "It is sunny."}
+        ]))
+        .unwrap_or_default();
+        assert_eq!(got.len(), 6);
+        let messages = to_messages(Some("Be brief."), &got);
+        assert_eq!(messages.len(), 5, "{messages:?}");
+        assert!(matches!(&messages[0], ChatMessage::System { .. }));
+        assert!(
+            matches!(&messages[2], ChatMessage::Assistant { tool_calls: Some(calls), .. } if calls.len() == 2)
+        );
+        assert!(
+            matches!(&messages[3], ChatMessage::Tool { tool_call_id, .. } if tool_call_id == "c1")
+        );
+        assert!(matches!(
+            &messages[4],
+            ChatMessage::Assistant {
+                content: Some(_),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn images_and_bad_items_are_clear_errors() {
+        let image = items(
+            json!([{"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}]),
+        );
+        let e = image.err().map(|e| (e.status(), e.detail().param));
+        assert_eq!(
+            e,
+            Some((
+                axum::http::StatusCode::BAD_REQUEST,
+                Some("input[0].content[0]".into())
+            ))
+        );
+        for bad in [
+            json!([{"role": "robot", "content": "x"}]),
+            json!([{"type": "weird"}]),
+            json!([3]),
+            json!([{"type": "function_call", "name": "f"}]),
+        ] {
+            let e = items(bad.clone()).err().map(|e| e.status());
+            assert_eq!(e, Some(axum::http::StatusCode::BAD_REQUEST), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,375 @@
+//! The response object and its stream of events.
+//!
+//! A stream is `response.created`, `response.in_progress`, then per output item
+//! `response.output_item.added`, its parts and deltas, `response.output_item.done`, and finally
+//! `response.completed` (or `response.incomplete` when the token limit cut the answer, or
+//! `response.failed` when the engine failed), then `data: [DONE]`. Every event carries
+//! `sequence_number`, from 0, and is framed as `event: TYPE` + `data: JSON`.
+
+use axum::body::Bytes;
+use serde_json::{Map, Value, json};
+
+use crate::ids::new_id;
+use crate::openai::error::ErrorDetail;
+use crate::openai::responses::{
+    IncompleteDetails, OutputItem, OutputText, ResponseObject, ResponseUsage,
+};
+use crate::pipeline::fold::Folded;
+use crate::pipeline::run::{Finished, GenEvent};
+use crate::routes::sse::Render;
+
+/// The request settings a response object echoes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Echo {
+    pub background: bool,
+    pub instructions: Option<String>,
+    pub max_output_tokens: Option<u64>,
+    pub parallel_tool_calls: bool,
+    pub presence_penalty: f64,
+    pub frequency_penalty: f64,
+    pub previous_response_id: Option<String>,
+    pub reasoning: Value,
+    pub store: bool,
+    pub temperature: f64,
+    pub text: Value,
+    pub tool_choice: Value,
+    pub tools: Vec<Value>,
+    pub top_logprobs: u32,
+    pub top_p: f64,
+    pub truncation: String,
+    pub user: Option<String>,
+    pub metadata: Map<String, Value>,
+}
+
+/// A response object with no output yet.
+pub fn in_progress(id: &str, created_at: u64, model: &str, echo: &Echo) -> ResponseObject {
+    let e = echo.clone();
+    ResponseObject {
+        id: id.to_string(),
+        object: "response".into(),
+        created_at,
+        status: "in_progress".into(),
+        background: e.background,
+        completed_at: None,
+        error: None,
+        incomplete_details: None,
+        instructions: e.instructions,
+        max_output_tokens: e.max_output_tokens,
+        max_tool_calls: None,
+        model: model.to_string(),
+        output: Vec::new(),
+        output_text: String::new(),
+        parallel_tool_calls: e.parallel_tool_calls,
+        presence_penalty: e.presence_penalty,
+        frequency_penalty: e.frequency_penalty,
+        previous_response_id: e.previous_response_id,
+        prompt_cache_key: None,
+        reasoning: e.reasoning,
+        safety_identifier: None,
+        service_tier: "default".into(),
+        store: e.store,
+        temperature: e.temperature,
+        text: e.text,
+        tool_choice: e.tool_choice,
+        tools: e.tools,
+        top_logprobs: e.top_logprobs,
+        top_p: e.top_p,
+        truncation: e.truncation,
+        usage: None,
+        user: e.user,
+        metadata: e.metadata,
+    }
+}
+
+/// Ends `response`: its output, status (`incomplete` when the token limit cut it) and usage.
+pub fn finish(
+    mut response: ResponseObject,
+    output: Vec<OutputItem>,
+    finished: Option<Finished>,
+    usage: ResponseUsage,
+    now: u64,
+) -> ResponseObject {
+    response.output_text = output
+        .iter()
+        .filter_map(|item| match item {
+            OutputItem::Message { content, .. } => {
+                Some(content.iter().map(|c| c.text.as_str()).collect::<String>())
+            }
+            OutputItem::FunctionCall { .. } => None,
+        })
+        .collect();
+    response.output = output;
+    response.usage = Some(usage);
+    if finished == Some(Finished::Length) {
+        response.status = "incomplete".into();
+        response.incomplete_details = Some(IncompleteDetails {
+            reason: "max_output_tokens".into(),
+        });
+        if let Some(OutputItem::Message { status, .. }) = response.output.last_mut() {
+            *status = "incomplete".into();
+        }
+    } else {
+        response.status = "completed".into();
+        response.completed_at = Some(now);
+    }
+    response
+}
+
+/// The output items of a whole (non-streamed) generation: its text as a message (unless it is
+/// only whitespace beside tool calls), then one item per tool call.
+pub fn folded_output(folded: &Folded) -> (Vec<OutputItem>, Option<Finished>) {
+    let Some(choice) = folded.choices.first() else {
+        return (Vec::new(), None);
+    };
+    let mut output = Vec::new();
+    if choice.tool_calls.is_empty() || !choice.text.trim().is_empty() {
+        output.push(message_item(
+            new_id("msg_"),
+            choice.text.clone(),
+            "completed",
+        ));
+    }
+    for call in &choice.tool_calls {
+        output.push(OutputItem::FunctionCall {
+            id: new_id("fc_"),
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+            status: "completed".into(),
+        });
+    }
+    (output, choice.finish)
+}
+
+fn message_item(id: String, text: String, status: &str) -> OutputItem {
+    OutputItem::Message {
+        id,
+        status: status.into(),
+        role: "assistant".into(),
+        content: vec![OutputText::new(text)],
+    }
+}
+
+/// One event: `event: TYPE` and `data: {"type": TYPE, "sequence_number": n, ...fields}`.
+fn frame(kind: &str, sequence: u64, mut fields: Value) -> Bytes {
+    if let Some(object) = fields.as_object_mut() {
+        object.insert("type".into(), Value::String(kind.into()));
+        object.insert("sequence_number".into(), json!(sequence));
+    }
+    let mut out = format!("event: {kind}\ndata: ").into_bytes();
+    if serde_json::to_writer(&mut out, &fields).is_err() {
+        out.extend_from_slice(b"null");
+    }
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// The message being streamed.
+#[derive(Debug)]
+struct OpenMessage {
+    index: usize,
+    id: String,
+    text: String,
+}
+
+/// What the renderer hands over when the stream completes (to be stored).
+pub type OnDone = Box<dyn FnOnce(ResponseObject) + Send>;
+
+/// Renders a generation as Responses API events.
+pub struct EventRenderer {
+    response: ResponseObject,
+    sequence: u64,
+    message: Option<OpenMessage>,
+    output: Vec<OutputItem>,
+    finished: Option<Finished>,
+    on_done: Option<OnDone>,
+}
+
+impl std::fmt::Debug for EventRenderer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventRenderer")
+            .field("response", &self.response.id)
+            .field("sequence", &self.sequence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventRenderer {
+    /// A renderer for `response` (in progress); `on_done` gets the final object.
+    pub fn new(response: ResponseObject, on_done: Option<OnDone>) -> Self {
+        Self {
+            response,
+            sequence: 0,
+            message: None,
+            output: Vec::new(),
+            finished: None,
+            on_done,
+        }
+    }
+
+    fn emit(&mut self, out: &mut Vec<Bytes>, kind: &str, fields: Value) {
+        out.push(frame(kind, self.sequence, fields));
+        self.sequence += 1;
+    }
+
+    fn snapshot(&self) -> Value {
+        serde_json::to_value(&self.response).unwrap_or(Value::Null)
+    }
+
+    fn close_message(&mut self, out: &mut Vec<Bytes>, status: &str) {
+        let Some(m) = self.message.take() else { return };
+        let part = OutputText::new(m.text.clone());
+        let item = message_item(m.id.clone(), m.text.clone(), status);
+        let at = |extra: Value| {
+            let mut v = json!({"item_id": m.id, "output_index": m.index, "content_index": 0});
+            if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+                o.extend(e.clone());
+            }
+            v
+        };
+        self.emit(
+            out,
+            "response.output_text.done",
+            at(json!({"text": m.text, "logprobs": []})),
+        );
+        self.emit(out, "response.content_part.done", at(json!({"part": part})));
+        self.emit(
+            out,
+            "response.output_item.done",
+            json!({"output_index": m.index, "item": item}),
+        );
+        self.output.push(item);
+    }
+}
+
+impl Render for EventRenderer {
+    fn opening(&mut self) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        let snapshot = self.snapshot();
+        self.emit(&mut out, "response.created", json!({"response": snapshot}));
+        self.emit(
+            &mut out,
+            "response.in_progress",
+            json!({"response": snapshot}),
+        );
+        out
+    }
+
+    fn event(&mut self, event: &GenEvent) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        match event {
+            GenEvent::Text { text, .. } => {
+                if self.message.is_none() {
+                    if text.trim().is_empty() {
+                        return out;
+                    }
+                    let m = OpenMessage {
+                        index: self.output.len(),
+                        id: new_id("msg_"),
+                        text: String::new(),
+                    };
+                    let item = OutputItem::Message {
+                        id: m.id.clone(),
+                        status: "in_progress".into(),
+                        role: "assistant".into(),
+                        content: Vec::new(),
+                    };
+                    self.emit(
+                        &mut out,
+                        "response.output_item.added",
+                        json!({"output_index": m.index, "item": item}),
+                    );
+                    self.emit(
+                        &mut out,
+                        "response.content_part.added",
+                        json!({"item_id": m.id, "output_index": m.index, "content_index": 0, "part": OutputText::new(String::new())}),
+                    );
+                    self.message = Some(m);
+                }
+                if let Some(m) = self.message.as_mut() {
+                    m.text.push_str(text);
+                    let fields = json!({"item_id": m.id, "output_index": m.index, "content_index": 0, "delta": text, "logprobs": []});
+                    self.emit(&mut out, "response.output_text.delta", fields);
+                }
+            }
+            GenEvent::ToolCall {
+                id,
+                name,
+                arguments,
+                ..
+            } => {
+                self.close_message(&mut out, "completed");
+                let index = self.output.len();
+                let item_id = new_id("fc_");
+                let item = |arguments: &str, status: &str| OutputItem::FunctionCall {
+                    id: item_id.clone(),
+                    call_id: id.clone(),
+                    name: name.clone(),
+                    arguments: arguments.to_string(),
+                    status: status.into(),
+                };
+                self.emit(
+                    &mut out,
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": item("", "in_progress")}),
+                );
+                self.emit(
+                    &mut out,
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": item_id, "output_index": index, "delta": arguments}),
+                );
+                self.emit(
+                    &mut out,
+                    "response.function_call_arguments.done",
+                    json!({"item_id": item_id, "output_index": index, "name": name, "arguments": arguments}),
+                );
+                let done = item(arguments, "completed");
+                self.emit(
+                    &mut out,
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": done}),
+                );
+                self.output.push(done);
+            }
+            GenEvent::Finish { reason, .. } => self.finished = Some(*reason),
+            GenEvent::Usage(t) => {
+                let cut = self.finished == Some(Finished::Length);
+                self.close_message(&mut out, if cut { "incomplete" } else { "completed" });
+                let output = std::mem::take(&mut self.output);
+                let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, 0);
+                self.response = finish(
+                    self.response.clone(),
+                    output,
+                    self.finished,
+                    usage,
+                    crate::routes::unix_now(),
+                );
+                let kind = if cut {
+                    "response.incomplete"
+                } else {
+                    "response.completed"
+                };
+                let snapshot = self.snapshot();
+                self.emit(&mut out, kind, json!({"response": snapshot}));
+                if let Some(done) = self.on_done.take() {
+                    done(self.response.clone());
+                }
+            }
+            GenEvent::Error(_) => {}
+        }
+        out
+    }
+
+    fn failure(&mut self, error: &ErrorDetail) -> Option<Vec<Bytes>> {
+        let mut out = Vec::new();
+        self.close_message(&mut out, "incomplete");
+        self.response.status = "failed".into();
+        self.response.output = std::mem::take(&mut self.output);
+        self.response.error =
+            Some(json!({"code": error.code.unwrap_or("server_error"), "message": error.message}));
+        let snapshot = self.snapshot();
+        self.emit(&mut out, "response.failed", json!({"response": snapshot}));
+        out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        Some(out)
+    }
+}
