@@ -60,7 +60,7 @@ def test_create_returns_the_full_response_object(gateway, client):
     spec.ResponseResource.model_validate(body)
     assert body["object"] == "response" and body["status"] == "completed"
     assert body["id"].startswith("resp_") and body["completed_at"] >= body["created_at"]
-    for key in ("error", "incomplete_details", "instructions", "previous_response_id", "user"):
+    for key in ("error", "incomplete_details", "instructions", "previous_response_id"):
         assert key in body and body[key] is None, key
     assert body["metadata"] == {"k": "v"} and body["store"] is True
     assert body["text"] == {"format": {"type": "text"}} and body["truncation"] == "disabled"

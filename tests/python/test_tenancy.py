@@ -416,3 +416,34 @@ def test_stored_responses_belong_to_their_tenant(gateway, keys):
     # Its owner still can.
     follow = acme.responses.create(model="chat", input="And then?", previous_response_id=first.id, max_output_tokens=8)
     assert follow.previous_response_id == first.id
+
+
+def test_websockets_authenticate_as_http_does(gateway, keys):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    url = gateway.url.replace("http://", "ws://") + "/responses"
+    with pytest.raises(InvalidStatus) as err:
+        connect(url)
+    assert err.value.response.status_code == 401
+    create = json.dumps({"type": "response.create", "model": "chat", "input": "hi", "max_output_tokens": 4})
+    # The header form, and the browser's subprotocol form.
+    for options in ({"additional_headers": {"Authorization": f"Bearer {keys['acme']}"}},
+                    {"subprotocols": ["realtime", f"openai-insecure-api-key.{keys['acme']}"]}):
+        with connect(url, **options) as ws:
+            ws.send(create)
+            while (event := json.loads(ws.recv(timeout=10)))["type"] not in ("response.completed", "response.incomplete", "error"):
+                pass
+            assert event["type"] != "error", event
+    # A model the tenant may not use is the error HTTP gives, as an event; the socket stays open.
+    with gateway.client(keys["globex"]) as c:
+        http = c.post("/responses", json={"model": "echo", "input": "hi"})
+    with connect(url, additional_headers={"Authorization": f"Bearer {keys['globex']}"}) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": "echo", "input": "hi"}))
+        event = json.loads(ws.recv(timeout=10))
+        assert event["type"] == "error" and event["status"] == http.status_code >= 400
+        assert event["error"]["code"] == error_of(http)["code"]
+        ws.send(create)
+        while (event := json.loads(ws.recv(timeout=10)))["type"] not in ("response.completed", "response.incomplete", "error"):
+            pass
+        assert event["type"] != "error", event

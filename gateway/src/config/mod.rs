@@ -121,6 +121,11 @@ pub struct ServerConfig {
     pub retry_after: Duration,
     /// Browser origins allowed to call the API.
     pub cors: CorsOrigins,
+    /// Open WebSocket connections at most (Responses and chat); more are refused with
+    /// `websocket_connection_limit_reached`.
+    pub websocket_max_connections: usize,
+    /// How long one WebSocket connection may stay open.
+    pub websocket_max_duration: Duration,
 }
 
 /// Browser origins allowed to call the API (CORS).

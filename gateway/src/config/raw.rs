@@ -45,6 +45,8 @@ struct RawServer {
     request_timeout_ms: u64,
     retry_after_ms: u64,
     cors_allowed_origins: Vec<String>,
+    websocket_max_connections: u64,
+    websocket_max_duration_s: u64,
 }
 
 impl Default for RawServer {
@@ -56,6 +58,8 @@ impl Default for RawServer {
             request_timeout_ms: 60_000,
             retry_after_ms: 1_000,
             cors_allowed_origins: Vec::new(),
+            websocket_max_connections: 1024,
+            websocket_max_duration_s: 3600,
         }
     }
 }
@@ -236,6 +240,14 @@ impl RawServer {
             )?),
             retry_after: Duration::from_millis(positive("retry_after_ms", self.retry_after_ms)?),
             cors: cors_origins(&self.cors_allowed_origins)?,
+            websocket_max_connections: positive(
+                "websocket_max_connections",
+                self.websocket_max_connections,
+            )? as usize,
+            websocket_max_duration: Duration::from_secs(positive(
+                "websocket_max_duration_s",
+                self.websocket_max_duration_s,
+            )?),
         })
     }
 }

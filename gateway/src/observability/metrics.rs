@@ -19,6 +19,7 @@
 //! | `turnpike_idempotency_total` | counter | `outcome` (`started`, `replayed`, `joined`, `conflict`, `in_progress`) |
 //! | `turnpike_idempotency_records`, `turnpike_idempotency_bytes` | gauge (in-memory store) | |
 //! | `turnpike_stored_values`, `turnpike_stored_value_bytes` | gauge (in-memory store: stored responses) | |
+//! | `turnpike_websocket_connections` | gauge (open WebSocket connections; at most `server.websocket_max_connections`) | |
 //!
 //! The recorder is process-wide; histogram samples are drained by [`upkeep`], which the server
 //! runs every few seconds, so memory stays bounded whether or not anyone scrapes.
@@ -143,6 +144,24 @@ impl StreamGuard {
 impl Drop for StreamGuard {
     fn drop(&mut self) {
         metrics::gauge!("turnpike_active_streams").decrement(1.0);
+    }
+}
+
+/// One open WebSocket connection, counted in `turnpike_websocket_connections` while it lives.
+#[derive(Debug)]
+pub struct WebSocketGuard(());
+
+impl WebSocketGuard {
+    /// Opens one.
+    pub fn open() -> Self {
+        metrics::gauge!("turnpike_websocket_connections").increment(1.0);
+        Self(())
+    }
+}
+
+impl Drop for WebSocketGuard {
+    fn drop(&mut self) {
+        metrics::gauge!("turnpike_websocket_connections").decrement(1.0);
     }
 }
 

@@ -12,8 +12,10 @@ use super::common::{Extensions, StopParam};
 pub struct ResponsesRequest {
     /// Model name.
     pub model: String,
-    /// A string (one user message) or a list of input items.
-    pub input: ResponseInput,
+    /// A string (one user message) or a list of input items; required unless the request
+    /// only warms a WebSocket connection up.
+    #[serde(default)]
+    pub input: Option<ResponseInput>,
     /// A system message put before the input (not carried to later turns).
     #[serde(default)]
     pub instructions: Option<String>,
@@ -116,6 +118,10 @@ pub struct ResponseUsage {
 pub struct InputTokensDetails {
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: u64,
+    /// Prompt tokens written to a prompt cache (the engine's prefix cache keeps blocks on its
+    /// own, so none are reported).
+    #[serde(default)]
+    pub cache_write_tokens: u64,
 }
 
 /// Output token details.
@@ -132,6 +138,7 @@ impl ResponseUsage {
             input_tokens: input,
             input_tokens_details: InputTokensDetails {
                 cached_tokens: cached,
+                cache_write_tokens: 0,
             },
             output_tokens: output,
             output_tokens_details: OutputTokensDetails {
@@ -240,6 +247,8 @@ pub struct ResponseObject {
     pub top_p: f64,
     pub truncation: String,
     pub usage: Option<ResponseUsage>,
+    /// The end-user id, when one was sent (OpenAI's schema has no null for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
     pub metadata: Map<String, Value>,
 }

@@ -4,5 +4,6 @@
 pub mod input;
 pub mod render;
 pub mod stored;
+pub mod translate;
 
 pub use stored::ResponseStore;

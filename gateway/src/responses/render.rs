@@ -150,14 +150,14 @@ fn message_item(id: String, text: String, status: &str) -> OutputItem {
     }
 }
 
-/// One event: `event: TYPE` and `data: {"type": TYPE, "sequence_number": n, ...fields}`.
-fn frame(kind: &str, sequence: u64, mut fields: Value) -> Bytes {
-    if let Some(object) = fields.as_object_mut() {
-        object.insert("type".into(), Value::String(kind.into()));
-        object.insert("sequence_number".into(), json!(sequence));
-    }
+/// An event as an SSE frame: `event: TYPE` and `data: JSON`.
+pub fn sse_frame(event: &Value) -> Bytes {
+    let kind = event
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("message");
     let mut out = format!("event: {kind}\ndata: ").into_bytes();
-    if serde_json::to_writer(&mut out, &fields).is_err() {
+    if serde_json::to_writer(&mut out, event).is_err() {
         out.extend_from_slice(b"null");
     }
     out.extend_from_slice(b"\n\n");
@@ -207,8 +207,12 @@ impl EventRenderer {
         }
     }
 
-    fn emit(&mut self, out: &mut Vec<Bytes>, kind: &str, fields: Value) {
-        out.push(frame(kind, self.sequence, fields));
+    fn emit(&mut self, out: &mut Vec<Value>, kind: &str, mut fields: Value) {
+        if let Some(object) = fields.as_object_mut() {
+            object.insert("type".into(), Value::String(kind.into()));
+            object.insert("sequence_number".into(), json!(self.sequence));
+        }
+        out.push(fields);
         self.sequence += 1;
     }
 
@@ -216,7 +220,7 @@ impl EventRenderer {
         serde_json::to_value(&self.response).unwrap_or(Value::Null)
     }
 
-    fn close_message(&mut self, out: &mut Vec<Bytes>, status: &str) {
+    fn close_message(&mut self, out: &mut Vec<Value>, status: &str) {
         let Some(m) = self.message.take() else { return };
         let part = OutputText::new(m.text.clone());
         let item = message_item(m.id.clone(), m.text.clone(), status);
@@ -242,8 +246,9 @@ impl EventRenderer {
     }
 }
 
-impl Render for EventRenderer {
-    fn opening(&mut self) -> Vec<Bytes> {
+impl EventRenderer {
+    /// `response.created` and `response.in_progress`.
+    pub fn opening_events(&mut self) -> Vec<Value> {
         let mut out = Vec::new();
         let snapshot = self.snapshot();
         self.emit(&mut out, "response.created", json!({"response": snapshot}));
@@ -255,7 +260,8 @@ impl Render for EventRenderer {
         out
     }
 
-    fn event(&mut self, event: &GenEvent) -> Vec<Bytes> {
+    /// The events one generation event makes.
+    pub fn events(&mut self, event: &GenEvent) -> Vec<Value> {
         let mut out = Vec::new();
         match event {
             GenEvent::Text { text, .. } => {
@@ -360,7 +366,8 @@ impl Render for EventRenderer {
         out
     }
 
-    fn failure(&mut self, error: &ErrorDetail) -> Option<Vec<Bytes>> {
+    /// `response.failed` for a failure after the head.
+    pub fn failure_events(&mut self, error: &ErrorDetail) -> Vec<Value> {
         let mut out = Vec::new();
         self.close_message(&mut out, "incomplete");
         self.response.status = "failed".into();
@@ -369,6 +376,26 @@ impl Render for EventRenderer {
             Some(json!({"code": error.code.unwrap_or("server_error"), "message": error.message}));
         let snapshot = self.snapshot();
         self.emit(&mut out, "response.failed", json!({"response": snapshot}));
+        out
+    }
+
+    /// The response as it stands (final once the last event was made).
+    pub fn response(&self) -> &ResponseObject {
+        &self.response
+    }
+}
+
+impl Render for EventRenderer {
+    fn opening(&mut self) -> Vec<Bytes> {
+        self.opening_events().iter().map(sse_frame).collect()
+    }
+
+    fn event(&mut self, event: &GenEvent) -> Vec<Bytes> {
+        self.events(event).iter().map(sse_frame).collect()
+    }
+
+    fn failure(&mut self, error: &ErrorDetail) -> Option<Vec<Bytes>> {
+        let mut out: Vec<Bytes> = self.failure_events(error).iter().map(sse_frame).collect();
         out.push(Bytes::from_static(b"data: [DONE]\n\n"));
         Some(out)
     }

@@ -11,6 +11,7 @@ pub mod health;
 pub mod metrics;
 pub mod models;
 pub mod responses;
+pub mod responses_ws;
 pub mod sse;
 
 use std::sync::Arc;
@@ -43,6 +44,8 @@ pub struct AppState {
     pub tenancy: Arc<Tenancy>,
     /// Stored responses (kept in the tenancy's state store).
     pub responses: ResponseStore,
+    /// Permits for open WebSocket connections (`server.websocket_max_connections`).
+    pub websockets: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -54,7 +57,11 @@ impl AppState {
         tenancy: Arc<Tenancy>,
     ) -> Self {
         let responses = ResponseStore::new(Arc::clone(tenancy.limiter.store()), server.retry_after);
+        let websockets = Arc::new(tokio::sync::Semaphore::new(
+            server.websocket_max_connections,
+        ));
         Self {
+            websockets,
             registry,
             server,
             defaults,
@@ -82,7 +89,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat::chat))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
-        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses",
+            post(responses::create).get(responses_ws::connect),
+        )
         .route(
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),

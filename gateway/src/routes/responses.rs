@@ -20,184 +20,65 @@ use super::extract::JsonBody;
 use super::{AppState, new_id, unix_now, with_request_id};
 use crate::error::ApiError;
 use crate::observability::requests::RequestRecord;
-use crate::openai::chat::{
-    ChatCompletionRequest, FunctionDefinition, JsonSchemaFormat, ResponseFormat, Tool,
-};
-use crate::openai::responses::{InputItemList, ResponseUsage, ResponsesRequest};
-use crate::pipeline::run;
-use crate::responses::render::{self, Echo, EventRenderer, OnDone};
+use crate::openai::chat::ChatCompletionRequest;
+use crate::openai::responses::{InputItemList, ResponseObject, ResponseUsage, ResponsesRequest};
+use crate::pipeline::run::{self, Job};
+use crate::responses::render::{self, EventRenderer, OnDone};
 use crate::responses::stored::{StoredResponse, not_found};
+use crate::responses::translate::{
+    chat_format, chat_tool_choice, chat_tools, echo, refuse_unsupported,
+};
 use crate::responses::{ResponseStore, input};
 use crate::tenancy::Caller;
 
-/// Function tools as chat tools; other tool types are refused.
-fn chat_tools(tools: &[Value]) -> Result<Vec<Tool>, ApiError> {
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, tool)| {
-            let at = format!("tools[{i}]");
-            let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
-            if kind != "function" {
-                return Err(ApiError::unsupported(
-                    format!("{at}.type"),
-                    format!("tool type '{kind}' is not supported; only function tools are"),
-                ));
-            }
-            // The flat Responses form, or the nested chat form.
-            let function = tool.get("function").unwrap_or(tool);
-            let name = function
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| ApiError::MissingParam(format!("{at}.name")))?;
-            Ok(Tool {
-                kind: "function".into(),
-                function: FunctionDefinition {
-                    name: name.to_string(),
-                    description: function
-                        .get("description")
-                        .and_then(Value::as_str)
-                        .map(str::to_string),
-                    parameters: function.get("parameters").cloned(),
-                    strict: function.get("strict").and_then(Value::as_bool),
-                },
-            })
-        })
-        .collect()
+/// A Responses request validated, translated and admitted: ready to run.
+pub(super) struct Turn {
+    /// `resp_...`.
+    pub id: String,
+    /// The response object before any output.
+    pub base: ResponseObject,
+    /// What to run.
+    pub job: Job,
+    /// The served model's id.
+    pub model_id: String,
+    /// Whether to store the response.
+    pub keep: bool,
+    /// The caller's tenant (stored responses are kept per tenant).
+    pub tenant: String,
+    /// The conversation so far: earlier turns' items, then this turn's input.
+    pub items: Vec<Value>,
 }
 
-/// `tool_choice` in chat form: strings pass; `{type: function, name}` becomes the chat object.
-fn chat_tool_choice(choice: Option<&Value>) -> Option<Value> {
-    match choice {
-        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            Some(
-                json!({"type": "function", "function": {"name": o.get("name").cloned().unwrap_or(Value::Null)}}),
-            )
-        }
-        other => other.cloned(),
-    }
-}
-
-/// `text.format` as a chat `response_format`.
-fn chat_format(text: Option<&Value>) -> Result<Option<ResponseFormat>, ApiError> {
-    let Some(format) = text.and_then(|t| t.get("format")) else {
-        return Ok(None);
-    };
-    match format.get("type").and_then(Value::as_str) {
-        None | Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(ResponseFormat::JsonObject)),
-        Some("json_schema") => Ok(Some(ResponseFormat::JsonSchema {
-            json_schema: JsonSchemaFormat {
-                name: format
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-                schema: format.get("schema").cloned(),
-                strict: format.get("strict").and_then(Value::as_bool),
-            },
-        })),
-        Some(other) => Err(ApiError::invalid(
-            "text.format.type",
-            format!("'{other}' is not a format; expected text, json_object or json_schema"),
-        )),
-    }
-}
-
-/// The settings the response object echoes, with OpenAI's defaults.
-fn echo(req: &ResponsesRequest, tools: &[Tool], store: bool, top_logprobs: u32) -> Echo {
-    Echo {
-        background: false,
-        instructions: req.instructions.clone(),
-        max_output_tokens: req
-            .max_output_tokens
-            .as_ref()
-            .and_then(serde_json::Number::as_u64),
-        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
-        presence_penalty: req.presence_penalty.unwrap_or(0.0),
-        frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
-        previous_response_id: req.previous_response_id.clone(),
-        reasoning: json!({
-            "effort": req.reasoning.as_ref().and_then(|r| r.get("effort")).cloned().unwrap_or(Value::Null),
-            "summary": req.reasoning.as_ref().and_then(|r| r.get("summary")).cloned().unwrap_or(Value::Null),
-        }),
-        store,
-        temperature: req.temperature.unwrap_or(1.0),
-        text: req
-            .text
-            .clone()
-            .unwrap_or_else(|| json!({"format": {"type": "text"}})),
-        tool_choice: req.tool_choice.clone().unwrap_or_else(|| json!("auto")),
-        tools: tools
-            .iter()
-            .map(|t| {
-                let f = &t.function;
-                json!({"type": "function", "name": f.name, "description": f.description,
-                       "parameters": f.parameters, "strict": f.strict})
-            })
-            .collect(),
-        top_logprobs,
-        top_p: req.top_p.unwrap_or(1.0),
-        truncation: req.truncation.clone().unwrap_or_else(|| "disabled".into()),
-        user: req.user.clone(),
-        metadata: req.metadata.clone().unwrap_or_default(),
-    }
-}
-
-/// Checks what the gateway does not do (yet) and the shapes of the echoed settings.
-fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
-    if req.background == Some(true) {
-        return Err(ApiError::unsupported(
-            "background",
-            "background responses are not supported yet; leave 'background' false",
-        ));
-    }
-    if let Some(t) = &req.truncation
-        && t != "disabled"
-        && t != "auto"
-    {
-        return Err(ApiError::invalid(
-            "truncation",
-            format!("'{t}' is not a truncation mode; expected disabled or auto"),
-        ));
-    }
-    if let Some(metadata) = &req.metadata {
-        if metadata.len() > 16 {
-            return Err(ApiError::invalid(
-                "metadata",
-                "'metadata' holds at most 16 pairs",
-            ));
-        }
-        if let Some((key, _)) = metadata.iter().find(|(_, v)| !v.is_string()) {
-            return Err(ApiError::invalid(
-                format!("metadata.{key}"),
-                "metadata values must be strings",
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Handles `POST /v1/responses`.
-pub async fn create(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    JsonBody(req): JsonBody<ResponsesRequest>,
-) -> Result<Response, ApiError> {
-    let started = Instant::now();
-    refuse_unsupported(&req)?;
+/// Validates `req`, finds the conversation it continues (in `last`, a WebSocket connection's
+/// previous response, else in the store), and admits it as a chat generation.
+pub(super) async fn begin(
+    state: &AppState,
+    caller: &Caller,
+    req: &ResponsesRequest,
+    started: Instant,
+    last: Option<&StoredResponse>,
+) -> Result<Turn, ApiError> {
+    refuse_unsupported(req)?;
     let tenant = caller.principal.tenant.name.clone();
     let keep = req.store.unwrap_or(true);
     let mut items = Vec::new();
     if let Some(previous) = &req.previous_response_id {
-        let stored = state
-            .responses
-            .load(&tenant, previous)
-            .await?
-            .ok_or_else(|| not_found(previous, Some("previous_response_id")))?;
+        let stored = match last.filter(|l| &l.response.id == previous) {
+            Some(cached) => cached.clone(),
+            None => state
+                .responses
+                .load(&tenant, previous)
+                .await?
+                .ok_or_else(|| not_found(previous, Some("previous_response_id")))?,
+        };
         items = stored.input_items;
         items.extend(stored.response.output.iter().map(input::from_output));
     }
-    items.extend(input::normalise(&req.input)?);
+    let this_turn = req
+        .input
+        .as_ref()
+        .ok_or_else(|| ApiError::MissingParam("input".into()))?;
+    items.extend(input::normalise(this_turn)?);
     let wants_logprobs = req
         .include
         .iter()
@@ -237,30 +118,48 @@ pub async fn create(
         model,
         logprobs,
         ..
-    } = prepare(&state, &caller, &chat, &id, started).await?;
-    let base = render::in_progress(
-        &id,
-        unix_now(),
-        &req.model,
-        &echo(
-            &req,
-            tools.as_deref().unwrap_or_default(),
-            keep,
-            logprobs.unwrap_or(0),
-        ),
+    } = prepare(state, caller, &chat, &id, started).await?;
+    let echo = echo(
+        req,
+        tools.as_deref().unwrap_or_default(),
+        keep,
+        logprobs.unwrap_or(0),
     );
+    let base = render::in_progress(&id, unix_now(), &req.model, &echo);
+    Ok(Turn {
+        id,
+        base,
+        job,
+        model_id: model.id.clone(),
+        keep,
+        tenant,
+        items,
+    })
+}
+
+/// Handles `POST /v1/responses`.
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(req): JsonBody<ResponsesRequest>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let turn = begin(&state, &caller, &req, started, None).await?;
     let record = RequestRecord::new(
-        id.clone(),
+        turn.id.clone(),
         "responses",
-        model.id.clone(),
+        turn.model_id.clone(),
         req.user.clone(),
         req.stream.unwrap_or(false),
         started,
     );
-    let stream = run::start(job).inspect_err(|e| record.failed(e))?;
-    let on_done: Option<OnDone> = keep.then(|| {
-        let (responses, tenant, input_items) =
-            (state.responses.clone(), tenant.clone(), items.clone());
+    let stream = run::start(turn.job).inspect_err(|e| record.failed(e))?;
+    let on_done: Option<OnDone> = turn.keep.then(|| {
+        let (responses, tenant, input_items) = (
+            state.responses.clone(),
+            turn.tenant.clone(),
+            turn.items.clone(),
+        );
         Box::new(move |response| {
             save_soon(
                 responses,
@@ -269,10 +168,10 @@ pub async fn create(
                     response,
                     input_items,
                 },
-            )
+            );
         }) as OnDone
     });
-    let renderer = EventRenderer::new(base.clone(), on_done);
+    let renderer = EventRenderer::new(turn.base.clone(), on_done);
     let (folded, record) = match deliver(stream, record, &state.server, 1, renderer).await? {
         Delivered::Streamed(response) => return Ok(response),
         Delivered::Folded { folded, record, .. } => (folded, record),
@@ -280,20 +179,20 @@ pub async fn create(
     let (output, finished) = render::folded_output(&folded);
     let t = folded.totals;
     let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, 0);
-    let response = render::finish(base, output, finished, usage, unix_now());
-    if keep {
+    let response = render::finish(turn.base, output, finished, usage, unix_now());
+    if turn.keep {
         let stored = StoredResponse {
             response: response.clone(),
-            input_items: items,
+            input_items: turn.items,
         };
-        state.responses.save(&tenant, &stored).await?;
+        state.responses.save(&turn.tenant, &stored).await?;
     }
     Ok(with_request_id(Json(response).into_response(), &record.id))
 }
 
 /// Stores a streamed response as its last event is sent: at once when the store answers at
 /// once (memory), else on a task (Redis), logging a failure.
-fn save_soon(responses: ResponseStore, tenant: String, stored: StoredResponse) {
+pub(super) fn save_soon(responses: ResponseStore, tenant: String, stored: StoredResponse) {
     let mut save = Box::pin(async move {
         if let Err(e) = responses.save(&tenant, &stored).await {
             e.log();

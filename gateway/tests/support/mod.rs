@@ -254,6 +254,8 @@ pub fn server(heartbeat_ms: u64, timeout_ms: u64) -> ServerConfig {
         request_timeout: Duration::from_millis(timeout_ms),
         retry_after: Duration::from_millis(1500),
         cors: turnpike::config::CorsOrigins::None,
+        websocket_max_connections: 16,
+        websocket_max_duration: Duration::from_secs(3600),
     }
 }
 
