@@ -117,3 +117,31 @@ def test_the_connection_limit_is_an_error_event(tmp_path):
             assert turn(third, {"type": "response.create", "model": "chat", "input": "hi"})[-1]["type"] == "response.completed"
     finally:
         gateway.stop()
+
+
+def test_chat_completions_over_a_websocket(gateway):
+    url = gateway.replace("http://", "ws://") + "/v1/chat/completions"
+    with connect(url) as ws:
+        for content in ("first question", "second question"):
+            ws.send(json.dumps({"model": "echo", "messages": [{"role": "user", "content": content}],
+                                "stream_options": {"include_usage": True}}))
+            chunks = []
+            while (text := ws.recv(timeout=10)) != "[DONE]":
+                chunks.append(json.loads(text))
+            assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and len({c["id"] for c in chunks}) == 1
+            assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+            answer = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+            assert content in answer
+            assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+            assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["total_tokens"] > 0
+        # Errors are events; the socket stays open.
+        ws.send(json.dumps({"model": "chat"}))
+        event = json.loads(ws.recv(timeout=10))
+        assert event["type"] == "error" and event["status"] == 400 and event["error"]["message"]
+        ws.send(json.dumps({"model": "midfail", "messages": [{"role": "user", "content": "go"}]}))
+        while "error" not in (event := json.loads(ws.recv(timeout=10))):
+            assert event["object"] == "chat.completion.chunk"
+        assert event["type"] == "error" and event["status"] >= 500 and event["error"]["type"] == "server_error"
+        ws.send(json.dumps({"model": "chat", "messages": [{"role": "user", "content": "again"}], "max_tokens": 3}))
+        while (text := ws.recv(timeout=10)) != "[DONE]":
+            assert json.loads(text)["object"] == "chat.completion.chunk"

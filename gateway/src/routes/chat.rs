@@ -252,20 +252,7 @@ pub async fn chat(
         started,
     );
     let stream = run::start(job).inspect_err(|e| record.failed(e))?;
-    let renderer = ChunkRenderer {
-        head: Head {
-            id,
-            created: unix_now(),
-            model: req.model.clone(),
-            fingerprint: model.fingerprint.clone(),
-        },
-        n,
-        include_usage: req
-            .stream_options
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false),
-        logprobs: logprobs.is_some(),
-    };
+    let renderer = ChunkRenderer::new(id, &req, &model, n, logprobs.is_some());
     let (folded, record, head) =
         match deliver(stream, record, &state.server, n as usize, renderer).await? {
             Delivered::Streamed(response) => return Ok(response),
@@ -325,7 +312,8 @@ struct Head {
     fingerprint: String,
 }
 
-struct ChunkRenderer {
+/// Renders a chat generation as `chat.completion.chunk` events.
+pub(super) struct ChunkRenderer {
     head: Head,
     n: u32,
     include_usage: bool,
@@ -333,6 +321,31 @@ struct ChunkRenderer {
 }
 
 impl ChunkRenderer {
+    /// The renderer of response `id` to `req`, with `n` choices.
+    pub(super) fn new(
+        id: String,
+        req: &ChatCompletionRequest,
+        model: &ServedModel,
+        n: u32,
+        logprobs: bool,
+    ) -> Self {
+        Self {
+            head: Head {
+                id,
+                created: unix_now(),
+                model: req.model.clone(),
+                fingerprint: model.fingerprint.clone(),
+            },
+            n,
+            include_usage: req
+                .stream_options
+                .as_ref()
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
+            logprobs,
+        }
+    }
+
     fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> Bytes {
         let chunk = ChatCompletionChunk {
             id: self.head.id.clone(),

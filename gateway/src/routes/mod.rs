@@ -2,6 +2,7 @@
 
 mod admission;
 pub mod chat;
+pub mod chat_ws;
 pub mod completions;
 mod cors;
 pub mod deliver;
@@ -13,6 +14,7 @@ pub mod models;
 pub mod responses;
 pub mod responses_ws;
 pub mod sse;
+pub mod websocket;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -86,7 +88,10 @@ pub fn router(state: AppState) -> Router {
     let api = Router::new()
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*model}", get(models::retrieve))
-        .route("/v1/chat/completions", post(chat::chat))
+        .route(
+            "/v1/chat/completions",
+            post(chat::chat).get(chat_ws::connect),
+        )
         .route("/v1/completions", post(completions::completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route(

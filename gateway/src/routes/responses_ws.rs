@@ -12,28 +12,20 @@ use std::time::Instant;
 
 use axum::Extension;
 use axum::extract::State;
-use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{WebSocket, WebSocketUpgrade};
 use axum::response::Response;
-use futures_util::StreamExt;
 use serde_json::{Value, json};
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::AppState;
 use super::responses::{Turn, begin};
+use super::websocket::{Closed, Pumped, Turns, error_event, pump, send, session};
 use crate::error::ApiError;
-use crate::observability::metrics;
 use crate::observability::requests::RequestRecord;
 use crate::openai::responses::{ResponseUsage, ResponsesRequest};
 use crate::pipeline::run::{self, GenEvent};
 use crate::responses::render::{self, EventRenderer};
 use crate::responses::stored::StoredResponse;
 use crate::tenancy::Caller;
-
-/// Messages kept while a turn runs; more are refused with an error event.
-const MAX_WAITING: usize = 16;
-
-/// The socket went away.
-struct Closed;
 
 /// Handles the upgrade.
 pub async fn connect(
@@ -46,90 +38,40 @@ pub async fn connect(
         .ok();
     upgrade
         .protocols(["realtime"])
-        .on_upgrade(move |socket| session(socket, state, caller, permit))
+        .on_upgrade(move |socket| async move {
+            let turns = ResponseTurns {
+                state: state.clone(),
+                caller,
+                last: None,
+            };
+            session(socket, &state, permit, turns).await;
+        })
 }
 
-/// The error event clients expect: `{"type": "error", "status", "error": {...}}`.
-pub fn error_event(e: &ApiError) -> Value {
-    json!({"type": "error", "status": e.status().as_u16(), "error": e.detail()})
-}
-
-async fn send(socket: &mut WebSocket, event: &Value) -> Result<(), Closed> {
-    socket
-        .send(Message::Text(event.to_string().into()))
-        .await
-        .map_err(|_| Closed)
-}
-
-/// What one received frame is.
-enum Frame {
-    Text(String),
-    Skip,
-    Gone,
-}
-
-fn frame(received: Option<Result<Message, axum::Error>>) -> Frame {
-    match received {
-        None | Some(Err(_)) | Some(Ok(Message::Close(_))) => Frame::Gone,
-        Some(Ok(Message::Text(text))) => Frame::Text(text.to_string()),
-        Some(Ok(Message::Binary(bytes))) => {
-            Frame::Text(String::from_utf8_lossy(&bytes).into_owned())
-        }
-        Some(Ok(Message::Ping(_) | Message::Pong(_))) => Frame::Skip,
-    }
-}
-
-async fn session(
-    mut socket: WebSocket,
+/// A connection's turns and the response it remembers.
+struct ResponseTurns {
     state: AppState,
     caller: Caller,
-    permit: Option<OwnedSemaphorePermit>,
-) {
-    let Some(_permit) = permit else {
-        let e = ApiError::Forbidden {
-            param: None,
-            code: "websocket_connection_limit_reached",
-            message: format!(
-                "This gateway holds at most {} WebSocket connections; close one and retry.",
-                state.server.websocket_max_connections
-            ),
-        };
-        let mut event = error_event(&e);
-        event["status"] = json!(429);
-        let _ = send(&mut socket, &event).await;
-        let _ = socket.send(Message::Close(None)).await;
-        return;
-    };
-    let _open = metrics::WebSocketGuard::open();
-    let deadline = Instant::now() + state.server.websocket_max_duration;
-    let mut last: Option<StoredResponse> = None;
-    let mut waiting: VecDeque<String> = VecDeque::new();
-    loop {
-        let text = match waiting.pop_front() {
-            Some(text) => text,
-            None => match tokio::time::timeout_at(deadline.into(), socket.recv()).await {
-                Err(_) => {
-                    let expired = json!({"type": "error", "status": 408, "error": {
-                        "type": "invalid_request_error", "code": "websocket_connection_expired", "param": null,
-                        "message": "This WebSocket connection reached its time limit; open a new one."}});
-                    let _ = send(&mut socket, &expired).await;
-                    break;
-                }
-                Ok(received) => match frame(received) {
-                    Frame::Text(text) => text,
-                    Frame::Skip => continue,
-                    Frame::Gone => return,
-                },
-            },
-        };
-        if handle(&mut socket, &state, &caller, &text, &mut last, &mut waiting)
-            .await
-            .is_err()
-        {
-            return;
-        }
+    last: Option<StoredResponse>,
+}
+
+impl Turns for ResponseTurns {
+    async fn handle(
+        &mut self,
+        socket: &mut WebSocket,
+        text: String,
+        waiting: &mut VecDeque<String>,
+    ) -> Result<(), Closed> {
+        handle(
+            socket,
+            &self.state,
+            &self.caller,
+            &text,
+            &mut self.last,
+            waiting,
+        )
+        .await
     }
-    let _ = socket.send(Message::Close(None)).await;
 }
 
 /// The request a `response.create` message carries, and whether to generate.
@@ -266,46 +208,31 @@ async fn run_turn(
         send(socket, &event).await?;
     }
     let deadline = started + state.server.request_timeout;
-    loop {
-        tokio::select! {
-            event = tokio::time::timeout_at(deadline.into(), stream.next()) => {
-                let event = match event {
-                    Ok(event) => event,
-                    Err(_) => Some(GenEvent::Error(ApiError::Timeout(state.server.request_timeout))),
-                };
-                match event {
-                    None => break,
-                    Some(GenEvent::Error(e)) => {
-                        e.log();
-                        record.failed(&e);
-                        for event in renderer.failure_events(&e.detail()) {
-                            send(socket, &event).await?;
-                        }
-                        return Ok(());
-                    }
-                    Some(event) => {
-                        let usage = match &event { GenEvent::Usage(t) => Some(*t), _ => None };
-                        for out in renderer.events(&event) {
-                            send(socket, &out).await?;
-                        }
-                        if let Some(t) = usage {
-                            record.ended(t.prompt, t.completion);
-                            break;
-                        }
-                    }
-                }
+    let pumped = pump(
+        socket,
+        &mut stream,
+        deadline,
+        state.server.request_timeout,
+        waiting,
+        |event| {
+            if let GenEvent::Usage(t) = event {
+                record.ended(t.prompt, t.completion);
             }
-            received = socket.recv() => match frame(received) {
-                // Dropping the stream on return cancels the engine's work.
-                Frame::Gone => return Err(Closed),
-                Frame::Skip => {}
-                Frame::Text(text) if waiting.len() < MAX_WAITING => waiting.push_back(text),
-                Frame::Text(_) => {
-                    let e = ApiError::invalid("type", format!("at most {MAX_WAITING} messages may wait for a running response"));
-                    send(socket, &error_event(&e)).await?;
-                }
-            },
+            renderer
+                .events(event)
+                .iter()
+                .map(Value::to_string)
+                .collect()
+        },
+    )
+    .await?;
+    if let Pumped::Failed(e) = pumped {
+        e.log();
+        record.failed(&e);
+        for event in renderer.failure_events(&e.detail()) {
+            send(socket, &event).await?;
         }
+        return Ok(());
     }
     let stored = StoredResponse {
         response: renderer.response().clone(),

@@ -71,6 +71,13 @@ pub fn data(value: &impl serde::Serialize) -> Bytes {
     Bytes::from(frame)
 }
 
+/// The JSON a `data: ...` event carries (for sending the same chunks over a WebSocket).
+pub fn payload(frame: &Bytes) -> Option<String> {
+    let text = std::str::from_utf8(frame).ok()?;
+    let json = text.strip_prefix("data: ")?.strip_suffix("\n\n")?;
+    Some(json.to_string())
+}
+
 impl<R: Render> State<R> {
     fn on_event(&mut self, event: Option<GenEvent>) {
         match event {
