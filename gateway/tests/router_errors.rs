@@ -193,8 +193,11 @@ async fn size_limits_context_and_unknown_models() {
     assert_eq!(e["code"], "model_not_found");
     let e = error_of(&post(&app, "/v2/chat", "{}").await, 404);
     assert_eq!(e["code"], "unknown_url");
-    let e = error_of(&get(&app, "/v1/chat/completions").await, 405);
-    assert_eq!(e["code"], "method_not_allowed");
+    // WebSocket routes answer a plain GET (no upgrade) the same way.
+    for path in ["/v1/chat/completions", "/v1/responses"] {
+        let e = error_of(&get(&app, path).await, 405);
+        assert_eq!(e["code"], "method_not_allowed");
+    }
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ import openai
 import pytest
 from openresponses_types import types as spec
 
-from conftest import TOOL_CALL
+from conftest import TOOL_CALL, engine_counter, wait_for
 
 EVENTS = {
     "response.created": spec.ResponseCreatedStreamingEvent,
@@ -191,3 +191,35 @@ def test_bad_input_is_a_clear_error(gateway):
         assert error["param"] == param and error["message"] and error["type"], (body, error)
     r = httpx.get(f"{gateway}/v1/responses/resp_missing/input_items?order=sideways", timeout=10)
     assert r.status_code in (400, 404)
+
+
+def test_input_tokens_are_counted_without_running(client):
+    counted = client.responses.input_tokens.count(model="chat", input="Hello there", instructions="Be brief.")
+    created = client.responses.create(model="chat", input="Hello there", instructions="Be brief.")
+    assert counted.input_tokens == created.usage.input_tokens > 0
+    longer = client.responses.input_tokens.count(model="chat", input="Hello there", previous_response_id=created.id)
+    assert longer.input_tokens > counted.input_tokens
+
+
+def test_background_responses_run_and_can_be_cancelled(gateway, client):
+    queued = client.responses.create(model="slow", input="Take your time", background=True, max_output_tokens=8)
+    assert queued.status == "in_progress" and queued.background
+    assert wait_for(lambda: client.responses.retrieve(queued.id).status in ("completed", "incomplete"))
+    done = client.responses.retrieve(queued.id)
+    assert done.output_text and done.usage.output_tokens > 0
+    spec.ResponseResource.model_validate(httpx.get(f"{gateway}/v1/responses/{queued.id}", timeout=10).json())
+    before = engine_counter(gateway, "cancelled")
+    long = client.responses.create(model="slow", input="Take even longer", background=True,
+                                   max_output_tokens=250, extra_body={"min_tokens": 250})
+    cancelled = client.responses.cancel(long.id)
+    assert cancelled.status == "cancelled"
+    assert client.responses.retrieve(long.id).status == "cancelled"
+    assert wait_for(lambda: engine_counter(gateway, "cancelled") > before)
+    # A finished one stays as it was; a foreground one cannot be cancelled.
+    assert client.responses.cancel(queued.id).status == done.status
+    plain = client.responses.create(model="chat", input="now")
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(plain.id)
+    for bad in ({"stream": True}, {"store": False}):
+        r = post(gateway, {"model": "chat", "input": "x", "background": True, **bad})
+        assert r.status_code == 400, r.text

@@ -85,7 +85,7 @@ pub fn chat_format(text: Option<&Value>) -> Result<Option<ResponseFormat>, ApiEr
 /// The settings the response object echoes, with OpenAI's defaults.
 pub fn echo(req: &ResponsesRequest, tools: &[Tool], store: bool, top_logprobs: u32) -> Echo {
     Echo {
-        background: false,
+        background: req.background.unwrap_or(false),
         instructions: req.instructions.clone(),
         max_output_tokens: req
             .max_output_tokens
@@ -125,10 +125,18 @@ pub fn echo(req: &ResponsesRequest, tools: &[Tool], store: bool, top_logprobs: u
 /// Checks what the gateway does not do (yet) and the shapes of the echoed settings.
 pub fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
     if req.background == Some(true) {
-        return Err(ApiError::unsupported(
-            "background",
-            "background responses are not supported yet; leave 'background' false",
-        ));
+        if req.stream == Some(true) {
+            return Err(ApiError::unsupported(
+                "stream",
+                "background responses are not streamed; poll GET /v1/responses/{id}",
+            ));
+        }
+        if req.store == Some(false) {
+            return Err(ApiError::invalid(
+                "store",
+                "background responses must be stored",
+            ));
+        }
     }
     if let Some(t) = &req.truncation
         && t != "disabled"

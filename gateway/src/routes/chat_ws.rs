@@ -10,12 +10,16 @@ use std::time::Instant;
 
 use axum::Extension;
 use axum::extract::State;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{WebSocket, WebSocketUpgrade};
-use axum::response::Response;
+use axum::http::Uri;
+use axum::response::{IntoResponse, Response};
 
 use super::chat::{ChunkRenderer, Prepared, prepare};
 use super::sse::{Render, payload};
-use super::websocket::{Closed, Pumped, Turns, error_event, pump, send, send_text, session};
+use super::websocket::{
+    Closed, Pumped, Turns, error_event, pump, send, send_text, session, upgrade_or_405,
+};
 use super::{AppState, new_id};
 use crate::error::ApiError;
 use crate::observability::requests::RequestRecord;
@@ -28,8 +32,13 @@ use crate::tenancy::Caller;
 pub async fn connect(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    upgrade: WebSocketUpgrade,
+    uri: Uri,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    let upgrade = match upgrade_or_405(upgrade, &uri) {
+        Ok(upgrade) => upgrade,
+        Err(e) => return e.into_response(),
+    };
     let permit = std::sync::Arc::clone(&state.websockets)
         .try_acquire_owned()
         .ok();

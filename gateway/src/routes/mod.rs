@@ -48,6 +48,8 @@ pub struct AppState {
     pub responses: ResponseStore,
     /// Permits for open WebSocket connections (`server.websocket_max_connections`).
     pub websockets: Arc<tokio::sync::Semaphore>,
+    /// Background responses running in this process.
+    pub background: Arc<crate::responses::background::Running>,
 }
 
 impl AppState {
@@ -64,6 +66,7 @@ impl AppState {
         ));
         Self {
             websockets,
+            background: Arc::default(),
             registry,
             server,
             defaults,
@@ -102,10 +105,12 @@ pub fn router(state: AppState) -> Router {
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
         )
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
         .route(
             "/v1/responses/{id}/input_items",
             get(responses::input_items),
         )
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             admission::admission,

@@ -6,6 +6,7 @@
 //! admission under the tenant's limits, one generation stream. Only the rendering differs.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{Path, Query, State};
@@ -23,6 +24,7 @@ use crate::observability::requests::RequestRecord;
 use crate::openai::chat::ChatCompletionRequest;
 use crate::openai::responses::{InputItemList, ResponseObject, ResponseUsage, ResponsesRequest};
 use crate::pipeline::run::{self, Job};
+use crate::pipeline::{fold, prompt};
 use crate::responses::render::{self, EventRenderer, OnDone};
 use crate::responses::stored::{StoredResponse, not_found};
 use crate::responses::translate::{
@@ -49,6 +51,60 @@ pub(super) struct Turn {
     pub items: Vec<Value>,
 }
 
+/// The conversation `req` makes: the items of the response it continues (the connection's
+/// `last` one, else the stored one), then its own input.
+async fn conversation(
+    state: &AppState,
+    tenant: &str,
+    req: &ResponsesRequest,
+    last: Option<&StoredResponse>,
+) -> Result<Vec<Value>, ApiError> {
+    let mut items = Vec::new();
+    if let Some(previous) = &req.previous_response_id {
+        let stored = match last.filter(|l| &l.response.id == previous) {
+            Some(cached) => cached.clone(),
+            None => state
+                .responses
+                .load(tenant, previous)
+                .await?
+                .ok_or_else(|| not_found(previous, Some("previous_response_id")))?,
+        };
+        items = stored.input_items;
+        items.extend(stored.response.output.iter().map(input::from_output));
+    }
+    let this_turn = req
+        .input
+        .as_ref()
+        .ok_or_else(|| ApiError::MissingParam("input".into()))?;
+    items.extend(input::normalise(this_turn)?);
+    Ok(items)
+}
+
+/// Handles `POST /v1/responses/input_tokens`: the prompt tokens a request would use, counted
+/// with the model's own template and tokenizer, without running it.
+pub async fn input_tokens(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(req): JsonBody<ResponsesRequest>,
+) -> Result<Response, ApiError> {
+    let model = state.model(&req.model)?;
+    state.tenancy.check_model(&caller, &model, &req.model)?;
+    let items = conversation(&state, &caller.principal.tenant.name, &req, None).await?;
+    let messages =
+        prompt::template_messages(&input::to_messages(req.instructions.as_deref(), &items))?;
+    let tools = match req.tools.as_deref().map(chat_tools).transpose()? {
+        Some(tools) if !tools.is_empty() => Some(prompt::template_tools(&tools)?),
+        _ => None,
+    };
+    let ids = prompt::chat_prompt(
+        &model,
+        &messages,
+        tools.as_ref(),
+        req.chat_template_kwargs.as_ref(),
+    )?;
+    Ok(Json(json!({"object": "response.input_tokens", "input_tokens": ids.len()})).into_response())
+}
+
 /// Validates `req`, finds the conversation it continues (in `last`, a WebSocket connection's
 /// previous response, else in the store), and admits it as a chat generation.
 pub(super) async fn begin(
@@ -61,24 +117,7 @@ pub(super) async fn begin(
     refuse_unsupported(req)?;
     let tenant = caller.principal.tenant.name.clone();
     let keep = req.store.unwrap_or(true);
-    let mut items = Vec::new();
-    if let Some(previous) = &req.previous_response_id {
-        let stored = match last.filter(|l| &l.response.id == previous) {
-            Some(cached) => cached.clone(),
-            None => state
-                .responses
-                .load(&tenant, previous)
-                .await?
-                .ok_or_else(|| not_found(previous, Some("previous_response_id")))?,
-        };
-        items = stored.input_items;
-        items.extend(stored.response.output.iter().map(input::from_output));
-    }
-    let this_turn = req
-        .input
-        .as_ref()
-        .ok_or_else(|| ApiError::MissingParam("input".into()))?;
-    items.extend(input::normalise(this_turn)?);
+    let items = conversation(state, &tenant, req, last).await?;
     let wants_logprobs = req
         .include
         .iter()
@@ -153,7 +192,13 @@ pub async fn create(
         req.stream.unwrap_or(false),
         started,
     );
+    if req.background == Some(true) {
+        state.background.check_room()?;
+    }
     let stream = run::start(turn.job).inspect_err(|e| record.failed(e))?;
+    if req.background == Some(true) {
+        return in_background(&state, turn.tenant, turn.base, turn.items, stream, record).await;
+    }
     let on_done: Option<OnDone> = turn.keep.then(|| {
         let (responses, tenant, input_items) = (
             state.responses.clone(),
@@ -188,6 +233,97 @@ pub async fn create(
         state.responses.save(&turn.tenant, &stored).await?;
     }
     Ok(with_request_id(Json(response).into_response(), &record.id))
+}
+
+/// Stores the response `in_progress`, answers with it, and runs the generation on a task that
+/// stores the result (completed, incomplete or failed).
+async fn in_background(
+    state: &AppState,
+    tenant: String,
+    base: ResponseObject,
+    items: Vec<Value>,
+    stream: run::GenStream,
+    record: RequestRecord,
+) -> Result<Response, ApiError> {
+    let stored = StoredResponse {
+        response: base.clone(),
+        input_items: items,
+    };
+    state.responses.save(&tenant, &stored).await?;
+    let id = base.id.clone();
+    let (responses, running) = (state.responses.clone(), Arc::clone(&state.background));
+    let task_tenant = tenant.clone();
+    let limit = state.server.request_timeout;
+    let task = tokio::spawn(async move {
+        let folded = tokio::time::timeout(limit, fold::fold(stream, 1))
+            .await
+            .unwrap_or(Err(ApiError::Timeout(limit)));
+        let StoredResponse {
+            response,
+            input_items,
+        } = stored;
+        let response = match folded {
+            Ok(folded) => {
+                record.ended(folded.totals.prompt, folded.totals.completion);
+                let (output, finished) = render::folded_output(&folded);
+                let t = folded.totals;
+                let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, 0);
+                render::finish(response, output, finished, usage, unix_now())
+            }
+            Err(e) => {
+                e.log();
+                record.failed(&e);
+                let detail = e.detail();
+                ResponseObject {
+                    status: "failed".into(),
+                    error: Some(
+                        json!({"code": detail.code.unwrap_or("server_error"), "message": detail.message}),
+                    ),
+                    ..response
+                }
+            }
+        };
+        let done = StoredResponse {
+            response,
+            input_items,
+        };
+        if let Err(e) = responses.save(&task_tenant, &done).await {
+            e.log();
+        }
+        running.remove(&task_tenant, &done.response.id);
+    });
+    state.background.insert(&tenant, &id, task.abort_handle());
+    Ok(with_request_id(Json(base).into_response(), &id))
+}
+
+/// Handles `POST /v1/responses/{id}/cancel`: stops a background response that is still
+/// running and stores it `cancelled`; a finished one is returned as it is.
+pub async fn cancel(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let tenant = &caller.principal.tenant.name;
+    let mut stored = state
+        .responses
+        .load(tenant, &id)
+        .await?
+        .ok_or_else(|| not_found(&id, None))?;
+    if !stored.response.background {
+        return Err(ApiError::invalid(
+            "response_id",
+            "only background responses can be cancelled",
+        ));
+    }
+    if matches!(stored.response.status.as_str(), "queued" | "in_progress") {
+        if let Some(task) = state.background.remove(tenant, &id) {
+            // Dropping the task's stream cancels the engine's work.
+            task.abort();
+        }
+        stored.response.status = "cancelled".into();
+        state.responses.save(tenant, &stored).await?;
+    }
+    Ok(Json(stored.response).into_response())
 }
 
 /// Stores a streamed response as its last event is sent: at once when the store answers at

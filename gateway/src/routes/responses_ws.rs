@@ -12,13 +12,15 @@ use std::time::Instant;
 
 use axum::Extension;
 use axum::extract::State;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{WebSocket, WebSocketUpgrade};
-use axum::response::Response;
+use axum::http::Uri;
+use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::AppState;
 use super::responses::{Turn, begin};
-use super::websocket::{Closed, Pumped, Turns, error_event, pump, send, session};
+use super::websocket::{Closed, Pumped, Turns, error_event, pump, send, session, upgrade_or_405};
 use crate::error::ApiError;
 use crate::observability::requests::RequestRecord;
 use crate::openai::responses::{ResponseUsage, ResponsesRequest};
@@ -31,8 +33,13 @@ use crate::tenancy::Caller;
 pub async fn connect(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    upgrade: WebSocketUpgrade,
+    uri: Uri,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
+    let upgrade = match upgrade_or_405(upgrade, &uri) {
+        Ok(upgrade) => upgrade,
+        Err(e) => return e.into_response(),
+    };
     let permit = std::sync::Arc::clone(&state.websockets)
         .try_acquire_owned()
         .ok();

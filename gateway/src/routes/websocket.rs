@@ -6,7 +6,9 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use axum::extract::ws::{Message, WebSocket};
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::http::Uri;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
@@ -15,6 +17,18 @@ use super::AppState;
 use crate::error::ApiError;
 use crate::observability::metrics;
 use crate::pipeline::run::{GenEvent, GenStream};
+
+/// The upgrade of a WebSocket route; a plain `GET` (no upgrade) is the 405 it was before the
+/// route took WebSockets.
+pub fn upgrade_or_405(
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    uri: &Uri,
+) -> Result<WebSocketUpgrade, ApiError> {
+    upgrade.map_err(|_| ApiError::MethodNotAllowed {
+        method: "GET".into(),
+        path: uri.path().to_string(),
+    })
+}
 
 /// Messages kept while a turn runs; more are refused with an error event.
 pub const MAX_WAITING: usize = 16;
