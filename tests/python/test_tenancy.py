@@ -447,3 +447,15 @@ def test_websockets_authenticate_as_http_does(gateway, keys):
         while (event := json.loads(ws.recv(timeout=10)))["type"] not in ("response.completed", "response.incomplete", "error"):
             pass
         assert event["type"] != "error", event
+
+
+def test_responses_honour_idempotency_keys(gateway, keys):
+    body = {"model": "chat", "input": "Only once, please.", "max_output_tokens": 8}
+    headers = {"Idempotency-Key": "responses-1"}
+    with gateway.client(keys["acme"]) as c:
+        first = c.post("/responses", json=body, headers=headers)
+        replay = c.post("/responses", json=body, headers=headers)
+        assert first.status_code == replay.status_code == 200, first.text
+        assert replay.headers["idempotent-replayed"] == "true" and replay.json() == first.json()
+        conflict = c.post("/responses", json={**body, "input": "Something else"}, headers=headers)
+        assert conflict.status_code == 409 and error_of(conflict)["code"] == "idempotency_key_reused"

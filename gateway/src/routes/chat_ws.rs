@@ -13,13 +13,11 @@ use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{WebSocket, WebSocketUpgrade};
 use axum::http::Uri;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use super::chat::{ChunkRenderer, Prepared, prepare};
 use super::sse::{Render, payload};
-use super::websocket::{
-    Closed, Pumped, Turns, error_event, pump, send, send_text, session, upgrade_or_405,
-};
+use super::websocket::{Closed, Pumped, Turns, accept, error_event, pump, send, send_text};
 use super::{AppState, new_id};
 use crate::error::ApiError;
 use crate::observability::requests::RequestRecord;
@@ -35,20 +33,11 @@ pub async fn connect(
     uri: Uri,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    let upgrade = match upgrade_or_405(upgrade, &uri) {
-        Ok(upgrade) => upgrade,
-        Err(e) => return e.into_response(),
+    let turns = ChatTurns {
+        state: state.clone(),
+        caller,
     };
-    let permit = std::sync::Arc::clone(&state.websockets)
-        .try_acquire_owned()
-        .ok();
-    upgrade.on_upgrade(move |socket| async move {
-        let turns = ChatTurns {
-            state: state.clone(),
-            caller,
-        };
-        session(socket, &state, permit, turns).await;
-    })
+    accept(state, &uri, upgrade, &[], turns)
 }
 
 struct ChatTurns {

@@ -195,9 +195,15 @@ pub async fn create(
     if req.background == Some(true) {
         state.background.check_room()?;
     }
+    let prompt_tokens: usize = turn.job.prompts.iter().map(Vec::len).sum();
     let stream = run::start(turn.job).inspect_err(|e| record.failed(e))?;
     if req.background == Some(true) {
-        return in_background(&state, turn.tenant, turn.base, turn.items, stream, record).await;
+        // Usage so far: the prompt is known, nothing is generated yet.
+        let base = ResponseObject {
+            usage: Some(ResponseUsage::new(prompt_tokens as u64, 0, 0, 0)),
+            ..turn.base
+        };
+        return in_background(&state, turn.tenant, base, turn.items, stream, record).await;
     }
     let on_done: Option<OnDone> = turn.keep.then(|| {
         let (responses, tenant, input_items) = (
@@ -296,6 +302,19 @@ async fn in_background(
     Ok(with_request_id(Json(base).into_response(), &id))
 }
 
+/// `tenant`'s stored response `id`, or 404 `response_not_found`.
+async fn stored_or_404(
+    state: &AppState,
+    tenant: &str,
+    id: &str,
+) -> Result<StoredResponse, ApiError> {
+    state
+        .responses
+        .load(tenant, id)
+        .await?
+        .ok_or_else(|| not_found(id, None))
+}
+
 /// Handles `POST /v1/responses/{id}/cancel`: stops a background response that is still
 /// running and stores it `cancelled`; a finished one is returned as it is.
 pub async fn cancel(
@@ -304,11 +323,7 @@ pub async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let tenant = &caller.principal.tenant.name;
-    let mut stored = state
-        .responses
-        .load(tenant, &id)
-        .await?
-        .ok_or_else(|| not_found(&id, None))?;
+    let mut stored = stored_or_404(&state, tenant, &id).await?;
     if !stored.response.background {
         return Err(ApiError::invalid(
             "response_id",
@@ -346,11 +361,7 @@ pub async fn retrieve(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let tenant = &caller.principal.tenant.name;
-    let stored = state
-        .responses
-        .load(tenant, &id)
-        .await?
-        .ok_or_else(|| not_found(&id, None))?;
+    let stored = stored_or_404(&state, tenant, &id).await?;
     Ok(Json(stored.response).into_response())
 }
 
@@ -396,11 +407,7 @@ pub async fn input_items(
         }
     };
     let tenant = &caller.principal.tenant.name;
-    let stored = state
-        .responses
-        .load(tenant, &id)
-        .await?
-        .ok_or_else(|| not_found(&id, None))?;
+    let stored = stored_or_404(&state, tenant, &id).await?;
     let mut items = stored.input_items;
     if !ascending {
         items.reverse();

@@ -15,12 +15,12 @@ use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{WebSocket, WebSocketUpgrade};
 use axum::http::Uri;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::AppState;
 use super::responses::{Turn, begin};
-use super::websocket::{Closed, Pumped, Turns, error_event, pump, send, session, upgrade_or_405};
+use super::websocket::{Closed, Pumped, Turns, accept, error_event, pump, send};
 use crate::error::ApiError;
 use crate::observability::requests::RequestRecord;
 use crate::openai::responses::{ResponseUsage, ResponsesRequest};
@@ -36,23 +36,12 @@ pub async fn connect(
     uri: Uri,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    let upgrade = match upgrade_or_405(upgrade, &uri) {
-        Ok(upgrade) => upgrade,
-        Err(e) => return e.into_response(),
+    let turns = ResponseTurns {
+        state: state.clone(),
+        caller,
+        last: None,
     };
-    let permit = std::sync::Arc::clone(&state.websockets)
-        .try_acquire_owned()
-        .ok();
-    upgrade
-        .protocols(["realtime"])
-        .on_upgrade(move |socket| async move {
-            let turns = ResponseTurns {
-                state: state.clone(),
-                caller,
-                last: None,
-            };
-            session(socket, &state, permit, turns).await;
-        })
+    accept(state, &uri, upgrade, &["realtime"], turns)
 }
 
 /// A connection's turns and the response it remembers.

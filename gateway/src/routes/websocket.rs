@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::http::Uri;
+use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
@@ -18,16 +19,32 @@ use crate::error::ApiError;
 use crate::observability::metrics;
 use crate::pipeline::run::{GenEvent, GenStream};
 
-/// The upgrade of a WebSocket route; a plain `GET` (no upgrade) is the 405 it was before the
-/// route took WebSockets.
-pub fn upgrade_or_405(
-    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+/// Accepts a WebSocket route's upgrade and runs its connection with `turns` (offering
+/// `protocols`, if any). A plain `GET` (no upgrade) is the 405 it was before the route took
+/// WebSockets; a connection past the limit gets an error event (see [`session`]).
+pub fn accept<T: Turns + 'static>(
+    state: AppState,
     uri: &Uri,
-) -> Result<WebSocketUpgrade, ApiError> {
-    upgrade.map_err(|_| ApiError::MethodNotAllowed {
-        method: "GET".into(),
-        path: uri.path().to_string(),
-    })
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    protocols: &'static [&'static str],
+    turns: T,
+) -> Response {
+    let upgrade = match upgrade {
+        Ok(upgrade) => upgrade,
+        Err(_) => {
+            return ApiError::MethodNotAllowed {
+                method: "GET".into(),
+                path: uri.path().to_string(),
+            }
+            .into_response();
+        }
+    };
+    let permit = std::sync::Arc::clone(&state.websockets)
+        .try_acquire_owned()
+        .ok();
+    upgrade
+        .protocols(protocols.iter().copied())
+        .on_upgrade(move |socket| async move { session(socket, &state, permit, turns).await })
 }
 
 /// Messages kept while a turn runs; more are refused with an error event.
