@@ -223,3 +223,20 @@ def test_background_responses_run_and_can_be_cancelled(gateway, client):
     for bad in ({"stream": True}, {"store": False}):
         r = post(gateway, {"model": "chat", "input": "x", "background": True, **bad})
         assert r.status_code == 400, r.text
+
+
+def test_logprobs_when_included(gateway):
+    body = {"model": "chat", "input": "Hi", "include": ["message.output_text.logprobs"], "top_logprobs": 2,
+            "max_output_tokens": 6}
+    response = post(gateway, body).json()
+    spec.ResponseResource.model_validate(response)
+    logprobs = response["output"][0]["content"][0]["logprobs"]
+    assert logprobs and all(len(lp["top_logprobs"]) == 2 and lp["logprob"] <= 0 for lp in logprobs)
+    assert "".join(lp["token"] for lp in logprobs) == response["output_text"]
+    events, done = stream_events(gateway, body)
+    streamed = [lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+    text_done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert streamed and streamed == text_done["logprobs"] and done
+    # Not asked for: none.
+    plain = post(gateway, {"model": "chat", "input": "Hi"}).json()
+    assert plain["output"][0]["content"][0]["logprobs"] == []

@@ -15,7 +15,7 @@ use crate::openai::responses::{
     IncompleteDetails, OutputItem, OutputText, ResponseObject, ResponseUsage,
 };
 use crate::pipeline::fold::Folded;
-use crate::pipeline::run::{Finished, GenEvent};
+use crate::pipeline::run::{Finished, GenEvent, TokenLogprob};
 use crate::routes::sse::Render;
 
 /// The request settings a response object echoes.
@@ -126,6 +126,7 @@ pub fn folded_output(folded: &Folded) -> (Vec<OutputItem>, Option<Finished>) {
         output.push(message_item(
             new_id("msg_"),
             choice.text.clone(),
+            logprob_values(&choice.logprobs),
             "completed",
         ));
     }
@@ -141,13 +142,32 @@ pub fn folded_output(folded: &Folded) -> (Vec<OutputItem>, Option<Finished>) {
     (output, choice.finish)
 }
 
-fn message_item(id: String, text: String, status: &str) -> OutputItem {
+fn message_item(id: String, text: String, logprobs: Vec<Value>, status: &str) -> OutputItem {
     OutputItem::Message {
         id,
         status: status.into(),
         role: "assistant".into(),
-        content: vec![OutputText::new(text)],
+        content: vec![OutputText {
+            logprobs,
+            ..OutputText::new(text)
+        }],
     }
+}
+
+/// Token log probabilities as the Responses API writes them (asked for with
+/// `include: ["message.output_text.logprobs"]`; empty otherwise).
+fn logprob_values(tokens: &[TokenLogprob]) -> Vec<Value> {
+    tokens
+        .iter()
+        .map(|t| {
+            let top: Vec<Value> = t
+                .top
+                .iter()
+                .map(|(token, bytes, logprob)| json!({"token": token, "logprob": logprob, "bytes": bytes}))
+                .collect();
+            json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes, "top_logprobs": top})
+        })
+        .collect()
 }
 
 /// An event as an SSE frame: `event: TYPE` and `data: JSON`.
@@ -170,6 +190,7 @@ struct OpenMessage {
     index: usize,
     id: String,
     text: String,
+    logprobs: Vec<Value>,
 }
 
 /// What the renderer hands over when the stream completes (to be stored).
@@ -222,8 +243,11 @@ impl EventRenderer {
 
     fn close_message(&mut self, out: &mut Vec<Value>, status: &str) {
         let Some(m) = self.message.take() else { return };
-        let part = OutputText::new(m.text.clone());
-        let item = message_item(m.id.clone(), m.text.clone(), status);
+        let part = OutputText {
+            logprobs: m.logprobs.clone(),
+            ..OutputText::new(m.text.clone())
+        };
+        let item = message_item(m.id.clone(), m.text.clone(), m.logprobs.clone(), status);
         let at = |extra: Value| {
             let mut v = json!({"item_id": m.id, "output_index": m.index, "content_index": 0});
             if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
@@ -234,7 +258,7 @@ impl EventRenderer {
         self.emit(
             out,
             "response.output_text.done",
-            at(json!({"text": m.text, "logprobs": []})),
+            at(json!({"text": m.text, "logprobs": m.logprobs})),
         );
         self.emit(out, "response.content_part.done", at(json!({"part": part})));
         self.emit(
@@ -264,7 +288,7 @@ impl EventRenderer {
     pub fn events(&mut self, event: &GenEvent) -> Vec<Value> {
         let mut out = Vec::new();
         match event {
-            GenEvent::Text { text, .. } => {
+            GenEvent::Text { text, logprobs, .. } => {
                 if self.message.is_none() {
                     if text.trim().is_empty() {
                         return out;
@@ -273,6 +297,7 @@ impl EventRenderer {
                         index: self.output.len(),
                         id: new_id("msg_"),
                         text: String::new(),
+                        logprobs: Vec::new(),
                     };
                     let item = OutputItem::Message {
                         id: m.id.clone(),
@@ -294,7 +319,9 @@ impl EventRenderer {
                 }
                 if let Some(m) = self.message.as_mut() {
                     m.text.push_str(text);
-                    let fields = json!({"item_id": m.id, "output_index": m.index, "content_index": 0, "delta": text, "logprobs": []});
+                    let logprobs = logprob_values(logprobs);
+                    m.logprobs.extend(logprobs.iter().cloned());
+                    let fields = json!({"item_id": m.id, "output_index": m.index, "content_index": 0, "delta": text, "logprobs": logprobs});
                     self.emit(&mut out, "response.output_text.delta", fields);
                 }
             }
