@@ -22,6 +22,10 @@ TOKENIZER = FOLDER / "tokenizer.json"
 
 # What the `tools` model answers: a Llama 3 JSON tool call, as its chat template asks for.
 TOOL_CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+# What the `thinker` model (a reasoning model to the gateway) answers.
+THOUGHT, ANSWER = "Let me think about it.", "The answer is 4."
+THINKING = f"<think>{THOUGHT}</think>\n\n{ANSWER}"
+SCRIPTS = {"tools": TOOL_CALL, "thinker": THINKING}
 
 # Each simulator model has one job in the tests.
 SIM_MODELS = {
@@ -33,9 +37,10 @@ SIM_MODELS = {
     "broken": "errors = { refuse_rate = 1.0 }",
     "midfail": "errors = { fail_midstream_rate = 1.0, fail_after_tokens = 3 }",
     "tools": "output = { mode = \"script\", tokens = %s }",
+    "thinker": "output = { mode = \"script\", tokens = %s }",
 }
 # Extra keys of the gateway's own model entries.
-GATEWAY_MODELS = {"tools": 'tool_call_parser = "llama3_json"'}
+GATEWAY_MODELS = {"tools": 'tool_call_parser = "llama3_json"', "thinker": "reasoning = {}"}
 
 
 def config_text() -> str:
@@ -56,10 +61,10 @@ def config_text() -> str:
         "[engines.config]",
         "seed = 11",
     ]
-    script = Tokenizer.from_file(str(TOKENIZER)).encode(TOOL_CALL, add_special_tokens=False).ids
+    tokenizer = Tokenizer.from_file(str(TOKENIZER))
     for name, extra in SIM_MODELS.items():
-        if name == "tools":
-            extra = extra % script
+        if name in SCRIPTS:
+            extra = extra % tokenizer.encode(SCRIPTS[name], add_special_tokens=False).ids
         lines += [
             "[[engines.config.models]]",
             f'id = "{name}"',

@@ -22,6 +22,10 @@ EVENTS = {
     "response.content_part.done": spec.ResponseContentPartDoneStreamingEvent,
     "response.output_item.done": spec.ResponseOutputItemDoneStreamingEvent,
     "response.function_call_arguments.delta": spec.ResponseFunctionCallArgumentsDeltaStreamingEvent,
+    "response.reasoning_summary_part.added": spec.ResponseReasoningSummaryPartAddedStreamingEvent,
+    "response.reasoning_summary_text.delta": spec.ResponseReasoningSummaryDeltaStreamingEvent,
+    "response.reasoning_summary_text.done": spec.ResponseReasoningSummaryDoneStreamingEvent,
+    "response.reasoning_summary_part.done": spec.ResponseReasoningSummaryPartDoneStreamingEvent,
     "response.function_call_arguments.done": spec.ResponseFunctionCallArgumentsDoneStreamingEvent,
     "response.completed": spec.ResponseCompletedStreamingEvent,
     "response.incomplete": spec.ResponseIncompleteStreamingEvent,
@@ -240,3 +244,37 @@ def test_logprobs_when_included(gateway):
     # Not asked for: none.
     plain = post(gateway, {"model": "chat", "input": "Hi"}).json()
     assert plain["output"][0]["content"][0]["logprobs"] == []
+
+
+def test_a_reasoning_model_returns_reasoning_items(gateway, client):
+    from conftest import ANSWER, THOUGHT
+
+    plain = client.responses.create(model="thinker", input="What is 2+2?")
+    reasoning, message = plain.output
+    assert reasoning.type == "reasoning" and reasoning.summary == []
+    assert message.type == "message" and plain.output_text == ANSWER
+    details = plain.usage.output_tokens_details
+    assert 0 < details.reasoning_tokens < plain.usage.output_tokens
+    summarised = client.responses.create(model="thinker", input="What is 2+2?", reasoning={"summary": "auto"})
+    assert summarised.output[0].summary[0].text == THOUGHT and summarised.reasoning.summary == "auto"
+    events, done = stream_events(gateway, {"model": "thinker", "input": "2+2?", "reasoning": {"summary": "detailed"}})
+    kinds = [e["type"] for e in events]
+    assert kinds[2:4] == ["response.output_item.added", "response.reasoning_summary_part.added"] and done
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_summary_text.delta")
+    assert deltas == THOUGHT == next(e for e in events if e["type"] == "response.reasoning_summary_text.done")["text"]
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == ANSWER
+    final = events[-1]["response"]
+    assert [i["type"] for i in final["output"]] == ["reasoning", "message"]
+    assert final["usage"]["output_tokens_details"]["reasoning_tokens"] == details.reasoning_tokens
+    # Chat carries it as reasoning_content.
+    chat = client.chat.completions.create(model="thinker", messages=[{"role": "user", "content": "2+2?"}])
+    message = chat.choices[0].message
+    assert message.content == ANSWER and message.model_extra["reasoning_content"] == THOUGHT
+    streamed = client.chat.completions.create(model="thinker", messages=[{"role": "user", "content": "2+2?"}], stream=True)
+    pieces = {"content": "", "reasoning_content": ""}
+    for chunk in streamed:
+        for choice in chunk.choices:
+            pieces["content"] += choice.delta.content or ""
+            pieces["reasoning_content"] += (choice.delta.model_extra or {}).get("reasoning_content") or ""
+    assert pieces == {"content": ANSWER, "reasoning_content": THOUGHT}

@@ -65,6 +65,7 @@ pub(super) fn config(
             max_output_tokens: defaults.max_output_tokens,
             // The embedded chat template teaches Llama 3 JSON calls.
             tool_call_parser: Some(ToolCallFormat::Llama3Json),
+            reasoning: None,
         }]),
         defaults,
         tenancy,

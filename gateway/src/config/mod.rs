@@ -194,6 +194,9 @@ pub struct ModelConfig {
     pub max_output_tokens: u32,
     /// How the model writes tool calls; without one, requests that offer tools are refused.
     pub tool_call_parser: Option<ToolCallFormat>,
+    /// The markers around the model's reasoning, for a reasoning model (`reasoning = {}` takes
+    /// `<think>` and `</think>`).
+    pub reasoning: Option<crate::pipeline::reasoning::ReasoningMarkers>,
 }
 
 /// Checks a tenant name (letters, digits, `-`, `_`, `.`; at most 64).
@@ -376,6 +379,18 @@ mod tests {
             (
                 format!("{ENGINE}[[models]]\nname = \"m\"\nengine = \"other\"\nfolder = \"f\"\n"),
                 "no engine named `other`",
+            ),
+            (
+                format!(
+                    "{ENGINE}[[models]]\nname = \"m\"\nengine = \"sim\"\nfolder = \"f\"\nreasoning = {{ start = \"\" }}\n"
+                ),
+                "reasoning: start and end must be two different non-empty markers",
+            ),
+            (
+                format!(
+                    "{ENGINE}[[models]]\nname = \"m\"\nengine = \"sim\"\nfolder = \"f\"\nreasoning = {{ begin = \"<t>\" }}\n"
+                ),
+                "begin",
             ),
         ] {
             let err = parse(&text).expect_err(&text).to_string();

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use super::{
     Config, CorsOrigins, DEFAULT_LISTEN, Defaults, EngineConfig, ModelConfig, ServerConfig,
 };
+use crate::pipeline::reasoning::ReasoningMarkers;
 use crate::pipeline::tools::ToolCallFormat;
 
 #[derive(Debug, Default, Deserialize)]
@@ -122,6 +123,8 @@ struct RawModel {
     max_output_tokens: Option<u32>,
     #[serde(default)]
     tool_call_parser: Option<ToolCallFormat>,
+    #[serde(default)]
+    reasoning: Option<ReasoningMarkers>,
 }
 
 /// `YYYY-MM-DD`, a day the calendar has.
@@ -379,6 +382,13 @@ fn validate_models(
                 return Err(format!("{at}.{key}: `{d}` is not a date like 2026-01-31"));
             }
         }
+        if let Some(r) = &m.reasoning
+            && (r.start.is_empty() || r.end.is_empty() || r.start == r.end)
+        {
+            return Err(format!(
+                "{at}.reasoning: start and end must be two different non-empty markers"
+            ));
+        }
         if m.context_length == Some(0) || m.max_output_tokens == Some(0) {
             return Err(format!(
                 "{at}: context_length and max_output_tokens must be greater than 0"
@@ -410,6 +420,7 @@ fn validate_models(
             deprecation_date: m.deprecation_date,
             context_length: m.context_length,
             tool_call_parser: m.tool_call_parser,
+            reasoning: m.reasoning,
         });
     }
     // A versioned model's bare name floats to its newest version: no other model may claim it.

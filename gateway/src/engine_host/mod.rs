@@ -114,6 +114,7 @@ pub fn load_with(
                     context_length: None,
                     max_output_tokens: defaults.max_output_tokens,
                     tool_call_parser: None,
+                    reasoning: None,
                 })
             })
             .collect(),

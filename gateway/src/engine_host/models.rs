@@ -48,6 +48,8 @@ pub struct ServedModel {
     pub fingerprint: String,
     /// How the model writes tool calls.
     pub tool_call_parser: Option<ToolCallFormat>,
+    /// The markers around its reasoning, for a reasoning model.
+    pub reasoning: Option<crate::pipeline::reasoning::ReasoningMarkers>,
 }
 
 /// Public ids and the models they name.
@@ -179,6 +181,7 @@ pub(super) fn served_model(
         context_length,
         stop_token_ids,
         tool_call_parser: config.tool_call_parser,
+        reasoning: config.reasoning.clone(),
     })
 }
 

@@ -296,6 +296,9 @@ pub struct AssistantMessage {
     /// The tools the model called, when it called any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCall>>,
+    /// The model's reasoning (models with reasoning markers; the vLLM field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 /// A stream chunk.
@@ -346,6 +349,9 @@ pub struct Delta {
     /// A piece of a tool call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
+    /// New reasoning text (models with reasoning markers; the vLLM field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 /// A piece of a streamed tool call: the first names the call (`id`, `type`, `function.name`),

@@ -194,6 +194,8 @@ pub enum OutputItem {
         role: String,
         content: Vec<OutputText>,
     },
+    /// The model's reasoning: its text as one summary part when a summary was asked for.
+    Reasoning { id: String, summary: Vec<Value> },
     /// A tool call.
     FunctionCall {
         id: String,
@@ -208,7 +210,9 @@ impl OutputItem {
     /// The item's id.
     pub fn id(&self) -> &str {
         match self {
-            Self::Message { id, .. } | Self::FunctionCall { id, .. } => id,
+            Self::Message { id, .. }
+            | Self::Reasoning { id, .. }
+            | Self::FunctionCall { id, .. } => id,
         }
     }
 }

@@ -10,6 +10,8 @@ use crate::error::ApiError;
 pub struct ChoiceResult {
     /// All its text.
     pub text: String,
+    /// Its reasoning (models with reasoning markers).
+    pub reasoning: String,
     /// Per token, when asked for.
     pub logprobs: Vec<TokenLogprob>,
     /// Character offset of each token's text (for legacy logprobs).
@@ -64,6 +66,11 @@ pub async fn fold(mut stream: GenStream, choices: usize) -> Result<Folded, ApiEr
                 }
                 c.chars += text.chars().count() as u64;
                 c.text.push_str(&text);
+            }
+            GenEvent::Reasoning { choice, text } => {
+                if let Some(c) = out.choices.get_mut(choice as usize) {
+                    c.reasoning.push_str(&text);
+                }
             }
             GenEvent::ToolCall {
                 choice,

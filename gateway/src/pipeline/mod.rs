@@ -9,6 +9,7 @@ pub mod decode;
 pub mod fold;
 pub mod params;
 pub mod prompt;
+pub mod reasoning;
 pub mod run;
 pub mod stop;
 mod strftime;

@@ -19,6 +19,7 @@ use turnpike_engine_api::{
 };
 
 use super::decode::IncrementalDecoder;
+use super::reasoning::{ReasoningMarkers, ReasoningSplitter};
 use super::stop::{StopMatcher, StopOutcome};
 use super::tools::{ToolCallFormat, ToolCallParser, ToolOutput};
 use crate::engine_host::{EngineRun, ServedModel};
@@ -42,6 +43,8 @@ pub struct Job {
     pub retry_after: Duration,
     /// Parse tool calls out of the text.
     pub tools: Option<ToolSetup>,
+    /// Split reasoning out of the text (a chat request to a model with reasoning markers).
+    pub reasoning: Option<ReasoningMarkers>,
     /// The tenant's hold on limits, settled with the tokens used when the stream ends.
     pub admission: Option<Admission>,
 }
@@ -108,6 +111,8 @@ pub struct Totals {
     pub completion: u64,
     /// Prompt tokens served from the engine's cache.
     pub cached: u64,
+    /// Generated tokens that were reasoning (for models with reasoning markers).
+    pub reasoning: u64,
 }
 
 /// What a generation yields.
@@ -121,6 +126,13 @@ pub enum GenEvent {
         text: String,
         /// Per token, when asked for.
         logprobs: Vec<TokenLogprob>,
+    },
+    /// New reasoning text of a choice (between the model's reasoning markers).
+    Reasoning {
+        /// Choice index.
+        choice: u32,
+        /// The text.
+        text: String,
     },
     /// A tool call of a choice, whole.
     ToolCall {
@@ -151,6 +163,7 @@ pub enum GenEvent {
 struct ChoiceState {
     decoder: IncrementalDecoder,
     stop: StopMatcher,
+    reasoning: Option<ReasoningSplitter>,
     tools: Option<ToolCallParser>,
     calls: u32,
     finished: bool,
@@ -226,6 +239,7 @@ pub fn start(job: Job) -> Result<GenStream, ApiError> {
             choices.push(ChoiceState {
                 decoder: IncrementalDecoder::new(Arc::clone(&job.model.tokenizer), true),
                 stop: StopMatcher::new(&job.stop),
+                reasoning: job.reasoning.clone().map(ReasoningSplitter::new),
                 tools: job
                     .tools
                     .as_ref()
@@ -282,10 +296,35 @@ impl GenStream {
         })
     }
 
-    /// Sends text of choice `c` on, through its tool-call parser when it has one (which `last`
-    /// flushes); log probabilities ride with the first piece, or alone when the parser holds all.
-    fn emit_text(&mut self, c: usize, text: String, logprobs: Vec<TokenLogprob>, last: bool) {
+    /// Sends text of choice `c` on: its reasoning apart (when the model has reasoning markers;
+    /// `tokens` made the text and count as reasoning if it was), the answer through its
+    /// tool-call parser when it has one (which `last` flushes); log probabilities ride with the
+    /// first piece, or alone when the parser holds all.
+    fn emit_text(
+        &mut self,
+        c: usize,
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+        last: bool,
+        tokens: u64,
+    ) {
         let choice = c as u32;
+        let text = match self.choices[c].reasoning.as_mut() {
+            Some(splitter) => {
+                let split = splitter.push(&text, last);
+                if split.reasoned {
+                    self.totals.reasoning += tokens;
+                }
+                if !split.reasoning.is_empty() {
+                    self.pending.push_back(GenEvent::Reasoning {
+                        choice,
+                        text: split.reasoning,
+                    });
+                }
+                split.answer
+            }
+            None => text,
+        };
         let state = &mut self.choices[c];
         let Some(parser) = state.tools.as_mut() else {
             if !text.is_empty() || !logprobs.is_empty() {
@@ -359,7 +398,7 @@ impl GenStream {
             }
             StopOutcome::Stopped(t) => (t, Finished::Stop),
         };
-        self.emit_text(c, text, Vec::new(), true);
+        self.emit_text(c, text, Vec::new(), true, 0);
         self.push_finish(c, reason);
     }
 
@@ -398,10 +437,10 @@ impl GenStream {
         let state = &mut self.choices[c];
         let piece = state.decoder.push(t.token_id);
         match state.stop.push(&piece) {
-            StopOutcome::Text(text) => self.emit_text(c, text, logprobs, false),
+            StopOutcome::Text(text) => self.emit_text(c, text, logprobs, false, 1),
             StopOutcome::Stopped(text) => {
                 state.finished = true;
-                self.emit_text(c, text, logprobs, true);
+                self.emit_text(c, text, logprobs, true, 1);
                 self.push_finish(c, Finished::Stop);
                 self.runs[run].stop_cut = true;
                 self.choice_closed(run);

@@ -95,7 +95,7 @@ pub fn finish(
             OutputItem::Message { content, .. } => {
                 Some(content.iter().map(|c| c.text.as_str()).collect::<String>())
             }
-            OutputItem::FunctionCall { .. } => None,
+            OutputItem::FunctionCall { .. } | OutputItem::Reasoning { .. } => None,
         })
         .collect();
     response.output = output;
@@ -117,11 +117,14 @@ pub fn finish(
 
 /// The output items of a whole (non-streamed) generation: its text as a message (unless it is
 /// only whitespace beside tool calls), then one item per tool call.
-pub fn folded_output(folded: &Folded) -> (Vec<OutputItem>, Option<Finished>) {
+pub fn folded_output(folded: &Folded, summary: bool) -> (Vec<OutputItem>, Option<Finished>) {
     let Some(choice) = folded.choices.first() else {
         return (Vec::new(), None);
     };
     let mut output = Vec::new();
+    if !choice.reasoning.is_empty() {
+        output.push(reasoning_item(new_id("rs_"), &choice.reasoning, summary));
+    }
     if choice.tool_calls.is_empty() || !choice.text.trim().is_empty() {
         output.push(message_item(
             new_id("msg_"),
@@ -140,6 +143,27 @@ pub fn folded_output(folded: &Folded) -> (Vec<OutputItem>, Option<Finished>) {
         });
     }
     (output, choice.finish)
+}
+
+/// A reasoning item: the text as its one summary part when a summary was asked for, else an
+/// empty summary (the text itself is not returned, as OpenAI does not return it).
+fn reasoning_item(id: String, text: &str, summary: bool) -> OutputItem {
+    OutputItem::Reasoning {
+        id,
+        summary: if summary {
+            vec![json!({"type": "summary_text", "text": text})]
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+/// Whether the request asked for reasoning summaries (`reasoning.summary` set).
+pub fn wants_summary(response: &ResponseObject) -> bool {
+    response
+        .reasoning
+        .get("summary")
+        .is_some_and(|s| !s.is_null())
 }
 
 fn message_item(id: String, text: String, logprobs: Vec<Value>, status: &str) -> OutputItem {
@@ -200,6 +224,8 @@ pub type OnDone = Box<dyn FnOnce(ResponseObject) + Send>;
 pub struct EventRenderer {
     response: ResponseObject,
     sequence: u64,
+    reasoning: Option<OpenMessage>,
+    summary: bool,
     message: Option<OpenMessage>,
     output: Vec<OutputItem>,
     finished: Option<Finished>,
@@ -219,8 +245,10 @@ impl EventRenderer {
     /// A renderer for `response` (in progress); `on_done` gets the final object.
     pub fn new(response: ResponseObject, on_done: Option<OnDone>) -> Self {
         Self {
+            summary: wants_summary(&response),
             response,
             sequence: 0,
+            reasoning: None,
             message: None,
             output: Vec::new(),
             finished: None,
@@ -239,6 +267,74 @@ impl EventRenderer {
 
     fn snapshot(&self) -> Value {
         serde_json::to_value(&self.response).unwrap_or(Value::Null)
+    }
+
+    /// Reasoning text: opens the reasoning item on its first piece; the text goes out as
+    /// summary deltas when a summary was asked for.
+    fn push_reasoning(&mut self, out: &mut Vec<Value>, text: &str) {
+        if self.reasoning.is_none() {
+            let r = OpenMessage {
+                index: self.output.len(),
+                id: new_id("rs_"),
+                text: String::new(),
+                logprobs: Vec::new(),
+            };
+            let item = reasoning_item(r.id.clone(), "", false);
+            self.emit(
+                out,
+                "response.output_item.added",
+                json!({"output_index": r.index, "item": item}),
+            );
+            if self.summary {
+                let part = json!({"type": "summary_text", "text": ""});
+                let at = json!({"item_id": r.id, "output_index": r.index, "summary_index": 0, "part": part});
+                self.emit(out, "response.reasoning_summary_part.added", at);
+            }
+            self.reasoning = Some(r);
+        }
+        let summary = self.summary;
+        let Some(r) = self.reasoning.as_mut() else {
+            return;
+        };
+        r.text.push_str(text);
+        let fields =
+            json!({"item_id": r.id, "output_index": r.index, "summary_index": 0, "delta": text});
+        if summary {
+            self.emit(out, "response.reasoning_summary_text.delta", fields);
+        }
+    }
+
+    fn close_reasoning(&mut self, out: &mut Vec<Value>) {
+        let Some(r) = self.reasoning.take() else {
+            return;
+        };
+        if self.summary {
+            let at = |extra: Value| {
+                let mut v = json!({"item_id": r.id, "output_index": r.index, "summary_index": 0});
+                if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+                    o.extend(e.clone());
+                }
+                v
+            };
+            self.emit(
+                out,
+                "response.reasoning_summary_text.done",
+                at(json!({"text": r.text})),
+            );
+            let part = json!({"type": "summary_text", "text": r.text});
+            self.emit(
+                out,
+                "response.reasoning_summary_part.done",
+                at(json!({"part": part})),
+            );
+        }
+        let item = reasoning_item(r.id.clone(), &r.text, self.summary);
+        self.emit(
+            out,
+            "response.output_item.done",
+            json!({"output_index": r.index, "item": item}),
+        );
+        self.output.push(item);
     }
 
     fn close_message(&mut self, out: &mut Vec<Value>, status: &str) {
@@ -288,11 +384,13 @@ impl EventRenderer {
     pub fn events(&mut self, event: &GenEvent) -> Vec<Value> {
         let mut out = Vec::new();
         match event {
+            GenEvent::Reasoning { text, .. } => self.push_reasoning(&mut out, text),
             GenEvent::Text { text, logprobs, .. } => {
                 if self.message.is_none() {
                     if text.trim().is_empty() {
                         return out;
                     }
+                    self.close_reasoning(&mut out);
                     let m = OpenMessage {
                         index: self.output.len(),
                         id: new_id("msg_"),
@@ -331,6 +429,7 @@ impl EventRenderer {
                 arguments,
                 ..
             } => {
+                self.close_reasoning(&mut out);
                 self.close_message(&mut out, "completed");
                 let index = self.output.len();
                 let item_id = new_id("fc_");
@@ -367,9 +466,10 @@ impl EventRenderer {
             GenEvent::Finish { reason, .. } => self.finished = Some(*reason),
             GenEvent::Usage(t) => {
                 let cut = self.finished == Some(Finished::Length);
+                self.close_reasoning(&mut out);
                 self.close_message(&mut out, if cut { "incomplete" } else { "completed" });
                 let output = std::mem::take(&mut self.output);
-                let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, 0);
+                let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, t.reasoning);
                 self.response = finish(
                     self.response.clone(),
                     output,
@@ -396,6 +496,7 @@ impl EventRenderer {
     /// `response.failed` for a failure after the head.
     pub fn failure_events(&mut self, error: &ErrorDetail) -> Vec<Value> {
         let mut out = Vec::new();
+        self.close_reasoning(&mut out);
         self.close_message(&mut out, "incomplete");
         self.response.status = "failed".into();
         self.response.output = std::mem::take(&mut self.output);

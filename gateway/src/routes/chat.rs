@@ -219,6 +219,7 @@ pub(super) async fn prepare(
         logprobs: logprobs.is_some(),
         retry_after: state.server.retry_after,
         tools: tool_setup,
+        reasoning: model.reasoning.clone(),
         admission: Some(admission),
     };
     Ok(Prepared {
@@ -273,6 +274,7 @@ pub async fn chat(
                 // OpenAI sends null content with tool calls and nothing else.
                 content: (c.tool_calls.is_empty() || !c.text.trim().is_empty()).then_some(c.text),
                 refusal: None,
+                reasoning_content: (!c.reasoning.is_empty()).then(|| c.reasoning.clone()),
                 tool_calls: (!c.tool_calls.is_empty()).then(|| {
                     c.tool_calls
                         .into_iter()
@@ -369,6 +371,7 @@ impl Render for ChunkRenderer {
                     content: Some(String::new()),
                     refusal: Some(None),
                     tool_calls: None,
+                    reasoning_content: None,
                 };
                 self.chunk(
                     vec![ChunkChoice {
@@ -451,6 +454,21 @@ impl Render for ChunkRenderer {
                         )
                     })
                     .collect()
+            }
+            GenEvent::Reasoning { choice, text } => {
+                let delta = Delta {
+                    reasoning_content: Some(text.clone()),
+                    ..Delta::default()
+                };
+                vec![self.chunk(
+                    vec![ChunkChoice {
+                        index: *choice,
+                        delta,
+                        logprobs: None,
+                        finish_reason: None,
+                    }],
+                    None,
+                )]
             }
             GenEvent::Finish { choice, reason } => {
                 let choice = ChunkChoice {

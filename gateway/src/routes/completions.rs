@@ -150,6 +150,7 @@ pub async fn completions(
         logprobs: logprobs.is_some(),
         retry_after: state.server.retry_after,
         tools: None,
+        reasoning: None,
         admission: Some(admission),
     };
     let record = RequestRecord::new(
@@ -301,7 +302,10 @@ impl Render for CompletionRenderer {
                 Vec::new(),
                 Some(Usage::new(t.prompt, t.completion, t.cached)),
             )],
-            GenEvent::Usage(_) | GenEvent::Error(_) | GenEvent::ToolCall { .. } => Vec::new(),
+            GenEvent::Usage(_)
+            | GenEvent::Error(_)
+            | GenEvent::ToolCall { .. }
+            | GenEvent::Reasoning { .. } => Vec::new(),
         }
     }
 }

@@ -227,9 +227,9 @@ pub async fn create(
         Delivered::Streamed(response) => return Ok(response),
         Delivered::Folded { folded, record, .. } => (folded, record),
     };
-    let (output, finished) = render::folded_output(&folded);
+    let (output, finished) = render::folded_output(&folded, render::wants_summary(&turn.base));
     let t = folded.totals;
-    let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, 0);
+    let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, t.reasoning);
     let response = render::finish(turn.base, output, finished, usage, unix_now());
     if turn.keep {
         let stored = StoredResponse {
@@ -271,9 +271,10 @@ async fn in_background(
         let response = match folded {
             Ok(folded) => {
                 record.ended(folded.totals.prompt, folded.totals.completion);
-                let (output, finished) = render::folded_output(&folded);
+                let (output, finished) =
+                    render::folded_output(&folded, render::wants_summary(&response));
                 let t = folded.totals;
-                let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, 0);
+                let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, t.reasoning);
                 render::finish(response, output, finished, usage, unix_now())
             }
             Err(e) => {

@@ -317,6 +317,7 @@ pub fn app_with_tenancy(
         context_length: None,
         max_output_tokens: 128,
         tool_call_parser: None,
+        reasoning: None,
     };
     edit(&mut model);
     let backend: Arc<dyn Backend> = Arc::new(backend);
