@@ -72,6 +72,10 @@ pub struct GenerationParams {
     /// The tenant's share of the engine under contention, relative to other tenants (weighted
     /// fair queuing); 1 when the gateway has no tenants.
     pub tenant_weight: u32,
+    /// How much a reasoning model should reason: `none`, `minimal`, `low`, `medium`, `high` or
+    /// `xhigh`; absent when the client did not say. Engines that do not reason ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
 }
 
 impl Default for GenerationParams {
@@ -97,6 +101,7 @@ impl Default for GenerationParams {
             priority: 0,
             tenant: None,
             tenant_weight: 1,
+            reasoning_effort: None,
         }
     }
 }

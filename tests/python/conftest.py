@@ -38,9 +38,11 @@ SIM_MODELS = {
     "midfail": "errors = { fail_midstream_rate = 1.0, fail_after_tokens = 3 }",
     "tools": "output = { mode = \"script\", tokens = %s }",
     "thinker": "output = { mode = \"script\", tokens = %s }",
+    # Reasons before a random 8-token answer, as long as the request's effort asks.
+    "reasoner": "output = { mode = \"random\", length = [8, 8] }\nreasoning = { start = %s, end = %s }",
 }
 # Extra keys of the gateway's own model entries.
-GATEWAY_MODELS = {"tools": 'tool_call_parser = "llama3_json"', "thinker": "reasoning = {}"}
+GATEWAY_MODELS = {"tools": 'tool_call_parser = "llama3_json"', "thinker": "reasoning = {}", "reasoner": "reasoning = {}"}
 
 
 def config_text() -> str:
@@ -65,6 +67,8 @@ def config_text() -> str:
     for name, extra in SIM_MODELS.items():
         if name in SCRIPTS:
             extra = extra % tokenizer.encode(SCRIPTS[name], add_special_tokens=False).ids
+        if name == "reasoner":
+            extra = extra % tuple(tokenizer.encode(m, add_special_tokens=False).ids for m in ("<think>", "</think>"))
         lines += [
             "[[engines.config.models]]",
             f'id = "{name}"',

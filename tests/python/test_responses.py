@@ -278,3 +278,17 @@ def test_a_reasoning_model_returns_reasoning_items(gateway, client):
             pieces["content"] += choice.delta.content or ""
             pieces["reasoning_content"] += (choice.delta.model_extra or {}).get("reasoning_content") or ""
     assert pieces == {"content": ANSWER, "reasoning_content": THOUGHT}
+
+
+def test_the_simulator_reasons_as_much_as_the_effort_asks(client):
+    counts = {}
+    for effort in ("none", "low", "medium", "high"):
+        response = client.responses.create(model="reasoner", input="Think it over", reasoning={"effort": effort})
+        counts[effort] = response.usage.output_tokens_details.reasoning_tokens
+        kinds = [item.type for item in response.output]
+        assert kinds == (["message"] if effort == "none" else ["reasoning", "message"]), (effort, kinds)
+        assert response.reasoning.effort == effort and response.output_text
+    assert counts["none"] == 0 < counts["low"] < counts["medium"] < counts["high"], counts
+    chat = client.chat.completions.create(model="reasoner", messages=[{"role": "user", "content": "hm"}],
+                                          reasoning_effort="low")
+    assert chat.choices[0].message.model_extra["reasoning_content"]

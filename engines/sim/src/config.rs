@@ -53,7 +53,36 @@ struct RawModel {
     #[serde(default)]
     output: Output,
     #[serde(default)]
+    reasoning: Option<Reasoning>,
+    #[serde(default)]
     errors: Option<RawErrors>,
+}
+
+/// A reasoning mode: each answer is preceded by `start`, reasoning tokens and `end` (token
+/// ids, the model's markers), as many reasoning tokens as the request's effort asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Reasoning {
+    /// The start marker's token ids.
+    pub start: Vec<u32>,
+    /// The end marker's token ids.
+    pub end: Vec<u32>,
+}
+
+impl Reasoning {
+    /// Reasoning tokens for an answer of about `answer` tokens at `effort` (as llmsim scales
+    /// them: none 0, minimal 0.5x, low 1.5x, medium 3x (the default), high 6x, xhigh 10x).
+    pub fn tokens(effort: Option<&str>, answer: u32) -> u32 {
+        let factor = match effort {
+            Some("none") => 0.0,
+            Some("minimal") => 0.5,
+            Some("low") => 1.5,
+            Some("high") => 6.0,
+            Some("xhigh") => 10.0,
+            _ => 3.0,
+        };
+        (f64::from(answer.max(1)) * factor).round() as u32
+    }
 }
 
 fn default_context() -> u32 {
@@ -155,6 +184,7 @@ pub(crate) struct ModelConfig {
     pub max_n: u32,
     pub latency: Latency,
     pub output: Output,
+    pub reasoning: Option<Reasoning>,
     pub errors: Errors,
 }
 
@@ -187,6 +217,7 @@ impl SimConfig {
                 max_n: default_max_n(),
                 latency: RawLatency::default(),
                 output: Output::default(),
+                reasoning: None,
                 errors: None,
             }]
         });
@@ -337,6 +368,7 @@ fn check_model(m: RawModel, errors: Errors) -> Result<ModelConfig, String> {
         embedding_dim: m.embedding_dim,
         max_n: m.max_n,
         output: m.output,
+        reasoning: m.reasoning,
         errors,
     })
 }
@@ -348,6 +380,24 @@ pub(crate) fn secs(s: f64) -> Duration {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn reasoning_follows_the_effort() {
+        let at = |e| Reasoning::tokens(e, 8);
+        assert_eq!(
+            [
+                at(Some("none")),
+                at(Some("minimal")),
+                at(Some("low")),
+                at(None),
+                at(Some("medium")),
+                at(Some("high")),
+                at(Some("xhigh"))
+            ],
+            [0, 4, 12, 24, 24, 48, 80]
+        );
+    }
+
     use super::*;
 
     #[test]

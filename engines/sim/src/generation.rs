@@ -9,7 +9,7 @@ use std::time::Duration;
 use turnpike_engine_api::plugin::Sink;
 use turnpike_engine_api::{FinalEvent, Finish, GenerationParams, Status, TopLogprob, Usage};
 
-use crate::config::{ModelConfig, Output, secs};
+use crate::config::{ModelConfig, Output, Reasoning, secs};
 use crate::rng::{Rng, mix};
 
 /// What happens after a step.
@@ -27,6 +27,8 @@ enum Next {
 
 struct Choice {
     rng: Rng,
+    /// Reasoning tokens (markers included) still to send before the answer.
+    reasoning: std::collections::VecDeque<u32>,
     /// Position in the echoed prompt or the script.
     pos: usize,
     /// Tokens produced, stop tokens included.
@@ -65,8 +67,21 @@ impl Generation {
                     } => Some(lo + rng.below(u64::from(hi - lo) + 1) as u32),
                     _ => None,
                 };
+                let mut reasoning = std::collections::VecDeque::new();
+                if let Some(r) = &model.reasoning
+                    && params.reasoning_effort.as_deref() != Some("none")
+                {
+                    let answer = target.unwrap_or(16);
+                    let count = Reasoning::tokens(params.reasoning_effort.as_deref(), answer);
+                    reasoning.extend(&r.start);
+                    reasoning.extend((0..count).map(|_| model.vocab.draw(&mut rng)));
+                    reasoning.extend(&r.end);
+                }
+                // The answer's length does not include the reasoning before it.
+                let target = target.map(|t| t + reasoning.len() as u32);
                 Choice {
                     rng,
+                    reasoning,
                     pos: 0,
                     produced: 0,
                     target,
@@ -150,6 +165,9 @@ impl Generation {
     /// The next candidate from the output mode; `None` is end-of-sequence.
     fn source(&mut self, i: usize) -> Option<u32> {
         let c = &mut self.choices[i];
+        if let Some(token) = c.reasoning.pop_front() {
+            return Some(token);
+        }
         let from = |list: &[u32], pos: &mut usize| {
             let t = list.get(*pos).copied();
             *pos += 1;

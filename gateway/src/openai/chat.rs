@@ -75,6 +75,9 @@ pub struct ChatCompletionRequest {
     /// Extra variables for the chat template.
     #[serde(default)]
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// How much a reasoning model should reason (`none` .. `xhigh`).
+    #[serde(default)]
+    pub reasoning_effort: Option<String>,
     /// Sampling extensions (top level).
     #[serde(flatten)]
     pub extensions: Extensions,

@@ -197,6 +197,18 @@ pub(super) async fn prepare(
         "messages",
     )?;
     params::complete_params(&mut p, &model)?;
+    p.reasoning_effort = match req.reasoning_effort.as_deref() {
+        None => None,
+        Some(e @ ("none" | "minimal" | "low" | "medium" | "high" | "xhigh")) => Some(e.to_string()),
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "reasoning_effort",
+                format!(
+                    "'{other}' is not an effort; expected none, minimal, low, medium, high or xhigh"
+                ),
+            ));
+        }
+    };
     p.request_id = Some(id.to_string());
     let n = p.n;
     let prompt_tokens = ids.len() as u64;

@@ -148,6 +148,12 @@ pub(super) async fn begin(
         parallel_tool_calls: req.parallel_tool_calls,
         response_format: chat_format(req.text.as_ref())?,
         chat_template_kwargs: req.chat_template_kwargs.clone(),
+        reasoning_effort: req
+            .reasoning
+            .as_ref()
+            .and_then(|r| r.get("effort"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
         extensions: req.extensions.clone(),
         nvext: req.nvext.clone(),
     };
