@@ -242,3 +242,19 @@ def test_stored_responses_are_shared_by_replicas(redis, replicas):
         assert wait_for(lambda: on_b.get(f"/responses/{streamed_id}").status_code == 200)
         assert on_b.delete(f"/responses/{first['id']}").json()["deleted"] is True
         assert on_a.get(f"/responses/{first['id']}").status_code == 404
+
+
+def test_a_background_response_is_cancelled_from_another_replica(redis, replicas):
+    key = make_key()
+    a, b = replicas(tenant("") + state(redis), {"ACME_API_KEY": key})
+    before = engine_counter(a.base, "cancelled")
+    with a.client(key) as on_a, b.client(key) as on_b:
+        body = {"model": "slow", "input": "Go on for a while", "background": True, "max_output_tokens": 250, "min_tokens": 250}
+        started = on_a.post("/responses", json=body).json()
+        assert started["status"] == "in_progress"
+        cancelled = on_b.post(f"/responses/{started['id']}/cancel").json()
+        assert cancelled["status"] == "cancelled"
+        # The replica running it notices, stops the engine, and does not overwrite the cancel.
+        assert wait_for(lambda: engine_counter(a.base, "cancelled") > before)
+        time.sleep(0.5)
+        assert on_a.get(f"/responses/{started['id']}").json()["status"] == "cancelled"

@@ -267,9 +267,19 @@ async fn in_background(
     let task_tenant = tenant.clone();
     let limit = state.server.request_timeout;
     let task = tokio::spawn(async move {
-        let folded = tokio::time::timeout(limit, fold::fold(stream, 1))
-            .await
-            .unwrap_or(Err(ApiError::Timeout(limit)));
+        let work = tokio::time::timeout(limit, fold::fold(stream, 1));
+        // A cancel on another replica (shared Redis state) marks the stored response; watch for
+        // it, and stop (dropping the stream cancels the engine's work).
+        let cancelled = watch_for_cancel(&responses, &task_tenant, &stored.response.id);
+        let folded = tokio::select! {
+            folded = work => folded.unwrap_or(Err(ApiError::Timeout(limit))),
+            () = cancelled => {
+                // Dropping the record unsettled logs it as abandoned by the client.
+                drop(record);
+                running.remove(&task_tenant, &stored.response.id);
+                return;
+            }
+        };
         let StoredResponse {
             response,
             input_items,
@@ -300,13 +310,33 @@ async fn in_background(
             response,
             input_items,
         };
-        if let Err(e) = responses.save(&task_tenant, &done).await {
+        // A cancel that landed while the result was being made wins.
+        let cancelled = matches!(
+            responses.load(&task_tenant, &done.response.id).await,
+            Ok(Some(now)) if now.response.status == "cancelled"
+        );
+        if !cancelled && let Err(e) = responses.save(&task_tenant, &done).await {
             e.log();
         }
         running.remove(&task_tenant, &done.response.id);
     });
     state.background.insert(&tenant, &id, task.abort_handle());
     Ok(with_request_id(Json(base).into_response(), &id))
+}
+
+/// How often a background response checks whether it was cancelled elsewhere.
+const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Resolves once `tenant`'s stored response `id` is marked cancelled (by any replica).
+async fn watch_for_cancel(responses: &ResponseStore, tenant: &str, id: &str) {
+    loop {
+        tokio::time::sleep(CANCEL_POLL).await;
+        if let Ok(Some(now)) = responses.load(tenant, id).await
+            && now.response.status == "cancelled"
+        {
+            return;
+        }
+    }
 }
 
 /// `tenant`'s stored response `id`, or 404 `response_not_found`.
