@@ -271,6 +271,7 @@ def test_a_reasoning_model_returns_reasoning_items(gateway, client):
     chat = client.chat.completions.create(model="thinker", messages=[{"role": "user", "content": "2+2?"}])
     message = chat.choices[0].message
     assert message.content == ANSWER and message.model_extra["reasoning_content"] == THOUGHT
+    assert chat.usage.completion_tokens_details.reasoning_tokens == details.reasoning_tokens
     streamed = client.chat.completions.create(model="thinker", messages=[{"role": "user", "content": "2+2?"}], stream=True)
     pieces = {"content": "", "reasoning_content": ""}
     for chunk in streamed:

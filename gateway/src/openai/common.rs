@@ -72,6 +72,16 @@ pub struct Usage {
     /// Breakdown of the prompt tokens.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_details: Option<PromptTokensDetails>,
+    /// Breakdown of the generated tokens (reasoning models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+/// Reasoning part of the generated tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CompletionTokensDetails {
+    /// Generated tokens that were reasoning.
+    pub reasoning_tokens: u64,
 }
 
 /// Cached part of the prompt.
@@ -91,7 +101,17 @@ impl Usage {
             prompt_tokens_details: Some(PromptTokensDetails {
                 cached_tokens: cached,
             }),
+            completion_tokens_details: None,
         }
+    }
+
+    /// The same, with the reasoning part of the generated tokens (shown when there is one).
+    #[must_use]
+    pub fn with_reasoning(mut self, reasoning: u64) -> Self {
+        self.completion_tokens_details = (reasoning > 0).then_some(CompletionTokensDetails {
+            reasoning_tokens: reasoning,
+        });
+        self
     }
 }
 

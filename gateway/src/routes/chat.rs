@@ -313,7 +313,7 @@ pub async fn chat(
         model: head.model,
         system_fingerprint: head.fingerprint,
         choices,
-        usage: Usage::new(t.prompt, t.completion, t.cached),
+        usage: Usage::new(t.prompt, t.completion, t.cached).with_reasoning(t.reasoning),
     };
     Ok(with_request_id(Json(body).into_response(), &record.id))
 }
@@ -494,7 +494,7 @@ impl Render for ChunkRenderer {
             GenEvent::Usage(t) if self.include_usage => {
                 vec![self.chunk(
                     Vec::new(),
-                    Some(Usage::new(t.prompt, t.completion, t.cached)),
+                    Some(Usage::new(t.prompt, t.completion, t.cached).with_reasoning(t.reasoning)),
                 )]
             }
             GenEvent::Usage(_) | GenEvent::Error(_) => Vec::new(),
