@@ -7,7 +7,7 @@
 //! `sequence_number`, from 0, and is framed as `event: TYPE` + `data: JSON`.
 
 use axum::body::Bytes;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::ids::new_id;
 use crate::openai::error::ErrorDetail;
@@ -17,69 +17,6 @@ use crate::openai::responses::{
 use crate::pipeline::fold::Folded;
 use crate::pipeline::run::{Finished, GenEvent, TokenLogprob};
 use crate::routes::sse::Render;
-
-/// The request settings a response object echoes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Echo {
-    pub background: bool,
-    pub instructions: Option<String>,
-    pub max_output_tokens: Option<u64>,
-    pub parallel_tool_calls: bool,
-    pub presence_penalty: f64,
-    pub frequency_penalty: f64,
-    pub previous_response_id: Option<String>,
-    pub reasoning: Value,
-    pub store: bool,
-    pub temperature: f64,
-    pub text: Value,
-    pub tool_choice: Value,
-    pub tools: Vec<Value>,
-    pub top_logprobs: u32,
-    pub top_p: f64,
-    pub truncation: String,
-    pub user: Option<String>,
-    pub metadata: Map<String, Value>,
-}
-
-/// A response object with no output yet.
-pub fn in_progress(id: &str, created_at: u64, model: &str, echo: &Echo) -> ResponseObject {
-    let e = echo.clone();
-    ResponseObject {
-        id: id.to_string(),
-        object: "response".into(),
-        created_at,
-        status: "in_progress".into(),
-        background: e.background,
-        completed_at: None,
-        error: None,
-        incomplete_details: None,
-        instructions: e.instructions,
-        max_output_tokens: e.max_output_tokens,
-        max_tool_calls: None,
-        model: model.to_string(),
-        output: Vec::new(),
-        output_text: String::new(),
-        parallel_tool_calls: e.parallel_tool_calls,
-        presence_penalty: e.presence_penalty,
-        frequency_penalty: e.frequency_penalty,
-        previous_response_id: e.previous_response_id,
-        prompt_cache_key: None,
-        reasoning: e.reasoning,
-        safety_identifier: None,
-        service_tier: "default".into(),
-        store: e.store,
-        temperature: e.temperature,
-        text: e.text,
-        tool_choice: e.tool_choice,
-        tools: e.tools,
-        top_logprobs: e.top_logprobs,
-        top_p: e.top_p,
-        truncation: e.truncation,
-        usage: None,
-        user: e.user,
-        metadata: e.metadata,
-    }
-}
 
 /// Ends `response`: its output, status (`incomplete` when the token limit cut it) and usage.
 pub fn finish(

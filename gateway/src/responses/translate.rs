@@ -4,10 +4,9 @@
 
 use serde_json::{Value, json};
 
-use super::render::Echo;
 use crate::error::ApiError;
 use crate::openai::chat::{FunctionDefinition, JsonSchemaFormat, ResponseFormat, Tool};
-use crate::openai::responses::ResponsesRequest;
+use crate::openai::responses::{ResponseObject, ResponsesRequest};
 
 /// Function tools as chat tools; other tool types are refused.
 pub fn chat_tools(tools: &[Value]) -> Result<Vec<Tool>, ApiError> {
@@ -82,9 +81,32 @@ pub fn chat_format(text: Option<&Value>) -> Result<Option<ResponseFormat>, ApiEr
     }
 }
 
-/// The settings the response object echoes, with OpenAI's defaults.
-pub fn echo(req: &ResponsesRequest, tools: &[Tool], store: bool, top_logprobs: u32) -> Echo {
-    Echo {
+/// Response `id` to `req`, in progress and with no output yet: the request's settings echoed
+/// with OpenAI's defaults, every other key empty.
+pub fn in_progress(
+    req: &ResponsesRequest,
+    id: &str,
+    created_at: u64,
+    tools: &[Tool],
+    store: bool,
+    top_logprobs: u32,
+) -> ResponseObject {
+    ResponseObject {
+        id: id.to_string(),
+        object: "response".into(),
+        created_at,
+        status: "in_progress".into(),
+        completed_at: None,
+        error: None,
+        incomplete_details: None,
+        max_tool_calls: None,
+        model: req.model.clone(),
+        output: Vec::new(),
+        output_text: String::new(),
+        prompt_cache_key: None,
+        safety_identifier: None,
+        service_tier: "default".into(),
+        usage: None,
         background: req.background.unwrap_or(false),
         instructions: req.instructions.clone(),
         max_output_tokens: req

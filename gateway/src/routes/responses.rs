@@ -28,7 +28,7 @@ use crate::pipeline::{fold, prompt};
 use crate::responses::render::{self, EventRenderer, OnDone};
 use crate::responses::stored::{StoredResponse, not_found};
 use crate::responses::translate::{
-    chat_format, chat_tool_choice, chat_tools, echo, refuse_unsupported,
+    chat_format, chat_tool_choice, chat_tools, in_progress, refuse_unsupported,
 };
 use crate::responses::{ResponseStore, input};
 use crate::tenancy::Caller;
@@ -164,13 +164,14 @@ pub(super) async fn begin(
         logprobs,
         ..
     } = prepare(state, caller, &chat, &id, started).await?;
-    let echo = echo(
+    let base = in_progress(
         req,
+        &id,
+        unix_now(),
         tools.as_deref().unwrap_or_default(),
         keep,
         logprobs.unwrap_or(0),
     );
-    let base = render::in_progress(&id, unix_now(), &req.model, &echo);
     Ok(Turn {
         id,
         base,

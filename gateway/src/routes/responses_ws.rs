@@ -27,6 +27,7 @@ use crate::openai::responses::{ResponseUsage, ResponsesRequest};
 use crate::pipeline::run::{self, GenEvent};
 use crate::responses::render::{self, EventRenderer};
 use crate::responses::stored::StoredResponse;
+use crate::responses::translate::in_progress;
 use crate::tenancy::Caller;
 
 /// Handles the upgrade.
@@ -150,8 +151,8 @@ async fn warm_up(
     last: &mut Option<StoredResponse>,
 ) -> Result<(), Closed> {
     let id = crate::ids::new_id("resp_");
-    let echo = crate::responses::translate::echo(req, &[], req.store.unwrap_or(true), 0);
-    let base = render::in_progress(&id, super::unix_now(), &req.model, &echo);
+    let store = req.store.unwrap_or(true);
+    let base = in_progress(req, &id, super::unix_now(), &[], store, 0);
     let mut renderer = EventRenderer::new(base.clone(), None);
     for event in renderer.opening_events() {
         send(socket, &event).await?;
