@@ -258,3 +258,21 @@ def test_a_background_response_is_cancelled_from_another_replica(redis, replicas
         assert wait_for(lambda: engine_counter(a.base, "cancelled") > before)
         time.sleep(0.5)
         assert on_a.get(f"/responses/{started['id']}").json()["status"] == "cancelled"
+
+
+def test_a_streamed_background_response_is_read_on_another_replica(redis, replicas):
+    key = make_key()
+    a, b = replicas(tenant("") + state(redis), {"ACME_API_KEY": key})
+    with a.client(key) as on_a, b.client(key) as on_b:
+        body = {"model": "slow", "input": "Stream it", "background": True, "stream": True, "max_output_tokens": 30}
+        with on_a.stream("POST", "/responses", json=body) as r:
+            first = next(line for line in r.iter_lines() if line.startswith("data: {"))
+        rid = json.loads(first[len("data: "):])["response"]["id"]
+        # The other replica waits for the end, then replays the stream from the shared store.
+        replayed = on_b.get(f"/responses/{rid}", params={"stream": "true", "starting_after": 0})
+        assert replayed.status_code == 200, replayed.text
+        events = [json.loads(line[len("data: "):]) for line in replayed.text.splitlines() if line.startswith("data: {")]
+        assert [e["sequence_number"] for e in events] == list(range(1, len(events) + 1))
+        assert events[-1]["type"] in ("response.completed", "response.incomplete")
+        assert replayed.text.endswith("data: [DONE]\n\n")
+        assert events[-1]["response"] == on_a.get(f"/responses/{rid}").json()

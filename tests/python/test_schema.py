@@ -1,6 +1,7 @@
 """Schemathesis against OpenAI's OpenAPI spec: generated requests (valid and invalid) for
-listModels, createChatCompletion, createCompletion and createEmbedding must never get a server
-error, and every response must match the spec's schema."""
+listModels, createChatCompletion, createCompletion, createEmbedding, createResponse and
+Compactconversation must never get a server error, and every response must match the spec's
+schema."""
 
 import os
 import subprocess
@@ -10,7 +11,8 @@ from pathlib import Path
 # A subset of ../shared/reference/openai-openapi.yaml (see trim_spec.py), so the suite needs no
 # file outside the repository.
 SPEC = Path(__file__).with_name("openai-openapi-subset.json")
-OPERATIONS = ["listModels", "createChatCompletion", "createCompletion", "createEmbedding", "createResponse"]
+OPERATIONS = ["listModels", "createChatCompletion", "createCompletion", "createEmbedding", "createResponse",
+              "Compactconversation"]
 
 
 def test_the_gateway_conforms_to_the_openai_spec(gateway, tmp_path):

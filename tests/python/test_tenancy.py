@@ -14,7 +14,7 @@ import pytest
 from conftest import BIN, engine_counter, wait_for
 from tenancy_support import HELLO, Gateway, chat_body, config_text, error_of, make_key, timed_stream
 
-TENANTS = ("acme", "globex", "solo", "limited", "budget")
+TENANTS = ("acme", "globex", "solo", "limited", "budget", "sockets")
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,11 @@ keys = [{{ env = "LIMITED_API_KEY" }}]
 plan = "roomy"
 tokens_per_minute = 100
 keys = [{{ env = "BUDGET_API_KEY" }}]
+
+[tenants.sockets]
+requests_per_minute = 4
+models = ["*"]
+keys = [{{ env = "SOCKETS_API_KEY" }}]
 
 [idempotency]
 join = true
@@ -459,3 +464,74 @@ def test_responses_honour_idempotency_keys(gateway, keys):
         assert replay.headers["idempotent-replayed"] == "true" and replay.json() == first.json()
         conflict = c.post("/responses", json={**body, "input": "Something else"}, headers=headers)
         assert conflict.status_code == 409 and error_of(conflict)["code"] == "idempotency_key_reused"
+
+
+FINISHED = ("response.completed", "response.incomplete")
+
+
+def ws_turn(ws, message):
+    """Sends a message and reads its events up to the turn's last one or an error event."""
+    ws.send(json.dumps(message))
+    events = []
+    while True:
+        events.append(json.loads(ws.recv(timeout=10)))
+        if events[-1]["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
+            return events
+
+
+def test_websocket_turns_honour_idempotency_keys(gateway, keys):
+    from websockets.sync.client import connect
+
+    url = gateway.url.replace("http://", "ws://") + "/responses"
+    auth = {"Authorization": f"Bearer {keys['acme']}"}
+    create = {"type": "response.create", "model": "chat", "input": "Exactly once", "max_output_tokens": 8,
+              "idempotency_key": f"ws-{make_key()}"}
+    with connect(url, additional_headers=auth) as ws:
+        first = ws_turn(ws, create)
+        assert first[-1]["type"] in FINISHED, first
+    # A retry on a new connection (the first one dropped) replays the same events.
+    with connect(url, additional_headers=auth) as ws:
+        again = ws_turn(ws, create)
+        assert again == first
+        # The nested form is the same request.
+        nested = {"type": "response.create", "idempotency_key": create["idempotency_key"],
+                  "response": {k: v for k, v in create.items() if k not in ("type", "idempotency_key")}}
+        assert ws_turn(ws, nested) == first
+        # The key with another request is refused; the socket stays open.
+        other = ws_turn(ws, {**create, "input": "Something else"})
+        assert other[-1]["type"] == "error" and other[-1]["status"] == 409
+        assert other[-1]["error"]["code"] == "idempotency_key_reused"
+        bad = ws_turn(ws, {**create, "idempotency_key": "has spaces"})
+        assert bad[-1]["status"] == 400 and bad[-1]["error"]["param"] == "idempotency_key"
+        # The replayed response continues the conversation like the original.
+        rid = first[-1]["response"]["id"]
+        follow = ws_turn(ws, {"type": "response.create", "model": "chat", "input": "And then?",
+                              "previous_response_id": rid, "max_output_tokens": 4})
+        assert follow[-1]["type"] in FINISHED
+    # Chat over WebSocket: the same key replays the same chunks.
+    chat_url = gateway.url.replace("http://", "ws://") + "/chat/completions"
+    request = {**chat_body(), "idempotency_key": f"ws-chat-{make_key()}"}
+    answers = []
+    for _ in range(2):
+        with connect(chat_url, additional_headers=auth) as ws:
+            ws.send(json.dumps(request))
+            frames = []
+            while (text := ws.recv(timeout=10)) != "[DONE]":
+                frames.append(json.loads(text))
+            answers.append(frames)
+    assert answers[0] == answers[1] and answers[0][0]["object"] == "chat.completion.chunk"
+
+
+def test_websocket_turns_count_against_request_rates(gateway, keys):
+    from websockets.sync.client import connect
+
+    url = gateway.url.replace("http://", "ws://") + "/responses"
+    with connect(url, additional_headers={"Authorization": f"Bearer {keys['sockets']}"}) as ws:
+        # The upgrade was one request of four; three turns fit, the fourth is refused.
+        create = {"type": "response.create", "model": "chat", "input": "hi", "max_output_tokens": 4}
+        for _ in range(3):
+            assert ws_turn(ws, create)[-1]["type"] in FINISHED
+        refused = ws_turn(ws, create)[-1]
+        assert refused["type"] == "error" and refused["status"] == 429
+        assert refused["error"]["code"] == "rate_limit_exceeded"
+

@@ -1,6 +1,6 @@
 """Extracts from OpenAI's OpenAPI spec the operations the gateway is tested against
-(listModels, createChatCompletion, createCompletion, createEmbedding, createResponse) and every component they
-reference, into `openai-openapi-subset.json`.
+(listModels, createChatCompletion, createCompletion, createEmbedding, createResponse,
+Compactconversation) and every component they reference, into `openai-openapi-subset.json`.
 
     python tests/python/trim_spec.py ../shared/reference/openai-openapi.yaml
 """
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-OPERATIONS = {"listModels", "createChatCompletion", "createCompletion", "createEmbedding", "createResponse"}
+OPERATIONS = {"listModels", "createChatCompletion", "createCompletion", "createEmbedding", "createResponse",
+              "Compactconversation"}
 
 
 def refs(node, found):
@@ -24,6 +25,31 @@ def refs(node, found):
     elif isinstance(node, list):
         for value in node:
             refs(value, found)
+
+
+def map_discriminators(node, components):
+    """Gives every `oneOf` discriminator without a mapping the one its variants mean. OpenAPI
+    reads a missing mapping as "the value is the schema's name", but the spec's variants carry
+    their own value in the property's one-value `enum` (`compaction` for `CompactionBody`), so
+    a correct response would fail the check without it."""
+    if isinstance(node, dict):
+        found = node.get("discriminator")
+        if isinstance(found, dict) and "mapping" not in found and isinstance(node.get("oneOf"), list):
+            prop, mapping = found.get("propertyName"), {}
+            for variant in node["oneOf"]:
+                ref = variant.get("$ref", "") if isinstance(variant, dict) else ""
+                section, _, name = ref.removeprefix("#/components/").partition("/")
+                schema = components.get(section, {}).get(name, {})
+                values = schema.get("properties", {}).get(prop, {}).get("enum", [])
+                if len(values) == 1:
+                    mapping[values[0]] = ref
+            if mapping:
+                found["mapping"] = mapping
+        for value in node.values():
+            map_discriminators(value, components)
+    elif isinstance(node, list):
+        for value in node:
+            map_discriminators(value, components)
 
 
 def main(source: Path, target: Path) -> None:
@@ -45,6 +71,8 @@ def main(source: Path, target: Path) -> None:
         node = spec["components"][section][name]
         components.setdefault(section, {})[name] = node
         refs(node, pending)
+    map_discriminators(components, components)
+    map_discriminators(paths, components)
     subset = {
         "openapi": spec["openapi"],
         "info": {**spec["info"], "description": "Subset of OpenAI's OpenAPI spec, made by tests/python/trim_spec.py."},

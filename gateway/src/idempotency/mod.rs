@@ -140,6 +140,26 @@ impl Idempotency {
             Err(_) => return ApiError::PayloadTooLarge { limit: body_limit }.into_response(),
         };
         let fingerprint = record::fingerprint(parts.method.as_str(), parts.uri.path(), &body);
+        let work = move || next.run(Request::from_parts(parts, Body::from(body)));
+        self.guard(tenant, &key, &fingerprint, deadline, work).await
+    }
+
+    /// Runs `work` for `tenant` under idempotency `key`, whose request has `fingerprint`: the
+    /// first time it runs; a repeat replays, joins or conflicts. `deadline` bounds a wait for
+    /// another replica. HTTP requests come through [`Idempotency::run`]; WebSocket turns call
+    /// this with their message's key, and read the response as the HTTP request would.
+    pub async fn guard<F, Fut>(
+        self: &Arc<Self>,
+        tenant: &str,
+        key: &str,
+        fingerprint: &str,
+        deadline: Instant,
+        work: F,
+    ) -> Response
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Response>,
+    {
         let scoped = format!(
             "tp:{{{tenant}}}:idem:{}",
             record::sha256_hex(key.as_bytes())
@@ -148,7 +168,7 @@ impl Idempotency {
         loop {
             match self
                 .store
-                .begin(&scoped, &fingerprint, &owner, self.settings.lease)
+                .begin(&scoped, fingerprint, &owner, self.settings.lease)
                 .await
             {
                 Ok(Begin::Started) => break,
@@ -189,9 +209,7 @@ impl Idempotency {
                     metrics::state_error("idempotency");
                     tracing::warn!(error = %e, "idempotency store failed");
                     return match self.mode {
-                        FailureMode::Open => {
-                            next.run(Request::from_parts(parts, Body::from(body))).await
-                        }
+                        FailureMode::Open => work().await,
                         FailureMode::Closed => ApiError::StateUnavailable {
                             detail: e.to_string(),
                             retry_after: self.retry_after,
@@ -210,7 +228,7 @@ impl Idempotency {
             }
             .into_response();
         };
-        let response = next.run(Request::from_parts(parts, Body::from(body))).await;
+        let response = work().await;
         let this = Arc::clone(self);
         tokio::spawn(async move {
             let store = Arc::clone(&this.store);

@@ -24,19 +24,27 @@ pub fn key(headers: &HeaderMap) -> Option<Result<String, ApiError>> {
     if values.next().is_some() {
         return bad("Send one Idempotency-Key header, not several.".into());
     }
-    let bytes = value.as_bytes();
+    match valid_key(value.as_bytes()) {
+        Ok(key) => Some(Ok(key)),
+        Err(message) => bad(message),
+    }
+}
+
+/// An idempotency key as given (a header's value, a WebSocket message's field), checked: 1 to
+/// [`MAX_KEY_LEN`] printable ASCII characters without spaces.
+pub fn valid_key(bytes: &[u8]) -> Result<String, String> {
     if bytes.is_empty() || bytes.len() > MAX_KEY_LEN {
-        return bad(format!(
+        return Err(format!(
             "The Idempotency-Key must be 1 to {MAX_KEY_LEN} characters long (it has {}).",
             bytes.len()
         ));
     }
     if !bytes.iter().all(|b| (0x21..=0x7e).contains(b)) {
-        return bad(
+        return Err(
             "The Idempotency-Key may hold only printable ASCII characters, without spaces.".into(),
         );
     }
-    Some(Ok(String::from_utf8_lossy(bytes).into_owned()))
+    Ok(String::from_utf8_lossy(bytes).into_owned())
 }
 
 /// Hex SHA-256.

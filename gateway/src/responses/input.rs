@@ -3,11 +3,13 @@
 //!
 //! Accepted items: messages (`role` and `content`, a string or `input_text` / `output_text`
 //! parts; `type: "message"` optional), `function_call`, `function_call_output`, and `reasoning`
-//! items given back (kept in the conversation, not shown to the model). Images and files are
-//! refused: the served models read text only.
+//! items given back (kept in the conversation, not shown to the model), and `compaction` items
+//! (shown to the model as the summary they hold). Images and files are refused: the served
+//! models read text only.
 
 use serde_json::{Map, Value, json};
 
+use super::compaction;
 use crate::error::ApiError;
 use crate::ids::new_id;
 use crate::openai::chat::{ChatMessage, Content, ContentPart, FunctionCall, ToolCall};
@@ -100,6 +102,20 @@ fn normalise_item(item: &Value, at: &str) -> Result<Value, ApiError> {
                 .or_insert_with(|| Value::Array(Vec::new()));
             Ok(Value::Object(kept))
         }
+        "compaction" => {
+            let content = text_field(object, "encrypted_content", at)?;
+            if compaction::decode(content).is_none() {
+                return Err(ApiError::invalid(
+                    format!("{at}.encrypted_content"),
+                    "'encrypted_content' is not a compaction made by this gateway",
+                ));
+            }
+            Ok(json!({
+                "type": "compaction",
+                "id": object.get("id").and_then(Value::as_str).map_or_else(|| new_id("cmp_"), str::to_string),
+                "encrypted_content": content,
+            }))
+        }
         "item_reference" => Err(ApiError::unsupported(
             format!("{at}.type"),
             "item references are not supported; send the item itself or use previous_response_id",
@@ -107,7 +123,7 @@ fn normalise_item(item: &Value, at: &str) -> Result<Value, ApiError> {
         other => Err(ApiError::invalid(
             format!("{at}.type"),
             format!(
-                "unknown input item type '{other}'; expected message, function_call, function_call_output or reasoning"
+                "unknown input item type '{other}'; expected message, function_call, function_call_output, reasoning or compaction"
             ),
         )),
     }
@@ -180,7 +196,7 @@ pub fn from_output(item: &OutputItem) -> Value {
 }
 
 /// The chat messages of a conversation in normal form: `instructions` first as a system
-/// message, then every item except reasoning.
+/// message, then every item except reasoning, a compaction item as a user message.
 pub fn to_messages(instructions: Option<&str>, items: &[Value]) -> Vec<ChatMessage> {
     let mut messages = Vec::with_capacity(items.len() + 1);
     if let Some(text) = instructions {
@@ -250,6 +266,14 @@ pub fn to_messages(instructions: Option<&str>, items: &[Value]) -> Vec<ChatMessa
                     messages.push(ChatMessage::Assistant {
                         content: None,
                         tool_calls: Some(vec![call]),
+                        name: None,
+                    });
+                }
+            }
+            Some("compaction") => {
+                if let Some(summary) = compaction::decode(&field("encrypted_content")) {
+                    messages.push(ChatMessage::User {
+                        content: Content::Text(compaction::shown(&summary)),
                         name: None,
                     });
                 }

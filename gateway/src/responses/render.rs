@@ -317,6 +317,30 @@ impl EventRenderer {
         out
     }
 
+    /// The opening events of a response that waits for its place in the model's queue:
+    /// `response.created` and `response.queued`, with status `queued`.
+    pub fn queued_events(&mut self) -> Vec<Value> {
+        let mut out = Vec::new();
+        self.response.status = "queued".into();
+        let snapshot = self.snapshot();
+        self.emit(&mut out, "response.created", json!({"response": snapshot}));
+        self.emit(&mut out, "response.queued", json!({"response": snapshot}));
+        out
+    }
+
+    /// `response.in_progress`, once a queued response got its place.
+    pub fn started_events(&mut self) -> Vec<Value> {
+        let mut out = Vec::new();
+        self.response.status = "in_progress".into();
+        let snapshot = self.snapshot();
+        self.emit(
+            &mut out,
+            "response.in_progress",
+            json!({"response": snapshot}),
+        );
+        out
+    }
+
     /// The events one generation event makes.
     pub fn events(&mut self, event: &GenEvent) -> Vec<Value> {
         let mut out = Vec::new();

@@ -5,9 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::events::StoredEvents;
 use crate::error::ApiError;
 use crate::openai::responses::ResponseObject;
 use crate::store::{Store, StoreError};
@@ -36,6 +38,10 @@ fn key(tenant: &str, id: &str) -> String {
     format!("turnpike:response:{tenant}:{id}")
 }
 
+fn events_key(tenant: &str, id: &str) -> String {
+    format!("turnpike:response-events:{tenant}:{id}")
+}
+
 impl ResponseStore {
     /// Responses kept in `store`; `retry_after` is what a 503 says when it is unreachable.
     pub fn new(store: Arc<dyn Store>, retry_after: Duration) -> Self {
@@ -51,38 +57,77 @@ impl ResponseStore {
 
     /// Keeps `stored` for `tenant`.
     pub async fn save(&self, tenant: &str, stored: &StoredResponse) -> Result<(), ApiError> {
-        let bytes = serde_json::to_vec(stored).map_err(|e| ApiError::Internal {
-            detail: format!("cannot encode a stored response: {e}"),
-        })?;
-        self.store
-            .put(&key(tenant, &stored.response.id), bytes, KEEP_FOR)
-            .await
-            .map_err(|e| self.unavailable(e))
+        self.put(
+            &key(tenant, &stored.response.id),
+            stored,
+            "a stored response",
+        )
+        .await
     }
 
     /// `tenant`'s response `id`, if it is kept.
     pub async fn load(&self, tenant: &str, id: &str) -> Result<Option<StoredResponse>, ApiError> {
-        let Some(bytes) = self
-            .store
-            .get(&key(tenant, id))
+        self.get(&key(tenant, id), &format!("stored response {id}"))
             .await
-            .map_err(|e| self.unavailable(e))?
-        else {
+    }
+
+    /// Forgets `tenant`'s response `id` (and its events); whether it was kept.
+    pub async fn delete(&self, tenant: &str, id: &str) -> Result<bool, ApiError> {
+        self.store
+            .delete(&events_key(tenant, id))
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        self.store
+            .delete(&key(tenant, id))
+            .await
+            .map_err(|e| self.unavailable(e))
+    }
+
+    /// Keeps the events of `tenant`'s streamed background response `id`.
+    pub async fn save_events(
+        &self,
+        tenant: &str,
+        id: &str,
+        events: &StoredEvents,
+    ) -> Result<(), ApiError> {
+        self.put(&events_key(tenant, id), events, "a response's events")
+            .await
+    }
+
+    /// The events of `tenant`'s response `id`, if it was a streamed background response.
+    pub async fn load_events(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Option<StoredEvents>, ApiError> {
+        self.get(
+            &events_key(tenant, id),
+            &format!("the events of response {id}"),
+        )
+        .await
+    }
+
+    /// Keeps `value` (`what`, for errors) as JSON under `key`.
+    async fn put(&self, key: &str, value: &impl Serialize, what: &str) -> Result<(), ApiError> {
+        let bytes = serde_json::to_vec(value).map_err(|e| ApiError::Internal {
+            detail: format!("cannot encode {what}: {e}"),
+        })?;
+        self.store
+            .put(key, bytes, KEEP_FOR)
+            .await
+            .map_err(|e| self.unavailable(e))
+    }
+
+    /// The JSON value (`what`, for errors) kept under `key`, if any.
+    async fn get<T: DeserializeOwned>(&self, key: &str, what: &str) -> Result<Option<T>, ApiError> {
+        let Some(bytes) = self.store.get(key).await.map_err(|e| self.unavailable(e))? else {
             return Ok(None);
         };
         serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|e| ApiError::Internal {
-                detail: format!("stored response {id} cannot be read: {e}"),
+                detail: format!("{what} cannot be read: {e}"),
             })
-    }
-
-    /// Forgets `tenant`'s response `id`; whether it was kept.
-    pub async fn delete(&self, tenant: &str, id: &str) -> Result<bool, ApiError> {
-        self.store
-            .delete(&key(tenant, id))
-            .await
-            .map_err(|e| self.unavailable(e))
     }
 }
 

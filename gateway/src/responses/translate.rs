@@ -146,19 +146,11 @@ pub fn in_progress(
 
 /// Checks what the gateway does not do (yet) and the shapes of the echoed settings.
 pub fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
-    if req.background == Some(true) {
-        if req.stream == Some(true) {
-            return Err(ApiError::unsupported(
-                "stream",
-                "background responses are not streamed; poll GET /v1/responses/{id}",
-            ));
-        }
-        if req.store == Some(false) {
-            return Err(ApiError::invalid(
-                "store",
-                "background responses must be stored",
-            ));
-        }
+    if req.background == Some(true) && req.store == Some(false) {
+        return Err(ApiError::invalid(
+            "store",
+            "background responses must be stored",
+        ));
     }
     if let Some(t) = &req.truncation
         && t != "disabled"

@@ -110,7 +110,8 @@ pub(super) struct Prepared {
 }
 
 /// Validates `req` once, builds its prompt and parameters, and admits it under `caller`'s
-/// limits with the request id `id`. Shared by chat and the Responses API, which translates its
+/// limits with the request id `id` (waiting for its place in the model's queue when `wait`).
+/// Shared by chat and the Responses API, which translates its
 /// requests into chat ones.
 pub(super) async fn prepare(
     state: &AppState,
@@ -118,6 +119,7 @@ pub(super) async fn prepare(
     req: &ChatCompletionRequest,
     id: &str,
     started: Instant,
+    wait: bool,
 ) -> Result<Prepared, ApiError> {
     let model = state.model(&req.model)?;
     state.tenancy.check_model(caller, &model, &req.model)?;
@@ -221,6 +223,7 @@ pub(super) async fn prepare(
         prompt_tokens,
         1,
         started,
+        wait,
     )
     .await?;
     let job = Job {
@@ -248,14 +251,23 @@ pub async fn chat(
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let started = Instant::now();
+    complete(&state, &caller, &req, Instant::now()).await
+}
+
+/// Runs `req` and answers as `POST /v1/chat/completions` does (one completion, or a stream).
+pub(super) async fn complete(
+    state: &AppState,
+    caller: &Caller,
+    req: &ChatCompletionRequest,
+    started: Instant,
+) -> Result<Response, ApiError> {
     let id = new_id("chatcmpl-");
     let Prepared {
         job,
         n,
         logprobs,
         model,
-    } = prepare(&state, &caller, &req, &id, started).await?;
+    } = prepare(state, caller, req, &id, started, true).await?;
     let record = RequestRecord::new(
         id.clone(),
         "chat",
@@ -265,7 +277,7 @@ pub async fn chat(
         started,
     );
     let stream = run::start(job).inspect_err(|e| record.failed(e))?;
-    let renderer = ChunkRenderer::new(id, &req, &model, n, logprobs.is_some());
+    let renderer = ChunkRenderer::new(id, req, &model, n, logprobs.is_some());
     let (folded, record, head) =
         match deliver(stream, record, &state.server, n as usize, renderer).await? {
             Delivered::Streamed(response) => return Ok(response),

@@ -3,7 +3,8 @@
 //! `chat.completion.chunk` objects the SSE stream carries, one per frame, then a `[DONE]` frame.
 //! Requests run one after another on a connection; errors are error events
 //! (`{"type": "error", "status", "error"}`) and never close the socket. A socket that goes away
-//! cancels the running request.
+//! cancels the running request. A message may carry an `idempotency_key`, which works as the
+//! `Idempotency-Key` header does on HTTP.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -13,17 +14,16 @@ use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{WebSocket, WebSocketUpgrade};
 use axum::http::Uri;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
 
-use super::chat::{ChunkRenderer, Prepared, prepare};
-use super::sse::{Render, payload};
-use super::websocket::{Closed, Pumped, Turns, accept, error_event, pump, send, send_text};
-use super::{AppState, new_id};
+use super::AppState;
+use super::chat::complete;
+use super::websocket::{
+    Closed, Turns, accept, count_turn, error_event, forward, guarded, send, take_key,
+};
 use crate::error::ApiError;
-use crate::observability::requests::RequestRecord;
 use crate::openai::chat::ChatCompletionRequest;
-use crate::openai::error::ErrorBody;
-use crate::pipeline::run::{self, GenEvent};
 use crate::tenancy::Caller;
 
 /// Handles the upgrade.
@@ -53,68 +53,37 @@ impl Turns for ChatTurns {
         waiting: &mut VecDeque<String>,
     ) -> Result<(), Closed> {
         let started = Instant::now();
-        let mut req: ChatCompletionRequest = match serde_json::from_str(&text) {
-            Ok(req) => req,
-            Err(e) => {
-                return send(socket, &error_event(&ApiError::InvalidJson(e.to_string()))).await;
-            }
-        };
-        req.stream = Some(true);
-        let id = new_id("chatcmpl-");
-        let Prepared {
-            job,
-            n,
-            logprobs,
-            model,
-        } = match prepare(&self.state, &self.caller, &req, &id, started).await {
-            Ok(prepared) => prepared,
+        let (state, caller) = (&self.state, &self.caller);
+        if let Err(e) = count_turn(state, caller).await {
+            return send(socket, &error_event(&e)).await;
+        }
+        let (req, body, key) = match request_of(&text) {
+            Ok(parsed) => parsed,
             Err(e) => return send(socket, &error_event(&e)).await,
         };
-        let record = RequestRecord::new(
-            id.clone(),
-            "chat",
-            model.id.clone(),
-            req.user.clone(),
-            true,
-            started,
-        );
-        let mut stream = match run::start(job) {
-            Ok(stream) => stream,
-            Err(e) => {
-                record.failed(&e);
-                return send(socket, &error_event(&e)).await;
-            }
+        let work = || async {
+            complete(state, caller, &req, started)
+                .await
+                .unwrap_or_else(IntoResponse::into_response)
         };
-        let mut renderer = ChunkRenderer::new(id, &req, &model, n, logprobs.is_some());
-        for chunk in renderer.opening() {
-            if let Some(json) = payload(&chunk) {
-                send_text(socket, json).await?;
-            }
-        }
-        let server = &self.state.server;
-        let deadline = started + server.request_timeout;
-        let pumped = pump(
-            socket,
-            &mut stream,
-            deadline,
-            server.request_timeout,
-            waiting,
-            |event| {
-                if let GenEvent::Usage(t) = event {
-                    record.ended(t.prompt, t.completion);
-                }
-                renderer.event(event).iter().filter_map(payload).collect()
-            },
-        )
-        .await?;
-        if let Pumped::Failed(e) = pumped {
-            e.log();
-            record.failed(&e);
-            let body = serde_json::to_value(ErrorBody { error: e.detail() }).unwrap_or_default();
-            let mut event = error_event(&e);
-            event["error"] = body["error"].clone();
-            return send(socket, &event).await;
-        }
-        send_text(socket, "[DONE]".into()).await
+        let deadline = started + state.server.request_timeout;
+        let path = "/v1/chat/completions";
+        let response = guarded(state, caller, path, key, &body, deadline, work).await;
+        forward(socket, response, waiting, true).await.map(|_| ())
     }
+}
+
+/// The request a message carries (always streamed), the body its idempotency key is bound
+/// to, and its `idempotency_key`.
+fn request_of(text: &str) -> Result<(ChatCompletionRequest, Value, Option<String>), ApiError> {
+    let mut body: Value =
+        serde_json::from_str(text).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
+    let key = match body.as_object_mut() {
+        Some(fields) => take_key(fields)?,
+        None => None,
+    };
+    let mut req: ChatCompletionRequest =
+        serde_json::from_value(body.clone()).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
+    req.stream = Some(true);
+    Ok((req, body, key))
 }

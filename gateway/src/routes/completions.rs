@@ -140,6 +140,7 @@ pub async fn completions(
         prompt_tokens,
         prompts as u64,
         started,
+        true,
     )
     .await?;
     let job = Job {

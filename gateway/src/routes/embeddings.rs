@@ -95,6 +95,7 @@ pub async fn embeddings(
             0,
             priority,
             started + state.server.request_timeout,
+            true,
         )
         .await?;
     let deadline = tokio::time::Instant::from_std(started + state.server.request_timeout);

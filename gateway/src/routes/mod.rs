@@ -1,8 +1,10 @@
 //! HTTP routes: one thin handler file per endpoint, and the router that joins them.
 
 mod admission;
+pub mod background;
 pub mod chat;
 pub mod chat_ws;
+pub mod compact;
 pub mod completions;
 mod cors;
 pub mod deliver;
@@ -106,6 +108,7 @@ pub fn router(state: AppState) -> Router {
             get(responses::retrieve).delete(responses::delete),
         )
         .route("/v1/responses/input_tokens", post(responses::input_tokens))
+        .route("/v1/responses/compact", post(compact::compact))
         .route(
             "/v1/responses/{id}/input_items",
             get(responses::input_items),
@@ -169,7 +172,8 @@ pub fn with_request_id(mut response: Response, id: &str) -> Response {
 /// Admits a generation for `caller`: the request's priority (`metadata.priority`) and the
 /// tenant's name and weight go to the engine in `params`; the tokens reserved are the prompt's
 /// plus the most the request may generate (`max_tokens` for each of `n` choices of each of
-/// `prompts` prompts).
+/// `prompts` prompts). With `wait` it waits for its place in the model's queue; else the
+/// admission may still be waiting (see [`crate::tenancy::Admission::seated`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn admit(
     state: &AppState,
@@ -180,6 +184,7 @@ pub async fn admit(
     prompt_tokens: u64,
     prompts: u64,
     started: Instant,
+    wait: bool,
 ) -> Result<crate::tenancy::Admission, ApiError> {
     let priority = crate::pipeline::params::priority(metadata)?;
     let tenant = &caller.principal.tenant;
@@ -196,6 +201,7 @@ pub async fn admit(
             most_new,
             priority,
             started + state.server.request_timeout,
+            wait,
         )
         .await
 }

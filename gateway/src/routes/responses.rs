@@ -6,7 +6,6 @@
 //! admission under the tenant's limits, one generation stream. Only the rendering differs.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{Path, Query, State};
@@ -15,22 +14,24 @@ use axum::{Extension, Json};
 use futures_util::FutureExt;
 use serde_json::{Value, json};
 
+use super::background;
 use super::chat::{Prepared, prepare};
 use super::deliver::{Delivered, deliver};
 use super::extract::JsonBody;
 use super::{AppState, new_id, unix_now, with_request_id};
+use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::observability::requests::RequestRecord;
-use crate::openai::chat::ChatCompletionRequest;
+use crate::openai::chat::{ChatCompletionRequest, Tool};
 use crate::openai::responses::{InputItemList, ResponseObject, ResponseUsage, ResponsesRequest};
+use crate::pipeline::prompt;
 use crate::pipeline::run::{self, Job};
-use crate::pipeline::{fold, prompt};
 use crate::responses::render::{self, EventRenderer, OnDone};
 use crate::responses::stored::{StoredResponse, not_found};
 use crate::responses::translate::{
     chat_format, chat_tool_choice, chat_tools, in_progress, refuse_unsupported,
 };
-use crate::responses::{ResponseStore, input};
+use crate::responses::{ResponseStore, input, truncate};
 use crate::tenancy::Caller;
 
 /// A Responses request validated, translated and admitted: ready to run.
@@ -53,7 +54,7 @@ pub(super) struct Turn {
 
 /// The conversation `req` makes: the items of the response it continues (the connection's
 /// `last` one, else the stored one), then its own input.
-async fn conversation(
+pub(super) async fn conversation(
     state: &AppState,
     tenant: &str,
     req: &ResponsesRequest,
@@ -90,19 +91,58 @@ pub async fn input_tokens(
     let model = state.model(&req.model)?;
     state.tenancy.check_model(&caller, &model, &req.model)?;
     let items = conversation(&state, &caller.principal.tenant.name, &req, None).await?;
+    let tools = req.tools.as_deref().map(chat_tools).transpose()?;
+    let count = prompt_length(&model, &req, tools.as_deref().unwrap_or_default(), &items)?;
+    Ok(Json(json!({"object": "response.input_tokens", "input_tokens": count})).into_response())
+}
+
+/// The prompt tokens `items` make for `req` on `model`, counted with the model's own template
+/// and tokenizer.
+fn prompt_length(
+    model: &ServedModel,
+    req: &ResponsesRequest,
+    tools: &[Tool],
+    items: &[Value],
+) -> Result<usize, ApiError> {
     let messages =
-        prompt::template_messages(&input::to_messages(req.instructions.as_deref(), &items))?;
-    let tools = match req.tools.as_deref().map(chat_tools).transpose()? {
-        Some(tools) if !tools.is_empty() => Some(prompt::template_tools(&tools)?),
-        _ => None,
+        prompt::template_messages(&input::to_messages(req.instructions.as_deref(), items))?;
+    let tools = match tools {
+        [] => None,
+        tools => Some(prompt::template_tools(tools)?),
     };
     let ids = prompt::chat_prompt(
-        &model,
+        model,
         &messages,
         tools.as_ref(),
         req.chat_template_kwargs.as_ref(),
     )?;
-    Ok(Json(json!({"object": "response.input_tokens", "input_tokens": ids.len()})).into_response())
+    Ok(ids.len())
+}
+
+/// The items of `items` the model is shown: all of them, or with `truncation: "auto"` the
+/// newest that fit its context (see [`truncate`]).
+fn visible<'a>(
+    state: &AppState,
+    req: &ResponsesRequest,
+    tools: &[Tool],
+    items: &'a [Value],
+) -> Result<&'a [Value], ApiError> {
+    if req.truncation.as_deref() != Some("auto") {
+        return Ok(items);
+    }
+    let model = state.model(&req.model)?;
+    let context = model.context_length as usize;
+    let prompt_limit = (state.defaults.max_request_tokens as usize).min(context);
+    let output = req
+        .max_output_tokens
+        .as_ref()
+        .and_then(serde_json::Number::as_u64)
+        .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+    let limit = prompt_limit
+        .saturating_sub(1)
+        .min(context.saturating_sub(output));
+    let first = truncate::first_kept(items, limit, |kept| prompt_length(&model, req, tools, kept))?;
+    Ok(&items[first..])
 }
 
 /// Validates `req`, finds the conversation it continues (in `last`, a WebSocket connection's
@@ -113,6 +153,7 @@ pub(super) async fn begin(
     req: &ResponsesRequest,
     started: Instant,
     last: Option<&StoredResponse>,
+    wait: bool,
 ) -> Result<Turn, ApiError> {
     refuse_unsupported(req)?;
     let tenant = caller.principal.tenant.name.clone();
@@ -124,9 +165,10 @@ pub(super) async fn begin(
         .flatten()
         .any(|i| i == "message.output_text.logprobs");
     let tools = req.tools.as_deref().map(chat_tools).transpose()?;
+    let shown = visible(state, req, tools.as_deref().unwrap_or_default(), &items)?;
     let chat = ChatCompletionRequest {
         model: req.model.clone(),
-        messages: input::to_messages(req.instructions.as_deref(), &items),
+        messages: input::to_messages(req.instructions.as_deref(), shown),
         stream: req.stream,
         stream_options: None,
         max_tokens: None,
@@ -163,7 +205,7 @@ pub(super) async fn begin(
         model,
         logprobs,
         ..
-    } = prepare(state, caller, &chat, &id, started).await?;
+    } = prepare(state, caller, &chat, &id, started, wait).await?;
     let base = in_progress(
         req,
         &id,
@@ -189,8 +231,29 @@ pub async fn create(
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ResponsesRequest>,
 ) -> Result<Response, ApiError> {
-    let started = Instant::now();
-    let turn = begin(&state, &caller, &req, started, None).await?;
+    let (response, _) = respond(&state, &caller, &req, Instant::now(), None).await?;
+    Ok(response)
+}
+
+/// Runs `req` and answers as `POST /v1/responses` does (a response object, a stream, or a
+/// background response), with the conversation it ran. `last` is a WebSocket connection's
+/// previous response.
+pub(super) async fn respond(
+    state: &AppState,
+    caller: &Caller,
+    req: &ResponsesRequest,
+    started: Instant,
+    last: Option<&StoredResponse>,
+) -> Result<(Response, Vec<Value>), ApiError> {
+    let turn = begin(
+        state,
+        caller,
+        req,
+        started,
+        last,
+        req.background != Some(true),
+    )
+    .await?;
     let record = RequestRecord::new(
         turn.id.clone(),
         "responses",
@@ -201,17 +264,12 @@ pub async fn create(
     );
     if req.background == Some(true) {
         state.background.check_room()?;
+        let items = turn.items.clone();
+        let streamed = req.stream == Some(true);
+        let response = background::start(state, turn, record, streamed).await?;
+        return Ok((response, items));
     }
-    let prompt_tokens: usize = turn.job.prompts.iter().map(Vec::len).sum();
     let stream = run::start(turn.job).inspect_err(|e| record.failed(e))?;
-    if req.background == Some(true) {
-        // Usage so far: the prompt is known, nothing is generated yet.
-        let base = ResponseObject {
-            usage: Some(ResponseUsage::new(prompt_tokens as u64, 0, 0, 0)),
-            ..turn.base
-        };
-        return in_background(&state, turn.tenant, base, turn.items, stream, record).await;
-    }
     let on_done: Option<OnDone> = turn.keep.then(|| {
         let (responses, tenant, input_items) = (
             state.responses.clone(),
@@ -231,7 +289,7 @@ pub async fn create(
     });
     let renderer = EventRenderer::new(turn.base.clone(), on_done);
     let (folded, record) = match deliver(stream, record, &state.server, 1, renderer).await? {
-        Delivered::Streamed(response) => return Ok(response),
+        Delivered::Streamed(response) => return Ok((response, turn.items)),
         Delivered::Folded { folded, record, .. } => (folded, record),
     };
     let (output, finished) = render::folded_output(&folded, render::wants_summary(&turn.base));
@@ -241,103 +299,12 @@ pub async fn create(
     if turn.keep {
         let stored = StoredResponse {
             response: response.clone(),
-            input_items: turn.items,
+            input_items: turn.items.clone(),
         };
         state.responses.save(&turn.tenant, &stored).await?;
     }
-    Ok(with_request_id(Json(response).into_response(), &record.id))
-}
-
-/// Stores the response `in_progress`, answers with it, and runs the generation on a task that
-/// stores the result (completed, incomplete or failed).
-async fn in_background(
-    state: &AppState,
-    tenant: String,
-    base: ResponseObject,
-    items: Vec<Value>,
-    stream: run::GenStream,
-    record: RequestRecord,
-) -> Result<Response, ApiError> {
-    let stored = StoredResponse {
-        response: base.clone(),
-        input_items: items,
-    };
-    state.responses.save(&tenant, &stored).await?;
-    let id = base.id.clone();
-    let (responses, running) = (state.responses.clone(), Arc::clone(&state.background));
-    let task_tenant = tenant.clone();
-    let limit = state.server.request_timeout;
-    let task = tokio::spawn(async move {
-        let work = tokio::time::timeout(limit, fold::fold(stream, 1));
-        // A cancel on another replica (shared Redis state) marks the stored response; watch for
-        // it, and stop (dropping the stream cancels the engine's work).
-        let cancelled = watch_for_cancel(&responses, &task_tenant, &stored.response.id);
-        let folded = tokio::select! {
-            folded = work => folded.unwrap_or(Err(ApiError::Timeout(limit))),
-            () = cancelled => {
-                // Dropping the record unsettled logs it as abandoned by the client.
-                drop(record);
-                running.remove(&task_tenant, &stored.response.id);
-                return;
-            }
-        };
-        let StoredResponse {
-            response,
-            input_items,
-        } = stored;
-        let response = match folded {
-            Ok(folded) => {
-                record.ended(folded.totals.prompt, folded.totals.completion);
-                let (output, finished) =
-                    render::folded_output(&folded, render::wants_summary(&response));
-                let t = folded.totals;
-                let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, t.reasoning);
-                render::finish(response, output, finished, usage, unix_now())
-            }
-            Err(e) => {
-                e.log();
-                record.failed(&e);
-                let detail = e.detail();
-                ResponseObject {
-                    status: "failed".into(),
-                    error: Some(
-                        json!({"code": detail.code.unwrap_or("server_error"), "message": detail.message}),
-                    ),
-                    ..response
-                }
-            }
-        };
-        let done = StoredResponse {
-            response,
-            input_items,
-        };
-        // A cancel that landed while the result was being made wins.
-        let cancelled = matches!(
-            responses.load(&task_tenant, &done.response.id).await,
-            Ok(Some(now)) if now.response.status == "cancelled"
-        );
-        if !cancelled && let Err(e) = responses.save(&task_tenant, &done).await {
-            e.log();
-        }
-        running.remove(&task_tenant, &done.response.id);
-    });
-    state.background.insert(&tenant, &id, task.abort_handle());
-    Ok(with_request_id(Json(base).into_response(), &id))
-}
-
-/// How often a background response checks whether it was cancelled elsewhere.
-const CANCEL_POLL: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// Resolves once `tenant`'s stored response `id` is marked cancelled (by any replica).
-async fn watch_for_cancel(responses: &ResponseStore, tenant: &str, id: &str) {
-    loop {
-        tokio::time::sleep(CANCEL_POLL).await;
-        if let Ok(Some(now)) = responses.load(tenant, id).await
-            && now.response.status == "cancelled"
-        {
-            return;
-        }
-    }
+    let body = with_request_id(Json(response).into_response(), &record.id);
+    Ok((body, turn.items))
 }
 
 /// `tenant`'s stored response `id`, or 404 `response_not_found`.
@@ -354,28 +321,21 @@ async fn stored_or_404(
 }
 
 /// Handles `POST /v1/responses/{id}/cancel`: stops a background response that is still
-/// running and stores it `cancelled`; a finished one is returned as it is.
+/// queued or running and stores it `cancelled`; a finished one is returned as it is.
 pub async fn cancel(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let tenant = &caller.principal.tenant.name;
-    let mut stored = stored_or_404(&state, tenant, &id).await?;
+    let stored = stored_or_404(&state, tenant, &id).await?;
     if !stored.response.background {
         return Err(ApiError::invalid(
             "response_id",
             "only background responses can be cancelled",
         ));
     }
-    if matches!(stored.response.status.as_str(), "queued" | "in_progress") {
-        if let Some(task) = state.background.remove(tenant, &id) {
-            // Dropping the task's stream cancels the engine's work.
-            task.abort();
-        }
-        stored.response.status = "cancelled".into();
-        state.responses.save(tenant, &stored).await?;
-    }
+    let stored = background::cancel(&state, tenant, stored).await?;
     Ok(Json(stored.response).into_response())
 }
 
@@ -392,14 +352,38 @@ pub(super) fn save_soon(responses: ResponseStore, tenant: String, stored: Stored
     }
 }
 
-/// Handles `GET /v1/responses/{id}`.
+/// Handles `GET /v1/responses/{id}`: the response, or with `stream=true` the event stream of
+/// a streamed background response (after `starting_after`, when given).
 pub async fn retrieve(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let tenant = &caller.principal.tenant.name;
     let stored = stored_or_404(&state, tenant, &id).await?;
+    let stream = match query.get("stream").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "stream",
+                format!("'stream' must be true or false, not '{other}'"),
+            ));
+        }
+    };
+    let starting_after = match query.get("starting_after") {
+        None => None,
+        Some(n) => Some(n.parse::<u64>().map_err(|_| {
+            ApiError::invalid(
+                "starting_after",
+                "'starting_after' must be a sequence number (an integer from 0)",
+            )
+        })?),
+    };
+    if stream {
+        return background::resume(&state, tenant, &stored, starting_after).await;
+    }
     Ok(Json(stored.response).into_response())
 }
 

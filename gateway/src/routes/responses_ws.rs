@@ -5,7 +5,8 @@
 //! it. The connection remembers its last response, so `previous_response_id` continues it even
 //! with `store: false`. `generate: false` warms up: the response is created and completed with no
 //! output. A bad message gets an error event, never a close; the connection is closed after
-//! `server.websocket_max_duration`. A socket that goes away cancels the running turn.
+//! `server.websocket_max_duration`. A socket that goes away cancels the running turn. A message
+//! may carry an `idempotency_key`, which works as the `Idempotency-Key` header does on HTTP.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -15,16 +16,16 @@ use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{WebSocket, WebSocketUpgrade};
 use axum::http::Uri;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::responses::{Turn, begin};
-use super::websocket::{Closed, Pumped, Turns, accept, error_event, pump, send};
+use super::responses::{conversation, respond};
+use super::websocket::{
+    Closed, Turns, accept, count_turn, error_event, forward, guarded, send, take_key,
+};
 use crate::error::ApiError;
-use crate::observability::requests::RequestRecord;
 use crate::openai::responses::{ResponseUsage, ResponsesRequest};
-use crate::pipeline::run::{self, GenEvent};
 use crate::responses::render::{self, EventRenderer};
 use crate::responses::stored::StoredResponse;
 use crate::responses::translate::in_progress;
@@ -71,9 +72,21 @@ impl Turns for ResponseTurns {
     }
 }
 
-/// The request a `response.create` message carries, and whether to generate.
-fn request_of(text: &str) -> Result<(ResponsesRequest, bool), ApiError> {
-    let message: Value =
+/// What a `response.create` message asks for.
+struct Create {
+    /// The request (the message without its envelope).
+    request: ResponsesRequest,
+    /// The request as sent, which an idempotency key is bound to.
+    body: Value,
+    /// Whether to generate (`generate: false` warms up).
+    generate: bool,
+    /// The message's `idempotency_key`.
+    key: Option<String>,
+}
+
+/// Reads a `response.create` message (flat, or nested under `response`).
+fn request_of(text: &str) -> Result<Create, ApiError> {
+    let mut message: Value =
         serde_json::from_str(text).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
     let kind = message.get("type").and_then(Value::as_str).unwrap_or("");
     if kind != "response.create" {
@@ -82,13 +95,20 @@ fn request_of(text: &str) -> Result<(ResponsesRequest, bool), ApiError> {
             format!("unknown message type '{kind}'; send 'response.create'"),
         ));
     }
-    let mut body = match message.get("response") {
-        Some(Value::Object(nested)) => nested.clone(),
-        _ => message.as_object().cloned().unwrap_or_default(),
-    };
+    let envelope = message
+        .as_object_mut()
+        .map(std::mem::take)
+        .unwrap_or_default();
+    let mut key = None;
+    let mut body = envelope.clone();
+    if let Some(Value::Object(nested)) = envelope.get("response") {
+        key = take_key(&mut body)?;
+        body = nested.clone();
+    }
+    key = take_key(&mut body)?.or(key);
     let generate = match body
         .remove("generate")
-        .or_else(|| message.get("generate").cloned())
+        .or_else(|| envelope.get("generate").cloned())
     {
         None => true,
         Some(Value::Bool(b)) => b,
@@ -99,8 +119,8 @@ fn request_of(text: &str) -> Result<(ResponsesRequest, bool), ApiError> {
             ));
         }
     };
-    for envelope in ["type", "stream", "stream_id", "event_id"] {
-        body.remove(envelope);
+    for field in ["type", "stream", "stream_id", "event_id"] {
+        body.remove(field);
     }
     if body.get("background").and_then(Value::as_bool) == Some(true) {
         return Err(ApiError::unsupported(
@@ -108,12 +128,19 @@ fn request_of(text: &str) -> Result<(ResponsesRequest, bool), ApiError> {
             "background responses are not available over WebSocket",
         ));
     }
-    let request = serde_json::from_value(Value::Object(body))
-        .map_err(|e| ApiError::InvalidJson(e.to_string()))?;
-    Ok((request, generate))
+    let body = Value::Object(body);
+    let request =
+        serde_json::from_value(body.clone()).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
+    Ok(Create {
+        request,
+        body,
+        generate,
+        key,
+    })
 }
 
-/// One message: runs its turn, or answers with an error event.
+/// One message: runs its turn (as `POST /v1/responses` with `stream: true` would, under its
+/// idempotency key if it has one), or answers with an error event.
 async fn handle(
     socket: &mut WebSocket,
     state: &AppState,
@@ -123,8 +150,16 @@ async fn handle(
     waiting: &mut VecDeque<String>,
 ) -> Result<(), Closed> {
     let started = Instant::now();
-    let (mut req, generate) = match request_of(text) {
-        Ok(parsed) => parsed,
+    if let Err(e) = count_turn(state, caller).await {
+        return send(socket, &error_event(&e)).await;
+    }
+    let Create {
+        request: mut req,
+        body,
+        generate,
+        key,
+    } = match request_of(text) {
+        Ok(create) => create,
         Err(e) => return send(socket, &error_event(&e)).await,
     };
     req.stream = Some(true);
@@ -138,11 +173,46 @@ async fn handle(
         }
         return warm_up(socket, &req, last).await;
     }
-    let turn = match begin(state, caller, &req, started, last.as_ref()).await {
-        Ok(turn) => turn,
-        Err(e) => return send(socket, &error_event(&e)).await,
+    let mut ran: Option<Vec<Value>> = None;
+    let (slot, request, previous) = (&mut ran, &req, last.as_ref());
+    let work = move || async move {
+        match respond(state, caller, request, started, previous).await {
+            Ok((response, items)) => {
+                *slot = Some(items);
+                response
+            }
+            Err(e) => e.into_response(),
+        }
     };
-    run_turn(socket, state, turn, &req, started, last, waiting).await
+    let deadline = started + state.server.request_timeout;
+    let response = guarded(state, caller, "/v1/responses", key, &body, deadline, work).await;
+    let Some(final_event) = forward(socket, response, waiting, false).await? else {
+        return Ok(());
+    };
+    // The connection remembers the response the turn made, for `previous_response_id`.
+    let finished = serde_json::from_str::<Value>(&final_event)
+        .ok()
+        .filter(|e| {
+            matches!(
+                e.get("type").and_then(Value::as_str),
+                Some("response.completed" | "response.incomplete")
+            )
+        })
+        .and_then(|mut e| serde_json::from_value(e["response"].take()).ok());
+    if let Some(response) = finished {
+        let input_items = match ran {
+            Some(items) => items,
+            // A replayed turn: its conversation, as it ran.
+            None => conversation(state, &caller.principal.tenant.name, &req, last.as_ref())
+                .await
+                .unwrap_or_default(),
+        };
+        *last = Some(StoredResponse {
+            response,
+            input_items,
+        });
+    }
+    Ok(())
 }
 
 async fn warm_up(
@@ -173,73 +243,5 @@ async fn warm_up(
         response: done,
         input_items: Vec::new(),
     });
-    Ok(())
-}
-
-async fn run_turn(
-    socket: &mut WebSocket,
-    state: &AppState,
-    turn: Turn,
-    req: &ResponsesRequest,
-    started: Instant,
-    last: &mut Option<StoredResponse>,
-    waiting: &mut VecDeque<String>,
-) -> Result<(), Closed> {
-    let record = RequestRecord::new(
-        turn.id.clone(),
-        "responses",
-        turn.model_id.clone(),
-        req.user.clone(),
-        true,
-        started,
-    );
-    let mut stream = match run::start(turn.job) {
-        Ok(stream) => stream,
-        Err(e) => {
-            record.failed(&e);
-            return send(socket, &error_event(&e)).await;
-        }
-    };
-    let mut renderer = EventRenderer::new(turn.base, None);
-    for event in renderer.opening_events() {
-        send(socket, &event).await?;
-    }
-    let deadline = started + state.server.request_timeout;
-    let pumped = pump(
-        socket,
-        &mut stream,
-        deadline,
-        state.server.request_timeout,
-        waiting,
-        |event| {
-            if let GenEvent::Usage(t) = event {
-                record.ended(t.prompt, t.completion);
-            }
-            renderer
-                .events(event)
-                .iter()
-                .map(Value::to_string)
-                .collect()
-        },
-    )
-    .await?;
-    if let Pumped::Failed(e) = pumped {
-        e.log();
-        record.failed(&e);
-        for event in renderer.failure_events(&e.detail()) {
-            send(socket, &event).await?;
-        }
-        return Ok(());
-    }
-    let stored = StoredResponse {
-        response: renderer.response().clone(),
-        input_items: turn.items,
-    };
-    if turn.keep
-        && let Err(e) = state.responses.save(&turn.tenant, &stored).await
-    {
-        e.log();
-    }
-    *last = Some(stored);
     Ok(())
 }

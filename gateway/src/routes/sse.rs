@@ -179,10 +179,16 @@ pub fn respond(
         _guard: StreamGuard::open(),
     };
     let body = Body::from_stream(futures_util::stream::unfold(state, State::next));
-    let mut response = body.into_response();
+    let mut response = event_stream(body, &state_id);
     response.extensions_mut().insert(failed);
+    response
+}
+
+/// `body`, a stream of server-sent events, as the response to request `id`.
+pub fn event_stream(body: Body, id: &str) -> Response {
+    let mut response = body.into_response();
     let headers = response.headers_mut();
-    if let Ok(id) = HeaderValue::from_str(&state_id) {
+    if let Ok(id) = HeaderValue::from_str(id) {
         headers.insert("x-request-id", id);
     }
     headers.insert(

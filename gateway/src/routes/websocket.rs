@@ -1,23 +1,31 @@
 //! What the WebSocket endpoints share: the connection's bounds (a permit per connection, a time
 //! limit), turns taken one at a time with later messages waiting (bounded), error events that
-//! never close the socket, and pumping a generation into frames while watching the socket, so a
-//! client that goes away cancels the engine's work (the stream is dropped).
+//! never close the socket, and forwarding a turn into frames while watching the socket, so a
+//! client that goes away cancels the engine's work (the response body is dropped).
+//!
+//! A turn runs exactly as its HTTP request would and answers with the same response (an error,
+//! or server-sent events); [`forward`] turns that response into frames. So a turn meets the same
+//! validation, tenant limits and deadlines as HTTP, and an `idempotency_key` in a message goes
+//! through the same idempotency service as an `Idempotency-Key` header: a repeated turn replays,
+//! joins or conflicts like a repeated POST.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::AppState;
 use crate::error::ApiError;
+use crate::idempotency::record;
 use crate::observability::metrics;
-use crate::pipeline::run::{GenEvent, GenStream};
+use crate::tenancy::Caller;
+use crate::tenancy::limits::LimitReport;
 
 /// Accepts a WebSocket route's upgrade and runs its connection with `turns` (offering
 /// `protocols`, if any). A plain `GET` (no upgrade) is the 405 it was before the route took
@@ -157,43 +165,111 @@ pub async fn session(
     let _ = socket.send(Message::Close(None)).await;
 }
 
-/// How a pumped generation ended.
-#[derive(Debug)]
-pub enum Pumped {
-    /// Its last event (the usage) was sent, or the stream ended.
-    Ended,
-    /// The engine failed (or the turn ran out of time) after the head.
-    Failed(ApiError),
+/// Counts a turn against the tenant's request rates, as an HTTP request is counted (the
+/// upgrade itself was counted as one).
+pub async fn count_turn(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
+    let mut report = LimitReport::default();
+    state
+        .tenancy
+        .limiter
+        .hit(&caller.principal, &mut report)
+        .await
 }
 
-/// Sends a generation's frames as `render` makes them from each event, until its usage, while
-/// keeping messages that arrive (at most [`MAX_WAITING`]). Returns `Closed` when the socket
-/// goes away: the caller returns and drops the stream, which cancels the engine's work.
-pub async fn pump(
-    socket: &mut WebSocket,
-    stream: &mut GenStream,
+/// The idempotency key a message carries in its `idempotency_key` field (taken out of
+/// `message`), checked.
+pub fn take_key(message: &mut Map<String, Value>) -> Result<Option<String>, ApiError> {
+    match message.remove("idempotency_key") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(key)) => record::valid_key(key.as_bytes())
+            .map(Some)
+            .map_err(|message| ApiError::invalid("idempotency_key", message)),
+        Some(_) => Err(ApiError::invalid(
+            "idempotency_key",
+            "'idempotency_key' must be a string",
+        )),
+    }
+}
+
+/// Runs a turn's `work` (which answers as the HTTP endpoint would), under the idempotency key
+/// `key` when the message carried one and the gateway keeps keys. `body` is the request the
+/// key is bound to.
+pub async fn guarded<F, Fut>(
+    state: &AppState,
+    caller: &Caller,
+    path: &str,
+    key: Option<String>,
+    body: &Value,
     deadline: Instant,
-    limit: Duration,
+    work: F,
+) -> Response
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Response>,
+{
+    match (key, &state.tenancy.idempotency) {
+        (Some(key), Some(idempotency)) => {
+            let fingerprint = record::fingerprint("WEBSOCKET", path, body.to_string().as_bytes());
+            let tenant = &caller.principal.tenant.name;
+            idempotency
+                .guard(tenant, &key, &fingerprint, deadline, work)
+                .await
+        }
+        _ => work().await,
+    }
+}
+
+/// Largest error body read from a refused turn.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// Sends a turn's response over the socket: a refusal as one error event; a stream of
+/// server-sent events as their `data` payloads, one per frame (`[DONE]` only when
+/// `done_frame`), an SSE failure (`{"error": ...}`) as an error event. Messages that arrive
+/// meanwhile are kept (at most [`MAX_WAITING`]). Returns the last payload sent, or `Closed`
+/// when the socket goes away: dropping the response body then cancels the turn's work.
+pub async fn forward(
+    socket: &mut WebSocket,
+    response: Response,
     waiting: &mut VecDeque<String>,
-    mut render: impl FnMut(&GenEvent) -> Vec<String>,
-) -> Result<Pumped, Closed> {
+    done_frame: bool,
+) -> Result<Option<String>, Closed> {
+    let status = response.status();
+    if !status.is_success() {
+        let body = axum::body::to_bytes(response.into_body(), MAX_ERROR_BODY)
+            .await
+            .unwrap_or_default();
+        let error = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|mut v| v.get_mut("error").map(Value::take))
+            .unwrap_or_else(|| json!({"type": "server_error", "message": "the turn failed", "param": null, "code": null}));
+        let event = json!({"type": "error", "status": status.as_u16(), "error": error});
+        send(socket, &event).await?;
+        return Ok(None);
+    }
+    let mut body = response.into_body().into_data_stream();
+    let mut buffer: Vec<u8> = Vec::new();
+    let mut last = None;
     loop {
         tokio::select! {
-            event = tokio::time::timeout_at(deadline.into(), stream.next()) => {
-                let event = event.unwrap_or(Some(GenEvent::Error(ApiError::Timeout(limit))));
-                match event {
-                    None => return Ok(Pumped::Ended),
-                    Some(GenEvent::Error(e)) => return Ok(Pumped::Failed(e)),
-                    Some(event) => {
-                        for text in render(&event) {
-                            send_text(socket, text).await?;
+            chunk = body.next() => match chunk {
+                None | Some(Err(_)) => return Ok(last),
+                Some(Ok(bytes)) => {
+                    buffer.extend_from_slice(&bytes);
+                    while let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {
+                        let event: Vec<u8> = buffer.drain(..end + 2).collect();
+                        let Some(data) = event_data(&event) else { continue };
+                        if data == "[DONE]" {
+                            if done_frame {
+                                send_text(socket, data).await?;
+                            }
+                            continue;
                         }
-                        if matches!(event, GenEvent::Usage(_)) {
-                            return Ok(Pumped::Ended);
-                        }
+                        let text = sse_failure(&data).unwrap_or(data);
+                        send_text(socket, text.clone()).await?;
+                        last = Some(text);
                     }
                 }
-            }
+            },
             received = socket.recv() => match frame(received) {
                 Frame::Gone => return Err(Closed),
                 Frame::Skip => {}
@@ -208,4 +284,27 @@ pub async fn pump(
             },
         }
     }
+}
+
+/// The `data:` payload of one server-sent event (none for a comment, such as a heartbeat).
+fn event_data(event: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(event).ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("data: "))
+        .map(str::to_string)
+}
+
+/// A stream's failure event (`{"error": ...}`, with no `type`) as a WebSocket error event.
+fn sse_failure(data: &str) -> Option<String> {
+    if !data.starts_with("{\"error\"") {
+        return None;
+    }
+    let mut value: Value = serde_json::from_str(data).ok()?;
+    let error = value.get_mut("error")?.take();
+    let status = if error.get("code").and_then(Value::as_str) == Some("timeout") {
+        504
+    } else {
+        500
+    };
+    Some(json!({"type": "error", "status": status, "error": error}).to_string())
 }

@@ -119,43 +119,43 @@ impl ModelQueue {
         self: &Arc<Self>,
         priority: i32,
     ) -> Result<(QueueSlot, Option<usize>), QueueFull> {
-        let (rx, position) = {
-            let mut state = lock(&self.state);
-            state.waiting.retain(|w| !w.tx.is_closed());
-            if state.running < self.limits.max_running && state.waiting.is_empty() {
-                state.running += 1;
-                self.gauges(&state);
-                return Ok((
-                    QueueSlot {
-                        queue: Some(Arc::clone(self)),
-                    },
-                    None,
-                ));
-            }
-            if state.waiting.len() >= self.limits.max_waiting {
-                metrics::queue_full(&self.model);
-                return Err(QueueFull {
-                    waiting: state.waiting.len(),
-                });
-            }
-            let ahead = state
-                .waiting
-                .iter()
-                .filter(|w| w.priority >= priority)
-                .count();
-            state.seq += 1;
-            let (tx, rx) = oneshot::channel();
-            let seq = state.seq;
-            state.waiting.push(Waiter { priority, seq, tx });
+        let entry = self.join(priority)?;
+        let position = entry.position();
+        Ok((entry.seated().await?, position))
+    }
+
+    /// Joins the queue without waiting: a place now, or a place in line to wait on with
+    /// [`QueueEntry::seated`]. A full queue refuses at once.
+    pub fn join(self: &Arc<Self>, priority: i32) -> Result<QueueEntry, QueueFull> {
+        let mut state = lock(&self.state);
+        state.waiting.retain(|w| !w.tx.is_closed());
+        if state.running < self.limits.max_running && state.waiting.is_empty() {
+            state.running += 1;
             self.gauges(&state);
-            (rx, ahead + 1)
-        };
-        match rx.await {
-            Ok(slot) => Ok((slot, Some(position))),
-            // The queue never drops a waiter's sender without sending, except when the waiter
-            // was pruned as closed, which cannot happen while this future waits.
-            Err(_) => Err(QueueFull { waiting: 0 }),
+            return Ok(QueueEntry::Seated(QueueSlot {
+                queue: Some(Arc::clone(self)),
+            }));
         }
+        if state.waiting.len() >= self.limits.max_waiting {
+            metrics::queue_full(&self.model);
+            return Err(QueueFull {
+                waiting: state.waiting.len(),
+            });
+        }
+        let ahead = state
+            .waiting
+            .iter()
+            .filter(|w| w.priority >= priority)
+            .count();
+        state.seq += 1;
+        let (tx, rx) = oneshot::channel();
+        let seq = state.seq;
+        state.waiting.push(Waiter { priority, seq, tx });
+        self.gauges(&state);
+        Ok(QueueEntry::Waiting {
+            rx,
+            position: ahead + 1,
+        })
     }
 
     fn gauges(&self, state: &State) {
@@ -187,6 +187,40 @@ impl ModelQueue {
                 // The waiter left; disarm the slot and offer the place to the next one.
                 Err(mut slot) => slot.queue = None,
             }
+        }
+    }
+}
+
+/// A place in a model's queue: taken, or in line (leaving the line by dropping it).
+#[derive(Debug)]
+pub enum QueueEntry {
+    /// The place is taken.
+    Seated(QueueSlot),
+    /// In line, `position` from the front on arrival.
+    Waiting {
+        /// Where the place arrives.
+        rx: oneshot::Receiver<QueueSlot>,
+        /// The position on arrival.
+        position: usize,
+    },
+}
+
+impl QueueEntry {
+    /// The position on arrival when in line.
+    pub fn position(&self) -> Option<usize> {
+        match self {
+            Self::Seated(_) => None,
+            Self::Waiting { position, .. } => Some(*position),
+        }
+    }
+
+    /// The place, once it is this entry's turn.
+    pub async fn seated(self) -> Result<QueueSlot, QueueFull> {
+        match self {
+            Self::Seated(slot) => Ok(slot),
+            // The queue never drops a waiter's sender without sending, except when the waiter
+            // was pruned as closed, which cannot happen while this future waits.
+            Self::Waiting { rx, .. } => rx.await.map_err(|_| QueueFull { waiting: 0 }),
         }
     }
 }

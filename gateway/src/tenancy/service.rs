@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::auth::{Authenticator, Caller};
 use super::limits::{Limiter, StreamPermit, TokenHold};
-use super::queue::{QueueSlot, Queues};
+use super::queue::{QueueEntry, Queues};
 use crate::config::{TenancyConfig, keys_file};
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
@@ -35,10 +35,35 @@ pub struct Tenancy {
 pub struct Admission {
     tokens: Option<TokenHold>,
     _permit: Option<StreamPermit>,
-    _slot: Option<QueueSlot>,
+    place: Option<QueueEntry>,
 }
 
 impl Admission {
+    /// Whether the generation still waits for its place in the model's queue.
+    pub fn is_waiting(&self) -> bool {
+        matches!(self.place, Some(QueueEntry::Waiting { .. }))
+    }
+
+    /// Waits (until `deadline`) for the place in the model's queue, if it is not taken yet.
+    pub async fn seated(&mut self, deadline: Instant) -> Result<(), ApiError> {
+        let Some(entry) = self.place.take() else {
+            return Ok(());
+        };
+        match tokio::time::timeout_at(deadline.into(), entry.seated()).await {
+            Ok(Ok(slot)) => {
+                self.place = Some(QueueEntry::Seated(slot));
+                Ok(())
+            }
+            Ok(Err(_)) => Err(ApiError::Overloaded {
+                message: "the model's queue let this request go; retry it".into(),
+                retry_after: Duration::from_secs(1),
+            }),
+            Err(_) => Err(ApiError::Timeout(
+                deadline.saturating_duration_since(Instant::now()),
+            )),
+        }
+    }
+
     /// Records the tokens used so far, so a drop (cancel, error) settles with them.
     pub fn record(&self, used: u64) {
         if let Some(t) = &self.tokens {
@@ -108,8 +133,10 @@ impl Tenancy {
     }
 
     /// Admits a generation of `prompt` tokens that may produce `most_new` more: reserves the
-    /// tokens, takes a concurrency lease, then waits for a place in the model's queue (until
-    /// `deadline`).
+    /// tokens, takes a concurrency lease, then joins the model's queue. With `wait`, it waits
+    /// (until `deadline`) for its place; else the admission may still wait (see
+    /// [`Admission::seated`]), as a background response does after it answered `queued`.
+    #[allow(clippy::too_many_arguments)]
     pub async fn admit(
         &self,
         caller: &Caller,
@@ -118,6 +145,7 @@ impl Tenancy {
         most_new: u64,
         priority: i32,
         deadline: Instant,
+        wait: bool,
     ) -> Result<Admission, ApiError> {
         let mut report = caller.snapshot();
         let reserved = self
@@ -127,34 +155,30 @@ impl Tenancy {
         caller.report(|r| r.tokens = report.tokens);
         let tokens = reserved?;
         let permit = self.limiter.acquire(&caller.principal).await?;
-        let queue = self.queues.of(&model.id);
-        let (slot, position) =
-            match tokio::time::timeout_at(deadline.into(), queue.enter(priority)).await {
-                Ok(Ok(entered)) => entered,
-                Ok(Err(full)) => {
-                    return Err(ApiError::Overloaded {
-                        message: format!(
-                            "the queue of model `{}` is full ({} waiting)",
-                            model.id, full.waiting
-                        ),
-                        retry_after: self.limiter.retry_after(),
-                    });
-                }
-                Err(_) => {
-                    return Err(ApiError::Timeout(
-                        deadline.saturating_duration_since(Instant::now()),
-                    ));
-                }
-            };
-        caller.report(|r| r.queue_position = position);
+        let entry =
+            self.queues
+                .of(&model.id)
+                .join(priority)
+                .map_err(|full| ApiError::Overloaded {
+                    message: format!(
+                        "the queue of model `{}` is full ({} waiting)",
+                        model.id, full.waiting
+                    ),
+                    retry_after: self.limiter.retry_after(),
+                })?;
+        caller.report(|r| r.queue_position = entry.position());
         if let Some(t) = &tokens {
             t.record(prompt);
         }
-        Ok(Admission {
+        let mut admission = Admission {
             tokens,
             _permit: permit,
-            _slot: Some(slot),
-        })
+            place: Some(entry),
+        };
+        if wait {
+            admission.seated(deadline).await?;
+        }
+        Ok(admission)
     }
 
     /// Re-reads the keys file every `interval` when it changed (and on SIGHUP), swapping the

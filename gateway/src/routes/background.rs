@@ -1,0 +1,341 @@
+//! Background responses (`background: true`): the request answers at once, with the response
+//! `queued` (waiting for its place in the model's queue) or `in_progress`, and the generation
+//! runs on a task that stores each status and the result (completed, incomplete or failed).
+//! `POST /v1/responses/{id}/cancel` stops it, on any replica.
+//!
+//! With `stream: true` the task also writes every event to an [`EventLog`]: the creating
+//! request reads it as its stream, and `GET /v1/responses/{id}?stream=true` (from the start, or
+//! after `starting_after`) reads it too, so a client that lost its connection picks the stream
+//! up again while the generation goes on. On another replica, or after the end, the stream is
+//! replayed from the state store once the response has ended.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use serde_json::Value;
+
+use super::responses::Turn;
+use super::sse::event_stream;
+use super::{AppState, with_request_id};
+use crate::error::ApiError;
+use crate::observability::requests::RequestRecord;
+use crate::openai::responses::{ResponseObject, ResponseUsage};
+use crate::pipeline::run::{self, GenEvent, GenStream, Job};
+use crate::responses::ResponseStore;
+use crate::responses::background::Running;
+use crate::responses::events::{self, EventLog, Forgotten, StoredEvents};
+use crate::responses::render::{EventRenderer, sse_frame};
+use crate::responses::stored::StoredResponse;
+
+/// How often a background response checks whether it was cancelled elsewhere, and a reader on
+/// another replica whether the response ended.
+const POLL: Duration = Duration::from_millis(250);
+
+/// The generation, started or still waiting for its place (one per background response, moved
+/// once: its size does not matter).
+#[allow(clippy::large_enum_variant)]
+enum Work {
+    Started(GenStream),
+    Queued(Job),
+}
+
+/// Stores `turn`'s response (`queued` or `in_progress`), answers with it (or, when `streamed`,
+/// with its event stream), and runs the generation on a task.
+pub(super) async fn start(
+    state: &AppState,
+    turn: Turn,
+    record: RequestRecord,
+    streamed: bool,
+) -> Result<Response, ApiError> {
+    let queued = turn.job.admission.as_ref().is_some_and(|a| a.is_waiting());
+    let prompt_tokens: usize = turn.job.prompts.iter().map(Vec::len).sum();
+    let base = ResponseObject {
+        status: if queued { "queued" } else { "in_progress" }.into(),
+        // Usage so far: the prompt is known, nothing is generated yet.
+        usage: Some(ResponseUsage::new(prompt_tokens as u64, 0, 0, 0)),
+        ..turn.base
+    };
+    let work = if queued {
+        Work::Queued(turn.job)
+    } else {
+        // Started now, so an engine that refuses it answers this request.
+        Work::Started(run::start(turn.job).inspect_err(|e| record.failed(e))?)
+    };
+    let (tenant, id) = (turn.tenant, base.id.clone());
+    let stored = StoredResponse {
+        response: base.clone(),
+        input_items: turn.items,
+    };
+    state.responses.save(&tenant, &stored).await?;
+    let log = streamed.then(|| Arc::new(EventLog::default()));
+    if log.is_some() {
+        let started = StoredEvents::default();
+        state.responses.save_events(&tenant, &id, &started).await?;
+    }
+    let task = Task {
+        responses: state.responses.clone(),
+        running: Arc::clone(&state.background),
+        tenant: tenant.clone(),
+        stored,
+        renderer: EventRenderer::new(base.clone(), None),
+        log: log.clone(),
+        record,
+        limit: state.server.request_timeout,
+    };
+    // The task waits until it is registered, so its end always finds itself to remove.
+    let (registered, gate) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(async move {
+        let _ = gate.await;
+        task.run(work).await;
+    });
+    state
+        .background
+        .insert(&tenant, &id, handle.abort_handle(), log.clone());
+    let _ = registered.send(());
+    Ok(match log {
+        Some(log) => event_stream(
+            Body::from_stream(log.follow(0).map(Ok::<_, std::convert::Infallible>)),
+            &id,
+        ),
+        None => with_request_id(Json(base).into_response(), &id),
+    })
+}
+
+/// What a background task owns.
+struct Task {
+    responses: ResponseStore,
+    running: Arc<Running>,
+    tenant: String,
+    stored: StoredResponse,
+    renderer: EventRenderer,
+    log: Option<Arc<EventLog>>,
+    record: RequestRecord,
+    limit: Duration,
+}
+
+/// Ends a log when dropped: when its task ends, or is aborted by a cancel.
+struct Ending(Option<Arc<EventLog>>);
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        if let Some(log) = &self.0 {
+            log.end();
+        }
+    }
+}
+
+impl Task {
+    fn emit(&self, events: Vec<Value>) {
+        if let Some(log) = &self.log {
+            for event in &events {
+                log.push(sse_frame(event));
+            }
+        }
+    }
+
+    /// Runs the generation to its end, or until it is cancelled on another replica; stores the
+    /// result unless it was cancelled.
+    async fn run(mut self, work: Work) {
+        let _ending = Ending(self.log.clone());
+        let (responses, tenant) = (self.responses.clone(), self.tenant.clone());
+        let id = self.stored.response.id.clone();
+        let deadline = Instant::now() + self.limit;
+        let finished = tokio::select! {
+            response = self.generate(work, deadline) => Some(response),
+            () = watch_for_cancel(&responses, &tenant, &id) => None,
+        };
+        match finished {
+            // Dropping the record unsettled logs it as abandoned by the client.
+            None => drop(self.record),
+            Some(response) => {
+                let done = StoredResponse {
+                    response,
+                    input_items: std::mem::take(&mut self.stored.input_items),
+                };
+                // A cancel that landed while the result was being made wins.
+                if !is_cancelled(&responses, &tenant, &id).await
+                    && let Err(e) = responses.save(&tenant, &done).await
+                {
+                    e.log();
+                }
+            }
+        }
+        // The events are marked done after the response is stored, so a reader on another
+        // replica that sees them done finds the response as it ended.
+        if let Some(log) = &self.log {
+            log.end();
+            if let Err(e) = responses.save_events(&tenant, &id, &log.stored()).await {
+                e.log();
+            }
+        }
+        self.running.remove(&tenant, &id);
+    }
+
+    /// The generation, rendered (into the log when streamed): the final response.
+    async fn generate(&mut self, work: Work, deadline: Instant) -> ResponseObject {
+        let mut stream = match work {
+            Work::Started(stream) => {
+                let opening = self.renderer.opening_events();
+                self.emit(opening);
+                stream
+            }
+            Work::Queued(mut job) => {
+                let queued = self.renderer.queued_events();
+                self.emit(queued);
+                let seated = match job.admission.as_mut() {
+                    Some(admission) => admission.seated(deadline).await,
+                    None => Ok(()),
+                };
+                match seated.and_then(|()| run::start(job)) {
+                    Ok(stream) => {
+                        self.mark_in_progress().await;
+                        let started = self.renderer.started_events();
+                        self.emit(started);
+                        stream
+                    }
+                    Err(e) => return self.fail(&e),
+                }
+            }
+        };
+        loop {
+            match tokio::time::timeout_at(deadline.into(), stream.next()).await {
+                Err(_) => return self.fail(&ApiError::Timeout(self.limit)),
+                Ok(None) => break,
+                Ok(Some(GenEvent::Error(e))) => return self.fail(&e),
+                Ok(Some(event)) => {
+                    if let GenEvent::Usage(t) = &event {
+                        self.record.ended(t.prompt, t.completion);
+                    }
+                    let rendered = self.renderer.events(&event);
+                    self.emit(rendered);
+                    if matches!(event, GenEvent::Usage(_)) {
+                        break;
+                    }
+                }
+            }
+        }
+        self.renderer.response().clone()
+    }
+
+    /// Stores the response `in_progress` once it got its place (unless it was cancelled).
+    async fn mark_in_progress(&mut self) {
+        let now = StoredResponse {
+            response: ResponseObject {
+                status: "in_progress".into(),
+                ..self.stored.response.clone()
+            },
+            input_items: self.stored.input_items.clone(),
+        };
+        let (responses, tenant) = (self.responses.clone(), self.tenant.clone());
+        if is_cancelled(&responses, &tenant, &now.response.id).await {
+            return;
+        }
+        if let Err(e) = responses.save(&tenant, &now).await {
+            e.log();
+        }
+    }
+
+    fn fail(&mut self, e: &ApiError) -> ResponseObject {
+        e.log();
+        self.record.failed(e);
+        let failure = self.renderer.failure_events(&e.detail());
+        self.emit(failure);
+        self.renderer.response().clone()
+    }
+}
+
+/// Whether `tenant`'s stored response `id` is marked cancelled.
+async fn is_cancelled(responses: &ResponseStore, tenant: &str, id: &str) -> bool {
+    matches!(
+        responses.load(tenant, id).await,
+        Ok(Some(now)) if now.response.status == "cancelled"
+    )
+}
+
+/// Resolves once `tenant`'s stored response `id` is marked cancelled (by any replica).
+async fn watch_for_cancel(responses: &ResponseStore, tenant: &str, id: &str) {
+    loop {
+        tokio::time::sleep(POLL).await;
+        if is_cancelled(responses, tenant, id).await {
+            return;
+        }
+    }
+}
+
+/// Stops `tenant`'s background response `stored` if it still runs, and stores it `cancelled`.
+pub(super) async fn cancel(
+    state: &AppState,
+    tenant: &str,
+    mut stored: StoredResponse,
+) -> Result<StoredResponse, ApiError> {
+    let id = stored.response.id.clone();
+    if matches!(stored.response.status.as_str(), "queued" | "in_progress") {
+        if let Some(task) = state.background.remove(tenant, &id) {
+            // Dropping the task's stream cancels the engine's work; its log ends.
+            task.abort();
+        }
+        stored.response.status = "cancelled".into();
+        state.responses.save(tenant, &stored).await?;
+        if let Some(mut events) = state.responses.load_events(tenant, &id).await?
+            && !events.done
+        {
+            events.done = true;
+            state.responses.save_events(tenant, &id, &events).await?;
+        }
+    }
+    Ok(stored)
+}
+
+fn expired(forgotten: Forgotten) -> ApiError {
+    ApiError::invalid(
+        "starting_after",
+        format!(
+            "the stream keeps its events from sequence number {} on; ask for those, or retrieve the response",
+            forgotten.first
+        ),
+    )
+}
+
+/// The stream of `tenant`'s streamed background response `stored`, from the event after
+/// `starting_after` (from the start without it): followed live where it runs on this replica,
+/// else replayed from the state store once it has ended.
+pub(super) async fn resume(
+    state: &AppState,
+    tenant: &str,
+    stored: &StoredResponse,
+    starting_after: Option<u64>,
+) -> Result<Response, ApiError> {
+    let id = &stored.response.id;
+    let from = starting_after.map_or(0, |n| n.saturating_add(1));
+    if let Some(log) = state.background.log(tenant, id) {
+        log.check(from).map_err(expired)?;
+        let body = Body::from_stream(log.follow(from).map(Ok::<_, std::convert::Infallible>));
+        return Ok(event_stream(body, id));
+    }
+    let deadline = Instant::now() + state.server.request_timeout;
+    loop {
+        let Some(events) = state.responses.load_events(tenant, id).await? else {
+            return Err(ApiError::invalid(
+                "stream",
+                format!(
+                    "response '{id}' was not created with background and stream set, so it has no stream to read"
+                ),
+            ));
+        };
+        if events.done {
+            let frames = events::replay(&events, from).map_err(expired)?;
+            let body = Body::from_stream(futures_util::stream::iter(
+                frames.into_iter().map(Ok::<_, std::convert::Infallible>),
+            ));
+            return Ok(event_stream(body, id));
+        }
+        if Instant::now() >= deadline {
+            return Err(ApiError::Timeout(state.server.request_timeout));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}

@@ -1,0 +1,124 @@
+//! `POST /v1/responses/compact`: the conversation (a stored response's, the input's, or both)
+//! summarised by the model into a `compaction` item (see [`crate::responses::compaction`]).
+//! The answer's `output` is the conversation's user messages followed by that item; a client
+//! sends it as the input of its next request in place of the turns it replaces.
+//!
+//! The summary is made by an ordinary generation: the conversation, then an instruction to
+//! summarise it, run greedily through the same validation, admission and tenant limits as
+//! `POST /v1/responses`, with `truncation: "auto"` so a conversation too long for the context
+//! is summarised from its newest items. Nothing is stored.
+
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::{Value, json};
+
+use super::deliver::{Delivered, deliver};
+use super::extract::JsonBody;
+use super::responses::{begin, conversation};
+use super::{AppState, new_id, unix_now, with_request_id};
+use crate::error::ApiError;
+use crate::observability::requests::RequestRecord;
+use crate::openai::responses::{ResponseInput, ResponseUsage, ResponsesRequest};
+use crate::pipeline::run;
+use crate::responses::compaction;
+use crate::tenancy::Caller;
+
+/// Handles `POST /v1/responses/compact` (`model`, `input`, `previous_response_id`,
+/// `instructions`; the prompt-cache and service-tier hints are accepted and ignored).
+pub async fn compact(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    JsonBody(req): JsonBody<ResponsesRequest>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let tenant = &caller.principal.tenant.name;
+    let items = match (&req.input, &req.previous_response_id) {
+        // The stored conversation alone.
+        (None, Some(_)) => {
+            let stored_only = ResponsesRequest {
+                input: Some(ResponseInput::Items(Vec::new())),
+                ..req.clone()
+            };
+            conversation(&state, tenant, &stored_only, None).await?
+        }
+        _ => conversation(&state, tenant, &req, None).await?,
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid(
+            "input",
+            "there is nothing to compact: send input or a previous_response_id",
+        ));
+    }
+    let mut to_summarise = items.clone();
+    to_summarise
+        .push(json!({"type": "message", "role": "user", "content": compaction::INSTRUCTION}));
+    let summarise = ResponsesRequest {
+        input: Some(ResponseInput::Items(to_summarise)),
+        previous_response_id: None,
+        store: Some(false),
+        background: None,
+        stream: Some(false),
+        truncation: Some("auto".into()),
+        temperature: Some(0.0),
+        top_p: None,
+        max_output_tokens: None,
+        tools: None,
+        tool_choice: None,
+        text: None,
+        include: None,
+        metadata: None,
+        ..req.clone()
+    };
+    let turn = begin(&state, &caller, &summarise, started, None, true).await?;
+    let record = RequestRecord::new(
+        turn.id.clone(),
+        "responses",
+        turn.model_id.clone(),
+        req.user.clone(),
+        false,
+        started,
+    );
+    let stream = run::start(turn.job).inspect_err(|e| record.failed(e))?;
+    let Delivered::Folded { folded, record, .. } =
+        deliver(stream, record, &state.server, 1, NoStream).await?
+    else {
+        return Err(ApiError::Internal {
+            detail: "a compaction was streamed".into(),
+        });
+    };
+    let summary = folded
+        .choices
+        .first()
+        .map(|c| c.text.trim().to_string())
+        .unwrap_or_default();
+    let mut output: Vec<Value> = items
+        .into_iter()
+        .filter(|item| item["type"] == "message" && item["role"] == "user")
+        .collect();
+    output.push(compaction::item(&summary));
+    let t = folded.totals;
+    let body = json!({
+        "id": new_id("resp_"),
+        "object": "response.compaction",
+        "created_at": unix_now(),
+        "output": output,
+        "usage": ResponseUsage::new(t.prompt, t.completion, t.cached, t.reasoning),
+    });
+    Ok(with_request_id(Json(body).into_response(), &record.id))
+}
+
+/// The renderer of a generation that is never streamed.
+struct NoStream;
+
+impl super::sse::Render for NoStream {
+    fn opening(&mut self) -> Vec<axum::body::Bytes> {
+        Vec::new()
+    }
+
+    fn event(&mut self, _: &run::GenEvent) -> Vec<axum::body::Bytes> {
+        Vec::new()
+    }
+}
