@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-5}"
+source bench/lib.sh
 work=target/bench/tenancy
 mkdir -p "$work/runs"
 
@@ -39,38 +40,9 @@ write_config() { # NAME
     if [ "$name" = redis ]; then
       printf '[state]\nbackend = "redis"\nredis_url = "redis://127.0.0.1:4111/0"\n'
     fi
-    cat <<CONF
-[queue]
-max_running = 4096
-[[engines]]
-name = "sim"
-plugin = "$PWD/target/release/libturnpike_sim.so"
-[engines.config]
-max_running = 4096
-[[engines.config.models]]
-id = "sim"
-tokenizer = "$PWD/examples/models/sim-small/tokenizer.json"
-eos_token_id = 4
-latency = "instant"
-[[models]]
-name = "sim"
-engine = "sim"
-folder = "$PWD/examples/models/sim-small"
-CONF
+    printf '[queue]\nmax_running = 4096\n'
+    sim_engine_toml 4096
   } > "$work/$name.toml"
-}
-
-pids=()
-stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
-trap stop_all EXIT
-
-wait_ready() {
-  for _ in $(seq 1 120); do
-    curl -sf -o /dev/null http://127.0.0.1:4110/health && return 0
-    sleep 0.25
-  done
-  echo "gateway not ready" >&2
-  return 1
 }
 
 load() { # RUN-NAME IDEMPOTENCY-KEY-OR-EMPTY
@@ -96,7 +68,7 @@ for name in off memory redis; do
   write_config "$name"
   RUST_LOG=warn target/release/turnpike --log-format json serve --config "$work/$name.toml" > /dev/null 2> "$work/$name.log" &
   gateway=$!
-  wait_ready
+  wait_ready http://127.0.0.1:4110/health
   load "$name" ""
   if [ "$name" != off ]; then
     load "$name-replay" "bench-$RANDOM"

@@ -40,12 +40,12 @@ SIM_MODELS = {
     "thinker": "output = { mode = \"script\", tokens = %s }",
     # Reasons before a random 8-token answer, as long as the request's effort asks.
     "reasoner": "output = { mode = \"random\", length = [8, 8] }\nreasoning = { start = %s, end = %s }",
-    # Echoes its prompt, in a context of 96 tokens (truncation).
+    # Echoes its prompt, in a context of 512 tokens (truncation, compaction).
     "short": 'output = { mode = "echo" }',
 }
 # Extra keys of the gateway's own model entries.
 GATEWAY_MODELS = {"tools": 'tool_call_parser = "llama3_json"', "thinker": "reasoning = {}", "reasoner": "reasoning = {}",
-                  "short": "context_length = 96"}
+                  "short": "context_length = 512"}
 
 
 def config_text() -> str:

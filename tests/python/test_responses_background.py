@@ -69,6 +69,38 @@ def test_a_streamed_background_response_is_picked_up_again(gateway, client):
     assert [e.sequence_number for e in again] == [len(events) - 2, len(events) - 1]
 
 
+def test_a_retry_with_the_same_key_gets_the_same_background_response(gateway, client):
+    body = {"model": "slow", "input": "Once only", "background": True, "stream": True, "max_output_tokens": 30}
+    headers = {"Idempotency-Key": "background-stream-1"}
+    ids = []
+    for _ in range(2):
+        with httpx.stream("POST", f"{gateway}/v1/responses", json=body, headers=headers, timeout=30) as r:
+            assert r.status_code == 200, r.read()
+            first = next(line for line in r.iter_lines() if line.startswith("data: {"))
+        ids.append(json.loads(first[len("data: "):])["response"]["id"])
+    # The first client left after one event; the retry read the same response, not a new one.
+    assert ids[0] == ids[1]
+    assert wait_for(lambda: client.responses.retrieve(ids[0]).status in ("completed", "incomplete"))
+
+
+def test_a_cancelled_stream_keeps_its_events(gateway, client):
+    body = {"model": "slow", "input": "Go on", "background": True, "stream": True, "max_output_tokens": 200,
+            "min_tokens": 200}
+    with httpx.stream("POST", f"{gateway}/v1/responses", json=body, timeout=30) as r:
+        seen = []
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                seen.append(json.loads(line[len("data: "):]))
+                if seen[-1]["type"] == "response.output_text.delta":
+                    break
+    rid = seen[0]["response"]["id"]
+    assert client.responses.cancel(rid).status == "cancelled"
+    with httpx.stream("GET", f"{gateway}/v1/responses/{rid}", params={"stream": "true"}, timeout=30) as r:
+        events, done = read_events(r)
+    assert done and [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert len(events) >= len(seen) and events[: len(seen)] == seen
+
+
 def test_streams_that_cannot_be_read_are_clear_errors(gateway, client):
     plain = client.responses.create(model="chat", input="Not in the background", max_output_tokens=4)
     r = httpx.get(f"{gateway}/v1/responses/{plain.id}", params={"stream": "true"}, timeout=10)

@@ -1,7 +1,7 @@
 """Managing a conversation's length with the Responses API: `truncation: "auto"` (the oldest
 items go until the prompt fits the context) and `POST /v1/responses/compact` (the model's own
 summary, carried in a `compaction` item that later requests send back), with the official SDK.
-The `short` model echoes its prompt in a context of 96 tokens, so what the model was shown can
+The `short` model echoes its prompt in a context of 512 tokens, so what the model was shown can
 be read from its answer."""
 
 import httpx
@@ -9,11 +9,11 @@ import openai
 import pytest
 from openresponses_types import types as spec
 
-SHORT_CONTEXT = 96
+SHORT_CONTEXT = 512
 
 
 def conversation(turns):
-    """`turns` numbered question and answer pairs, each about 14 tokens."""
+    """`turns` numbered question and answer pairs, each about 50 tokens."""
     items = []
     for n in range(turns):
         items.append({"role": "user", "content": f"Question number {n} asks about the colour of the sky"})
@@ -22,7 +22,7 @@ def conversation(turns):
 
 
 def test_auto_truncation_drops_the_oldest_items_until_the_prompt_fits(client):
-    items = conversation(5) + [{"role": "user", "content": "Last question: what was asked?"}]
+    items = conversation(12) + [{"role": "user", "content": "Last question: what was asked?"}]
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(model="short", input=items)
     assert err.value.body["code"] == "context_length_exceeded"
@@ -45,7 +45,7 @@ def test_auto_truncation_drops_the_oldest_items_until_the_prompt_fits(client):
     assert follow.usage.input_tokens + 16 <= SHORT_CONTEXT
     # A last item too long on its own is still refused.
     with pytest.raises(openai.BadRequestError) as err:
-        client.responses.create(model="short", input="word " * 200, truncation="auto")
+        client.responses.create(model="short", input="word " * 400, truncation="auto")
     assert err.value.body["code"] == "context_length_exceeded"
 
 
@@ -80,6 +80,17 @@ def test_compaction_summarises_and_its_item_continues_the_conversation(gateway, 
     assert alone.output[0].content[0].text == "Remember the number 7."
     more = client.responses.compact(model="chat", previous_response_id=first.id, input="And 8.")
     assert [i.type for i in more.output] == ["message", "message", "compaction"]
+
+
+def test_a_conversation_too_long_for_the_context_compacts_from_its_newest_items(client):
+    items = conversation(12)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="short", input=items)
+    compacted = client.responses.compact(model="short", input=items)
+    assert [i.type for i in compacted.output] == ["message"] * 12 + ["compaction"]
+    # The summary had room: the prompt left at least the default output budget (half the context).
+    assert compacted.usage.input_tokens <= SHORT_CONTEXT // 2
+    assert compacted.usage.output_tokens > 0
 
 
 def test_compaction_refusals_are_clear(gateway, client):

@@ -42,6 +42,12 @@ struct State {
     ended: bool,
 }
 
+/// Marks a response whose work goes on without its readers (a background response's stream):
+/// when every listener left, the hub keeps recording it to its end, so a retry with the same key
+/// replays it instead of starting the work a second time.
+#[derive(Debug, Clone, Copy)]
+pub struct Detached;
+
 /// A response being produced for one or more listeners.
 #[derive(Debug)]
 pub struct Hub {
@@ -99,6 +105,7 @@ impl Hub {
         mut keep_alive: impl FnMut() -> futures_util::future::BoxFuture<'static, ()>,
     ) -> Ended {
         let failed_flag = response.extensions().get::<StreamFailed>().cloned();
+        let detached = response.extensions().get::<Detached>().is_some();
         let status = response.status();
         let (parts, body) = response.into_parts();
         self.head.send_replace(Some((parts.status, parts.headers)));
@@ -110,7 +117,7 @@ impl Hub {
             tokio::select! {
                 chunk = body.next() => match chunk {
                     Some(Ok(bytes)) => {
-                        if !self.deliver(bytes).await {
+                        if !self.deliver(bytes).await && !detached {
                             break Ended::Cancelled;
                         }
                     }
@@ -126,7 +133,7 @@ impl Hub {
                 },
                 _ = ticker.tick() => keep_alive().await,
                 _ = check.tick() => {
-                    if !self.anyone_listening() {
+                    if !detached && !self.anyone_listening() {
                         break Ended::Cancelled;
                     }
                 }

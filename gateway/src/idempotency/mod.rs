@@ -228,7 +228,16 @@ impl Idempotency {
             }
             .into_response();
         };
+        // Should this future be dropped while the work runs (the client went away before the
+        // head), the hub and the record are let go, so joiners and retries do not wait on them.
+        let mut pending = Pending {
+            this: Arc::clone(self),
+            scoped: scoped.clone(),
+            owner: owner.clone(),
+            hub: Some(Arc::clone(&hub)),
+        };
         let response = work().await;
+        pending.hub = None;
         let this = Arc::clone(self);
         tokio::spawn(async move {
             let store = Arc::clone(&this.store);
@@ -290,6 +299,40 @@ impl Idempotency {
             // The record lapses with its lease.
             metrics::state_error("idempotency");
             tracing::warn!(error = %e, "cannot settle an idempotency record");
+        }
+    }
+}
+
+/// An idempotent request whose work has not answered yet; see [`Idempotency::guard`].
+struct Pending {
+    this: Arc<Idempotency>,
+    scoped: String,
+    owner: String,
+    /// Set while the work runs.
+    hub: Option<Arc<Hub>>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(hub) = self.hub.take() else { return };
+        {
+            let mut hubs = self.this.hubs();
+            if hubs.get(&self.scoped).is_some_and(|h| Arc::ptr_eq(h, &hub)) {
+                hubs.remove(&self.scoped);
+            }
+        }
+        drop(hub);
+        let (this, scoped, owner) = (
+            Arc::clone(&self.this),
+            std::mem::take(&mut self.scoped),
+            std::mem::take(&mut self.owner),
+        );
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = this.store.abandon(&scoped, &owner).await {
+                    tracing::warn!(error = %e, "cannot let go of an idempotency record");
+                }
+            });
         }
     }
 }

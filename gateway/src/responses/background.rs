@@ -73,14 +73,15 @@ impl Running {
         tasks.get(&key(tenant, id)).and_then(|t| t.log.clone())
     }
 
-    /// Forgets the task (it ended); returns it when it was kept.
-    pub fn remove(&self, tenant: &str, id: &str) -> Option<AbortHandle> {
+    /// Forgets the task (it ended, or is to be stopped); returns it, with its event log, when
+    /// it was kept.
+    pub fn remove(&self, tenant: &str, id: &str) -> Option<(AbortHandle, Option<Arc<EventLog>>)> {
         let mut tasks = self
             .tasks
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let task = tasks.remove(&key(tenant, id));
         gauge(tasks.len());
-        task.map(|t| t.abort)
+        task.map(|t| (t.abort, t.log))
     }
 }

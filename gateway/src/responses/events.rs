@@ -3,14 +3,17 @@
 //! `starting_after` sequence number) read the same stream, while the generation runs on its own
 //! task whoever is reading.
 //!
-//! A log is bounded by bytes ([`MAX_LOG_BYTES`]): past that it lets its oldest events go, and a
-//! reader that needs one of them is told so (an `error` event; `starting_after` a 400). When the
+//! A log is bounded by bytes ([`MAX_LOG_BYTES`], and all logs together by [`MAX_TOTAL_BYTES`]):
+//! past that it lets its oldest events go, and a reader that needs one of them is told so (an
+//! `error` event; `starting_after` a 400). When the
 //! response ends, the log is written to the state store ([`StoredEvents`]) so any replica can
 //! replay it; the running log lives in the process that runs the response. The gauge
 //! `turnpike_response_event_log_bytes` is what the logs of this process keep.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use futures_util::Stream;
@@ -19,6 +22,13 @@ use tokio::sync::watch;
 
 /// Most bytes of events one log keeps.
 pub const MAX_LOG_BYTES: usize = 1 << 20;
+
+/// Most bytes of events every log of this process keeps together; past it, a log that grows
+/// lets its own oldest events go.
+pub const MAX_TOTAL_BYTES: usize = 256 << 20;
+
+/// The bytes every log of this process keeps.
+static TOTAL_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 /// A log's events as stored when the response ended (or as it began: empty, not `done`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,16 +83,19 @@ impl EventLog {
     /// Appends the next event (its sequence number is the count so far).
     pub fn push(&self, frame: Bytes) {
         let mut kept = self.kept();
-        let before = kept.bytes;
         kept.bytes += frame.len();
+        TOTAL_BYTES.fetch_add(frame.len(), Ordering::Relaxed);
         kept.frames.push_back(frame);
-        while kept.bytes > MAX_LOG_BYTES && kept.frames.len() > 1 {
+        while (kept.bytes > MAX_LOG_BYTES || TOTAL_BYTES.load(Ordering::Relaxed) > MAX_TOTAL_BYTES)
+            && kept.frames.len() > 1
+        {
             if let Some(old) = kept.frames.pop_front() {
                 kept.bytes -= old.len();
+                TOTAL_BYTES.fetch_sub(old.len(), Ordering::Relaxed);
                 kept.first += 1;
             }
         }
-        gauge_change(before, kept.bytes);
+        gauge();
         let count = kept.first + kept.frames.len() as u64;
         drop(kept);
         self.written.send_replace((count, false));
@@ -127,12 +140,17 @@ impl EventLog {
     }
 
     /// Every event from sequence number `from` on, as written, then `data: [DONE]` when the log
-    /// ends. A reader that falls behind past what the log keeps gets an `error` event and ends.
-    pub fn follow(self: Arc<Self>, from: u64) -> impl Stream<Item = Bytes> + Send + 'static {
+    /// ends; a `: keep-alive` comment after `heartbeat` without an event. A reader that falls
+    /// behind past what the log keeps gets an `error` event and ends.
+    pub fn follow(
+        self: Arc<Self>,
+        from: u64,
+        heartbeat: Duration,
+    ) -> impl Stream<Item = Bytes> + Send + 'static {
         let written = self.written.subscribe();
         futures_util::stream::unfold(
             (self, written, from, false),
-            |(log, mut written, next, over)| async move {
+            move |(log, mut written, next, over)| async move {
                 if over {
                     return None;
                 }
@@ -140,7 +158,7 @@ impl EventLog {
                     let (_, done) = *written.borrow_and_update();
                     match log.from(next) {
                         Err(forgotten) => {
-                            let frame = behind(forgotten);
+                            let frame = behind(forgotten, next);
                             return Some((frame, (log, written, next, true)));
                         }
                         Ok(frames) if !frames.is_empty() => {
@@ -156,11 +174,14 @@ impl EventLog {
                             let end = Bytes::from_static(b"data: [DONE]\n\n");
                             return Some((end, (log, written, next, true)));
                         }
-                        Ok(_) => {
-                            if written.changed().await.is_err() {
-                                return None;
+                        Ok(_) => match tokio::time::timeout(heartbeat, written.changed()).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(_)) => return None,
+                            Err(_) => {
+                                let beat = Bytes::from_static(b": keep-alive\n\n");
+                                return Some((beat, (log, written, next, false)));
                             }
-                        }
+                        },
                     }
                 }
             },
@@ -171,24 +192,21 @@ impl EventLog {
 impl Drop for EventLog {
     fn drop(&mut self) {
         let bytes = self.kept().bytes;
-        gauge_change(bytes, 0);
+        TOTAL_BYTES.fetch_sub(bytes, Ordering::Relaxed);
+        gauge();
     }
 }
 
-/// Moves the gauge of the bytes every log keeps from `before` to `after` for one log.
-fn gauge_change(before: usize, after: usize) {
-    let gauge = metrics::gauge!("turnpike_response_event_log_bytes");
-    if after >= before {
-        gauge.increment((after - before) as f64);
-    } else {
-        gauge.decrement((before - after) as f64);
-    }
+fn gauge() {
+    metrics::gauge!("turnpike_response_event_log_bytes")
+        .set(TOTAL_BYTES.load(Ordering::Relaxed) as f64);
 }
 
-/// The event a reader gets when the events it needs were let go.
-fn behind(forgotten: Forgotten) -> Bytes {
+/// The event a reader gets, in place of event `at`, when the events it needs were let go.
+fn behind(forgotten: Forgotten, at: u64) -> Bytes {
     let error = serde_json::json!({
         "type": "error",
+        "sequence_number": at,
         "code": "stream_events_expired",
         "message": format!(
             "This reader fell behind: the stream keeps its events from sequence number {} on. Retrieve the response, or stream it again with starting_after.",
@@ -226,6 +244,8 @@ mod tests {
 
     use super::*;
 
+    const BEAT: Duration = Duration::from_secs(60);
+
     fn frame(n: usize) -> Bytes {
         Bytes::from(format!("event: e\ndata: {n}\n\n"))
     }
@@ -234,8 +254,8 @@ mod tests {
     async fn readers_get_every_event_live_and_from_any_point() {
         let log = Arc::new(EventLog::default());
         log.push(frame(0));
-        let live = tokio::spawn(Arc::clone(&log).follow(0).collect::<Vec<_>>());
-        let late = tokio::spawn(Arc::clone(&log).follow(1).collect::<Vec<_>>());
+        let live = tokio::spawn(Arc::clone(&log).follow(0, BEAT).collect::<Vec<_>>());
+        let late = tokio::spawn(Arc::clone(&log).follow(1, BEAT).collect::<Vec<_>>());
         tokio::task::yield_now().await;
         log.push(frame(1));
         log.push(frame(2));
@@ -263,6 +283,16 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_quiet_log_sends_heartbeats() {
+        let log = Arc::new(EventLog::default());
+        let mut follower = Box::pin(Arc::clone(&log).follow(0, Duration::from_millis(20)));
+        let beat = follower.next().await;
+        assert_eq!(beat.as_deref(), Some(&b": keep-alive\n\n"[..]));
+        log.push(frame(0));
+        assert_eq!(follower.next().await, Some(frame(0)));
+    }
+
+    #[tokio::test]
     async fn a_full_log_lets_its_oldest_events_go_and_says_so() {
         let log = Arc::new(EventLog::default());
         let big = Bytes::from(vec![b'x'; MAX_LOG_BYTES / 2 + 1]);
@@ -272,7 +302,7 @@ mod tests {
         assert_eq!(log.check(0), Err(Forgotten { first: 2 }));
         assert_eq!(log.check(2), Ok(()));
         log.end();
-        let got: Vec<Bytes> = Arc::clone(&log).follow(0).collect().await;
+        let got: Vec<Bytes> = Arc::clone(&log).follow(0, BEAT).collect().await;
         assert_eq!(got.len(), 1);
         assert!(String::from_utf8_lossy(&got[0]).contains("stream_events_expired"));
         assert_eq!(replay(&log.stored(), 1), Err(Forgotten { first: 2 }));

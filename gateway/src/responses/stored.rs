@@ -17,6 +17,10 @@ use crate::store::{Store, StoreError};
 /// How long a stored response is kept (OpenAI keeps them for 30 days).
 pub const KEEP_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
 
+/// How long the events of a streamed background response are kept for a reader to pick the
+/// stream up again (the response itself stays for [`KEEP_FOR`]).
+pub const KEEP_EVENTS_FOR: Duration = Duration::from_secs(24 * 3600);
+
 /// A response with the conversation that led to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredResponse {
@@ -57,12 +61,8 @@ impl ResponseStore {
 
     /// Keeps `stored` for `tenant`.
     pub async fn save(&self, tenant: &str, stored: &StoredResponse) -> Result<(), ApiError> {
-        self.put(
-            &key(tenant, &stored.response.id),
-            stored,
-            "a stored response",
-        )
-        .await
+        let key = key(tenant, &stored.response.id);
+        self.put(&key, stored, KEEP_FOR, "a stored response").await
     }
 
     /// `tenant`'s response `id`, if it is kept.
@@ -90,7 +90,8 @@ impl ResponseStore {
         id: &str,
         events: &StoredEvents,
     ) -> Result<(), ApiError> {
-        self.put(&events_key(tenant, id), events, "a response's events")
+        let key = events_key(tenant, id);
+        self.put(&key, events, KEEP_EVENTS_FOR, "a response's events")
             .await
     }
 
@@ -107,13 +108,19 @@ impl ResponseStore {
         .await
     }
 
-    /// Keeps `value` (`what`, for errors) as JSON under `key`.
-    async fn put(&self, key: &str, value: &impl Serialize, what: &str) -> Result<(), ApiError> {
+    /// Keeps `value` (`what`, for errors) as JSON under `key` for `ttl`.
+    async fn put(
+        &self,
+        key: &str,
+        value: &impl Serialize,
+        ttl: Duration,
+        what: &str,
+    ) -> Result<(), ApiError> {
         let bytes = serde_json::to_vec(value).map_err(|e| ApiError::Internal {
             detail: format!("cannot encode {what}: {e}"),
         })?;
         self.store
-            .put(key, bytes, KEEP_FOR)
+            .put(key, bytes, ttl)
             .await
             .map_err(|e| self.unavailable(e))
     }

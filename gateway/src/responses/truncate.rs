@@ -2,12 +2,14 @@
 //! beginning until its prompt fits. Which items go is decided here, apart from how a prompt is
 //! counted (the caller passes the count), so the rule can be read and tested on its own:
 //!
-//! - the fewest items are dropped, always whole items, oldest first; `instructions` are not
-//!   items and always stay;
-//! - the kept part then starts at a user message where one is left, so the model never sees an
-//!   answer, a tool result or reasoning whose question was dropped;
-//! - when even the last item alone does not fit, only it is kept and the caller's context check
-//!   refuses the request as it would without truncation.
+//! - the fewest items are dropped, always whole items, oldest first; the kept part starts at a
+//!   user message (or a compaction item, shown as one), so the model never sees an answer, a tool
+//!   result or reasoning whose question was dropped, and chat templates that insist on a user
+//!   turn first accept it;
+//! - only such starting points are ever counted, and a count that fails (a template that refuses
+//!   the slice) is taken as "does not fit";
+//! - when even the last starting point does not fit, it is kept anyway and the caller's context
+//!   check refuses the request as it would without truncation.
 
 use serde_json::Value;
 
@@ -19,29 +21,31 @@ pub fn first_kept(
     items: &[Value],
     limit: usize,
     mut count: impl FnMut(&[Value]) -> Result<usize, ApiError>,
-) -> Result<usize, ApiError> {
-    let Some(last) = items.len().checked_sub(1) else {
-        return Ok(0);
+) -> usize {
+    let mut fits = |start: usize| count(&items[start..]).is_ok_and(|n| n <= limit);
+    if items.is_empty() || fits(0) {
+        return 0;
+    }
+    let starts: Vec<usize> = (1..items.len())
+        .filter(|&i| is_user_message(&items[i]))
+        .collect();
+    let Some(&last) = starts.last() else {
+        return 0;
     };
-    if count(items)? <= limit {
-        return Ok(0);
+    if !fits(last) {
+        return last;
     }
-    // Dropping items never lengthens the prompt: find the fewest to drop by bisection.
-    let (mut fits, mut too_long) = (last, 0);
-    if count(&items[last..])? > limit {
-        return Ok(last);
-    }
-    while fits - too_long > 1 {
-        let mid = too_long + (fits - too_long) / 2;
-        if count(&items[mid..])? <= limit {
-            fits = mid;
+    // Dropping items never lengthens the prompt: the earliest start that fits, by bisection.
+    let (mut lo, mut hi) = (0, starts.len() - 1);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fits(starts[mid]) {
+            hi = mid;
         } else {
-            too_long = mid;
+            lo = mid + 1;
         }
     }
-    Ok((fits..=last)
-        .find(|&i| is_user_message(&items[i]))
-        .unwrap_or(fits))
+    starts[lo]
 }
 
 /// A user message, or a compaction item (shown to the model as one).
@@ -63,6 +67,14 @@ mod tests {
         json!({"type": "message", "role": role, "content": "w ".repeat(words)})
     }
 
+    /// Question, answer, question, answer, question: 4 tokens each.
+    fn five_turns() -> Vec<Value> {
+        ["user", "assistant", "user", "assistant", "user"]
+            .iter()
+            .map(|role| message(role, 4))
+            .collect()
+    }
+
     /// One token per word.
     fn words(items: &[Value]) -> Result<usize, ApiError> {
         Ok(items
@@ -78,23 +90,17 @@ mod tests {
     #[test]
     fn keeps_everything_that_fits() {
         let items = vec![message("user", 5), message("assistant", 5)];
-        assert_eq!(first_kept(&items, 10, words).ok(), Some(0));
-        assert_eq!(first_kept(&[], 0, words).ok(), Some(0));
+        assert_eq!(first_kept(&items, 10, words), 0);
+        assert_eq!(first_kept(&[], 0, words), 0);
     }
 
     #[test]
     fn drops_the_fewest_oldest_items_and_starts_at_a_user_message() {
-        let items = vec![
-            message("user", 4),
-            message("assistant", 4),
-            message("user", 4),
-            message("assistant", 4),
-            message("user", 4),
-        ];
+        let items = five_turns();
         // 20 tokens; 13 fit the last three items (12), which start at a user message.
-        assert_eq!(first_kept(&items, 13, words).ok(), Some(2));
+        assert_eq!(first_kept(&items, 13, words), 2);
         // 9 fit the last two (8), which start with an answer: the question went, so it goes too.
-        assert_eq!(first_kept(&items, 9, words).ok(), Some(4));
+        assert_eq!(first_kept(&items, 9, words), 4);
     }
 
     #[test]
@@ -105,18 +111,34 @@ mod tests {
             json!({"type": "function_call_output", "output": "x"}),
             message("user", 2),
         ];
-        assert_eq!(first_kept(&items, 6, words).ok(), Some(3));
+        assert_eq!(first_kept(&items, 6, words), 3);
+    }
+
+    #[test]
+    fn only_user_messages_are_counted_and_a_refused_count_does_not_fit() {
+        let items = five_turns();
+        let mut counted = Vec::new();
+        // A template that refuses a conversation starting with an answer, and counts 4 a turn.
+        let first = first_kept(&items, 8, |kept| {
+            counted.push(items.len() - kept.len());
+            if kept[0]["role"] == "assistant" {
+                return Err(ApiError::invalid("messages", "roles must alternate"));
+            }
+            words(kept)
+        });
+        assert_eq!(first, 4);
+        assert!(counted.iter().all(|&start| start % 2 == 0), "{counted:?}");
     }
 
     #[test]
     fn a_last_item_too_long_alone_is_kept_for_the_context_check() {
         let items = vec![message("user", 2), message("user", 50)];
-        assert_eq!(first_kept(&items, 10, words).ok(), Some(1));
+        assert_eq!(first_kept(&items, 10, words), 1);
     }
 
     #[test]
-    fn without_a_user_message_left_the_fewest_are_dropped() {
+    fn without_a_user_message_to_start_at_nothing_is_dropped() {
         let items = vec![message("assistant", 5), message("assistant", 5)];
-        assert_eq!(first_kept(&items, 6, words).ok(), Some(1));
+        assert_eq!(first_kept(&items, 6, words), 0);
     }
 }

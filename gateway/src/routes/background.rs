@@ -9,6 +9,7 @@
 //! up again while the generation goes on. On another replica, or after the end, the stream is
 //! replayed from the state store once the response has ended.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,7 @@ use super::responses::Turn;
 use super::sse::event_stream;
 use super::{AppState, with_request_id};
 use crate::error::ApiError;
+use crate::idempotency::hub::Detached;
 use crate::observability::requests::RequestRecord;
 use crate::openai::responses::{ResponseObject, ResponseUsage};
 use crate::pipeline::run::{self, GenEvent, GenStream, Job};
@@ -70,12 +72,14 @@ pub(super) async fn start(
         response: base.clone(),
         input_items: turn.items,
     };
-    state.responses.save(&tenant, &stored).await?;
+    // The events first: a response stored without its events would say it runs, with nothing
+    // behind it, should the second write fail.
     let log = streamed.then(|| Arc::new(EventLog::default()));
     if log.is_some() {
         let started = StoredEvents::default();
         state.responses.save_events(&tenant, &id, &started).await?;
     }
+    state.responses.save(&tenant, &stored).await?;
     let task = Task {
         responses: state.responses.clone(),
         running: Arc::clone(&state.background),
@@ -88,7 +92,10 @@ pub(super) async fn start(
     };
     // The task waits until it is registered, so its end always finds itself to remove.
     let (registered, gate) = tokio::sync::oneshot::channel::<()>();
+    let ending = Ending(log.clone());
     let handle = tokio::spawn(async move {
+        // Ends the log however the task ends, even aborted before it first ran.
+        let _ending = ending;
         let _ = gate.await;
         task.run(work).await;
     });
@@ -96,13 +103,15 @@ pub(super) async fn start(
         .background
         .insert(&tenant, &id, handle.abort_handle(), log.clone());
     let _ = registered.send(());
-    Ok(match log {
-        Some(log) => event_stream(
-            Body::from_stream(log.follow(0).map(Ok::<_, std::convert::Infallible>)),
-            &id,
-        ),
-        None => with_request_id(Json(base).into_response(), &id),
-    })
+    let Some(log) = log else {
+        return Ok(with_request_id(Json(base).into_response(), &id));
+    };
+    let follow = log.follow(0, state.server.stream_heartbeat);
+    let mut response = event_stream(Body::from_stream(follow.map(Ok::<_, Infallible>)), &id);
+    // The response goes on without its reader: a retry with the same idempotency key replays
+    // this stream rather than starting a second response.
+    response.extensions_mut().insert(Detached);
+    Ok(response)
 }
 
 /// What a background task owns.
@@ -140,7 +149,6 @@ impl Task {
     /// Runs the generation to its end, or until it is cancelled on another replica; stores the
     /// result unless it was cancelled.
     async fn run(mut self, work: Work) {
-        let _ending = Ending(self.log.clone());
         let (responses, tenant) = (self.responses.clone(), self.tenant.clone());
         let id = self.stored.response.id.clone();
         let deadline = Instant::now() + self.limit;
@@ -266,28 +274,60 @@ async fn watch_for_cancel(responses: &ResponseStore, tenant: &str, id: &str) {
     }
 }
 
-/// Stops `tenant`'s background response `stored` if it still runs, and stores it `cancelled`.
+/// Stops `tenant`'s background response `stored` if it still runs, and stores it `cancelled`
+/// (unless it ended meanwhile: then it stays as it ended).
 pub(super) async fn cancel(
     state: &AppState,
     tenant: &str,
-    mut stored: StoredResponse,
+    stored: StoredResponse,
 ) -> Result<StoredResponse, ApiError> {
     let id = stored.response.id.clone();
-    if matches!(stored.response.status.as_str(), "queued" | "in_progress") {
-        if let Some(task) = state.background.remove(tenant, &id) {
-            // Dropping the task's stream cancels the engine's work; its log ends.
+    if !is_running(&stored.response.status) {
+        return Ok(stored);
+    }
+    // The events are settled before the status, so the replica running the response, which
+    // reacts to the status, writes its full log after this.
+    match state.background.remove(tenant, &id) {
+        Some((task, log)) => {
+            // Dropping the task's stream cancels the engine's work.
             task.abort();
+            if let Some(log) = log {
+                log.end();
+                state
+                    .responses
+                    .save_events(tenant, &id, &log.stored())
+                    .await?;
+            }
         }
-        stored.response.status = "cancelled".into();
-        state.responses.save(tenant, &stored).await?;
-        if let Some(mut events) = state.responses.load_events(tenant, &id).await?
-            && !events.done
-        {
-            events.done = true;
-            state.responses.save_events(tenant, &id, &events).await?;
+        None => {
+            if let Some(mut events) = state.responses.load_events(tenant, &id).await?
+                && !events.done
+            {
+                events.done = true;
+                state.responses.save_events(tenant, &id, &events).await?;
+            }
         }
     }
-    Ok(stored)
+    let mut now = state.responses.load(tenant, &id).await?.unwrap_or(stored);
+    if is_running(&now.response.status) {
+        now.response.status = "cancelled".into();
+        state.responses.save(tenant, &now).await?;
+    }
+    Ok(now)
+}
+
+/// Stops `tenant`'s background response `id` if it runs here (it is being deleted).
+pub(super) fn stop(state: &AppState, tenant: &str, id: &str) {
+    if let Some((task, log)) = state.background.remove(tenant, id) {
+        task.abort();
+        if let Some(log) = log {
+            log.end();
+        }
+    }
+}
+
+fn is_running(status: &str) -> bool {
+    matches!(status, "queued" | "in_progress")
 }
 
 fn expired(forgotten: Forgotten) -> ApiError {
@@ -313,7 +353,8 @@ pub(super) async fn resume(
     let from = starting_after.map_or(0, |n| n.saturating_add(1));
     if let Some(log) = state.background.log(tenant, id) {
         log.check(from).map_err(expired)?;
-        let body = Body::from_stream(log.follow(from).map(Ok::<_, std::convert::Infallible>));
+        let follow = log.follow(from, state.server.stream_heartbeat);
+        let body = Body::from_stream(follow.map(Ok::<_, Infallible>));
         return Ok(event_stream(body, id));
     }
     let deadline = Instant::now() + state.server.request_timeout;
@@ -329,7 +370,7 @@ pub(super) async fn resume(
         if events.done {
             let frames = events::replay(&events, from).map_err(expired)?;
             let body = Body::from_stream(futures_util::stream::iter(
-                frames.into_iter().map(Ok::<_, std::convert::Infallible>),
+                frames.into_iter().map(Ok::<_, Infallible>),
             ));
             return Ok(event_stream(body, id));
         }

@@ -5,8 +5,10 @@
 //!
 //! The summary is made by an ordinary generation: the conversation, then an instruction to
 //! summarise it, run greedily through the same validation, admission and tenant limits as
-//! `POST /v1/responses`, with `truncation: "auto"` so a conversation too long for the context
-//! is summarised from its newest items. Nothing is stored.
+//! `POST /v1/responses`. A conversation too long for the context is summarised from its newest
+//! items, truncated as `truncation: "auto"` does with room left for the summary (the default
+//! output budget); the instruction itself is never what is left. An empty summary is an error,
+//! not an answer a client would replace its history with. Nothing is stored.
 
 use std::time::Instant;
 
@@ -17,7 +19,7 @@ use serde_json::{Value, json};
 
 use super::deliver::{Delivered, deliver};
 use super::extract::JsonBody;
-use super::responses::{begin, conversation};
+use super::responses::{begin, conversation, fit, output_reserve};
 use super::{AppState, new_id, unix_now, with_request_id};
 use crate::error::ApiError;
 use crate::observability::requests::RequestRecord;
@@ -52,19 +54,22 @@ pub async fn compact(
             "there is nothing to compact: send input or a previous_response_id",
         ));
     }
-    let mut to_summarise = items.clone();
-    to_summarise
-        .push(json!({"type": "message", "role": "user", "content": compaction::INSTRUCTION}));
+    // The newest of the conversation that fits with the instruction and the summary's budget.
+    let model = state.model(&req.model)?;
+    let budget = output_reserve(&state, &model, &req);
+    let instruction = json!({"type": "message", "role": "user",
+        "content": [{"type": "input_text", "text": compaction::INSTRUCTION}]});
+    let shown = fit(&state, &model, &req, &[], &items, &[instruction], budget);
     let summarise = ResponsesRequest {
-        input: Some(ResponseInput::Items(to_summarise)),
+        input: Some(ResponseInput::Items(shown)),
         previous_response_id: None,
         store: Some(false),
         background: None,
         stream: Some(false),
-        truncation: Some("auto".into()),
+        truncation: None,
         temperature: Some(0.0),
         top_p: None,
-        max_output_tokens: None,
+        max_output_tokens: Some(budget.into()),
         tools: None,
         tool_choice: None,
         text: None,
@@ -73,6 +78,7 @@ pub async fn compact(
         ..req.clone()
     };
     let turn = begin(&state, &caller, &summarise, started, None, true).await?;
+    let turn_model = turn.model_id.clone();
     let record = RequestRecord::new(
         turn.id.clone(),
         "responses",
@@ -94,6 +100,12 @@ pub async fn compact(
         .first()
         .map(|c| c.text.trim().to_string())
         .unwrap_or_default();
+    if summary.is_empty() {
+        // Nothing to replace the conversation with: a client must not drop its history for it.
+        return Err(ApiError::Internal {
+            detail: format!("model `{turn_model}` wrote an empty summary"),
+        });
+    }
     let mut output: Vec<Value> = items
         .into_iter()
         .filter(|item| item["type"] == "message" && item["role"] == "user")

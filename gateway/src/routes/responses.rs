@@ -5,6 +5,7 @@
 //! its settings as chat parameters) and then runs exactly as chat does: one validation, one
 //! admission under the tenant's limits, one generation stream. Only the rendering differs.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -119,30 +120,80 @@ fn prompt_length(
     Ok(ids.len())
 }
 
-/// The items of `items` the model is shown: all of them, or with `truncation: "auto"` the
-/// newest that fit its context (see [`truncate`]).
+/// The items of `items` the model is shown: all of them, or with `truncation: "auto"` those
+/// [`fit`] keeps.
 fn visible<'a>(
     state: &AppState,
     req: &ResponsesRequest,
     tools: &[Tool],
     items: &'a [Value],
-) -> Result<&'a [Value], ApiError> {
+) -> Result<Cow<'a, [Value]>, ApiError> {
     if req.truncation.as_deref() != Some("auto") {
-        return Ok(items);
+        return Ok(Cow::Borrowed(items));
     }
     let model = state.model(&req.model)?;
-    let context = model.context_length as usize;
-    let prompt_limit = (state.defaults.max_request_tokens as usize).min(context);
-    let output = req
+    let reserve = output_reserve(state, &model, req);
+    Ok(Cow::Owned(fit(
+        state,
+        &model,
+        req,
+        tools,
+        items,
+        &[],
+        reserve,
+    )))
+}
+
+/// The output tokens a truncated prompt leaves room for: the request's `max_output_tokens`,
+/// else the default output budget (at most half the context).
+pub(super) fn output_reserve(
+    state: &AppState,
+    model: &ServedModel,
+    req: &ResponsesRequest,
+) -> usize {
+    let default = state
+        .defaults
         .max_output_tokens
+        .min(model.max_output_tokens)
+        .min(model.context_length / 2);
+    req.max_output_tokens
         .as_ref()
         .and_then(serde_json::Number::as_u64)
-        .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+        .map_or(default as usize, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        })
+}
+
+/// `items` truncated (see [`truncate`]) so that their prompt, followed by `tail`, leaves
+/// `reserve` tokens of the context for output; then `tail`. Leading system and developer
+/// messages are kept, as instructions are; tools count when the model is shown them.
+pub(super) fn fit(
+    state: &AppState,
+    model: &ServedModel,
+    req: &ResponsesRequest,
+    tools: &[Tool],
+    items: &[Value],
+    tail: &[Value],
+    reserve: usize,
+) -> Vec<Value> {
+    let context = model.context_length as usize;
+    let prompt_limit = (state.defaults.max_request_tokens as usize).min(context);
     let limit = prompt_limit
         .saturating_sub(1)
-        .min(context.saturating_sub(output));
-    let first = truncate::first_kept(items, limit, |kept| prompt_length(&model, req, tools, kept))?;
-    Ok(&items[first..])
+        .min(context.saturating_sub(reserve));
+    let tools = match &req.tool_choice {
+        Some(Value::String(choice)) if choice == "none" => &[],
+        _ => tools,
+    };
+    let pinned = items
+        .iter()
+        .take_while(|i| matches!(i["role"].as_str(), Some("system" | "developer")))
+        .count();
+    let (head, rest) = items.split_at(pinned);
+    let first = truncate::first_kept(rest, limit, |kept| {
+        prompt_length(model, req, tools, &[head, kept, tail].concat())
+    });
+    [head, &rest[first..], tail].concat()
 }
 
 /// Validates `req`, finds the conversation it continues (in `last`, a WebSocket connection's
@@ -168,7 +219,7 @@ pub(super) async fn begin(
     let shown = visible(state, req, tools.as_deref().unwrap_or_default(), &items)?;
     let chat = ChatCompletionRequest {
         model: req.model.clone(),
-        messages: input::to_messages(req.instructions.as_deref(), shown),
+        messages: input::to_messages(req.instructions.as_deref(), &shown),
         stream: req.stream,
         stream_options: None,
         max_tokens: None,
@@ -394,6 +445,7 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let tenant = &caller.principal.tenant.name;
+    background::stop(&state, tenant, &id);
     if !state.responses.delete(tenant, &id).await? {
         return Err(not_found(&id, None));
     }

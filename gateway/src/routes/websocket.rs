@@ -252,7 +252,12 @@ pub async fn forward(
     loop {
         tokio::select! {
             chunk = body.next() => match chunk {
-                None | Some(Err(_)) => return Ok(last),
+                None => return Ok(last),
+                Some(Err(_)) => {
+                    let e = ApiError::Internal { detail: "a turn's stream failed".into() };
+                    send(socket, &error_event(&e)).await?;
+                    return Ok(None);
+                }
                 Some(Ok(bytes)) => {
                     buffer.extend_from_slice(&bytes);
                     while let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {

@@ -36,6 +36,8 @@ pub struct Admission {
     tokens: Option<TokenHold>,
     _permit: Option<StreamPermit>,
     place: Option<QueueEntry>,
+    /// The prompt's tokens, charged once the generation has its place.
+    prompt: u64,
 }
 
 impl Admission {
@@ -44,7 +46,8 @@ impl Admission {
         matches!(self.place, Some(QueueEntry::Waiting { .. }))
     }
 
-    /// Waits (until `deadline`) for the place in the model's queue, if it is not taken yet.
+    /// Waits (until `deadline`) for the place in the model's queue, if it is not taken yet. A
+    /// generation that got its place is charged its prompt (one that gave up waiting is not).
     pub async fn seated(&mut self, deadline: Instant) -> Result<(), ApiError> {
         let Some(entry) = self.place.take() else {
             return Ok(());
@@ -52,6 +55,7 @@ impl Admission {
         match tokio::time::timeout_at(deadline.into(), entry.seated()).await {
             Ok(Ok(slot)) => {
                 self.place = Some(QueueEntry::Seated(slot));
+                self.record(self.prompt);
                 Ok(())
             }
             Ok(Err(_)) => Err(ApiError::Overloaded {
@@ -167,15 +171,13 @@ impl Tenancy {
                     retry_after: self.limiter.retry_after(),
                 })?;
         caller.report(|r| r.queue_position = entry.position());
-        if let Some(t) = &tokens {
-            t.record(prompt);
-        }
         let mut admission = Admission {
             tokens,
             _permit: permit,
             place: Some(entry),
+            prompt,
         };
-        if wait {
+        if wait || !admission.is_waiting() {
             admission.seated(deadline).await?;
         }
         Ok(admission)
