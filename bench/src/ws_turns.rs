@@ -32,6 +32,17 @@ fn ends_turn(text: &str) -> Option<bool> {
     if text == "[DONE]" {
         return Some(false);
     }
+    // Only a frame that may end the turn is parsed: the load tool must not cost more than the
+    // server it measures.
+    let ends = [
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+        "\"error\"",
+    ];
+    if !ends.iter().any(|end| text.contains(end)) {
+        return None;
+    }
     let value: Value = serde_json::from_str(text).ok()?;
     match value.get("type").and_then(Value::as_str)? {
         "response.completed" | "response.incomplete" => Some(false),

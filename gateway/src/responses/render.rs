@@ -7,6 +7,7 @@
 //! `sequence_number`, from 0, and is framed as `event: TYPE` + `data: JSON`.
 
 use axum::body::Bytes;
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::ids::new_id;
@@ -137,12 +138,42 @@ pub fn sse_frame(event: &Value) -> Bytes {
         .get("type")
         .and_then(Value::as_str)
         .unwrap_or("message");
-    let mut out = format!("event: {kind}\ndata: ").into_bytes();
+    frame(kind, event)
+}
+
+/// Event `kind` as an SSE frame, its JSON serialised straight into it.
+fn frame(kind: &str, event: &impl Serialize) -> Bytes {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
     if serde_json::to_writer(&mut out, event).is_err() {
         out.extend_from_slice(b"null");
     }
     out.extend_from_slice(b"\n\n");
     Bytes::from(out)
+}
+
+/// An event that carries the whole response (`response.created`, `.completed`, ...).
+#[derive(Serialize)]
+struct WithResponse<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    sequence_number: u64,
+    response: &'a ResponseObject,
+}
+
+/// `response.output_text.delta`.
+#[derive(Serialize)]
+struct TextDelta<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    sequence_number: u64,
+    item_id: &'a str,
+    output_index: usize,
+    content_index: u32,
+    delta: &'a str,
+    logprobs: &'a [Value],
 }
 
 /// The message being streamed.
@@ -157,7 +188,7 @@ struct OpenMessage {
 /// What the renderer hands over when the stream completes (to be stored).
 pub type OnDone = Box<dyn FnOnce(ResponseObject) + Send>;
 
-/// Renders a generation as Responses API events.
+/// Renders a generation as Responses API events, each an SSE frame (`event:` and `data:`).
 pub struct EventRenderer {
     response: ResponseObject,
     sequence: u64,
@@ -193,22 +224,29 @@ impl EventRenderer {
         }
     }
 
-    fn emit(&mut self, out: &mut Vec<Value>, kind: &str, mut fields: Value) {
+    fn emit(&mut self, out: &mut Vec<Bytes>, kind: &str, mut fields: Value) {
         if let Some(object) = fields.as_object_mut() {
             object.insert("type".into(), Value::String(kind.into()));
             object.insert("sequence_number".into(), json!(self.sequence));
         }
-        out.push(fields);
+        out.push(sse_frame(&fields));
         self.sequence += 1;
     }
 
-    fn snapshot(&self) -> Value {
-        serde_json::to_value(&self.response).unwrap_or(Value::Null)
+    /// An event that carries the whole response, serialised from it straight into the frame.
+    fn emit_response(&mut self, out: &mut Vec<Bytes>, kind: &str) {
+        let event = WithResponse {
+            kind,
+            sequence_number: self.sequence,
+            response: &self.response,
+        };
+        out.push(frame(kind, &event));
+        self.sequence += 1;
     }
 
     /// Reasoning text: opens the reasoning item on its first piece; the text goes out as
     /// summary deltas when a summary was asked for.
-    fn push_reasoning(&mut self, out: &mut Vec<Value>, text: &str) {
+    fn push_reasoning(&mut self, out: &mut Vec<Bytes>, text: &str) {
         if self.reasoning.is_none() {
             let r = OpenMessage {
                 index: self.output.len(),
@@ -241,7 +279,7 @@ impl EventRenderer {
         }
     }
 
-    fn close_reasoning(&mut self, out: &mut Vec<Value>) {
+    fn close_reasoning(&mut self, out: &mut Vec<Bytes>) {
         let Some(r) = self.reasoning.take() else {
             return;
         };
@@ -274,7 +312,7 @@ impl EventRenderer {
         self.output.push(item);
     }
 
-    fn close_message(&mut self, out: &mut Vec<Value>, status: &str) {
+    fn close_message(&mut self, out: &mut Vec<Bytes>, status: &str) {
         let Some(m) = self.message.take() else { return };
         let part = OutputText {
             logprobs: m.logprobs.clone(),
@@ -305,44 +343,33 @@ impl EventRenderer {
 
 impl EventRenderer {
     /// `response.created` and `response.in_progress`.
-    pub fn opening_events(&mut self) -> Vec<Value> {
+    pub fn opening_events(&mut self) -> Vec<Bytes> {
         let mut out = Vec::new();
-        let snapshot = self.snapshot();
-        self.emit(&mut out, "response.created", json!({"response": snapshot}));
-        self.emit(
-            &mut out,
-            "response.in_progress",
-            json!({"response": snapshot}),
-        );
+        self.emit_response(&mut out, "response.created");
+        self.emit_response(&mut out, "response.in_progress");
         out
     }
 
     /// The opening events of a response that waits for its place in the model's queue:
     /// `response.created` and `response.queued`, with status `queued`.
-    pub fn queued_events(&mut self) -> Vec<Value> {
+    pub fn queued_events(&mut self) -> Vec<Bytes> {
         let mut out = Vec::new();
         self.response.status = "queued".into();
-        let snapshot = self.snapshot();
-        self.emit(&mut out, "response.created", json!({"response": snapshot}));
-        self.emit(&mut out, "response.queued", json!({"response": snapshot}));
+        self.emit_response(&mut out, "response.created");
+        self.emit_response(&mut out, "response.queued");
         out
     }
 
     /// `response.in_progress`, once a queued response got its place.
-    pub fn started_events(&mut self) -> Vec<Value> {
+    pub fn started_events(&mut self) -> Vec<Bytes> {
         let mut out = Vec::new();
         self.response.status = "in_progress".into();
-        let snapshot = self.snapshot();
-        self.emit(
-            &mut out,
-            "response.in_progress",
-            json!({"response": snapshot}),
-        );
+        self.emit_response(&mut out, "response.in_progress");
         out
     }
 
     /// The events one generation event makes.
-    pub fn events(&mut self, event: &GenEvent) -> Vec<Value> {
+    pub fn events(&mut self, event: &GenEvent) -> Vec<Bytes> {
         let mut out = Vec::new();
         match event {
             GenEvent::Reasoning { text, .. } => self.push_reasoning(&mut out, text),
@@ -376,12 +403,23 @@ impl EventRenderer {
                     );
                     self.message = Some(m);
                 }
+                let sequence_number = self.sequence;
                 if let Some(m) = self.message.as_mut() {
+                    // The hot path of a stream: serialised straight into the frame.
                     m.text.push_str(text);
                     let logprobs = logprob_values(logprobs);
-                    m.logprobs.extend(logprobs.iter().cloned());
-                    let fields = json!({"item_id": m.id, "output_index": m.index, "content_index": 0, "delta": text, "logprobs": logprobs});
-                    self.emit(&mut out, "response.output_text.delta", fields);
+                    let delta = TextDelta {
+                        kind: "response.output_text.delta",
+                        sequence_number,
+                        item_id: &m.id,
+                        output_index: m.index,
+                        content_index: 0,
+                        delta: text,
+                        logprobs: &logprobs,
+                    };
+                    out.push(frame(delta.kind, &delta));
+                    m.logprobs.extend(logprobs);
+                    self.sequence += 1;
                 }
             }
             GenEvent::ToolCall {
@@ -443,8 +481,7 @@ impl EventRenderer {
                 } else {
                     "response.completed"
                 };
-                let snapshot = self.snapshot();
-                self.emit(&mut out, kind, json!({"response": snapshot}));
+                self.emit_response(&mut out, kind);
                 if let Some(done) = self.on_done.take() {
                     done(self.response.clone());
                 }
@@ -455,7 +492,7 @@ impl EventRenderer {
     }
 
     /// `response.failed` for a failure after the head.
-    pub fn failure_events(&mut self, error: &ErrorDetail) -> Vec<Value> {
+    pub fn failure_events(&mut self, error: &ErrorDetail) -> Vec<Bytes> {
         let mut out = Vec::new();
         self.close_reasoning(&mut out);
         self.close_message(&mut out, "incomplete");
@@ -463,8 +500,7 @@ impl EventRenderer {
         self.response.output = std::mem::take(&mut self.output);
         self.response.error =
             Some(json!({"code": error.code.unwrap_or("server_error"), "message": error.message}));
-        let snapshot = self.snapshot();
-        self.emit(&mut out, "response.failed", json!({"response": snapshot}));
+        self.emit_response(&mut out, "response.failed");
         out
     }
 
@@ -476,15 +512,15 @@ impl EventRenderer {
 
 impl Render for EventRenderer {
     fn opening(&mut self) -> Vec<Bytes> {
-        self.opening_events().iter().map(sse_frame).collect()
+        self.opening_events()
     }
 
     fn event(&mut self, event: &GenEvent) -> Vec<Bytes> {
-        self.events(event).iter().map(sse_frame).collect()
+        self.events(event)
     }
 
     fn failure(&mut self, error: &ErrorDetail) -> Option<Vec<Bytes>> {
-        let mut out: Vec<Bytes> = self.failure_events(error).iter().map(sse_frame).collect();
+        let mut out = self.failure_events(error);
         out.push(Bytes::from_static(b"data: [DONE]\n\n"));
         Some(out)
     }

@@ -14,10 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use serde_json::Value;
 
 use super::responses::Turn;
 use super::sse::event_stream;
@@ -30,7 +29,7 @@ use crate::pipeline::run::{self, GenEvent, GenStream, Job};
 use crate::responses::ResponseStore;
 use crate::responses::background::Running;
 use crate::responses::events::{self, EventLog, Forgotten, StoredEvents};
-use crate::responses::render::{EventRenderer, sse_frame};
+use crate::responses::render::EventRenderer;
 use crate::responses::stored::StoredResponse;
 
 /// How often a background response checks whether it was cancelled elsewhere, and a reader on
@@ -138,10 +137,10 @@ impl Drop for Ending {
 }
 
 impl Task {
-    fn emit(&self, events: Vec<Value>) {
+    fn emit(&self, frames: Vec<Bytes>) {
         if let Some(log) = &self.log {
-            for event in &events {
-                log.push(sse_frame(event));
+            for frame in frames {
+                log.push(frame);
             }
         }
     }

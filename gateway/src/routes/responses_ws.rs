@@ -22,7 +22,8 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::responses::{conversation, respond};
 use super::websocket::{
-    Closed, Turns, accept, count_turn, error_event, forward, guarded, send, take_key,
+    Closed, Turns, accept, count_turn, error_event, event_data, forward, guarded, send, send_text,
+    take_key,
 };
 use crate::error::ApiError;
 use crate::openai::responses::{ResponseUsage, ResponsesRequest};
@@ -224,8 +225,10 @@ async fn warm_up(
     let store = req.store.unwrap_or(true);
     let base = in_progress(req, &id, super::unix_now(), &[], store, 0);
     let mut renderer = EventRenderer::new(base.clone(), None);
-    for event in renderer.opening_events() {
-        send(socket, &event).await?;
+    for frame in renderer.opening_events() {
+        if let Some(json) = event_data(&frame) {
+            send_text(socket, json).await?;
+        }
     }
     let done = render::finish(
         base,

@@ -16,7 +16,7 @@ use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use serde_json::{Map, Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -251,30 +251,36 @@ pub async fn forward(
     let mut last = None;
     loop {
         tokio::select! {
-            chunk = body.next() => match chunk {
-                None => return Ok(last),
-                Some(Err(_)) => {
-                    let e = ApiError::Internal { detail: "a turn's stream failed".into() };
-                    send(socket, &error_event(&e)).await?;
-                    return Ok(None);
+            chunk = body.next() => {
+                let mut next = Some(chunk);
+                let mut texts = Vec::new();
+                // What the stream has ready is taken without waiting and sent with one flush.
+                let ended = loop {
+                    match next.take() {
+                        Some(Some(Ok(bytes))) => texts.extend(frames_in(&mut buffer, &bytes, done_frame)),
+                        Some(None) => break Some(Ok(())),
+                        Some(Some(Err(_))) => break Some(Err(())),
+                        None => break None,
+                    }
+                    next = body.next().now_or_never();
+                };
+                for text in texts {
+                    if text != "[DONE]" {
+                        last = Some(text.clone());
+                    }
+                    socket.feed(Message::Text(text.into())).await.map_err(|_| Closed)?;
                 }
-                Some(Ok(bytes)) => {
-                    buffer.extend_from_slice(&bytes);
-                    while let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {
-                        let event: Vec<u8> = buffer.drain(..end + 2).collect();
-                        let Some(data) = event_data(&event) else { continue };
-                        if data == "[DONE]" {
-                            if done_frame {
-                                send_text(socket, data).await?;
-                            }
-                            continue;
-                        }
-                        let text = sse_failure(&data).unwrap_or(data);
-                        send_text(socket, text.clone()).await?;
-                        last = Some(text);
+                socket.flush().await.map_err(|_| Closed)?;
+                match ended {
+                    None => {}
+                    Some(Ok(())) => return Ok(last),
+                    Some(Err(())) => {
+                        let e = ApiError::Internal { detail: "a turn's stream failed".into() };
+                        send(socket, &error_event(&e)).await?;
+                        return Ok(None);
                     }
                 }
-            },
+            }
             received = socket.recv() => match frame(received) {
                 Frame::Gone => return Err(Closed),
                 Frame::Skip => {}
@@ -291,8 +297,30 @@ pub async fn forward(
     }
 }
 
+/// The frames the whole events in `buffer` (after appending `bytes`) make: each event's `data`
+/// payload, a failure as an error event, `[DONE]` only when `done_frame`. A partial event stays
+/// in `buffer`.
+fn frames_in(buffer: &mut Vec<u8>, bytes: &[u8], done_frame: bool) -> Vec<String> {
+    buffer.extend_from_slice(bytes);
+    let mut texts = Vec::new();
+    while let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {
+        let event: Vec<u8> = buffer.drain(..end + 2).collect();
+        let Some(data) = event_data(&event) else {
+            continue;
+        };
+        if data == "[DONE]" {
+            if done_frame {
+                texts.push(data);
+            }
+            continue;
+        }
+        texts.push(sse_failure(&data).unwrap_or(data));
+    }
+    texts
+}
+
 /// The `data:` payload of one server-sent event (none for a comment, such as a heartbeat).
-fn event_data(event: &[u8]) -> Option<String> {
+pub fn event_data(event: &[u8]) -> Option<String> {
     let text = std::str::from_utf8(event).ok()?;
     text.lines()
         .find_map(|line| line.strip_prefix("data: "))
@@ -312,4 +340,29 @@ fn sse_failure(data: &str) -> Option<String> {
         500
     };
     Some(json!({"type": "error", "status": status, "error": error}).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_split_across_chunks_become_whole_frames() {
+        let mut buffer = Vec::new();
+        let stream = "event: a\ndata: {\"n\":1}\n\n: keep-alive\n\ndata: {\"error\":{\"code\":\"timeout\"}}\n\ndata: [DONE]\n\n";
+        let (first, rest) = stream.split_at(20);
+        assert!(frames_in(&mut buffer, first.as_bytes(), true).is_empty());
+        let texts = frames_in(&mut buffer, rest.as_bytes(), true);
+        assert_eq!(texts.len(), 3);
+        assert_eq!(texts[0], "{\"n\":1}");
+        let failure: Value = serde_json::from_str(&texts[1]).unwrap_or_default();
+        assert_eq!(
+            (failure["type"].as_str(), failure["status"].as_u64()),
+            (Some("error"), Some(504))
+        );
+        assert_eq!(texts[2], "[DONE]");
+        assert!(buffer.is_empty());
+        let mut buffer = Vec::new();
+        assert!(frames_in(&mut buffer, b"data: [DONE]\n\n", false).is_empty());
+    }
 }
