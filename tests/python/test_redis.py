@@ -264,15 +264,23 @@ def test_a_streamed_background_response_is_read_on_another_replica(redis, replic
     key = make_key()
     a, b = replicas(tenant("") + state(redis), {"ACME_API_KEY": key})
     with a.client(key) as on_a, b.client(key) as on_b:
-        body = {"model": "slow", "input": "Stream it", "background": True, "stream": True, "max_output_tokens": 30}
+        # About 2 s of output (100 tokens, 20 ms apart), so it is still running when read.
+        body = {"model": "slow", "input": "Stream it", "background": True, "stream": True, "max_output_tokens": 100}
         with on_a.stream("POST", "/responses", json=body) as r:
             first = next(line for line in r.iter_lines() if line.startswith("data: {"))
         rid = json.loads(first[len("data: "):])["response"]["id"]
-        # The other replica waits for the end, then replays the stream from the shared store.
-        replayed = on_b.get(f"/responses/{rid}", params={"stream": "true", "starting_after": 0})
-        assert replayed.status_code == 200, replayed.text
-        events = [json.loads(line[len("data: "):]) for line in replayed.text.splitlines() if line.startswith("data: {")]
-        assert [e["sequence_number"] for e in events] == list(range(1, len(events) + 1))
+        # The other replica follows it live in the shared store, from after the first event.
+        events, done, running_when_first_seen = [], False, None
+        with on_b.stream("GET", f"/responses/{rid}", params={"stream": "true", "starting_after": 0}) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: {"):
+                    events.append(json.loads(line[len("data: "):]))
+                    if running_when_first_seen is None:
+                        running_when_first_seen = on_a.get(f"/responses/{rid}").json()["status"] == "in_progress"
+        assert running_when_first_seen, "the other replica's reader saw nothing until the end"
+        assert done and [e["sequence_number"] for e in events] == list(range(1, len(events) + 1))
         assert events[-1]["type"] in ("response.completed", "response.incomplete")
-        assert replayed.text.endswith("data: [DONE]\n\n")
         assert events[-1]["response"] == on_a.get(f"/responses/{rid}").json()

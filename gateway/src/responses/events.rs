@@ -5,9 +5,9 @@
 //!
 //! A log is bounded by bytes ([`MAX_LOG_BYTES`], and all logs together by [`MAX_TOTAL_BYTES`]):
 //! past that it lets its oldest events go, and a reader that needs one of them is told so (an
-//! `error` event; `starting_after` a 400). When the
-//! response ends, the log is written to the state store ([`StoredEvents`]) so any replica can
-//! replay it; the running log lives in the process that runs the response. The gauge
+//! `error` event; `starting_after` a 400). While the response runs, the log is also written to
+//! the state store ([`StoredEvents`]) every half second, and once more when it ends, so a reader
+//! on another replica follows it there; the running log lives in the process that runs it. The gauge
 //! `turnpike_response_event_log_bytes` is what the logs of this process keep.
 
 use std::collections::VecDeque;
@@ -110,6 +110,11 @@ impl EventLog {
         self.written.send_replace((count, true));
     }
 
+    /// How many events were written so far.
+    pub fn written(&self) -> u64 {
+        self.written.borrow().0
+    }
+
     /// The log as stored.
     pub fn stored(&self) -> StoredEvents {
         let kept = self.kept();
@@ -203,7 +208,7 @@ fn gauge() {
 }
 
 /// The event a reader gets, in place of event `at`, when the events it needs were let go.
-fn behind(forgotten: Forgotten, at: u64) -> Bytes {
+pub fn behind(forgotten: Forgotten, at: u64) -> Bytes {
     let error = serde_json::json!({
         "type": "error",
         "sequence_number": at,
@@ -217,25 +222,20 @@ fn behind(forgotten: Forgotten, at: u64) -> Bytes {
     super::render::sse_frame(&error)
 }
 
-/// The frames of stored events from sequence number `from` on, then `data: [DONE]` if the
-/// response had ended.
-pub fn replay(stored: &StoredEvents, from: u64) -> Result<Vec<Bytes>, Forgotten> {
+/// The frames of stored events from sequence number `from` on.
+pub fn after(stored: &StoredEvents, from: u64) -> Result<Vec<Bytes>, Forgotten> {
     if from < stored.first {
         return Err(Forgotten {
             first: stored.first,
         });
     }
     let skip = usize::try_from(from - stored.first).unwrap_or(usize::MAX);
-    let mut frames: Vec<Bytes> = stored
+    Ok(stored
         .frames
         .iter()
         .skip(skip)
         .map(|f| Bytes::from(f.clone()))
-        .collect();
-    if stored.done {
-        frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
-    }
-    Ok(frames)
+        .collect())
 }
 
 #[cfg(test)]
@@ -279,7 +279,7 @@ mod tests {
         );
         let stored = log.stored();
         assert!(stored.done && stored.first == 0 && stored.frames.len() == 3);
-        assert_eq!(replay(&stored, 2).map(|f| f.len()), Ok(2));
+        assert_eq!(after(&stored, 2).map(|f| f.len()), Ok(1));
     }
 
     #[tokio::test]
@@ -305,6 +305,6 @@ mod tests {
         let got: Vec<Bytes> = Arc::clone(&log).follow(0, BEAT).collect().await;
         assert_eq!(got.len(), 1);
         assert!(String::from_utf8_lossy(&got[0]).contains("stream_events_expired"));
-        assert_eq!(replay(&log.stored(), 1), Err(Forgotten { first: 2 }));
+        assert_eq!(after(&log.stored(), 1), Err(Forgotten { first: 2 }));
     }
 }

@@ -7,7 +7,7 @@
 //! request reads it as its stream, and `GET /v1/responses/{id}?stream=true` (from the start, or
 //! after `starting_after`) reads it too, so a client that lost its connection picks the stream
 //! up again while the generation goes on. On another replica, or after the end, the stream is
-//! replayed from the state store once the response has ended.
+//! read from the state store, where the running replica writes it every half second.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -151,9 +151,12 @@ impl Task {
         let (responses, tenant) = (self.responses.clone(), self.tenant.clone());
         let id = self.stored.response.id.clone();
         let deadline = Instant::now() + self.limit;
+        let flushing = flush_while_running(self.log.clone(), responses.clone(), &tenant, &id);
         let finished = tokio::select! {
             response = self.generate(work, deadline) => Some(response),
             () = watch_for_cancel(&responses, &tenant, &id) => None,
+            // Never ends: it stops with the generation.
+            () = flushing => None,
         };
         match finished {
             // Dropping the record unsettled logs it as abandoned by the client.
@@ -255,6 +258,32 @@ impl Task {
     }
 }
 
+/// How often a running log is written to the state store for readers on other replicas.
+const FLUSH: Duration = Duration::from_millis(500);
+
+/// Writes `log` (if the response is streamed) to the state store every [`FLUSH`] while it grows.
+async fn flush_while_running(
+    log: Option<Arc<EventLog>>,
+    responses: ResponseStore,
+    tenant: &str,
+    id: &str,
+) {
+    let Some(log) = log else {
+        return std::future::pending().await;
+    };
+    let mut flushed = 0;
+    loop {
+        tokio::time::sleep(FLUSH).await;
+        let written = log.written();
+        if written != flushed {
+            flushed = written;
+            if let Err(e) = responses.save_events(tenant, id, &log.stored()).await {
+                e.log();
+            }
+        }
+    }
+}
+
 /// Whether `tenant`'s stored response `id` is marked cancelled.
 async fn is_cancelled(responses: &ResponseStore, tenant: &str, id: &str) -> bool {
     matches!(
@@ -341,7 +370,7 @@ fn expired(forgotten: Forgotten) -> ApiError {
 
 /// The stream of `tenant`'s streamed background response `stored`, from the event after
 /// `starting_after` (from the start without it): followed live where it runs on this replica,
-/// else replayed from the state store once it has ended.
+/// else followed in the state store, where the running replica writes it every half second.
 pub(super) async fn resume(
     state: &AppState,
     tenant: &str,
@@ -356,26 +385,83 @@ pub(super) async fn resume(
         let body = Body::from_stream(follow.map(Ok::<_, Infallible>));
         return Ok(event_stream(body, id));
     }
-    let deadline = Instant::now() + state.server.request_timeout;
-    loop {
-        let Some(events) = state.responses.load_events(tenant, id).await? else {
-            return Err(ApiError::invalid(
-                "stream",
-                format!(
-                    "response '{id}' was not created with background and stream set, so it has no stream to read"
-                ),
-            ));
-        };
-        if events.done {
-            let frames = events::replay(&events, from).map_err(expired)?;
-            let body = Body::from_stream(futures_util::stream::iter(
-                frames.into_iter().map(Ok::<_, Infallible>),
-            ));
-            return Ok(event_stream(body, id));
+    let Some(events) = state.responses.load_events(tenant, id).await? else {
+        return Err(ApiError::invalid(
+            "stream",
+            format!(
+                "response '{id}' was not created with background and stream set, so it has no stream to read"
+            ),
+        ));
+    };
+    events::after(&events, from).map_err(expired)?;
+    let tail = Tail {
+        responses: state.responses.clone(),
+        tenant: tenant.to_string(),
+        id: id.clone(),
+        next: from,
+        deadline: Instant::now() + state.server.request_timeout,
+        heartbeat: state.server.stream_heartbeat,
+        quiet_since: Instant::now(),
+        over: false,
+    };
+    let body = futures_util::stream::unfold(tail, Tail::next).map(Ok::<_, Infallible>);
+    Ok(event_stream(Body::from_stream(body), id))
+}
+
+/// A reader of a response that runs on another replica: it follows the events that replica
+/// writes to the state store.
+struct Tail {
+    responses: ResponseStore,
+    tenant: String,
+    id: String,
+    /// The sequence number of the next event to send.
+    next: u64,
+    deadline: Instant,
+    heartbeat: Duration,
+    /// When something was last sent.
+    quiet_since: Instant,
+    over: bool,
+}
+
+impl Tail {
+    /// The next frames: new events, `data: [DONE]` at the end, or a heartbeat.
+    async fn next(mut self) -> Option<(Bytes, Self)> {
+        if self.over {
+            return None;
         }
-        if Instant::now() >= deadline {
-            return Err(ApiError::Timeout(state.server.request_timeout));
+        loop {
+            let events = match self.responses.load_events(&self.tenant, &self.id).await {
+                Ok(Some(events)) => events,
+                Ok(None) => return None,
+                Err(e) => {
+                    e.log();
+                    return None;
+                }
+            };
+            match events::after(&events, self.next) {
+                Err(forgotten) => {
+                    self.over = true;
+                    return Some((events::behind(forgotten, self.next), self));
+                }
+                Ok(frames) if !frames.is_empty() => {
+                    self.next += frames.len() as u64;
+                    self.quiet_since = Instant::now();
+                    return Some((frames.concat().into(), self));
+                }
+                Ok(_) if events.done => {
+                    self.over = true;
+                    return Some((Bytes::from_static(b"data: [DONE]\n\n"), self));
+                }
+                Ok(_) => {}
+            }
+            if Instant::now() >= self.deadline {
+                return None;
+            }
+            if self.quiet_since.elapsed() >= self.heartbeat {
+                self.quiet_since = Instant::now();
+                return Some((Bytes::from_static(b": keep-alive\n\n"), self));
+            }
+            tokio::time::sleep(POLL).await;
         }
-        tokio::time::sleep(POLL).await;
     }
 }
