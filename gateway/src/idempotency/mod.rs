@@ -255,12 +255,17 @@ impl Idempotency {
             let headers = Recorded::keep_headers(response.headers());
             let ended = hub.pump(response, lease / 3, keep).await;
             this.settle(&scoped, &owner, status, headers, ended).await;
-            let mut hubs = this.hubs();
-            if hubs.get(&scoped).is_some_and(|h| Arc::ptr_eq(h, &hub)) {
-                hubs.remove(&scoped);
-            }
+            this.forget_hub(&scoped, &hub);
         });
         respond(listener, false).await
+    }
+
+    /// Drops `scoped`'s live hub if it is still `hub` (a newer run of the key keeps its own).
+    fn forget_hub(&self, scoped: &str, hub: &Arc<Hub>) {
+        let mut hubs = self.hubs();
+        if hubs.get(scoped).is_some_and(|h| Arc::ptr_eq(h, hub)) {
+            hubs.remove(scoped);
+        }
     }
 
     /// Stores or forgets a finished request.
@@ -315,12 +320,7 @@ struct Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         let Some(hub) = self.hub.take() else { return };
-        {
-            let mut hubs = self.this.hubs();
-            if hubs.get(&self.scoped).is_some_and(|h| Arc::ptr_eq(h, &hub)) {
-                hubs.remove(&self.scoped);
-            }
-        }
+        self.this.forget_hub(&self.scoped, &hub);
         drop(hub);
         let (this, scoped, owner) = (
             Arc::clone(&self.this),

@@ -384,6 +384,17 @@ impl ChunkRenderer {
         };
         sse::data(&chunk)
     }
+
+    /// A chunk carrying `delta` (and `logprobs`) for choice `index`, before its end.
+    fn delta_chunk(&self, index: u32, delta: Delta, logprobs: Option<ChatLogprobs>) -> Bytes {
+        let choice = ChunkChoice {
+            index,
+            delta,
+            logprobs,
+            finish_reason: None,
+        };
+        self.chunk(vec![choice], None)
+    }
 }
 
 impl Render for ChunkRenderer {
@@ -397,15 +408,7 @@ impl Render for ChunkRenderer {
                     tool_calls: None,
                     reasoning_content: None,
                 };
-                self.chunk(
-                    vec![ChunkChoice {
-                        index,
-                        delta,
-                        logprobs: None,
-                        finish_reason: None,
-                    }],
-                    None,
-                )
+                self.delta_chunk(index, delta, None)
             })
             .collect()
     }
@@ -422,15 +425,7 @@ impl Render for ChunkRenderer {
                     ..Delta::default()
                 };
                 let logprobs = self.logprobs.then(|| chat_logprobs(logprobs));
-                vec![self.chunk(
-                    vec![ChunkChoice {
-                        index: *choice,
-                        delta,
-                        logprobs,
-                        finish_reason: None,
-                    }],
-                    None,
-                )]
+                vec![self.delta_chunk(*choice, delta, logprobs)]
             }
             GenEvent::ToolCall {
                 choice,
@@ -467,15 +462,7 @@ impl Render for ChunkRenderer {
                             tool_calls: Some(vec![piece]),
                             ..Delta::default()
                         };
-                        self.chunk(
-                            vec![ChunkChoice {
-                                index: *choice,
-                                delta,
-                                logprobs: None,
-                                finish_reason: None,
-                            }],
-                            None,
-                        )
+                        self.delta_chunk(*choice, delta, None)
                     })
                     .collect()
             }
@@ -484,15 +471,7 @@ impl Render for ChunkRenderer {
                     reasoning_content: Some(text.clone()),
                     ..Delta::default()
                 };
-                vec![self.chunk(
-                    vec![ChunkChoice {
-                        index: *choice,
-                        delta,
-                        logprobs: None,
-                        finish_reason: None,
-                    }],
-                    None,
-                )]
+                vec![self.delta_chunk(*choice, delta, None)]
             }
             GenEvent::Finish { choice, reason } => {
                 let choice = ChunkChoice {

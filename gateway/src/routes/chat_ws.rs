@@ -19,9 +19,7 @@ use serde_json::Value;
 
 use super::AppState;
 use super::chat::complete;
-use super::websocket::{
-    Closed, Turns, accept, count_turn, error_event, forward, guarded, send, take_key,
-};
+use super::websocket::{Closed, Turns, accept, error_event, forward, guarded, send, take_key};
 use crate::error::ApiError;
 use crate::openai::chat::ChatCompletionRequest;
 use crate::tenancy::Caller;
@@ -46,6 +44,10 @@ struct ChatTurns {
 }
 
 impl Turns for ChatTurns {
+    fn caller(&self) -> &Caller {
+        &self.caller
+    }
+
     async fn handle(
         &mut self,
         socket: &mut WebSocket,
@@ -54,9 +56,6 @@ impl Turns for ChatTurns {
     ) -> Result<(), Closed> {
         let started = Instant::now();
         let (state, caller) = (&self.state, &self.caller);
-        if let Err(e) = count_turn(state, caller).await {
-            return send(socket, &error_event(&e)).await;
-        }
         let (req, body, key) = match request_of(&text) {
             Ok(parsed) => parsed,
             Err(e) => return send(socket, &error_event(&e)).await,

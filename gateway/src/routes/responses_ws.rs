@@ -22,8 +22,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::responses::{conversation, respond};
 use super::websocket::{
-    Closed, Turns, accept, count_turn, error_event, event_data, forward, guarded, send, send_text,
-    take_key,
+    Closed, Turns, accept, error_event, event_data, forward, guarded, send, send_text, take_key,
 };
 use crate::error::ApiError;
 use crate::openai::responses::{ResponseUsage, ResponsesRequest};
@@ -55,6 +54,10 @@ struct ResponseTurns {
 }
 
 impl Turns for ResponseTurns {
+    fn caller(&self) -> &Caller {
+        &self.caller
+    }
+
     async fn handle(
         &mut self,
         socket: &mut WebSocket,
@@ -151,9 +154,6 @@ async fn handle(
     waiting: &mut VecDeque<String>,
 ) -> Result<(), Closed> {
     let started = Instant::now();
-    if let Err(e) = count_turn(state, caller).await {
-        return send(socket, &error_event(&e)).await;
-    }
     let Create {
         request: mut req,
         body,

@@ -105,6 +105,9 @@ pub fn frame(received: Option<Result<Message, axum::Error>>) -> Frame {
 
 /// An endpoint's turns: what one message makes happen on the socket.
 pub trait Turns: Send {
+    /// Who the connection is (each message counts against its tenant's request rates).
+    fn caller(&self) -> &Caller;
+
     /// Handles one message; messages arriving meanwhile go to `waiting`.
     fn handle(
         &mut self,
@@ -158,7 +161,11 @@ pub async fn session(
                 },
             },
         };
-        if turns.handle(&mut socket, text, &mut waiting).await.is_err() {
+        let handled = match count_turn(state, turns.caller()).await {
+            Ok(()) => turns.handle(&mut socket, text, &mut waiting).await,
+            Err(e) => send(&mut socket, &error_event(&e)).await,
+        };
+        if handled.is_err() {
             return;
         }
     }
@@ -167,7 +174,7 @@ pub async fn session(
 
 /// Counts a turn against the tenant's request rates, as an HTTP request is counted (the
 /// upgrade itself was counted as one).
-pub async fn count_turn(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
+async fn count_turn(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
     let mut report = LimitReport::default();
     state
         .tenancy
