@@ -89,6 +89,12 @@ pub enum ApiError {
         /// The limit.
         limit: usize,
     },
+    /// The body did not arrive in time (`server.body_read_timeout_ms`; 408).
+    #[error("The request body was not received within {0:?}; send it whole and promptly.")]
+    BodyTimeout(Duration),
+    /// A body that is not JSON on an endpoint that takes JSON (415).
+    #[error("This endpoint takes a JSON body: send 'Content-Type: application/json' (got {0}).")]
+    UnsupportedMediaType(String),
     /// The engine refused a valid request it cannot serve (its message is for the client).
     #[error("{0}")]
     EngineRejected(String),
@@ -218,6 +224,8 @@ impl ApiError {
             | Self::EngineRejected(_) => StatusCode::BAD_REQUEST,
             Self::InvalidSchema { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -275,6 +283,12 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => {
                 ("invalid_request_error", None, Some("request_too_large"))
             }
+            Self::BodyTimeout(_) => ("invalid_request_error", None, Some("request_timeout")),
+            Self::UnsupportedMediaType(_) => (
+                "invalid_request_error",
+                None,
+                Some("unsupported_media_type"),
+            ),
             Self::EngineRejected(_) => ("invalid_request_error", None, Some("invalid_request")),
             Self::Overloaded { .. } => ("rate_limit_error", None, Some("queue_full")),
             Self::Unavailable { .. } => ("server_error", None, Some("engine_unavailable")),

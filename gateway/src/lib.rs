@@ -4,6 +4,7 @@
 //! `main.rs` only parses the command line and calls [`cli::run`]; everything else lives here so
 //! tests can drive it in-process.
 
+pub mod body;
 pub mod cli;
 pub mod config;
 pub mod engine_host;

@@ -473,6 +473,7 @@ async fn a_client_that_goes_away_cancels_the_engine_request() {
     });
     let (seen, app) = app(script);
     let request = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
         .body(Body::from(chat(json!({"stream": true}))))
         .unwrap();
     let response = app.clone().oneshot(request).await.unwrap();

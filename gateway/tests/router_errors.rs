@@ -300,9 +300,30 @@ async fn slow_requests_time_out() {
 }
 
 #[tokio::test]
-async fn a_body_without_content_type_is_still_read() {
-    let (_, app) = app(Box::new(|_| Ok(say("ok"))));
+async fn only_json_bodies_are_read() {
+    // A browser sends text/plain, forms and multipart cross-origin without a preflight.
+    let (seen, app) = app(Box::new(|_| Ok(say("ok"))));
+    for content_type in [
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=b"),
+    ] {
+        let mut request = Request::post("/v1/chat/completions");
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let request = request.body(Body::from(chat(json!({})))).unwrap();
+        let reply = send(&app, request).await;
+        assert_eq!(
+            error_of(&reply, 415)["code"],
+            "unsupported_media_type",
+            "{content_type:?}"
+        );
+    }
+    assert!(seen.requests.lock().unwrap().is_empty());
     let request = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json; charset=utf-8")
         .body(Body::from(chat(json!({}))))
         .unwrap();
     assert_eq!(send(&app, request).await.status, 200);

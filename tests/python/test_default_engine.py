@@ -162,3 +162,20 @@ def test_ready_reports_the_engine_healthy(tiny_gateway):
     with urllib.request.urlopen(f"{tiny_gateway}/ready", timeout=10) as r:
         assert r.status == 200
         json.loads(r.read())
+
+
+def engine_requests(base, outcome):
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith("turnpike_engine_requests_total{") and 'engine="default"' in line and f'outcome="{outcome}"' in line:
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def test_each_request_counts_once_in_the_engine_counters(tiny, tiny_gateway):
+    before = engine_requests(tiny_gateway, "completed")
+    for _ in range(3):
+        tiny.completions.create(model="tiny", prompt="Count me once", max_tokens=2, temperature=0)
+    assert engine_requests(tiny_gateway, "completed") - before == 3

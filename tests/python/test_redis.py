@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from conftest import engine_counter, wait_for
@@ -203,8 +204,20 @@ def test_redis_outage_and_recovery(redis, replicas):
         assert status == 503, body
         assert body["error"]["code"] == "state_unavailable"
 
+    # Readiness says which replica can serve: A (fail open) serves unlimited, B cannot serve.
+    assert wait_for(lambda: store_up(a) == 0 and store_up(b) == 0, timeout=5)
+    ready_a, ready_b = httpx.get(f"{a.base}/ready", timeout=10), httpx.get(f"{b.base}/ready", timeout=10)
+    assert ready_a.status_code == 200 and ready_a.json()["state"] == "unavailable", ready_a.text
+    assert ready_b.status_code == 503 and ready_b.json()["state"] == "unavailable", ready_b.text
+
     redis.start()  # same port, empty
     back = time.monotonic()
+    # Once the probe sees Redis again, the very first request is served with its limits, not
+    # by the failure mode.
+    assert wait_for(lambda: store_up(b) == 1, timeout=5), "the store probe did not see Redis return"
+    status, _, body = send(b)
+    assert status == 200, body
+    assert httpx.get(f"{b.base}/ready", timeout=10).json() == {"status": "ready", "state": "ok"}
     assert wait_for(lambda: send(b)[0] == 200, timeout=10), "the closed replica did not recover"
     assert wait_for(lambda: send(a, "after-outage")[0] == 200, timeout=10), "idempotency did not recover"
     recovered = time.monotonic() - back
@@ -219,6 +232,12 @@ def test_redis_outage_and_recovery(redis, replicas):
     assert statuses.count(200) <= 10
     status, _, body = send(b)
     assert status == 429 and body["error"]["code"] == "rate_limit_exceeded"
+
+
+def store_up(gateway) -> float:
+    text = httpx.get(f"{gateway.base}/metrics", timeout=10).text
+    found = [line for line in text.splitlines() if line.startswith("turnpike_state_store_up ")]
+    return float(found[0].split()[1]) if found else -1.0
 
 
 def test_stored_responses_are_shared_by_replicas(redis, replicas):

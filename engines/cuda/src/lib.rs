@@ -95,17 +95,24 @@ impl Engine for DefaultEngine {
         }
     }
 
+    /// `base` already counts every request the SDK saw end (completed, cancelled, failed), and
+    /// every one in flight as running; the models' own counters go per model, and their
+    /// scheduler queues split what is in flight into waiting and running.
     fn stats(&self, mut base: Stats) -> Stats {
         let mut per_model = serde_json::Map::new();
+        let (mut waiting, mut running) = (0, 0);
         for m in &self.models {
-            let (completed, cancelled, failed, extra) = m.stats();
-            base.completed += completed;
-            base.cancelled += cancelled;
-            base.failed += failed;
-            base.queued += extra["waiting"].as_u64().unwrap_or(0);
-            base.running += extra["running"].as_u64().unwrap_or(0);
+            let (completed, cancelled, failed, mut extra) = m.stats();
+            waiting += extra["waiting"].as_u64().unwrap_or(0);
+            running += extra["running"].as_u64().unwrap_or(0);
+            extra["completed"] = completed.into();
+            extra["cancelled"] = cancelled.into();
+            extra["failed"] = failed.into();
             per_model.insert(m.info().id.clone(), extra);
         }
+        // Requests accepted but not yet seen by a scheduler count as waiting.
+        base.queued = waiting + base.running.saturating_sub(waiting + running);
+        base.running = running;
         base.extra.insert("models".into(), per_model.into());
         base
     }

@@ -126,6 +126,10 @@ pub struct ServerConfig {
     pub websocket_max_connections: usize,
     /// How long one WebSocket connection may stay open.
     pub websocket_max_duration: Duration,
+    /// Connections at most, and how long a connection may take to send a request's headers.
+    pub connections: crate::server::ConnectionLimits,
+    /// How long a request's whole body may take to arrive once its headers have (408 past it).
+    pub body_read_timeout: Duration,
 }
 
 /// Browser origins allowed to call the API (CORS).

@@ -48,6 +48,9 @@ struct RawServer {
     cors_allowed_origins: Vec<String>,
     websocket_max_connections: u64,
     websocket_max_duration_s: u64,
+    max_connections: u64,
+    header_read_timeout_ms: u64,
+    body_read_timeout_ms: u64,
 }
 
 impl Default for RawServer {
@@ -61,6 +64,9 @@ impl Default for RawServer {
             cors_allowed_origins: Vec::new(),
             websocket_max_connections: 1024,
             websocket_max_duration_s: 3600,
+            max_connections: 8192,
+            header_read_timeout_ms: 30_000,
+            body_read_timeout_ms: 30_000,
         }
     }
 }
@@ -250,6 +256,17 @@ impl RawServer {
             websocket_max_duration: Duration::from_secs(positive(
                 "websocket_max_duration_s",
                 self.websocket_max_duration_s,
+            )?),
+            connections: crate::server::ConnectionLimits {
+                max_connections: positive("max_connections", self.max_connections)? as usize,
+                header_read_timeout: Duration::from_millis(positive(
+                    "header_read_timeout_ms",
+                    self.header_read_timeout_ms,
+                )?),
+            },
+            body_read_timeout: Duration::from_millis(positive(
+                "body_read_timeout_ms",
+                self.body_read_timeout_ms,
             )?),
         })
     }

@@ -40,6 +40,8 @@ struct State {
     overflow: bool,
     listeners: Vec<mpsc::Sender<Bytes>>,
     ended: bool,
+    /// Every listener left before the head: the work is being dropped, no one may join.
+    deserted: bool,
 }
 
 /// Marks a response whose work goes on without its readers (a background response's stream):
@@ -82,7 +84,7 @@ impl Hub {
     /// A new listener, or `None` when the start of the response is no longer kept.
     pub fn listen(&self) -> Option<Listener> {
         let mut state = lock(&self.state);
-        if state.overflow {
+        if state.overflow || state.deserted {
             return None;
         }
         let (tx, rx) = mpsc::channel(LISTENER_BUFFER);
@@ -143,6 +145,21 @@ impl Hub {
         state.ended = true;
         state.listeners.clear();
         ended
+    }
+
+    /// Completes once no listener is left (checked every 250 ms), for a response not yet
+    /// started; from then on no one may join.
+    pub async fn deserted(&self) {
+        let mut check = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            check.tick().await;
+            let mut state = lock(&self.state);
+            state.listeners.retain(|l| !l.is_closed());
+            if state.listeners.is_empty() {
+                state.deserted = true;
+                return;
+            }
+        }
     }
 
     fn anyone_listening(&self) -> bool {

@@ -8,6 +8,14 @@
 //! reach the engine, so tokens are charged once. A request that fails (5xx, 429, a stream that
 //! ends in an error) or whose every listener left is forgotten, so its retry runs anew.
 //!
+//! The work runs in a task of its own, not in the first client's request: a first client that
+//! goes away does not end it while a joiner still listens (it is billed once, by the one run).
+//! Once no listener is left, before or after the response's head, the work is dropped, which
+//! cancels the engine's part. A joiner that was let go with it (it joined just as the last
+//! listener left) goes round again: by then the key is free, so it runs the request itself.
+//! Joiners on other replicas cannot be seen from here: they wait for the record, and when the
+//! work was dropped they find the key free and run it anew, never a 500.
+//!
 //! Records live in the [`Store`] for the configured time; the in-process [`hub::Hub`] carries
 //! the live stream to joiners on the same replica. A joiner on another replica waits for the
 //! record and replays it. Requests with `store: false` are deduplicated the same way; their
@@ -65,21 +73,26 @@ fn conflict(code: &'static str, message: &str) -> Response {
     .into_response()
 }
 
-/// What a listener reads, as a response (marked when it is not the original request's).
-async fn respond(listener: hub::Listener, replay: bool) -> Response {
-    match listener.into_response().await {
-        Some((status, headers, body)) if replay => replayed(status, headers, body),
-        Some((status, headers, body)) => {
-            let mut response = Response::new(body);
-            *response.status_mut() = status;
-            *response.headers_mut() = headers;
-            response
-        }
-        None => ApiError::Internal {
-            detail: "an idempotent request ended before its response".into(),
-        }
-        .into_response(),
+/// What a listener reads, as a response (marked when it is not the original request's), or
+/// `None` when the work was dropped before its head (every listener had left).
+async fn respond(listener: hub::Listener, replay: bool) -> Option<Response> {
+    let (status, headers, body) = listener.into_response().await?;
+    if replay {
+        return Some(replayed(status, headers, body));
     }
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    Some(response)
+}
+
+/// Answered when a key is let go (its work dropped) and taken again, over and over, until the
+/// caller's deadline: a retryable 409, never a 500.
+fn still_running() -> Response {
+    conflict(
+        "idempotency_request_in_progress",
+        "A request with this Idempotency-Key is still running. Retry after it finishes.",
+    )
 }
 
 fn replayed(
@@ -135,9 +148,9 @@ impl Idempotency {
             Some(Ok(key)) => key,
         };
         let (parts, body) = request.into_parts();
-        let body = match axum::body::to_bytes(body, body_limit).await {
+        let body = match crate::body::read(body, body_limit).await {
             Ok(bytes) => bytes,
-            Err(_) => return ApiError::PayloadTooLarge { limit: body_limit }.into_response(),
+            Err(e) => return e.into_response(),
         };
         let fingerprint = record::fingerprint(parts.method.as_str(), parts.uri.path(), &body);
         let work = move || next.run(Request::from_parts(parts, Body::from(body)));
@@ -158,7 +171,7 @@ impl Idempotency {
     ) -> Response
     where
         F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Response>,
+        Fut: std::future::Future<Output = Response> + Send + 'static,
     {
         let scoped = format!(
             "tp:{{{tenant}}}:idem:{}",
@@ -194,14 +207,15 @@ impl Idempotency {
                     let hub = self.hubs().get(&scoped).cloned();
                     if let Some(listener) = hub.and_then(|h| h.listen()) {
                         metrics::idempotency("joined");
-                        return respond(listener, true).await;
+                        if let Some(response) = respond(listener, true).await {
+                            return response;
+                        }
+                        // The work was dropped as this joiner came: the key is being let go.
+                        continue;
                     }
                     // Running elsewhere (another replica), or too large to join: wait for it.
                     if Instant::now() >= deadline {
-                        return conflict(
-                            "idempotency_request_in_progress",
-                            "A request with this Idempotency-Key is still running. Retry after it finishes.",
-                        );
+                        return still_running();
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
@@ -228,36 +242,48 @@ impl Idempotency {
             }
             .into_response();
         };
-        // Should this future be dropped while the work runs (the client went away before the
-        // head), the hub and the record are let go, so joiners and retries do not wait on them.
-        let mut pending = Pending {
-            this: Arc::clone(self),
-            scoped: scoped.clone(),
-            owner: owner.clone(),
-            hub: Some(Arc::clone(&hub)),
-        };
-        let response = work().await;
-        pending.hub = None;
+        // The work runs on its own, for as long as anyone listens; this request is one listener.
         let this = Arc::clone(self);
-        tokio::spawn(async move {
-            let store = Arc::clone(&this.store);
-            let (key, who, lease) = (scoped.clone(), owner.clone(), this.settings.lease);
-            let keep = move || {
-                let (store, key, who) = (Arc::clone(&store), key.clone(), who.clone());
-                async move {
-                    if let Err(e) = store.keep(&key, &who, lease).await {
-                        tracing::warn!(error = %e, "cannot extend an idempotency record");
-                    }
+        tokio::spawn(this.drive(scoped, owner, hub, work()));
+        respond(listener, false).await.unwrap_or_else(still_running)
+    }
+
+    /// Runs one key's `work` and pumps its response to the hub's listeners, then stores or
+    /// forgets it. Should every listener leave before the response's head, the work is
+    /// dropped (cancelling the engine's part) and the key let go.
+    async fn drive(
+        self: Arc<Self>,
+        scoped: String,
+        owner: String,
+        hub: Arc<Hub>,
+        work: impl std::future::Future<Output = Response> + Send + 'static,
+    ) {
+        let response = tokio::select! {
+            response = work => response,
+            () = hub.deserted() => {
+                self.forget_hub(&scoped, &hub);
+                if let Err(e) = self.store.abandon(&scoped, &owner).await {
+                    tracing::warn!(error = %e, "cannot let go of an idempotency record");
                 }
-                .boxed()
-            };
-            let status = response.status();
-            let headers = Recorded::keep_headers(response.headers());
-            let ended = hub.pump(response, lease / 3, keep).await;
-            this.settle(&scoped, &owner, status, headers, ended).await;
-            this.forget_hub(&scoped, &hub);
-        });
-        respond(listener, false).await
+                return;
+            }
+        };
+        let store = Arc::clone(&self.store);
+        let (key, who, lease) = (scoped.clone(), owner.clone(), self.settings.lease);
+        let keep = move || {
+            let (store, key, who) = (Arc::clone(&store), key.clone(), who.clone());
+            async move {
+                if let Err(e) = store.keep(&key, &who, lease).await {
+                    tracing::warn!(error = %e, "cannot extend an idempotency record");
+                }
+            }
+            .boxed()
+        };
+        let status = response.status();
+        let headers = Recorded::keep_headers(response.headers());
+        let ended = hub.pump(response, lease / 3, keep).await;
+        self.settle(&scoped, &owner, status, headers, ended).await;
+        self.forget_hub(&scoped, &hub);
     }
 
     /// Drops `scoped`'s live hub if it is still `hub` (a newer run of the key keeps its own).
@@ -304,35 +330,6 @@ impl Idempotency {
             // The record lapses with its lease.
             metrics::state_error("idempotency");
             tracing::warn!(error = %e, "cannot settle an idempotency record");
-        }
-    }
-}
-
-/// An idempotent request whose work has not answered yet; see [`Idempotency::guard`].
-struct Pending {
-    this: Arc<Idempotency>,
-    scoped: String,
-    owner: String,
-    /// Set while the work runs.
-    hub: Option<Arc<Hub>>,
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        let Some(hub) = self.hub.take() else { return };
-        self.this.forget_hub(&self.scoped, &hub);
-        drop(hub);
-        let (this, scoped, owner) = (
-            Arc::clone(&self.this),
-            std::mem::take(&mut self.scoped),
-            std::mem::take(&mut self.owner),
-        );
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(e) = this.store.abandon(&scoped, &owner).await {
-                    tracing::warn!(error = %e, "cannot let go of an idempotency record");
-                }
-            });
         }
     }
 }

@@ -20,6 +20,9 @@
 //! | `turnpike_idempotency_records`, `turnpike_idempotency_bytes` | gauge (in-memory store) | |
 //! | `turnpike_stored_values`, `turnpike_stored_value_bytes` | gauge (in-memory store: stored responses) | |
 //! | `turnpike_websocket_connections` | gauge (open WebSocket connections; at most `server.websocket_max_connections`) | |
+//! | `turnpike_http_connections` | gauge (open HTTP connections; at most `server.max_connections`) | |
+//! | `turnpike_http_connections_closed_total` | counter (connections and requests cut by the server's bounds) | `reason` (`limit`, `header_timeout`, `body_timeout`) |
+//! | `turnpike_state_store_up` | gauge (1 while the state store answers its health probe, 0 while it does not) | |
 //!
 //! The recorder is process-wide; histogram samples are drained by [`upkeep`], which the server
 //! runs every few seconds, so memory stays bounded whether or not anyone scrapes.
@@ -163,6 +166,35 @@ impl Drop for WebSocketGuard {
     fn drop(&mut self) {
         metrics::gauge!("turnpike_websocket_connections").decrement(1.0);
     }
+}
+
+/// One open HTTP connection, counted in `turnpike_http_connections` while it lives.
+#[derive(Debug)]
+pub struct ConnectionGuard(());
+
+impl ConnectionGuard {
+    /// Opens one.
+    pub fn open() -> Self {
+        metrics::gauge!("turnpike_http_connections").increment(1.0);
+        Self(())
+    }
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        metrics::gauge!("turnpike_http_connections").decrement(1.0);
+    }
+}
+
+/// A connection (or a request's body) cut by one of the server's bounds: `limit` (refused past
+/// `server.max_connections`), `header_timeout`, `body_timeout`.
+pub fn connection_closed(reason: &'static str) {
+    metrics::counter!("turnpike_http_connections_closed_total", "reason" => reason).increment(1);
+}
+
+/// Whether the state store answered its last health probe.
+pub fn state_store_up(up: bool) {
+    metrics::gauge!("turnpike_state_store_up").set(if up { 1.0 } else { 0.0 });
 }
 
 /// A tenant limit refused a request.

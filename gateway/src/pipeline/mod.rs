@@ -5,6 +5,7 @@
 //!
 //! The engine always streams ([`run::GenStream`]); everything else is rendering.
 
+pub mod budget;
 pub mod decode;
 pub mod fold;
 pub mod params;

@@ -318,6 +318,12 @@ pub fn grammar(g: Grammar, param: &str, model: &ServedModel) -> Result<Grammar, 
     }
 }
 
+/// The tokens a prompt must stay under: the model's context or `max_request_tokens`, the
+/// smaller (the budget prompts are tokenized within, see [`super::budget`]).
+pub fn prompt_limit(model: &ServedModel, defaults: &Defaults) -> usize {
+    (defaults.max_request_tokens as usize).min(model.context_length as usize)
+}
+
 /// `max_tokens`: the request's (capped by the model), else `default_max`; the prompt and the
 /// output must fit the context. `param` names the prompt (`messages` or `prompt`).
 pub fn max_tokens(
@@ -330,7 +336,7 @@ pub fn max_tokens(
     param: &str,
 ) -> Result<u32, ApiError> {
     let context = model.context_length as usize;
-    let prompt_limit = (defaults.max_request_tokens as usize).min(context);
+    let prompt_limit = prompt_limit(model, defaults);
     if prompt_tokens >= prompt_limit {
         return Err(ApiError::ContextLengthExceeded {
             param: param.into(),

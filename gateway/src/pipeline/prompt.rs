@@ -3,6 +3,7 @@
 
 use serde_json::{Map, Value, json};
 
+use super::budget::{BudgetError, encode_within};
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::openai::chat::{ChatMessage, Content, ContentPart, Tool};
@@ -167,12 +168,29 @@ pub fn check_schema(schema: &Value, param: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Token ids of a chat conversation.
+/// The refusal of a prompt in `param` found to hold more than `budget` tokens before it was
+/// tokenized whole (see [`super::budget`]).
+fn over_budget(e: BudgetError, param: &str) -> ApiError {
+    match e {
+        BudgetError::OverBudget { budget, .. } => ApiError::ContextLengthExceeded {
+            param: param.into(),
+            message: format!(
+                "This model's maximum prompt length is {} tokens. However, your {param} resulted in more than {budget} tokens. Please reduce the length of the {param}.",
+                budget.saturating_sub(1)
+            ),
+        },
+        BudgetError::Tokenizer(detail) => ApiError::Internal { detail },
+    }
+}
+
+/// Token ids of a chat conversation; a conversation clearly longer than `budget` tokens is
+/// refused before it is tokenized whole.
 pub fn chat_prompt(
     model: &ServedModel,
     messages: &[Value],
     tools: Option<&Value>,
     kwargs: Option<&Map<String, Value>>,
+    budget: usize,
 ) -> Result<Vec<u32>, ApiError> {
     let template = model.template.as_ref().ok_or_else(|| {
         ApiError::unsupported(
@@ -191,10 +209,7 @@ pub fn chat_prompt(
                 format!("the chat template refused the messages: {e}"),
             )
         })?;
-    model
-        .tokenizer
-        .encode(&text, false)
-        .map_err(|detail| ApiError::Internal { detail })
+    encode_within(&model.tokenizer, &text, false, budget).map_err(|e| over_budget(e, "messages"))
 }
 
 /// One prompt or input of a legacy completion or embedding request.
@@ -215,12 +230,14 @@ pub fn input_count(value: &Value) -> usize {
 }
 
 /// Prompts in any of the four forms. `add_special` adds the tokenizer's own special tokens to
-/// text (a beginning-of-text token); token ids are taken as given.
+/// text (a beginning-of-text token); token ids are taken as given. A prompt clearly longer than
+/// `budget` tokens is refused before it is tokenized (or its ids decoded) whole.
 pub fn text_inputs(
     value: &Value,
     param: &str,
     model: &ServedModel,
     add_special: bool,
+    budget: usize,
 ) -> Result<Vec<TextInput>, ApiError> {
     let shape_error = || {
         ApiError::invalid(
@@ -232,16 +249,21 @@ pub fn text_inputs(
     };
     let vocab = model.info.vocab_size;
     let from_text = |s: &str| -> Result<TextInput, ApiError> {
-        let ids = model
-            .tokenizer
-            .encode(s, add_special)
-            .map_err(|detail| ApiError::Internal { detail })?;
+        let ids = encode_within(&model.tokenizer, s, add_special, budget)
+            .map_err(|e| over_budget(e, param))?;
         Ok(TextInput {
             ids,
             text: s.to_string(),
         })
     };
     let from_ids = |list: &[Value]| -> Result<TextInput, ApiError> {
+        if list.len() > budget {
+            let counted = list.len();
+            return Err(over_budget(
+                BudgetError::OverBudget { budget, counted },
+                param,
+            ));
+        }
         let ids = list
             .iter()
             .map(|v| {

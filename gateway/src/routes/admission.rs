@@ -1,5 +1,5 @@
-//! The middleware every `/v1` request passes: authentication, the endpoint scope, the tenant's
-//! request rate, and, for POSTs with an `Idempotency-Key`, replay, join or conflict. Every
+//! The middleware every `/v1` request passes: authentication, the endpoint scope, a JSON body
+//! (415 otherwise), the tenant's request rate, and, for POSTs with an `Idempotency-Key`, replay, join or conflict. Every
 //! response leaves with the `x-ratelimit-*` headers of the limits it met.
 
 use std::sync::Arc;
@@ -38,6 +38,9 @@ pub async fn admission(
         };
         return refuse(request, e, &LimitReport::default(), &state).await;
     }
+    if let Err(e) = json_body(&request) {
+        return refuse(request, e, &LimitReport::default(), &state).await;
+    }
     let caller = Caller::new(Arc::new(principal));
     let mut report = LimitReport::default();
     if let Err(e) = tenancy.limiter.hit(&caller.principal, &mut report).await {
@@ -63,6 +66,31 @@ pub async fn admission(
     };
     ratelimit_headers::apply(response.headers_mut(), &caller.snapshot());
     response
+}
+
+/// Every `/v1` POST that carries a body carries JSON. Without this a web page on any origin could
+/// make a browser send a "simple" cross-origin request (`text/plain`, a form) with no preflight,
+/// and spend the gateway's compute where authentication is off.
+fn json_body(request: &Request) -> Result<(), ApiError> {
+    use axum::body::HttpBody;
+    if request.method() != Method::POST || request.body().is_end_stream() {
+        return Ok(());
+    }
+    let declared_empty = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .is_some_and(|v| v.as_bytes() == b"0");
+    if declared_empty {
+        return Ok(());
+    }
+    match request.headers().get(axum::http::header::CONTENT_TYPE) {
+        Some(v) if v.to_str().is_ok_and(crate::body::is_json) => Ok(()),
+        Some(v) => Err(ApiError::UnsupportedMediaType(format!(
+            "`{}`",
+            String::from_utf8_lossy(v.as_bytes())
+        ))),
+        None => Err(ApiError::UnsupportedMediaType("no Content-Type".into())),
+    }
 }
 
 /// Refuses a request before its handler ran. The body is read first (within the size limit and

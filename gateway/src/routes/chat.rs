@@ -183,6 +183,7 @@ pub(super) async fn prepare(
         &messages,
         tools.as_ref(),
         req.chat_template_kwargs.as_ref(),
+        params::prompt_limit(&model, defaults),
     )?;
     let (requested, requested_param) = match (&req.max_completion_tokens, &req.max_tokens) {
         (Some(n), _) => (Some(n), "max_completion_tokens"),

@@ -6,7 +6,6 @@
 //! cancels the running request. A message may carry an `idempotency_key`, which works as the
 //! `Idempotency-Key` header does on HTTP.
 
-use std::collections::VecDeque;
 use std::time::Instant;
 
 use axum::Extension;
@@ -19,7 +18,9 @@ use serde_json::Value;
 
 use super::AppState;
 use super::chat::complete;
-use super::websocket::{Closed, Turns, accept, error_event, forward, guarded, send, take_key};
+use super::websocket::{
+    Closed, Turns, Waiting, accept, error_event, forward, guarded, send, take_key,
+};
 use crate::error::ApiError;
 use crate::openai::chat::ChatCompletionRequest;
 use crate::tenancy::Caller;
@@ -29,13 +30,14 @@ pub async fn connect(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     uri: Uri,
+    headers: axum::http::HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     let turns = ChatTurns {
         state: state.clone(),
         caller,
     };
-    accept(state, &uri, upgrade, &[], turns)
+    accept(state, &uri, &headers, upgrade, &[], turns)
 }
 
 struct ChatTurns {
@@ -52,7 +54,7 @@ impl Turns for ChatTurns {
         &mut self,
         socket: &mut WebSocket,
         text: String,
-        waiting: &mut VecDeque<String>,
+        waiting: &mut Waiting,
     ) -> Result<(), Closed> {
         let started = Instant::now();
         let (state, caller) = (&self.state, &self.caller);
@@ -60,8 +62,10 @@ impl Turns for ChatTurns {
             Ok(parsed) => parsed,
             Err(e) => return send(socket, &error_event(&e)).await,
         };
-        let work = || async {
-            complete(state, caller, &req, started)
+        // The turn's work may outlive this socket (a joiner with the same key still listens).
+        let (owned_state, owned_caller) = (state.clone(), caller.clone());
+        let work = move || async move {
+            complete(&owned_state, &owned_caller, &req, started)
                 .await
                 .unwrap_or_else(IntoResponse::into_response)
         };

@@ -109,7 +109,13 @@ pub async fn completions(
     p.logprobs = logprobs.is_some();
     p.top_logprobs = logprobs.unwrap_or(0);
     params::check_total_choices(prompt::input_count(&req.prompt), p.n)?;
-    let inputs = prompt::text_inputs(&req.prompt, "prompt", &model, true)?;
+    let inputs = prompt::text_inputs(
+        &req.prompt,
+        "prompt",
+        &model,
+        true,
+        params::prompt_limit(&model, defaults),
+    )?;
     let longest = inputs.iter().map(|i| i.ids.len()).max().unwrap_or(0);
     p.max_tokens = params::max_tokens(
         req.max_tokens.as_ref(),

@@ -53,7 +53,13 @@ pub async fn embeddings(
         )? as u32),
         None => None,
     };
-    let inputs = prompt::text_inputs(&req.input, "input", &model, true)?;
+    let inputs = prompt::text_inputs(
+        &req.input,
+        "input",
+        &model,
+        true,
+        model.context_length as usize,
+    )?;
     if let Some((i, _)) = inputs
         .iter()
         .enumerate()

@@ -25,18 +25,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
         if declared.is_some_and(|len| len > limit) {
             return Err(ApiError::PayloadTooLarge { limit });
         }
-        let bytes = axum::body::to_bytes(req.into_body(), limit)
-            .await
-            .map_err(|e| {
-                if std::error::Error::source(&e)
-                    .is_some_and(|s| s.to_string().contains("length limit"))
-                    || e.to_string().contains("length limit")
-                {
-                    ApiError::PayloadTooLarge { limit }
-                } else {
-                    ApiError::InvalidJson(format!("the body could not be read: {e}"))
-                }
-            })?;
+        let bytes = crate::body::read(req.into_body(), limit).await?;
         parse(&bytes).map(JsonBody)
     }
 }

@@ -1,4 +1,10 @@
 //! `GET /health` (the process is alive) and `GET /ready` (every engine answers and can serve).
+//!
+//! `/ready` also reports the state store (`"state": "ok"` or `"unavailable"`). A store that does
+//! not answer makes the gateway not ready (503) only when generations cannot be served without
+//! it: a request, token or concurrency limit set to fail closed. With the default (fail open)
+//! the gateway goes on serving, unlimited, and stays ready; the body and the gauge
+//! `turnpike_state_store_up` say the store is away.
 
 use std::time::Duration;
 
@@ -32,22 +38,32 @@ pub async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             })
             .collect::<serde_json::Map<String, Value>>()
     });
-    match tokio::time::timeout(PROBE_TIMEOUT, task).await {
-        Ok(checked) => respond(checked.ok()),
-        Err(_) => respond(None),
-    }
+    let checked = tokio::time::timeout(PROBE_TIMEOUT, task)
+        .await
+        .ok()
+        .and_then(Result::ok);
+    let store_up = state.tenancy.store_health.is_up();
+    respond(checked, store_up, state.tenancy.needs_store)
 }
 
-fn respond(checked: Option<serde_json::Map<String, Value>>) -> (StatusCode, Json<Value>) {
-    match checked {
-        Some(failing) if failing.is_empty() => (StatusCode::OK, Json(json!({"status": "ready"}))),
-        Some(failing) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "unavailable", "engines": failing})),
-        ),
-        None => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "unavailable"})),
-        ),
+fn respond(
+    checked: Option<serde_json::Map<String, Value>>,
+    store_up: bool,
+    needs_store: bool,
+) -> (StatusCode, Json<Value>) {
+    let store = if store_up { "ok" } else { "unavailable" };
+    let mut body = json!({"status": "ready", "state": store});
+    let engines_ok = match checked {
+        Some(failing) if failing.is_empty() => true,
+        Some(failing) => {
+            body["engines"] = Value::Object(failing);
+            false
+        }
+        None => false,
+    };
+    if engines_ok && (store_up || !needs_store) {
+        return (StatusCode::OK, Json(body));
     }
+    body["status"] = json!("unavailable");
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body))
 }

@@ -125,6 +125,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics::metrics))
         .fallback(unknown_url)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), body_deadline))
         .layer(middleware::from_fn(count_requests))
         .with_state(state);
     match cors {
@@ -143,6 +144,22 @@ async fn count_requests(request: Request, next: Next) -> Response {
     let response = next.run(request).await;
     record::http_request(&endpoint, response.status().as_u16(), started.elapsed());
     response
+}
+
+/// Gives a request's body its deadline (`server.body_read_timeout`), counted from when its
+/// headers arrived; a request without a body is left alone.
+async fn body_deadline(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    use axum::body::HttpBody;
+    if request.body().is_end_stream() {
+        return next.run(request).await;
+    }
+    let timeout = state.server.body_read_timeout;
+    let request = request.map(|body| crate::body::with_deadline(body, timeout));
+    next.run(request).await
 }
 
 async fn unknown_url(method: Method, uri: Uri) -> ApiError {

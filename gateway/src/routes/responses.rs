@@ -116,6 +116,7 @@ fn prompt_length(
         &messages,
         tools.as_ref(),
         req.chat_template_kwargs.as_ref(),
+        model.context_length as usize,
     )?;
     Ok(ids.len())
 }

@@ -8,7 +8,7 @@
 //! `server.websocket_max_duration`. A socket that goes away cancels the running turn. A message
 //! may carry an `idempotency_key`, which works as the `Idempotency-Key` header does on HTTP.
 
-use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use axum::Extension;
@@ -22,7 +22,8 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::responses::{conversation, respond};
 use super::websocket::{
-    Closed, Turns, accept, error_event, event_data, forward, guarded, send, send_text, take_key,
+    Closed, Turns, Waiting, accept, error_event, event_data, forward, guarded, send, send_text,
+    take_key,
 };
 use crate::error::ApiError;
 use crate::openai::responses::{ResponseUsage, ResponsesRequest};
@@ -36,6 +37,7 @@ pub async fn connect(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     uri: Uri,
+    headers: axum::http::HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     let turns = ResponseTurns {
@@ -43,7 +45,7 @@ pub async fn connect(
         caller,
         last: None,
     };
-    accept(state, &uri, upgrade, &["realtime"], turns)
+    accept(state, &uri, &headers, upgrade, &["realtime"], turns)
 }
 
 /// A connection's turns and the response it remembers.
@@ -62,7 +64,7 @@ impl Turns for ResponseTurns {
         &mut self,
         socket: &mut WebSocket,
         text: String,
-        waiting: &mut VecDeque<String>,
+        waiting: &mut Waiting,
     ) -> Result<(), Closed> {
         handle(
             socket,
@@ -151,7 +153,7 @@ async fn handle(
     caller: &Caller,
     text: &str,
     last: &mut Option<StoredResponse>,
-    waiting: &mut VecDeque<String>,
+    waiting: &mut Waiting,
 ) -> Result<(), Closed> {
     let started = Instant::now();
     let Create {
@@ -174,12 +176,22 @@ async fn handle(
         }
         return warm_up(socket, &req, last).await;
     }
-    let mut ran: Option<Vec<Value>> = None;
-    let (slot, request, previous) = (&mut ran, &req, last.as_ref());
+    // The turn's work may outlive this socket (a joiner with the same key still listens), so
+    // it owns what it reads and hands its conversation back through `ran`.
+    let ran: Arc<Mutex<Option<Vec<Value>>>> = Arc::default();
+    let (slot, request, previous) = (Arc::clone(&ran), req.clone(), last.clone());
+    let (owned_state, owned_caller) = (state.clone(), caller.clone());
     let work = move || async move {
-        match respond(state, caller, request, started, previous).await {
+        let turn = respond(
+            &owned_state,
+            &owned_caller,
+            &request,
+            started,
+            previous.as_ref(),
+        );
+        match turn.await {
             Ok((response, items)) => {
-                *slot = Some(items);
+                *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(items);
                 response
             }
             Err(e) => e.into_response(),
@@ -201,6 +213,7 @@ async fn handle(
         })
         .and_then(|mut e| serde_json::from_value(e["response"].take()).ok());
     if let Some(response) = finished {
+        let ran = ran.lock().unwrap_or_else(PoisonError::into_inner).take();
         let input_items = match ran {
             Some(items) => items,
             // A replayed turn: its conversation, as it ran.

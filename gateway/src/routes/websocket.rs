@@ -3,6 +3,12 @@
 //! never close the socket, and forwarding a turn into frames while watching the socket, so a
 //! client that goes away cancels the engine's work (the response body is dropped).
 //!
+//! Messages and frames are bounded by `server.max_body_bytes`, as HTTP bodies are (a larger
+//! message closes the socket with 1009 "message too big"), and the messages waiting for a
+//! running turn by count ([`MAX_WAITING`]) and in all by the same byte limit. An upgrade that
+//! carries an `Origin` the CORS allow-list does not name is refused (403), as the browser would
+//! refuse a cross-origin HTTP call: browsers do not apply CORS to WebSockets.
+//!
 //! A turn runs exactly as its HTTP request would and answers with the same response (an error,
 //! or server-sent events); [`forward`] turns that response into frames. So a turn meets the same
 //! validation, tenant limits and deadlines as HTTP, and an `idempotency_key` in a message goes
@@ -11,6 +17,10 @@
 
 use std::collections::VecDeque;
 use std::time::Instant;
+
+use axum::extract::ws::{CloseFrame, close_code};
+use axum::http::HeaderMap;
+use axum::http::header::ORIGIN;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -21,6 +31,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::AppState;
+use crate::config::CorsOrigins;
 use crate::error::ApiError;
 use crate::idempotency::record;
 use crate::observability::metrics;
@@ -33,10 +44,14 @@ use crate::tenancy::limits::LimitReport;
 pub fn accept<T: Turns + 'static>(
     state: AppState,
     uri: &Uri,
+    headers: &HeaderMap,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
     protocols: &'static [&'static str],
     turns: T,
 ) -> Response {
+    if let Err(e) = check_origin(headers, &state.server.cors) {
+        return e.into_response();
+    }
     let upgrade = match upgrade {
         Ok(upgrade) => upgrade,
         Err(_) => {
@@ -50,13 +65,83 @@ pub fn accept<T: Turns + 'static>(
     let permit = std::sync::Arc::clone(&state.websockets)
         .try_acquire_owned()
         .ok();
+    let limit = state.server.max_body_bytes;
     upgrade
+        .max_message_size(limit)
+        .max_frame_size(limit)
         .protocols(protocols.iter().copied())
         .on_upgrade(move |socket| async move { session(socket, &state, permit, turns).await })
 }
 
+/// An upgrade from a browser page (it sends `Origin`) is allowed only from an origin the CORS
+/// allow-list names; clients that are not browsers send no `Origin` and are not affected.
+fn check_origin(headers: &HeaderMap, allowed: &CorsOrigins) -> Result<(), ApiError> {
+    let Some(origin) = headers.get(ORIGIN) else {
+        return Ok(());
+    };
+    let permitted = match allowed {
+        CorsOrigins::Any => true,
+        CorsOrigins::None => false,
+        CorsOrigins::List(list) => list.iter().any(|o| o.as_bytes() == origin.as_bytes()),
+    };
+    if permitted {
+        return Ok(());
+    }
+    Err(ApiError::Forbidden {
+        param: None,
+        code: "origin_not_allowed",
+        message: format!(
+            "WebSocket connections from the origin `{}` are not allowed (server.cors_allowed_origins).",
+            String::from_utf8_lossy(origin.as_bytes())
+        ),
+    })
+}
+
 /// Messages kept while a turn runs; more are refused with an error event.
 pub const MAX_WAITING: usize = 16;
+
+/// The messages that arrived while a turn ran, at most [`MAX_WAITING`] of them and `max_bytes`
+/// in all.
+#[derive(Debug)]
+pub struct Waiting {
+    queue: VecDeque<String>,
+    bytes: usize,
+    max_bytes: usize,
+}
+
+impl Waiting {
+    /// An empty queue holding at most `max_bytes` of messages.
+    pub fn new(max_bytes: usize) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            bytes: 0,
+            max_bytes,
+        }
+    }
+
+    /// The oldest message.
+    pub fn pop(&mut self) -> Option<String> {
+        let text = self.queue.pop_front()?;
+        self.bytes -= text.len();
+        Some(text)
+    }
+
+    /// Keeps `text`, or says why it cannot.
+    fn push(&mut self, text: String) -> Result<(), ApiError> {
+        if self.queue.len() >= MAX_WAITING || self.bytes + text.len() > self.max_bytes {
+            return Err(ApiError::invalid(
+                "type",
+                format!(
+                    "at most {MAX_WAITING} messages, {} bytes in all, may wait for a running turn",
+                    self.max_bytes
+                ),
+            ));
+        }
+        self.bytes += text.len();
+        self.queue.push_back(text);
+        Ok(())
+    }
+}
 
 /// The socket went away.
 #[derive(Debug)]
@@ -87,6 +172,8 @@ pub enum Frame {
     Text(String),
     /// A ping or pong.
     Skip,
+    /// A message larger than the limit: the socket is closed with 1009.
+    TooBig,
     /// The socket closed or failed.
     Gone,
 }
@@ -94,6 +181,9 @@ pub enum Frame {
 /// Classifies what `socket.recv()` returned.
 pub fn frame(received: Option<Result<Message, axum::Error>>) -> Frame {
     match received {
+        // The library's capacity error (its only way of saying so) for a message or frame
+        // past `max_message_size` / `max_frame_size`.
+        Some(Err(e)) if e.to_string().contains("Space limit exceeded") => Frame::TooBig,
         None | Some(Err(_)) | Some(Ok(Message::Close(_))) => Frame::Gone,
         Some(Ok(Message::Text(text))) => Frame::Text(text.to_string()),
         Some(Ok(Message::Binary(bytes))) => {
@@ -113,7 +203,7 @@ pub trait Turns: Send {
         &mut self,
         socket: &mut WebSocket,
         text: String,
-        waiting: &mut VecDeque<String>,
+        waiting: &mut Waiting,
     ) -> impl std::future::Future<Output = Result<(), Closed>> + Send;
 }
 
@@ -142,9 +232,9 @@ pub async fn session(
     };
     let _open = metrics::WebSocketGuard::open();
     let deadline = Instant::now() + state.server.websocket_max_duration;
-    let mut waiting: VecDeque<String> = VecDeque::new();
+    let mut waiting = Waiting::new(state.server.max_body_bytes);
     loop {
-        let text = match waiting.pop_front() {
+        let text = match waiting.pop() {
             Some(text) => text,
             None => match tokio::time::timeout_at(deadline.into(), socket.recv()).await {
                 Err(_) => {
@@ -157,6 +247,7 @@ pub async fn session(
                 Ok(received) => match frame(received) {
                     Frame::Text(text) => text,
                     Frame::Skip => continue,
+                    Frame::TooBig => return too_big(socket, state.server.max_body_bytes).await,
                     Frame::Gone => return,
                 },
             },
@@ -170,6 +261,18 @@ pub async fn session(
         }
     }
     let _ = socket.send(Message::Close(None)).await;
+}
+
+/// Closes a socket whose client sent a message past `limit` bytes: an error event, then a close
+/// with 1009 (message too big).
+async fn too_big(mut socket: WebSocket, limit: usize) {
+    let e = ApiError::PayloadTooLarge { limit };
+    let _ = send(&mut socket, &error_event(&e)).await;
+    let close = CloseFrame {
+        code: close_code::SIZE,
+        reason: "message too big".into(),
+    };
+    let _ = socket.send(Message::Close(Some(close))).await;
 }
 
 /// Counts a turn against the tenant's request rates, as an HTTP request is counted (the
@@ -212,7 +315,7 @@ pub async fn guarded<F, Fut>(
 ) -> Response
 where
     F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Response>,
+    Fut: std::future::Future<Output = Response> + Send + 'static,
 {
     match (key, &state.tenancy.idempotency) {
         (Some(key), Some(idempotency)) => {
@@ -237,7 +340,7 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 pub async fn forward(
     socket: &mut WebSocket,
     response: Response,
-    waiting: &mut VecDeque<String>,
+    waiting: &mut Waiting,
     done_frame: bool,
 ) -> Result<Option<String>, Closed> {
     let status = response.status();
@@ -289,15 +392,12 @@ pub async fn forward(
                 }
             }
             received = socket.recv() => match frame(received) {
-                Frame::Gone => return Err(Closed),
+                Frame::Gone | Frame::TooBig => return Err(Closed),
                 Frame::Skip => {}
-                Frame::Text(text) if waiting.len() < MAX_WAITING => waiting.push_back(text),
-                Frame::Text(_) => {
-                    let e = ApiError::invalid(
-                        "type",
-                        format!("at most {MAX_WAITING} messages may wait for a running turn"),
-                    );
-                    send(socket, &error_event(&e)).await?;
+                Frame::Text(text) => {
+                    if let Err(e) = waiting.push(text) {
+                        send(socket, &error_event(&e)).await?;
+                    }
                 }
             },
         }

@@ -12,6 +12,7 @@
 //! period. A request-rate window takes 1 per request, a token window takes prompt plus maximum
 //! completion tokens, and gives back what went unused when the generation ends.
 
+pub mod health;
 pub mod memory;
 pub mod redis;
 

@@ -5,7 +5,9 @@
 //!
 //! The connection manager reconnects by itself; every call is bounded by the configured
 //! timeout, so a Redis that vanishes costs a request at most that long before the caller's
-//! failure mode (open or closed) applies.
+//! failure mode (open or closed) applies. A call that finds its connection broken (Redis
+//! restarted since the last call) is sent once more on the new connection, within the same
+//! timeout: what was written to a dead connection never ran, so the retry does not run it twice.
 
 use std::time::Duration;
 
@@ -60,6 +62,12 @@ fn bucket_args(amount: u64, windows: &[Window]) -> Vec<Vec<u8>> {
     args
 }
 
+/// Whether `e` says the connection was already gone (a Redis that restarted): the command never
+/// reached a live server, and the connection manager is reconnecting.
+fn broken(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped() || e.is_connection_refusal()
+}
+
 fn integer(value: &Value) -> Result<i64, StoreError> {
     match value {
         Value::Int(i) => Ok(*i),
@@ -106,14 +114,22 @@ impl RedisStore {
         for arg in args {
             invocation.arg(arg);
         }
-        let mut connection = self.connection.clone();
-        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(StoreError(e.to_string())),
-            Err(_) => Err(StoreError(format!(
-                "no answer within {} ms",
-                self.timeout.as_millis()
-            ))),
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut retried = false;
+        loop {
+            let mut connection = self.connection.clone();
+            match tokio::time::timeout_at(deadline, invocation.invoke_async(&mut connection)).await
+            {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(e)) if !retried && broken(&e) => retried = true,
+                Ok(Err(e)) => return Err(StoreError(e.to_string())),
+                Err(_) => {
+                    return Err(StoreError(format!(
+                        "no answer within {} ms",
+                        self.timeout.as_millis()
+                    )));
+                }
+            }
         }
     }
 
@@ -123,11 +139,17 @@ impl RedisStore {
         command: redis::Cmd,
         what: &str,
     ) -> Result<T, StoreError> {
-        let mut connection = self.connection.clone();
-        match tokio::time::timeout(self.timeout, command.query_async::<T>(&mut connection)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(StoreError(e.to_string())),
-            Err(_) => Err(StoreError(format!("{what} timed out"))),
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut retried = false;
+        loop {
+            let mut connection = self.connection.clone();
+            match tokio::time::timeout_at(deadline, command.query_async::<T>(&mut connection)).await
+            {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(e)) if !retried && broken(&e) => retried = true,
+                Ok(Err(e)) => return Err(StoreError(e.to_string())),
+                Err(_) => return Err(StoreError(format!("{what} timed out"))),
+            }
         }
     }
 

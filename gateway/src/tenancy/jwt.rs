@@ -2,7 +2,9 @@
 //!
 //! The algorithm is pinned by configuration; a token whose header names another algorithm is
 //! refused before its signature is looked at (the "alg: none" and HS256-with-a-public-key
-//! attacks). `exp` is required; `nbf`, `iss` and `aud` are checked when configured. Claims map
+//! attacks). `exp` is required; `nbf` is checked when present; a configured `iss` or `aud` is
+//! required: a token that omits it (or holds `null`, or another type) is refused, so a token
+//! signed with the same key for another purpose is no credential here. Claims map
 //! to a tenant (a configured claim, `tenant` by default) and scopes (the space-separated `scope`
 //! claim: `model:NAME` and `endpoint:NAME` items narrow the tenant's rights).
 
@@ -23,6 +25,9 @@ pub struct JwtVerifier {
     validation: Validation,
     tenant_claim: String,
     scope_claim: String,
+    /// The configured `iss` and `aud`, checked again on the decoded claims (see [`required`]).
+    issuer: Option<String>,
+    audience: Option<String>,
 }
 
 impl std::fmt::Debug for JwtVerifier {
@@ -71,15 +76,22 @@ impl JwtVerifier {
         let mut validation = Validation::new(settings.algorithm);
         validation.leeway = settings.leeway_secs;
         validation.validate_nbf = true;
-        validation.set_required_spec_claims(&["exp"]);
+        let mut required = vec!["exp"];
         if let Some(iss) = &settings.issuer {
             validation.set_issuer(&[iss]);
+            required.push("iss");
         }
         match &settings.audience {
-            Some(aud) => validation.set_audience(&[aud]),
+            Some(aud) => {
+                validation.set_audience(&[aud]);
+                required.push("aud");
+            }
             None => validation.validate_aud = false,
         }
+        validation.set_required_spec_claims(&required);
         Self {
+            issuer: settings.issuer,
+            audience: settings.audience,
             algorithm: settings.algorithm,
             keys: settings.keys,
             validation,
@@ -121,6 +133,8 @@ impl JwtVerifier {
     }
 
     fn claims(&self, claims: Map<String, Value>) -> Result<TokenClaims, String> {
+        required(&claims, "iss", self.issuer.as_deref())?;
+        required(&claims, "aud", self.audience.as_deref())?;
         let tenant = claims
             .get(&self.tenant_claim)
             .and_then(Value::as_str)
@@ -143,6 +157,26 @@ impl JwtVerifier {
                 .map(str::to_string),
             scopes: scopes_from(&items),
         })
+    }
+}
+
+/// Checks a configured claim on the decoded token: present, and `want` (a string, or for
+/// `aud` also a list holding it). The library checks this too; checking it here as well keeps
+/// the rule in this file whatever the library's defaults become.
+fn required(claims: &Map<String, Value>, name: &str, want: Option<&str>) -> Result<(), String> {
+    let Some(want) = want else { return Ok(()) };
+    let matches = match claims.get(name) {
+        Some(Value::String(have)) => have == want,
+        Some(Value::Array(list)) if name == "aud" => list.iter().any(|v| v.as_str() == Some(want)),
+        None | Some(Value::Null) => return Err(format!("the token has no `{name}` claim")),
+        Some(_) => return Err(format!("the token's `{name}` claim is malformed")),
+    };
+    if matches {
+        Ok(())
+    } else if name == "aud" {
+        Err("the token is for another audience (aud)".into())
+    } else {
+        Err("the token is from another issuer (iss)".into())
     }
 }
 
@@ -188,6 +222,72 @@ fn explain(kind: &ErrorKind) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use jsonwebtoken::{EncodingKey, Header};
+    use serde_json::json;
+
+    const SECRET: &[u8] = b"a test secret of at least 32 bytes!!";
+
+    fn verifier(issuer: Option<&str>, audience: Option<&str>) -> JwtVerifier {
+        JwtVerifier::new(JwtSettings {
+            algorithm: Algorithm::HS256,
+            keys: vec![(None, DecodingKey::from_secret(SECRET))],
+            issuer: issuer.map(str::to_string),
+            audience: audience.map(str::to_string),
+            tenant_claim: "tenant".into(),
+            scope_claim: "scope".into(),
+            leeway_secs: 0,
+        })
+    }
+
+    fn token(claims: Value) -> String {
+        let mut claims = claims;
+        claims["exp"] = json!(crate::routes::unix_now() + 600);
+        claims["tenant"] = json!("acme");
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(SECRET),
+        )
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn configured_issuer_and_audience_are_required() {
+        let v = verifier(Some("https://idp"), Some("turnpike"));
+        let ok = v.verify(&token(json!({"iss": "https://idp", "aud": "turnpike"})));
+        assert_eq!(ok.map(|c| c.tenant), Ok("acme".to_string()));
+        let listed = v.verify(&token(
+            json!({"iss": "https://idp", "aud": ["x", "turnpike"]}),
+        ));
+        assert!(listed.is_ok(), "{listed:?}");
+        for (claims, why) in [
+            (json!({}), "no `"),
+            (json!({"iss": "https://idp"}), "no `aud`"),
+            (json!({"aud": "turnpike"}), "no `iss`"),
+            (json!({"iss": "https://idp", "aud": null}), "aud"),
+            (json!({"iss": null, "aud": "turnpike"}), "iss"),
+            (json!({"iss": "https://idp", "aud": []}), "audience"),
+            (json!({"iss": "https://idp", "aud": 7}), "aud"),
+            (json!({"iss": "https://other", "aud": "turnpike"}), "issuer"),
+            (json!({"iss": "https://idp", "aud": "other"}), "audience"),
+        ] {
+            let refused = v.verify(&token(claims.clone()));
+            match refused {
+                Err(message) => assert!(message.contains(why), "{claims}: {message}"),
+                Ok(_) => panic!("{claims} was accepted"),
+            }
+        }
+    }
+
+    #[test]
+    fn unconfigured_claims_are_not_required() {
+        let v = verifier(None, None);
+        assert!(v.verify(&token(json!({}))).is_ok());
+        assert!(v.verify(&token(json!({"aud": "anything"}))).is_ok());
+        let only_aud = verifier(None, Some("turnpike"));
+        assert!(only_aud.verify(&token(json!({"aud": "turnpike"}))).is_ok());
+        assert!(only_aud.verify(&token(json!({"iss": "x"}))).is_err());
+    }
 
     #[test]
     fn scope_items_narrow_only_what_they_name() {

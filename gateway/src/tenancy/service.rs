@@ -27,6 +27,11 @@ pub struct Tenancy {
     pub queues: Queues,
     /// Idempotency, unless switched off.
     pub idempotency: Option<Arc<Idempotency>>,
+    /// Whether the state store answers (see [`crate::store::health`]).
+    pub store_health: Arc<crate::store::health::StoreHealth>,
+    /// Whether every generation needs the store: a request, token or concurrency limit fails
+    /// closed, so while the store is away nothing can be served (`/ready` says so).
+    pub needs_store: bool,
 }
 
 /// What a running generation holds: its token reservation, its concurrency lease and its place
@@ -110,11 +115,18 @@ impl Tenancy {
                 retry_after,
             ))
         });
+        let closed = |mode| matches!(mode, crate::tenancy::limits::FailureMode::Closed);
+        let failure = config.failure;
         Ok(Self {
             auth,
             limiter,
             queues: Queues::new(config.queue),
             idempotency,
+            store_health: Arc::default(),
+            needs_store: config.redis_url.is_some()
+                && (closed(failure.requests)
+                    || closed(failure.tokens)
+                    || closed(failure.concurrency)),
         })
     }
 

@@ -1,11 +1,13 @@
 //! Starting and stopping the HTTP server.
 
+mod connections;
+
+pub use connections::ConnectionLimits;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-
-use axum::serve::ListenerExt;
 
 use crate::config::Config;
 use crate::engine_host::{self, EngineHostError};
@@ -41,6 +43,7 @@ pub struct Server {
     listener: tokio::net::TcpListener,
     state: AppState,
     keys_watch: Option<tokio::task::JoinHandle<()>>,
+    store_watch: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Server {
@@ -62,6 +65,9 @@ impl Server {
                 .map_err(ServeError::State)?,
         );
         let keys_watch = tenancy.watch_keys_file(config.tenancy.clone());
+        let store_watch = tenancy
+            .store_health
+            .watch(Arc::clone(tenancy.limiter.store()));
         tracing::info!(
             authentication = config.tenancy.auth_required,
             state = if config.tenancy.redis_url.is_some() {
@@ -82,6 +88,7 @@ impl Server {
             listener,
             state,
             keys_watch,
+            store_watch,
         })
     }
 
@@ -104,18 +111,11 @@ impl Server {
                 metrics::upkeep();
             }
         });
-        // Token streams are many small writes: without TCP_NODELAY, Nagle's algorithm holds each
-        // one until the client's delayed ACK (tens of milliseconds).
-        let listener = self.listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-            }
-        });
-        let served = axum::serve(listener, router(self.state))
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let app = router(self.state.clone());
+        let limits = self.state.server.connections.clone();
+        let served = connections::serve(self.listener, app, &limits, shutdown).await;
         upkeep.abort();
-        if let Some(watch) = self.keys_watch {
+        for watch in [self.keys_watch, self.store_watch].into_iter().flatten() {
             watch.abort();
         }
         Ok(served?)
