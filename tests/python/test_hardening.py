@@ -419,3 +419,80 @@ def test_joiners_on_two_replicas_sharing_redis(tmp_path):
         a.stop()
         b.stop()
         redis.stop()
+
+
+# --- Fuzz: WebSocket messages -------------------------------------------------------------
+
+
+def odd(rng, depth=0):
+    roll = rng.randrange(15 if depth < 30 else 13)
+    if roll == 13:
+        return [odd(rng, depth + 1)]
+    if roll == 14:
+        return {"type": odd(rng, depth + 1)}
+    return [None, True, -1, 0, 2**64, -(2**63), 1e308, -0.5, "", "\u0000\ufeff🙂<|eot_id|>", "x" * rng.randrange(3000), [], {}][roll]
+
+
+def mutate(seed, rng) -> str:
+    value = json.loads(json.dumps(seed))
+    for _ in range(rng.randrange(1, 4)):
+        holder, key = None, None
+        at = value
+        while isinstance(at, (dict, list)) and at and rng.random() < 0.6:
+            holder = at
+            key = rng.choice(list(at)) if isinstance(at, dict) else rng.randrange(len(at))
+            at = at[key]
+        roll = rng.random()
+        if isinstance(at, dict) and at and roll < 0.3:
+            del at[rng.choice(list(at))]
+        elif isinstance(at, dict) and roll < 0.5:
+            at[rng.choice(["type", "model", "input", "messages", "stream", "n", "previous_response_id", "generate"])] = odd(rng)
+        elif holder is None:
+            value = odd(rng)
+        else:
+            holder[key] = odd(rng)
+    text = json.dumps(value)
+    if rng.random() < 0.15 and text:
+        i = rng.randrange(len(text))
+        text = text[:i] if rng.random() < 0.5 else text[:i] + rng.choice('{["\\') + text[i:]
+    return text
+
+
+@pytest.mark.parametrize(
+    "path, seed, terminal",
+    [
+        ("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}, {"[DONE]"}),
+        (
+            "/v1/responses",
+            {"type": "response.create", "model": "chat", "input": [{"role": "user", "content": "Hi"}], "max_output_tokens": 3, "store": False},
+            {"response.completed", "response.incomplete", "response.failed"},
+        ),
+    ],
+)
+def test_mutated_websocket_messages_get_error_events_and_the_socket_stays(open_gateway, path, seed, terminal):
+    import random
+
+    rng = random.Random(20261125)
+    host, port = address(open_gateway)
+
+    def turn(ws, message: str) -> str:
+        """Sends one message; returns 'error' or the terminal frame's kind."""
+        ws.send(message)
+        while True:
+            frame = ws.recv(timeout=15)
+            if frame in terminal:
+                return frame
+            event = json.loads(frame)
+            kind = event.get("type")
+            if kind == "error":
+                assert event["status"] < 500, (message[:400], event)
+                assert {"message", "type", "param", "code"} <= set(event["error"]), event
+                return "error"
+            if kind in terminal:
+                return kind
+
+    with ws_connect(f"ws://{host}:{port}{path}", max_size=None) as ws:
+        outcomes = [turn(ws, mutate(seed, rng)) for _ in range(150)]
+        # The socket survived every message and still serves a good one.
+        assert turn(ws, json.dumps(seed)) in terminal
+    assert "error" in outcomes and len(set(outcomes)) > 1, outcomes
