@@ -3,11 +3,13 @@
 //!
 //! A body under the size limit can still hold millions of tokens; tokenizing it whole costs
 //! seconds of a core and hundreds of megabytes (the tokenizer keeps strings and offsets per
-//! token) only to answer 400. So text longer than [`WHOLE`] bytes is first counted in pieces of
-//! about [`PIECE`] bytes, cut before whitespace, and the count stops as soon as it passes the
-//! budget (plus a margin for the few tokens a cut can add or save): at most about
-//! `budget` tokens' worth of text is ever tokenized for a prompt that is refused. Text that
-//! fits is then tokenized whole, so the ids are exactly what the tokenizer gives.
+//! token) only to answer 400. So text longer than [`WHOLE`] bytes, and longer than
+//! [`BYTES_PER_TOKEN`] bytes per token of the budget (more than a prompt that fits usually
+//! holds), is first counted in pieces of about [`PIECE`] bytes, cut before whitespace, and the
+//! count stops as soon as it passes the budget (plus a margin for the few tokens a cut can add
+//! or save): at most about `budget` tokens' worth of text is ever tokenized for a prompt that is
+//! refused. Text that fits is then tokenized whole, so the ids are exactly what the tokenizer
+//! gives; a prompt that fits is tokenized twice only when its tokens are unusually long.
 
 use super::tokenizer::TextTokenizer;
 
@@ -16,6 +18,10 @@ pub const WHOLE: usize = 64 * 1024;
 
 /// Pieces of longer text are about this long.
 pub const PIECE: usize = 16 * 1024;
+
+/// Text of more bytes than this per token of the budget is counted in pieces first (English
+/// prose and code average about four bytes a token).
+pub const BYTES_PER_TOKEN: usize = 4;
 
 /// Why text was not tokenized.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,24 +48,35 @@ pub fn encode_within(
     add_special: bool,
     budget: usize,
 ) -> Result<Vec<u32>, BudgetError> {
-    if text.len() > WHOLE {
-        // A cut can split what would have been one token, or add a leading-space marker: a few
-        // tokens per cut at most, far inside this margin near the budget.
-        let most = budget + budget / 8 + 64;
-        let mut counted = 0;
-        for piece in pieces(text, PIECE) {
-            counted += tokenizer
-                .encode(piece, false)
-                .map_err(BudgetError::Tokenizer)?
-                .len();
-            if counted > most {
-                return Err(BudgetError::OverBudget { budget, counted });
-            }
-        }
+    if text.len() > WHOLE.max(budget.saturating_mul(BYTES_PER_TOKEN)) {
+        count_within(tokenizer, text, budget)?;
     }
     tokenizer
         .encode(text, add_special)
         .map_err(BudgetError::Tokenizer)
+}
+
+/// The tokens of `text` counted piece by piece, or [`BudgetError::OverBudget`] as soon as the
+/// count is clearly past `budget`.
+fn count_within(
+    tokenizer: &TextTokenizer,
+    text: &str,
+    budget: usize,
+) -> Result<usize, BudgetError> {
+    // A cut can split what would have been one token, or add a leading-space marker: a few
+    // tokens per cut at most, far inside this margin near the budget.
+    let most = budget + budget / 8 + 64;
+    let mut counted = 0;
+    for piece in pieces(text, PIECE) {
+        counted += tokenizer
+            .encode(piece, false)
+            .map_err(BudgetError::Tokenizer)?
+            .len();
+        if counted > most {
+            return Err(BudgetError::OverBudget { budget, counted });
+        }
+    }
+    Ok(counted)
 }
 
 /// `text` in pieces of about `size` bytes, each cut just before an ASCII whitespace where
@@ -116,8 +133,14 @@ mod tests {
     fn text_that_fits_is_tokenized_exactly_and_long_text_is_refused_early() {
         let t = sim();
         let fits = "The river moved slowly under the old bridge. ".repeat(2_000);
-        assert!(fits.len() > WHOLE);
         let exact = t.encode(&fits, true).unwrap_or_default();
+        assert!(fits.len() > WHOLE);
+        // Counted in pieces, text that fits is not refused, and the count is close.
+        let counted = count_within(&t, &fits, exact.len());
+        assert!(
+            counted.as_ref().is_ok_and(|n| n.abs_diff(exact.len()) < 16),
+            "{counted:?}"
+        );
         assert_eq!(
             encode_within(&t, &fits, true, exact.len()),
             Ok(exact.clone())

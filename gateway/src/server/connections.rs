@@ -4,7 +4,8 @@
 //! connections and never finishes its headers (slowloris) holds a file descriptor each for as
 //! long as it likes. Here every connection is served by hyper with a header-read timeout (which
 //! also closes an idle keep-alive connection waiting for its next request), at most
-//! `max_connections` are open at once (one more is accepted and closed at once, so the kernel's
+//! `max_connections` HTTP connections are open at once (an upgraded WebSocket is bounded by its
+//! own limit) (one more is accepted and closed at once, so the kernel's
 //! backlog never fills with them), and each cut is counted in
 //! `turnpike_http_connections_closed_total`. The whole-body deadline lives with the request
 //! (see [`crate::body`]).
@@ -28,7 +29,8 @@ use crate::observability::metrics;
 /// Bounds on connections.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionLimits {
-    /// Open connections at most (HTTP and WebSocket alike).
+    /// Open HTTP connections at most (one upgraded to a WebSocket leaves this count for
+    /// `server.websocket_max_connections`).
     pub max_connections: usize,
     /// How long a connection may take to send a request's headers (and may sit idle between
     /// requests).
