@@ -233,6 +233,9 @@ def test_websocket_upgrades_from_other_origins_are_refused(open_gateway):
     assert upgrade_status(open_gateway, "https://evil.example") == 403
     assert upgrade_status(open_gateway, "https://app.example") == 101
     assert upgrade_status(open_gateway, None) == 101
+    # A client library that names the host it connects to as its origin is not a cross-site page.
+    host, port = address(open_gateway)
+    assert upgrade_status(open_gateway, f"http://{host}:{port}") == 101
     # The same origin over HTTP gets no CORS grant either.
     r = httpx.options(
         f"{open_gateway.url}/chat/completions",

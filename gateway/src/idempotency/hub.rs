@@ -40,7 +40,8 @@ struct State {
     overflow: bool,
     listeners: Vec<mpsc::Sender<Bytes>>,
     ended: bool,
-    /// Every listener left before the head: the work is being dropped, no one may join.
+    /// Every listener left (or the body failed) before the end: the work is being dropped, no
+    /// one may join.
     deserted: bool,
 }
 
@@ -143,6 +144,9 @@ impl Hub {
         };
         let mut state = lock(&self.state);
         state.ended = true;
+        // A run cut short is no answer to join: a later joiner waits for the key to be let go
+        // and runs the request itself.
+        state.deserted |= ended == Ended::Cancelled;
         state.listeners.clear();
         ended
     }

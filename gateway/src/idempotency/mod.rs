@@ -258,16 +258,19 @@ impl Idempotency {
         hub: Arc<Hub>,
         work: impl std::future::Future<Output = Response> + Send + 'static,
     ) {
+        // Should the work panic, the guard lets the hub and the record go, so the listeners
+        // end (and retry) instead of waiting for a head that never comes.
+        let mut guard = LetGo {
+            this: Arc::clone(&self),
+            scoped: scoped.clone(),
+            owner: owner.clone(),
+            hub: Some(Arc::clone(&hub)),
+        };
         let response = tokio::select! {
             response = work => response,
-            () = hub.deserted() => {
-                self.forget_hub(&scoped, &hub);
-                if let Err(e) = self.store.abandon(&scoped, &owner).await {
-                    tracing::warn!(error = %e, "cannot let go of an idempotency record");
-                }
-                return;
-            }
+            () = hub.deserted() => return,
         };
+        guard.hub = None;
         let store = Arc::clone(&self.store);
         let (key, who, lease) = (scoped.clone(), owner.clone(), self.settings.lease);
         let keep = move || {
@@ -330,6 +333,36 @@ impl Idempotency {
             // The record lapses with its lease.
             metrics::state_error("idempotency");
             tracing::warn!(error = %e, "cannot settle an idempotency record");
+        }
+    }
+}
+
+/// Lets a key's hub and record go when its driver ends without settling (the work was
+/// dropped because every listener left, or it panicked).
+struct LetGo {
+    this: Arc<Idempotency>,
+    scoped: String,
+    owner: String,
+    /// Set until the work answered.
+    hub: Option<Arc<Hub>>,
+}
+
+impl Drop for LetGo {
+    fn drop(&mut self) {
+        let Some(hub) = self.hub.take() else { return };
+        self.this.forget_hub(&self.scoped, &hub);
+        drop(hub);
+        let (this, scoped, owner) = (
+            Arc::clone(&self.this),
+            std::mem::take(&mut self.scoped),
+            std::mem::take(&mut self.owner),
+        );
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(e) = this.store.abandon(&scoped, &owner).await {
+                    tracing::warn!(error = %e, "cannot let go of an idempotency record");
+                }
+            });
         }
     }
 }

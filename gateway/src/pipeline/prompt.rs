@@ -175,8 +175,7 @@ fn over_budget(e: BudgetError, param: &str) -> ApiError {
         BudgetError::OverBudget { budget, .. } => ApiError::ContextLengthExceeded {
             param: param.into(),
             message: format!(
-                "This model's maximum prompt length is {} tokens. However, your {param} resulted in more than {budget} tokens. Please reduce the length of the {param}.",
-                budget.saturating_sub(1)
+                "Your {param} resulted in more than {budget} tokens, more than this model accepts. Please reduce the length of the {param}."
             ),
         },
         BudgetError::Tokenizer(detail) => ApiError::Internal { detail },

@@ -74,16 +74,25 @@ pub fn accept<T: Turns + 'static>(
 }
 
 /// An upgrade from a browser page (it sends `Origin`) is allowed only from an origin the CORS
-/// allow-list names; clients that are not browsers send no `Origin` and are not affected.
+/// allow-list names, or from the gateway's own host (a page it serves, or a client library that
+/// sends `Origin` for the host it connects to); clients that send no `Origin` are not affected.
 fn check_origin(headers: &HeaderMap, allowed: &CorsOrigins) -> Result<(), ApiError> {
     let Some(origin) = headers.get(ORIGIN) else {
         return Ok(());
     };
-    let permitted = match allowed {
-        CorsOrigins::Any => true,
-        CorsOrigins::None => false,
-        CorsOrigins::List(list) => list.iter().any(|o| o.as_bytes() == origin.as_bytes()),
-    };
+    let host = headers.get(axum::http::header::HOST).map(|h| h.as_bytes());
+    let authority = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.split_once("://"))
+        .map(|(_, authority)| authority.as_bytes());
+    let same_host = matches!((authority, host), (Some(a), Some(h)) if a.eq_ignore_ascii_case(h));
+    let permitted = same_host
+        || match allowed {
+            CorsOrigins::Any => true,
+            CorsOrigins::None => false,
+            CorsOrigins::List(list) => list.iter().any(|o| o.as_bytes() == origin.as_bytes()),
+        };
     if permitted {
         return Ok(());
     }
@@ -247,7 +256,9 @@ pub async fn session(
                 Ok(received) => match frame(received) {
                     Frame::Text(text) => text,
                     Frame::Skip => continue,
-                    Frame::TooBig => return too_big(socket, state.server.max_body_bytes).await,
+                    Frame::TooBig => {
+                        return too_big(&mut socket, state.server.max_body_bytes).await;
+                    }
                     Frame::Gone => return,
                 },
             },
@@ -265,9 +276,9 @@ pub async fn session(
 
 /// Closes a socket whose client sent a message past `limit` bytes: an error event, then a close
 /// with 1009 (message too big).
-async fn too_big(mut socket: WebSocket, limit: usize) {
+async fn too_big(socket: &mut WebSocket, limit: usize) {
     let e = ApiError::PayloadTooLarge { limit };
-    let _ = send(&mut socket, &error_event(&e)).await;
+    let _ = send(socket, &error_event(&e)).await;
     let close = CloseFrame {
         code: close_code::SIZE,
         reason: "message too big".into(),
@@ -392,7 +403,11 @@ pub async fn forward(
                 }
             }
             received = socket.recv() => match frame(received) {
-                Frame::Gone | Frame::TooBig => return Err(Closed),
+                Frame::Gone => return Err(Closed),
+                Frame::TooBig => {
+                    too_big(socket, waiting.max_bytes).await;
+                    return Err(Closed);
+                }
                 Frame::Skip => {}
                 Frame::Text(text) => {
                     if let Err(e) = waiting.push(text) {

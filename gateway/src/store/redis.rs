@@ -5,9 +5,12 @@
 //!
 //! The connection manager reconnects by itself; every call is bounded by the configured
 //! timeout, so a Redis that vanishes costs a request at most that long before the caller's
-//! failure mode (open or closed) applies. A call that finds its connection broken (Redis
-//! restarted since the last call) is sent once more on the new connection, within the same
-//! timeout: what was written to a dead connection never ran, so the retry does not run it twice.
+//! failure mode (open or closed) applies. A call refused at connect is tried once more within
+//! the same timeout (nothing was sent). A plain command (get, set, delete, ping: each safe to
+//! repeat) that finds its connection dropped is sent once more too; a script is not, since
+//! Redis may have run it before the connection dropped, and running `take` or `begin` twice is
+//! not the same as once. The health probe (see [`super::health`]) keeps the connection re-made
+//! while Redis is away, so the first script after Redis returns finds a live connection.
 
 use std::time::Duration;
 
@@ -62,8 +65,8 @@ fn bucket_args(amount: u64, windows: &[Window]) -> Vec<Vec<u8>> {
     args
 }
 
-/// Whether `e` says the connection was already gone (a Redis that restarted): the command never
-/// reached a live server, and the connection manager is reconnecting.
+/// Whether `e` says the connection was gone or refused (a Redis that restarted): the connection
+/// manager is reconnecting, and a command that is safe to repeat may be sent again.
 fn broken(e: &redis::RedisError) -> bool {
     e.is_connection_dropped() || e.is_connection_refusal()
 }
@@ -121,7 +124,7 @@ impl RedisStore {
             match tokio::time::timeout_at(deadline, invocation.invoke_async(&mut connection)).await
             {
                 Ok(Ok(value)) => return Ok(value),
-                Ok(Err(e)) if !retried && broken(&e) => retried = true,
+                Ok(Err(e)) if !retried && e.is_connection_refusal() => retried = true,
                 Ok(Err(e)) => return Err(StoreError(e.to_string())),
                 Err(_) => {
                     return Err(StoreError(format!(
