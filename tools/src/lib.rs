@@ -4,6 +4,11 @@
 //! (`examples/models/sim-small`): a byte-level BPE tokenizer trained on `tools/corpus.txt`, with
 //! Llama-3-style special tokens and chat template. It is deterministic: a test regenerates it and
 //! compares with the checked-in files.
+//!
+//! [`model`] makes complete Llama-family model folders with deterministic random weights
+//! (`turnpike make-model`, the built-in default model, tests and benchmarks).
+
+pub mod model;
 
 use std::path::{Path, PathBuf};
 

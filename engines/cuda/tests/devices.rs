@@ -4,9 +4,9 @@
 
 use serde_json::json;
 use turnpike_cuda::DefaultEngine;
-use turnpike_cuda::model::make::{MakeOptions, preset, write_model};
 use turnpike_engine_api::Status;
 use turnpike_engine_api::plugin::{Engine, Host};
+use turnpike_tools::model::{MakeOptions, preset, write_model};
 
 #[test]
 fn cuda_without_a_gpu_is_a_clear_error_and_auto_falls_back_to_the_cpu() {

@@ -4,8 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use turnpike_cuda::model::ModelError;
-use turnpike_cuda::model::make::{MakeOptions, WeightType, preset, presets, write_model};
+use turnpike_tools::model::{MakeError, MakeOptions, WeightType, preset, presets, write_model};
 
 /// Arguments of `make-model`.
 #[derive(Debug, Args)]
@@ -38,7 +37,7 @@ pub enum MakeModelError {
     Usage(String),
     /// Writing failed.
     #[error(transparent)]
-    Model(#[from] ModelError),
+    Model(#[from] MakeError),
 }
 
 /// Runs the command.

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde_json::json;
-use turnpike_cuda::model::make;
+use turnpike_tools::model as make;
 
 use super::{Config, Defaults, EngineConfig, ModelConfig, ServerConfig, TenancyConfig};
 use crate::pipeline::tools::ToolCallFormat;

@@ -3,7 +3,6 @@
 
 pub mod config;
 mod layers;
-pub mod make;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
