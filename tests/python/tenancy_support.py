@@ -39,6 +39,20 @@ def make_key() -> str:
     return f"tp-{secrets.token_hex(6)}-{secret}"
 
 
+def tenant(extra: str = "") -> str:
+    """The [auth] and [tenants.acme] sections: tenant `acme`, every model, its key from
+    ACME_API_KEY, and `extra` (its limits, or more sections) verbatim."""
+    return f"""
+[auth]
+mode = "required"
+
+[tenants.acme]
+models = ["*"]
+keys = [{{ env = "ACME_API_KEY" }}]
+{extra}
+"""
+
+
 def config_text(sections: str, models: dict[str, str] | None = None, seed: int = 11) -> str:
     """A whole config: a loopback listener, the simulator engine with `models` (default
     TENANCY_MODELS), and `sections` (the [auth], [tenants.*], [state], ... TOML) verbatim."""

@@ -19,7 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from conftest import FOLDER, engine_counter, wait_for
-from tenancy_support import Gateway, Redis, chat_body, config_text, error_of, make_key, post_once
+from tenancy_support import Gateway, Redis, chat_body, config_text, error_of, make_key, post_once, tenant
 
 SECRET = "a-test-secret-that-is-long-enough-for-hs256"
 LONG_MODEL = {"long": 'latency = { ttft_ms = 50, itl_ms = 20 }\noutput = { mode = "random", length = [200, 200] }'}
@@ -344,18 +344,6 @@ def abandon_after(gateway: Gateway, key: str, body: dict, idempotency_key: str, 
     return thread
 
 
-def tenant_sections(extra: str = "") -> str:
-    return f"""
-[auth]
-mode = "required"
-
-[tenants.acme]
-models = ["*"]
-keys = [{{ env = "ACME_API_KEY" }}]
-{extra}
-"""
-
-
 def join_after_first_leaves(first: Gateway, joiners: list[Gateway], key: str) -> list[tuple[int, dict, dict]]:
     body = chat_body("long", 60)  # about 1.3 s of generation, answered whole at the end
     idempotency_key = f"joiners-{time.monotonic_ns()}"
@@ -373,7 +361,7 @@ def join_after_first_leaves(first: Gateway, joiners: list[Gateway], key: str) ->
 
 def test_joiners_get_the_answer_when_the_first_client_leaves(tmp_path):
     key = make_key()
-    gateway = Gateway(tmp_path, config_text(tenant_sections(), LONG_MODEL), {"ACME_API_KEY": key})
+    gateway = Gateway(tmp_path, config_text(tenant(), LONG_MODEL), {"ACME_API_KEY": key})
     try:
         results = join_after_first_leaves(gateway, [gateway] * 10, key)
         statuses = [status for status, _, _ in results]
@@ -389,7 +377,7 @@ def test_joiners_get_the_answer_when_the_first_client_leaves(tmp_path):
 
 def test_the_work_is_dropped_once_every_listener_left(tmp_path):
     key = make_key()
-    gateway = Gateway(tmp_path, config_text(tenant_sections(), LONG_MODEL), {"ACME_API_KEY": key})
+    gateway = Gateway(tmp_path, config_text(tenant(), LONG_MODEL), {"ACME_API_KEY": key})
     try:
         abandon_after(gateway, key, chat_body("long", 150), "alone", delay=0.3).join()
         assert wait_for(lambda: engine_counter(gateway.base, "cancelled") == 1, timeout=5)
@@ -403,7 +391,7 @@ def test_the_work_is_dropped_once_every_listener_left(tmp_path):
 def test_joiners_on_two_replicas_sharing_redis(tmp_path):
     redis = Redis(tmp_path / "redis")
     key = make_key()
-    sections = tenant_sections(f'[state]\nbackend = "redis"\nredis_url = "{redis.url}"\n')
+    sections = tenant(f'[state]\nbackend = "redis"\nredis_url = "{redis.url}"\n')
     a, b = (Gateway(tmp_path, config_text(sections, LONG_MODEL), {"ACME_API_KEY": key}, f"r{i}") for i in range(2))
     try:
         # Joiners on both replicas: those on the first keep the run alive, those on the second

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from conftest import engine_counter, wait_for
-from tenancy_support import Gateway, Redis, chat_body, config_text, error_of, make_key, post_once, timed_stream
+from tenancy_support import Gateway, Redis, chat_body, config_text, error_of, make_key, post_once, tenant, timed_stream
 
 
 @pytest.fixture
@@ -45,18 +45,6 @@ backend = "redis"
 redis_url = "{redis.url}"
 timeout_ms = 250
 {failure_mode}
-"""
-
-
-def tenant(limits):
-    return f"""
-[auth]
-mode = "required"
-
-[tenants.acme]
-models = ["*"]
-keys = [{{ env = "ACME_API_KEY" }}]
-{limits}
 """
 
 

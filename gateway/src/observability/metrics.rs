@@ -132,57 +132,36 @@ fn engine_stat(engine: &str, model: &str, stat: &str, value: &serde_json::Value)
     }
 }
 
-/// Counts an open stream while it lives.
+/// Counts something open in a gauge while it lives: `turnpike_active_streams`,
+/// `turnpike_websocket_connections`, `turnpike_http_connections`.
 #[derive(Debug)]
-pub struct StreamGuard(());
+pub struct OpenGuard(&'static str);
 
-impl StreamGuard {
-    /// Opens one.
-    pub fn open() -> Self {
-        metrics::gauge!("turnpike_active_streams").increment(1.0);
-        Self(())
+impl OpenGuard {
+    /// An open stream.
+    pub fn stream() -> Self {
+        Self::open("turnpike_active_streams")
+    }
+
+    /// An open WebSocket connection.
+    pub fn websocket() -> Self {
+        Self::open("turnpike_websocket_connections")
+    }
+
+    /// An open HTTP connection.
+    pub fn connection() -> Self {
+        Self::open("turnpike_http_connections")
+    }
+
+    fn open(gauge: &'static str) -> Self {
+        metrics::gauge!(gauge).increment(1.0);
+        Self(gauge)
     }
 }
 
-impl Drop for StreamGuard {
+impl Drop for OpenGuard {
     fn drop(&mut self) {
-        metrics::gauge!("turnpike_active_streams").decrement(1.0);
-    }
-}
-
-/// One open WebSocket connection, counted in `turnpike_websocket_connections` while it lives.
-#[derive(Debug)]
-pub struct WebSocketGuard(());
-
-impl WebSocketGuard {
-    /// Opens one.
-    pub fn open() -> Self {
-        metrics::gauge!("turnpike_websocket_connections").increment(1.0);
-        Self(())
-    }
-}
-
-impl Drop for WebSocketGuard {
-    fn drop(&mut self) {
-        metrics::gauge!("turnpike_websocket_connections").decrement(1.0);
-    }
-}
-
-/// One open HTTP connection, counted in `turnpike_http_connections` while it lives.
-#[derive(Debug)]
-pub struct ConnectionGuard(());
-
-impl ConnectionGuard {
-    /// Opens one.
-    pub fn open() -> Self {
-        metrics::gauge!("turnpike_http_connections").increment(1.0);
-        Self(())
-    }
-}
-
-impl Drop for ConnectionGuard {
-    fn drop(&mut self) {
-        metrics::gauge!("turnpike_http_connections").decrement(1.0);
+        metrics::gauge!(self.0).decrement(1.0);
     }
 }
 

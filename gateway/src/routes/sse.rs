@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 
 use crate::error::ApiError;
-use crate::observability::metrics::{self, StreamGuard};
+use crate::observability::metrics::{self, OpenGuard};
 use crate::observability::requests::RequestRecord;
 use crate::openai::error::{ErrorBody, ErrorDetail};
 use crate::pipeline::run::{GenEvent, GenStream};
@@ -58,7 +58,7 @@ struct State<R> {
     timing: Timing,
     first_text_seen: bool,
     failed: StreamFailed,
-    _guard: StreamGuard,
+    _guard: OpenGuard,
 }
 
 /// One SSE event carrying `value` as JSON, serialised straight into the frame.
@@ -176,7 +176,7 @@ pub fn respond(
         timing,
         first_text_seen: false,
         failed: failed.clone(),
-        _guard: StreamGuard::open(),
+        _guard: OpenGuard::stream(),
     };
     let body = Body::from_stream(futures_util::stream::unfold(state, State::next));
     let mut response = event_stream(body, &state_id);

@@ -239,7 +239,7 @@ pub async fn session(
         let _ = socket.send(Message::Close(None)).await;
         return;
     };
-    let _open = metrics::WebSocketGuard::open();
+    let _open = metrics::OpenGuard::websocket();
     let deadline = Instant::now() + state.server.websocket_max_duration;
     let mut waiting = Waiting::new(state.server.max_body_bytes);
     loop {

@@ -103,7 +103,7 @@ fn connection(
         .serve_connection(TokioIo::new(tcp), service)
         .with_upgrades();
     async move {
-        let _open = metrics::ConnectionGuard::open();
+        let _open = metrics::OpenGuard::connection();
         tokio::pin!(conn);
         let stopping = async move {
             let _ = stop.wait_for(|stop| *stop).await;
