@@ -6,6 +6,7 @@
 
 pub mod body;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod engine_host;
 pub mod error;
@@ -14,6 +15,7 @@ pub mod ids;
 pub mod observability;
 pub mod openai;
 pub mod pipeline;
+pub mod render;
 pub mod responses;
 pub mod routes;
 pub mod server;

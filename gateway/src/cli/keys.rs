@@ -89,7 +89,7 @@ pub enum KeysError {
 }
 
 fn now() -> i64 {
-    i64::try_from(crate::routes::unix_now()).unwrap_or(i64::MAX)
+    i64::try_from(crate::clock::unix_now()).unwrap_or(i64::MAX)
 }
 
 fn load(path: &Path) -> Result<(toml::Table, Vec<StoredKey>), KeysError> {

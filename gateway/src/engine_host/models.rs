@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use turnpike_engine_api::ModelInfo;
@@ -70,12 +69,6 @@ fn read_json(path: &Path) -> Result<Option<Value>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(format!("{}: {e}", path.display())),
     }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// Unix seconds of midnight UTC on `YYYY-MM-DD`.
@@ -164,7 +157,7 @@ pub(super) fn served_model(
             .version
             .as_deref()
             .and_then(date_to_unix)
-            .unwrap_or_else(unix_now),
+            .unwrap_or_else(crate::clock::unix_now),
         owned_by: config
             .owned_by
             .clone()

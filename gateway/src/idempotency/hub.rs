@@ -14,7 +14,7 @@ use axum::response::Response;
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 
-use crate::routes::sse::StreamFailed;
+use crate::render::StreamFailed;
 
 /// Chunks buffered per listener before the generation waits for it.
 const LISTENER_BUFFER: usize = 64;

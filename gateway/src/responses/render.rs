@@ -17,7 +17,7 @@ use crate::openai::responses::{
 };
 use crate::pipeline::fold::Folded;
 use crate::pipeline::run::{Finished, GenEvent, TokenLogprob};
-use crate::routes::sse::Render;
+use crate::render::Render;
 
 /// Ends `response`: its output, status (`incomplete` when the token limit cut it) and usage.
 pub fn finish(
@@ -474,7 +474,7 @@ impl EventRenderer {
                     output,
                     self.finished,
                     usage,
-                    crate::routes::unix_now(),
+                    crate::clock::unix_now(),
                 );
                 let kind = if cut {
                     "response.incomplete"

@@ -19,7 +19,7 @@ pub mod sse;
 pub mod websocket;
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request};
@@ -223,9 +223,4 @@ pub async fn admit(
         .await
 }
 
-/// Seconds since the Unix epoch.
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
+pub use crate::clock::unix_now;

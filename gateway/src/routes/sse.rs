@@ -18,23 +18,9 @@ use futures_util::StreamExt;
 use crate::error::ApiError;
 use crate::observability::metrics::{self, OpenGuard};
 use crate::observability::requests::RequestRecord;
-use crate::openai::error::{ErrorBody, ErrorDetail};
+use crate::openai::error::ErrorBody;
 use crate::pipeline::run::{GenEvent, GenStream};
-
-/// Turns generation events into an endpoint's chunks (each already an SSE `data:` event; see
-/// [`data`]).
-pub trait Render: Send + 'static {
-    /// Chunks sent before any event (the role of each chat choice, echoed prompts).
-    fn opening(&mut self) -> Vec<Bytes>;
-    /// Chunks for one event (never an error: this module sends those).
-    fn event(&mut self, event: &GenEvent) -> Vec<Bytes>;
-    /// The endpoint's own chunks for a failure after the head, ending the stream; `None` sends
-    /// the default `data: {"error": ...}` event.
-    fn failure(&mut self, error: &ErrorDetail) -> Option<Vec<Bytes>> {
-        let _ = error;
-        None
-    }
-}
+pub use crate::render::{Render, StreamFailed, data};
 
 /// How a stream is timed and accounted.
 #[derive(Debug)]
@@ -59,16 +45,6 @@ struct State<R> {
     first_text_seen: bool,
     failed: StreamFailed,
     _guard: OpenGuard,
-}
-
-/// One SSE event carrying `value` as JSON, serialised straight into the frame.
-pub fn data(value: &impl serde::Serialize) -> Bytes {
-    let mut frame = b"data: ".to_vec();
-    if serde_json::to_writer(&mut frame, value).is_err() {
-        frame.extend_from_slice(b"null");
-    }
-    frame.extend_from_slice(b"\n\n");
-    Bytes::from(frame)
 }
 
 /// The JSON a `data: ...` event carries (for sending the same chunks over a WebSocket).
@@ -150,11 +126,6 @@ impl<R: Render> State<R> {
         }
     }
 }
-
-/// Set when a streamed response ended with an error event (its status was already 200), so a
-/// recorder of the response knows it did not succeed.
-#[derive(Debug, Clone, Default)]
-pub struct StreamFailed(pub std::sync::Arc<std::sync::atomic::AtomicBool>);
 
 /// The streamed response: opening chunks, then `first` (already read, so an early failure could
 /// still become a plain error response), then the rest of the stream.

@@ -241,7 +241,7 @@ mod tests {
 
     fn token(claims: Value) -> String {
         let mut claims = claims;
-        claims["exp"] = json!(crate::routes::unix_now() + 600);
+        claims["exp"] = json!(crate::clock::unix_now() + 600);
         claims["tenant"] = json!("acme");
         jsonwebtoken::encode(
             &Header::new(Algorithm::HS256),
