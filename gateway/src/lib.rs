@@ -12,6 +12,7 @@ pub mod engine_host;
 pub mod error;
 pub mod idempotency;
 pub mod ids;
+pub mod listener;
 pub mod observability;
 pub mod openai;
 pub mod pipeline;

@@ -127,7 +127,7 @@ pub struct ServerConfig {
     /// How long one WebSocket connection may stay open.
     pub websocket_max_duration: Duration,
     /// Connections at most, and how long a connection may take to send a request's headers.
-    pub connections: crate::server::ConnectionLimits,
+    pub connections: crate::listener::ConnectionLimits,
     /// How long a request's whole body may take to arrive once its headers have (408 past it).
     pub body_read_timeout: Duration,
 }

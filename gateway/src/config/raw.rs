@@ -257,7 +257,7 @@ impl RawServer {
                 "websocket_max_duration_s",
                 self.websocket_max_duration_s,
             )?),
-            connections: crate::server::ConnectionLimits {
+            connections: crate::listener::ConnectionLimits {
                 max_connections: positive("max_connections", self.max_connections)? as usize,
                 header_read_timeout: Duration::from_millis(positive(
                     "header_read_timeout_ms",

@@ -1,4 +1,6 @@
-//! The accept loop: HTTP/1.1 connections with the bounds an exposed server needs.
+//! The accept loop: HTTP/1.1 connections with the bounds an exposed server needs. It owns its
+//! settings ([`ConnectionLimits`]) and knows nothing of the application it serves, so the
+//! configuration composes it and the server runs it.
 //!
 //! `axum::serve` has no header-read timeout and no cap on connections, so a client that opens
 //! connections and never finishes its headers (slowloris) holds a file descriptor each for as

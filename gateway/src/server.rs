@@ -1,8 +1,6 @@
 //! Starting and stopping the HTTP server.
 
-mod connections;
-
-pub use connections::ConnectionLimits;
+use crate::listener;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -113,7 +111,7 @@ impl Server {
         });
         let app = router(self.state.clone());
         let limits = self.state.server.connections.clone();
-        let served = connections::serve(self.listener, app, &limits, shutdown).await;
+        let served = listener::serve(self.listener, app, &limits, shutdown).await;
         upkeep.abort();
         for watch in [self.keys_watch, self.store_watch].into_iter().flatten() {
             watch.abort();
