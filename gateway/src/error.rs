@@ -415,7 +415,7 @@ impl RateLimited {
             86_400 => "per day",
             _ => "per window",
         };
-        let wait = crate::tenancy::ratelimit_headers::format_reset(self.retry_after);
+        let wait = crate::clock::format_reset(self.retry_after);
         match (self.kind, self.never) {
             (LimitKind::Concurrency, _) => format!(
                 "Too many concurrent requests: the limit is {}. Retry when one of them finishes.",
