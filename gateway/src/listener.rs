@@ -45,7 +45,7 @@ pub async fn serve(
     app: Router,
     limits: &ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every connection task holds a clone; `recv` ends once all are gone.
@@ -85,7 +85,6 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     drop(alive_tx);
     let _ = alive_rx.recv().await;
-    Ok(())
 }
 
 /// Serves one connection until it closes, or finishes its request in flight once `stop` says so.

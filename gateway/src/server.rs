@@ -111,12 +111,12 @@ impl Server {
         });
         let app = router(self.state.clone());
         let limits = self.state.server.connections.clone();
-        let served = listener::serve(self.listener, app, &limits, shutdown).await;
+        listener::serve(self.listener, app, &limits, shutdown).await;
         upkeep.abort();
         for watch in [self.keys_watch, self.store_watch].into_iter().flatten() {
             watch.abort();
         }
-        Ok(served?)
+        Ok(())
     }
 }
 

@@ -19,6 +19,9 @@ use crate::render::StreamFailed;
 /// Chunks buffered per listener before the generation waits for it.
 const LISTENER_BUFFER: usize = 64;
 
+/// How often a hub looks whether anyone still listens.
+const CHECK_EVERY: Duration = Duration::from_millis(250);
+
 /// How a pumped response ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ended {
@@ -115,7 +118,7 @@ impl Hub {
         let mut body = body.into_data_stream();
         let mut ticker = tokio::time::interval(tick.max(Duration::from_millis(50)));
         ticker.tick().await;
-        let mut check = tokio::time::interval(Duration::from_millis(250));
+        let mut check = tokio::time::interval(CHECK_EVERY);
         let ended = loop {
             tokio::select! {
                 chunk = body.next() => match chunk {
@@ -151,15 +154,14 @@ impl Hub {
         ended
     }
 
-    /// Completes once no listener is left (checked every 250 ms), for a response not yet
-    /// started; from then on no one may join.
+    /// Completes once no listener is left (checked every [`CHECK_EVERY`]), for a response not
+    /// yet started; from then on no one may join.
     pub async fn deserted(&self) {
-        let mut check = tokio::time::interval(Duration::from_millis(250));
+        let mut check = tokio::time::interval(CHECK_EVERY);
         loop {
             check.tick().await;
             let mut state = lock(&self.state);
-            state.listeners.retain(|l| !l.is_closed());
-            if state.listeners.is_empty() {
+            if !listening(&mut state) {
                 state.deserted = true;
                 return;
             }
@@ -167,9 +169,7 @@ impl Hub {
     }
 
     fn anyone_listening(&self) -> bool {
-        let mut state = lock(&self.state);
-        state.listeners.retain(|l| !l.is_closed());
-        !state.listeners.is_empty()
+        listening(&mut lock(&self.state))
     }
 
     /// Keeps and sends one chunk; `false` when no listener is left.
@@ -208,6 +208,12 @@ impl Hub {
             .map(|b| String::from_utf8(b.to_vec()).ok())
             .collect()
     }
+}
+
+/// Whether any listener is left (those that went away are dropped).
+fn listening(state: &mut State) -> bool {
+    state.listeners.retain(|l| !l.is_closed());
+    !state.listeners.is_empty()
 }
 
 impl Listener {

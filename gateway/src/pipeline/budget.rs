@@ -94,16 +94,13 @@ fn pieces(text: &str, size: usize) -> impl Iterator<Item = &str> {
         while !rest.is_char_boundary(cut) {
             cut -= 1;
         }
+        // An ASCII whitespace is a character boundary too; `size` is far above a character's
+        // four bytes, so every piece is non-empty.
         let window = &rest.as_bytes()[size / 2..cut];
         if let Some(space) = window.iter().rposition(u8::is_ascii_whitespace) {
             cut = size / 2 + space;
         }
-        let cut = cut.max(1);
-        let mut at = cut;
-        while !rest.is_char_boundary(at) {
-            at += 1;
-        }
-        let (piece, tail) = rest.split_at(at);
+        let (piece, tail) = rest.split_at(cut);
         rest = tail;
         Some(piece)
     })

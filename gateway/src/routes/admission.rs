@@ -1,6 +1,7 @@
 //! The middleware every `/v1` request passes: authentication, the endpoint scope, a JSON body
-//! (415 otherwise), the tenant's request rate, and, for POSTs with an `Idempotency-Key`, replay, join or conflict. Every
-//! response leaves with the `x-ratelimit-*` headers of the limits it met.
+//! (415 otherwise), the tenant's request rate, and, for POSTs with an `Idempotency-Key`,
+//! replay, join or conflict. Every response leaves with the `x-ratelimit-*` headers of the
+//! limits it met.
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -52,7 +52,7 @@ pub async fn connect(
 struct ResponseTurns {
     state: AppState,
     caller: Caller,
-    last: Option<StoredResponse>,
+    last: Option<Arc<StoredResponse>>,
 }
 
 impl Turns for ResponseTurns {
@@ -152,7 +152,7 @@ async fn handle(
     state: &AppState,
     caller: &Caller,
     text: &str,
-    last: &mut Option<StoredResponse>,
+    last: &mut Option<Arc<StoredResponse>>,
     waiting: &mut Waiting,
 ) -> Result<(), Closed> {
     let started = Instant::now();
@@ -177,9 +177,11 @@ async fn handle(
         return warm_up(socket, &req, last).await;
     }
     // The turn's work may outlive this socket (a joiner with the same key still listens), so
-    // it owns what it reads and hands its conversation back through `ran`.
+    // it shares what it reads (the request and the conversation so far, without copying them)
+    // and hands its conversation back through `ran`.
+    let req = Arc::new(req);
     let ran: Arc<Mutex<Option<Vec<Value>>>> = Arc::default();
-    let (slot, request, previous) = (Arc::clone(&ran), req.clone(), last.clone());
+    let (slot, request, previous) = (Arc::clone(&ran), Arc::clone(&req), last.clone());
     let (owned_state, owned_caller) = (state.clone(), caller.clone());
     let work = move || async move {
         let turn = respond(
@@ -187,7 +189,7 @@ async fn handle(
             &owned_caller,
             &request,
             started,
-            previous.as_ref(),
+            previous.as_deref(),
         );
         match turn.await {
             Ok((response, items)) => {
@@ -217,14 +219,14 @@ async fn handle(
         let input_items = match ran {
             Some(items) => items,
             // A replayed turn: its conversation, as it ran.
-            None => conversation(state, &caller.principal.tenant.name, &req, last.as_ref())
+            None => conversation(state, &caller.principal.tenant.name, &req, last.as_deref())
                 .await
                 .unwrap_or_default(),
         };
-        *last = Some(StoredResponse {
+        *last = Some(Arc::new(StoredResponse {
             response,
             input_items,
-        });
+        }));
     }
     Ok(())
 }
@@ -232,7 +234,7 @@ async fn handle(
 async fn warm_up(
     socket: &mut WebSocket,
     req: &ResponsesRequest,
-    last: &mut Option<StoredResponse>,
+    last: &mut Option<Arc<StoredResponse>>,
 ) -> Result<(), Closed> {
     let id = crate::ids::new_id("resp_");
     let store = req.store.unwrap_or(true);
@@ -255,9 +257,9 @@ async fn warm_up(
         &json!({"type": "response.completed", "sequence_number": 2, "response": done}),
     )
     .await?;
-    *last = Some(StoredResponse {
+    *last = Some(Arc::new(StoredResponse {
         response: done,
         input_items: Vec::new(),
-    });
+    }));
     Ok(())
 }

@@ -20,7 +20,6 @@ use std::time::Instant;
 
 use axum::extract::ws::{CloseFrame, close_code};
 use axum::http::HeaderMap;
-use axum::http::header::ORIGIN;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -31,7 +30,6 @@ use serde_json::{Map, Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::AppState;
-use crate::config::CorsOrigins;
 use crate::error::ApiError;
 use crate::idempotency::record;
 use crate::observability::metrics;
@@ -49,7 +47,7 @@ pub fn accept<T: Turns + 'static>(
     protocols: &'static [&'static str],
     turns: T,
 ) -> Response {
-    if let Err(e) = check_origin(headers, &state.server.cors) {
+    if let Err(e) = super::cors::check_websocket_origin(headers, &state.server.cors) {
         return e.into_response();
     }
     let upgrade = match upgrade {
@@ -71,39 +69,6 @@ pub fn accept<T: Turns + 'static>(
         .max_frame_size(limit)
         .protocols(protocols.iter().copied())
         .on_upgrade(move |socket| async move { session(socket, &state, permit, turns).await })
-}
-
-/// An upgrade from a browser page (it sends `Origin`) is allowed only from an origin the CORS
-/// allow-list names, or from the gateway's own host (a page it serves, or a client library that
-/// sends `Origin` for the host it connects to); clients that send no `Origin` are not affected.
-fn check_origin(headers: &HeaderMap, allowed: &CorsOrigins) -> Result<(), ApiError> {
-    let Some(origin) = headers.get(ORIGIN) else {
-        return Ok(());
-    };
-    let host = headers.get(axum::http::header::HOST).map(|h| h.as_bytes());
-    let authority = origin
-        .to_str()
-        .ok()
-        .and_then(|o| o.split_once("://"))
-        .map(|(_, authority)| authority.as_bytes());
-    let same_host = matches!((authority, host), (Some(a), Some(h)) if a.eq_ignore_ascii_case(h));
-    let permitted = same_host
-        || match allowed {
-            CorsOrigins::Any => true,
-            CorsOrigins::None => false,
-            CorsOrigins::List(list) => list.iter().any(|o| o.as_bytes() == origin.as_bytes()),
-        };
-    if permitted {
-        return Ok(());
-    }
-    Err(ApiError::Forbidden {
-        param: None,
-        code: "origin_not_allowed",
-        message: format!(
-            "WebSocket connections from the origin `{}` are not allowed (server.cors_allowed_origins).",
-            String::from_utf8_lossy(origin.as_bytes())
-        ),
-    })
 }
 
 /// Messages kept while a turn runs; more are refused with an error event.
@@ -257,7 +222,7 @@ pub async fn session(
                     Frame::Text(text) => text,
                     Frame::Skip => continue,
                     Frame::TooBig => {
-                        return too_big(&mut socket, state.server.max_body_bytes).await;
+                        return too_big(&mut socket, waiting.max_bytes).await;
                     }
                     Frame::Gone => return,
                 },
