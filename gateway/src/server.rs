@@ -49,9 +49,15 @@ impl Server {
     /// binds.
     pub async fn bind(config: &Config) -> Result<Self, ServeError> {
         let loading = config.clone();
-        let registry = tokio::task::spawn_blocking(move || engine_host::load(&loading))
-            .await
-            .map_err(|e| std::io::Error::other(format!("engine loading panicked: {e}")))??;
+        let registry = tokio::task::spawn_blocking(move || {
+            engine_host::load(
+                &loading.engines,
+                loading.models.as_deref(),
+                &loading.defaults,
+            )
+        })
+        .await
+        .map_err(|e| std::io::Error::other(format!("engine loading panicked: {e}")))??;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| ServeError::Bind {

@@ -12,7 +12,7 @@ use serde_json::json;
 use turnpike_tools::model as make;
 
 use super::{Config, Defaults, EngineConfig, ModelConfig, ServerConfig, TenancyConfig};
-use crate::pipeline::tools::ToolCallFormat;
+use crate::text::tools::ToolCallFormat;
 
 /// The preset the built-in default serves.
 const MODEL: &str = "tiny";

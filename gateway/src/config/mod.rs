@@ -7,16 +7,16 @@
 
 mod builtin;
 mod env;
-mod jwt;
-pub mod keys_file;
 mod raw;
-mod tenancy;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use crate::pipeline::tools::ToolCallFormat;
+pub use crate::engine_host::settings::{Defaults, EngineConfig, ModelConfig};
+pub use crate::tenancy::keys_file;
+pub use crate::tenancy::settings::{SharedJwt, TenancyConfig};
+pub use crate::text::tools::ToolCallFormat;
 
 pub use builtin::plugin_beside_binary;
 
@@ -66,48 +66,6 @@ pub struct Config {
     pub tenancy: TenancyConfig,
 }
 
-/// Authentication, tenants, limits, state and idempotency, validated.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TenancyConfig {
-    /// Whether callers must authenticate (off only when configured so, or in the built-in
-    /// default).
-    pub auth_required: bool,
-    /// Tenants and keys of the configuration file (the keys file adds to them).
-    pub directory: crate::tenancy::Directory,
-    /// Plans of the configuration file, for tenants of the keys file.
-    pub(crate) plans: std::collections::BTreeMap<String, tenancy::RawLimits>,
-    /// The keys file, re-read when it changes.
-    pub keys_file: Option<PathBuf>,
-    /// How often the keys file is checked for changes.
-    pub reload_interval: Duration,
-    /// JWT verification.
-    pub jwt: Option<SharedJwt>,
-    /// The Redis URL; `None` keeps state in memory.
-    pub redis_url: Option<String>,
-    /// Longest wait for the state store.
-    pub state_timeout: Duration,
-    /// Time to live of a concurrency lease (renewed while held).
-    pub lease_ttl: Duration,
-    /// What each feature does when the store fails.
-    pub failure: crate::tenancy::limits::FailureModes,
-    /// Limits of the in-memory store.
-    pub memory: crate::store::memory::MemoryLimits,
-    /// Idempotency, unless switched off.
-    pub idempotency: Option<crate::idempotency::IdempotencySettings>,
-    /// Per-model queue sizes.
-    pub queue: crate::tenancy::queue::QueueLimits,
-}
-
-/// A JWT verifier shared by clones of the configuration (equal when it is the same one).
-#[derive(Debug, Clone)]
-pub struct SharedJwt(pub std::sync::Arc<crate::tenancy::jwt::JwtVerifier>);
-
-impl PartialEq for SharedJwt {
-    fn eq(&self, other: &Self) -> bool {
-        std::sync::Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
 /// Server limits and timings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
@@ -144,68 +102,9 @@ pub enum CorsOrigins {
     List(Vec<String>),
 }
 
-/// Request defaults (the seed's section 18).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Defaults {
-    /// Largest prompt, in tokens.
-    pub max_request_tokens: u32,
-    /// `max_tokens` when a chat request sets none, and the cap of a model without its own.
-    pub max_output_tokens: u32,
-    /// `temperature` when a request sets none.
-    pub temperature: f32,
-    /// `top_p` when a request sets none.
-    pub top_p: f32,
-    /// `presence_penalty` when a request sets none.
-    pub presence_penalty: f32,
-    /// `frequency_penalty` when a request sets none.
-    pub frequency_penalty: f32,
-}
-
-/// One engine plugin to load.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineConfig {
-    /// Its name, which models refer to.
-    pub name: String,
-    /// The plugin library.
-    pub plugin: PathBuf,
-    /// The configuration given to the plugin's `create`, as JSON.
-    pub config_json: String,
-}
-
-/// One served model.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModelConfig {
-    /// Public name.
-    pub name: String,
-    /// Release date `YYYY-MM-DD`: the model answers to `name-version`, and `name` names the
-    /// newest version.
-    pub version: Option<String>,
-    /// More public names.
-    pub aliases: Vec<String>,
-    /// The engine that serves it.
-    pub engine: String,
-    /// The model's id inside the engine.
-    pub engine_model: String,
-    /// Folder with `tokenizer.json` and, for chat, the chat template.
-    pub folder: PathBuf,
-    /// Shown as `owned_by`.
-    pub owned_by: Option<String>,
-    /// Shown as `shutdown_date`.
-    pub deprecation_date: Option<String>,
-    /// Context window; the engine's when unset, never more.
-    pub context_length: Option<u32>,
-    /// Most tokens a request may ask for.
-    pub max_output_tokens: u32,
-    /// How the model writes tool calls; without one, requests that offer tools are refused.
-    pub tool_call_parser: Option<ToolCallFormat>,
-    /// The markers around the model's reasoning, for a reasoning model (`reasoning = {}` takes
-    /// `<think>` and `</think>`).
-    pub reasoning: Option<crate::pipeline::reasoning::ReasoningMarkers>,
-}
-
 /// Checks a tenant name (letters, digits, `-`, `_`, `.`; at most 64).
 pub fn tenancy_name_check(name: &str) -> Result<(), String> {
-    tenancy::check_name("tenant", name)
+    crate::tenancy::settings::check_name("tenant", name)
 }
 
 /// Default listen address.

@@ -9,8 +9,8 @@ use serde::Deserialize;
 use super::{
     Config, CorsOrigins, DEFAULT_LISTEN, Defaults, EngineConfig, ModelConfig, ServerConfig,
 };
-use crate::pipeline::reasoning::ReasoningMarkers;
-use crate::pipeline::tools::ToolCallFormat;
+use crate::text::reasoning::ReasoningMarkers;
+use crate::text::tools::ToolCallFormat;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,17 +24,17 @@ pub(super) struct RawConfig {
     #[serde(default)]
     models: Option<Vec<RawModel>>,
     #[serde(default)]
-    auth: Option<super::tenancy::RawAuth>,
+    auth: Option<crate::tenancy::settings::RawAuth>,
     #[serde(default)]
-    plans: std::collections::BTreeMap<String, super::tenancy::RawLimits>,
+    plans: std::collections::BTreeMap<String, crate::tenancy::settings::RawLimits>,
     #[serde(default)]
-    tenants: std::collections::BTreeMap<String, super::tenancy::RawLimits>,
+    tenants: std::collections::BTreeMap<String, crate::tenancy::settings::RawLimits>,
     #[serde(default)]
-    state: super::tenancy::RawState,
+    state: crate::tenancy::settings::RawState,
     #[serde(default)]
-    idempotency: super::tenancy::RawIdempotency,
+    idempotency: crate::tenancy::settings::RawIdempotency,
     #[serde(default)]
-    queue: super::tenancy::RawQueue,
+    queue: crate::tenancy::settings::RawQueue,
 }
 
 #[derive(Debug, Deserialize)]
@@ -177,7 +177,7 @@ impl RawConfig {
         })?;
         let server = self.server.validate()?;
         let defaults = self.defaults.validate()?;
-        let tenancy = super::tenancy::RawTenancy {
+        let tenancy = crate::tenancy::settings::RawTenancy {
             auth: self.auth,
             plans: self.plans,
             tenants: self.tenants,

@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod models;
+pub mod settings;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use turnpike_engine_api::host::{Plugin, PluginError};
 pub use backend::{Backend, EngineRun, PluginBackend};
 pub use models::{ModelRegistry, ServedModel};
 
-use crate::config::{Config, Defaults, ModelConfig};
+pub use settings::{Defaults, EngineConfig, ModelConfig};
 
 /// Why the configured engines or models cannot be served.
 #[derive(Debug, thiserror::Error)]
@@ -58,9 +59,13 @@ pub enum EngineHostError {
 }
 
 /// Loads every configured engine plugin and builds the model registry.
-pub fn load(config: &Config) -> Result<ModelRegistry, EngineHostError> {
+pub fn load(
+    plugins: &[EngineConfig],
+    models: Option<&[ModelConfig]>,
+    defaults: &Defaults,
+) -> Result<ModelRegistry, EngineHostError> {
     let mut engines: Vec<(String, Arc<dyn Backend>)> = Vec::new();
-    for engine in &config.engines {
+    for engine in plugins {
         let plugin_error = |source| EngineHostError::Plugin {
             engine: engine.name.clone(),
             source,
@@ -77,7 +82,7 @@ pub fn load(config: &Config) -> Result<ModelRegistry, EngineHostError> {
         );
         engines.push((engine.name.clone(), PluginBackend::shared(handle)));
     }
-    load_with(engines, config.models.as_deref(), &config.defaults)
+    load_with(engines, models, defaults)
 }
 
 /// Builds the model registry over ready engines (plugins, or fakes in tests). Without `models`,

@@ -10,10 +10,10 @@ use turnpike_engine_api::ModelInfo;
 
 use super::EngineHostError;
 use super::backend::Backend;
-use crate::config::ModelConfig;
-use crate::pipeline::template::ChatTemplate;
-use crate::pipeline::tokenizer::TextTokenizer;
-use crate::pipeline::tools::ToolCallFormat;
+use super::settings::ModelConfig;
+use crate::text::template::ChatTemplate;
+use crate::text::tokenizer::TextTokenizer;
+use crate::text::tools::ToolCallFormat;
 
 /// Everything a request for one model needs.
 #[derive(Debug)]
@@ -48,7 +48,7 @@ pub struct ServedModel {
     /// How the model writes tool calls.
     pub tool_call_parser: Option<ToolCallFormat>,
     /// The markers around its reasoning, for a reasoning model.
-    pub reasoning: Option<crate::pipeline::reasoning::ReasoningMarkers>,
+    pub reasoning: Option<crate::text::reasoning::ReasoningMarkers>,
 }
 
 /// Public ids and the models they name.

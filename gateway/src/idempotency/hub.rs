@@ -14,8 +14,6 @@ use axum::response::Response;
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 
-use crate::render::StreamFailed;
-
 /// Chunks buffered per listener before the generation waits for it.
 const LISTENER_BUFFER: usize = 64;
 
@@ -230,3 +228,8 @@ impl Listener {
         Some((head.0, head.1, Body::from_stream(backlog.chain(live))))
     }
 }
+
+/// Set when a streamed response ended with an error event (its status was already 200), so a
+/// recorder of the response knows it did not succeed.
+#[derive(Debug, Clone, Default)]
+pub struct StreamFailed(pub std::sync::Arc<std::sync::atomic::AtomicBool>);

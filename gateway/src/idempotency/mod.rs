@@ -37,8 +37,8 @@ use futures_util::FutureExt;
 
 use crate::error::ApiError;
 use crate::observability::metrics;
+use crate::store::FailureMode;
 use crate::store::{Begin, Store};
-use crate::tenancy::limits::FailureMode;
 use hub::{Ended, Hub};
 use record::Recorded;
 

@@ -2,6 +2,5 @@
 
 mod logging;
 pub mod metrics;
-pub mod requests;
 
 pub use logging::{LogFormat, init_logging};

@@ -11,7 +11,7 @@
 //! refused. Text that fits is then tokenized whole, so the ids are exactly what the tokenizer
 //! gives; a prompt that fits is tokenized twice only when its tokens are unusually long.
 
-use super::tokenizer::TextTokenizer;
+use crate::text::tokenizer::TextTokenizer;
 
 /// Text up to this many bytes is tokenized whole at once.
 pub const WHOLE: usize = 64 * 1024;

@@ -2,7 +2,7 @@
 
 use futures_util::StreamExt;
 
-use super::run::{Finished, GenEvent, GenStream, TokenLogprob, Totals};
+use super::run::{Finished, GenEvent, TokenLogprob, Totals};
 use crate::error::ApiError;
 
 /// One choice, whole.
@@ -45,7 +45,10 @@ pub struct Folded {
 }
 
 /// Reads `stream` to its end; `choices` is the number of choices it holds.
-pub async fn fold(mut stream: GenStream, choices: usize) -> Result<Folded, ApiError> {
+pub async fn fold(
+    mut stream: impl futures_core::Stream<Item = GenEvent> + Unpin,
+    choices: usize,
+) -> Result<Folded, ApiError> {
     let mut out = Folded {
         choices: vec![ChoiceResult::default(); choices],
         totals: Totals::default(),

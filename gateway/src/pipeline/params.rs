@@ -8,7 +8,7 @@
 use serde_json::{Number, Value};
 use turnpike_engine_api::{GenerationParams, Grammar};
 
-use crate::config::Defaults;
+use crate::engine_host::Defaults;
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::openai::common::{Extensions, StopParam};
@@ -38,25 +38,26 @@ pub fn check_total_choices(prompts: usize, n: u32) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The sampling fields chat and legacy completions share.
+/// Sampling fields, as the caller wrote them (checked against the model by
+/// [`generation_params`]).
 #[derive(Debug, Clone, Default)]
-pub struct Sampling<'a> {
+pub struct Sampling {
     /// `temperature`.
     pub temperature: Option<f64>,
     /// `top_p`.
     pub top_p: Option<f64>,
     /// `n`.
-    pub n: Option<&'a Number>,
+    pub n: Option<Number>,
     /// `seed`.
-    pub seed: Option<&'a Number>,
+    pub seed: Option<Number>,
     /// `presence_penalty`.
     pub presence_penalty: Option<f64>,
     /// `frequency_penalty`.
     pub frequency_penalty: Option<f64>,
     /// `stop`.
-    pub stop: Option<&'a StopParam>,
+    pub stop: Option<StopParam>,
     /// `logit_bias`.
-    pub logit_bias: Option<&'a serde_json::Map<String, Value>>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
     /// Extensions (top level merged with `nvext`).
     pub extensions: Extensions,
 }
@@ -124,13 +125,13 @@ pub fn stop_strings(stop: Option<&StopParam>) -> Result<Vec<String>, ApiError> {
 /// Sampling and penalties, checked against the model's capabilities; `max_tokens`, `logprobs`
 /// and `grammar` are set by the caller.
 pub fn generation_params(
-    s: &Sampling<'_>,
+    s: &Sampling,
     model: &ServedModel,
     defaults: &Defaults,
 ) -> Result<GenerationParams, ApiError> {
     let caps = &model.info.capabilities;
     let mut p = GenerationParams::default();
-    let n = match s.n {
+    let n = match &s.n {
         Some(n) => integer("n", n, 1, i64::from(MAX_N))? as u32,
         None => 1,
     };
@@ -161,7 +162,7 @@ pub fn generation_params(
         p.top_p = 1.0;
         p.temperature = 0.0;
     }
-    p.seed = match s.seed {
+    p.seed = match &s.seed {
         Some(seed) => Some(integer("seed", seed, i64::MIN, i64::MAX)? as u64),
         None => None,
     };
@@ -216,7 +217,7 @@ pub fn generation_params(
             ..GenerationParams::default()
         };
     }
-    if s.logit_bias.is_some_and(|b| !b.is_empty()) {
+    if s.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
         return Err(ApiError::unsupported(
             "logit_bias",
             "'logit_bias' is not supported",

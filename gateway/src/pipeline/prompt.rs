@@ -182,7 +182,7 @@ fn over_budget(e: BudgetError, param: &str) -> ApiError {
     }
 }
 
-/// Token ids of a chat conversation; a conversation clearly longer than `budget` tokens is
+/// Token ids of a chat conversation (`param` names it in errors); a conversation clearly longer than `budget` tokens is
 /// refused before it is tokenized whole.
 pub fn chat_prompt(
     model: &ServedModel,
@@ -190,10 +190,11 @@ pub fn chat_prompt(
     tools: Option<&Value>,
     kwargs: Option<&Map<String, Value>>,
     budget: usize,
+    param: &str,
 ) -> Result<Vec<u32>, ApiError> {
     let template = model.template.as_ref().ok_or_else(|| {
         ApiError::unsupported(
-            "messages",
+            param,
             format!(
                 "model `{}` has no chat template; use /v1/completions",
                 model.id
@@ -203,12 +204,9 @@ pub fn chat_prompt(
     let text = template
         .render(messages, tools, true, kwargs)
         .map_err(|e| {
-            ApiError::invalid(
-                "messages",
-                format!("the chat template refused the messages: {e}"),
-            )
+            ApiError::invalid(param, format!("the chat template refused the {param}: {e}"))
         })?;
-    encode_within(&model.tokenizer, &text, false, budget).map_err(|e| over_budget(e, "messages"))
+    encode_within(&model.tokenizer, &text, false, budget).map_err(|e| over_budget(e, param))
 }
 
 /// One prompt or input of a legacy completion or embedding request.

@@ -18,13 +18,12 @@ use turnpike_engine_api::{
     EngineError, EngineEvent, Finish, FinishReason, GenerationParams, Status, TokenEvent,
 };
 
-use super::decode::IncrementalDecoder;
-use super::reasoning::{ReasoningMarkers, ReasoningSplitter};
-use super::stop::{StopMatcher, StopOutcome};
-use super::tools::{ToolCallFormat, ToolCallParser, ToolOutput};
 use crate::engine_host::{EngineRun, ServedModel};
 use crate::error::ApiError;
-use crate::tenancy::Admission;
+use crate::text::decode::IncrementalDecoder;
+use crate::text::reasoning::{ReasoningMarkers, ReasoningSplitter};
+use crate::text::stop::{StopMatcher, StopOutcome};
+use crate::text::tools::{ToolCallFormat, ToolCallParser, ToolOutput};
 
 /// What to generate.
 #[derive(Debug)]
@@ -45,8 +44,6 @@ pub struct Job {
     pub tools: Option<ToolSetup>,
     /// Split reasoning out of the text (a chat request to a model with reasoning markers).
     pub reasoning: Option<ReasoningMarkers>,
-    /// The tenant's hold on limits, settled with the tokens used when the stream ends.
-    pub admission: Option<Admission>,
 }
 
 /// How to find tool calls in a choice's text.
@@ -196,7 +193,6 @@ pub struct GenStream {
     done: bool,
     /// Tokens the engines sent (also those of choices already cut), for settling on cancel.
     tokens_seen: u64,
-    admission: Option<Admission>,
 }
 
 impl std::fmt::Debug for GenStream {
@@ -262,7 +258,6 @@ pub fn start(job: Job) -> Result<GenStream, ApiError> {
         started: false,
         done: false,
         tokens_seen: 0,
-        admission: job.admission,
     })
 }
 
@@ -448,12 +443,10 @@ impl GenStream {
         }
     }
 
-    /// Tells the admission the tokens used so far (prompt plus generated).
-    fn account(&self) {
-        if let Some(a) = &self.admission {
-            let generated = self.tokens_seen.max(self.totals.completion);
-            a.record(self.totals.prompt + generated);
-        }
+    /// The tokens used so far: the prompts' and every token the engines sent (also those of
+    /// choices already cut), or the engines' own count once it is larger.
+    pub fn tokens_used(&self) -> u64 {
+        self.totals.prompt + self.tokens_seen.max(self.totals.completion)
     }
 
     fn on_event(&mut self, run: usize, event: EngineEvent) {
@@ -526,7 +519,6 @@ impl Stream for GenStream {
                     Poll::Ready(Some(event)) => {
                         this.next_run = (i + 1) % count;
                         this.on_event(i, event);
-                        this.account();
                         progressed = true;
                         break;
                     }

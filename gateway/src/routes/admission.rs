@@ -11,7 +11,8 @@ use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::{AppState, unix_now};
+use super::AppState;
+use crate::clock::unix_now;
 use crate::error::ApiError;
 use crate::tenancy::limits::LimitReport;
 use crate::tenancy::{Caller, Endpoint, ratelimit_headers};

@@ -13,16 +13,16 @@ use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{WebSocket, WebSocketUpgrade};
 use axum::http::Uri;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::Value;
 
 use super::AppState;
-use super::chat::complete;
 use super::websocket::{
     Closed, Turns, Waiting, accept, error_event, forward, guarded, send, take_key,
 };
 use crate::error::ApiError;
 use crate::openai::chat::ChatCompletionRequest;
+use crate::protocols::chat;
 use crate::tenancy::Caller;
 
 /// Handles the upgrade.
@@ -65,14 +65,12 @@ impl Turns for ChatTurns {
         // The turn's work may outlive this socket (a joiner with the same key still listens).
         let (owned_state, owned_caller) = (state.clone(), caller.clone());
         let work = move || async move {
-            complete(&owned_state, &owned_caller, &req, started)
-                .await
-                .unwrap_or_else(IntoResponse::into_response)
+            chat::complete(owned_state.call(&owned_caller, started), &req).await
         };
         let deadline = started + state.server.request_timeout;
         let path = "/v1/chat/completions";
-        let response = guarded(state, caller, path, key, &body, deadline, work).await;
-        forward(socket, response, waiting, true).await.map(|_| ())
+        let answer = guarded(state, caller, path, key, &body, deadline, true, work).await;
+        forward(socket, answer, waiting).await.map(|_| ())
     }
 }
 

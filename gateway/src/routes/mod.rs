@@ -1,13 +1,13 @@
-//! HTTP routes: one thin handler file per endpoint, and the router that joins them.
+//! HTTP routes: one thin handler per endpoint, and the router that joins them. A handler
+//! extracts the caller and the body, calls its protocol ([`crate::protocols`]) and frames the
+//! [`crate::protocols::Reply`] ([`sse`]); WebSocket turns frame the same replies as messages
+//! ([`websocket`]).
 
 mod admission;
-pub mod background;
 pub mod chat;
 pub mod chat_ws;
-pub mod compact;
 pub mod completions;
 mod cors;
-pub mod deliver;
 pub mod embeddings;
 pub mod extract;
 pub mod health;
@@ -31,9 +31,11 @@ use axum::routing::{get, post};
 use crate::config::{Defaults, ServerConfig};
 use crate::engine_host::{ModelRegistry, ServedModel};
 use crate::error::ApiError;
+use crate::generation::{Generator, Timing};
 use crate::observability::metrics as record;
-use crate::responses::ResponseStore;
-use crate::tenancy::Tenancy;
+use crate::protocols::responses::{ResponseStore, Responses};
+use crate::protocols::{Call, StreamSettings};
+use crate::tenancy::{Caller, Tenancy};
 
 /// What every handler can reach.
 #[derive(Debug, Clone)]
@@ -42,16 +44,14 @@ pub struct AppState {
     pub registry: Arc<ModelRegistry>,
     /// Server limits and timings.
     pub server: Arc<ServerConfig>,
-    /// Request defaults.
-    pub defaults: Arc<Defaults>,
+    /// The facade every generation goes through.
+    pub generator: Generator,
     /// Authentication, limits, queues and idempotency.
     pub tenancy: Arc<Tenancy>,
-    /// Stored responses (kept in the tenancy's state store).
-    pub responses: ResponseStore,
+    /// Stored responses (kept in the tenancy's state store) and background runs.
+    pub responses: Responses,
     /// Permits for open WebSocket connections (`server.websocket_max_connections`).
     pub websockets: Arc<tokio::sync::Semaphore>,
-    /// Background responses running in this process.
-    pub background: Arc<crate::responses::background::Running>,
 }
 
 impl AppState {
@@ -62,18 +62,48 @@ impl AppState {
         defaults: Arc<Defaults>,
         tenancy: Arc<Tenancy>,
     ) -> Self {
-        let responses = ResponseStore::new(Arc::clone(tenancy.limiter.store()), server.retry_after);
+        let responses = Responses {
+            store: ResponseStore::new(Arc::clone(tenancy.limiter.store()), server.retry_after),
+            running: Arc::default(),
+        };
         let websockets = Arc::new(tokio::sync::Semaphore::new(
             server.websocket_max_connections,
         ));
+        let timing = Timing {
+            request_timeout: server.request_timeout,
+            retry_after: server.retry_after,
+        };
+        let generator = Generator::new(
+            Arc::clone(&registry),
+            defaults,
+            Arc::clone(&tenancy),
+            timing,
+        );
         Self {
             websockets,
-            background: Arc::default(),
             registry,
             server,
-            defaults,
+            generator,
             tenancy,
             responses,
+        }
+    }
+
+    /// How streamed answers are timed.
+    pub fn streams(&self) -> StreamSettings {
+        StreamSettings {
+            heartbeat: self.server.stream_heartbeat,
+            request_timeout: self.server.request_timeout,
+        }
+    }
+
+    /// A protocol call by `caller`, for a request that arrived at `started`.
+    pub fn call<'a>(&'a self, caller: &'a Caller, started: Instant) -> Call<'a> {
+        Call {
+            generator: &self.generator,
+            caller,
+            started,
+            streams: self.streams(),
         }
     }
 
@@ -108,7 +138,7 @@ pub fn router(state: AppState) -> Router {
             get(responses::retrieve).delete(responses::delete),
         )
         .route("/v1/responses/input_tokens", post(responses::input_tokens))
-        .route("/v1/responses/compact", post(compact::compact))
+        .route("/v1/responses/compact", post(responses::compact))
         .route(
             "/v1/responses/{id}/input_items",
             get(responses::input_items),
@@ -176,8 +206,6 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     }
 }
 
-pub use crate::ids::new_id;
-
 /// `response` with an `x-request-id` header (the response id, for matching logs).
 pub fn with_request_id(mut response: Response, id: &str) -> Response {
     if let Ok(value) = axum::http::HeaderValue::from_str(id) {
@@ -185,42 +213,3 @@ pub fn with_request_id(mut response: Response, id: &str) -> Response {
     }
     response
 }
-
-/// Admits a generation for `caller`: the request's priority (`metadata.priority`) and the
-/// tenant's name and weight go to the engine in `params`; the tokens reserved are the prompt's
-/// plus the most the request may generate (`max_tokens` for each of `n` choices of each of
-/// `prompts` prompts). With `wait` it waits for its place in the model's queue; else the
-/// admission may still be waiting (see [`crate::tenancy::Admission::seated`]).
-#[allow(clippy::too_many_arguments)]
-pub async fn admit(
-    state: &AppState,
-    caller: &crate::tenancy::Caller,
-    model: &ServedModel,
-    params: &mut turnpike_engine_api::GenerationParams,
-    metadata: Option<&serde_json::Value>,
-    prompt_tokens: u64,
-    prompts: u64,
-    started: Instant,
-    wait: bool,
-) -> Result<crate::tenancy::Admission, ApiError> {
-    let priority = crate::pipeline::params::priority(metadata)?;
-    let tenant = &caller.principal.tenant;
-    params.priority = priority;
-    params.tenant = Some(tenant.name.clone());
-    params.tenant_weight = tenant.plan.weight;
-    let most_new = u64::from(params.max_tokens) * u64::from(params.n) * prompts;
-    state
-        .tenancy
-        .admit(
-            caller,
-            model,
-            prompt_tokens,
-            most_new,
-            priority,
-            started + state.server.request_timeout,
-            wait,
-        )
-        .await
-}
-
-pub use crate::clock::unix_now;

@@ -16,20 +16,20 @@ use axum::extract::State;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{WebSocket, WebSocketUpgrade};
 use axum::http::Uri;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::responses::{conversation, respond};
 use super::websocket::{
-    Closed, Turns, Waiting, accept, error_event, event_data, forward, guarded, send, send_text,
-    take_key,
+    Closed, Turns, Waiting, accept, error_event, forward, guarded, send, send_text, take_key,
 };
+use crate::clock::unix_now;
 use crate::error::ApiError;
 use crate::openai::responses::{ResponseUsage, ResponsesRequest};
-use crate::responses::render::{self, EventRenderer};
-use crate::responses::stored::StoredResponse;
-use crate::responses::translate::in_progress;
+use crate::protocols::responses::api::{conversation, respond};
+use crate::protocols::responses::render::{self, EventRenderer};
+use crate::protocols::responses::stored::StoredResponse;
+use crate::protocols::responses::translate::in_progress;
 use crate::tenancy::Caller;
 
 /// Handles the upgrade.
@@ -168,10 +168,7 @@ async fn handle(
     req.stream = Some(true);
     if !generate {
         // Warm-up: the model must exist and the caller may use it; nothing runs.
-        let check = state
-            .model(&req.model)
-            .and_then(|model| state.tenancy.check_model(caller, &model, &req.model));
-        if let Err(e) = check {
+        if let Err(e) = state.generator.model_for(caller, &req.model) {
             return send(socket, &error_event(&e)).await;
         }
         return warm_up(socket, &req, last).await;
@@ -184,24 +181,16 @@ async fn handle(
     let (slot, request, previous) = (Arc::clone(&ran), Arc::clone(&req), last.clone());
     let (owned_state, owned_caller) = (state.clone(), caller.clone());
     let work = move || async move {
-        let turn = respond(
-            &owned_state,
-            &owned_caller,
-            &request,
-            started,
-            previous.as_deref(),
-        );
-        match turn.await {
-            Ok((response, items)) => {
-                *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(items);
-                response
-            }
-            Err(e) => e.into_response(),
-        }
+        let call = owned_state.call(&owned_caller, started);
+        let (reply, items) =
+            respond(call, &owned_state.responses, &request, previous.as_deref()).await?;
+        *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(items);
+        Ok(reply)
     };
     let deadline = started + state.server.request_timeout;
-    let response = guarded(state, caller, "/v1/responses", key, &body, deadline, work).await;
-    let Some(final_event) = forward(socket, response, waiting, false).await? else {
+    let path = "/v1/responses";
+    let answer = guarded(state, caller, path, key, &body, deadline, false, work).await;
+    let Some(final_event) = forward(socket, answer, waiting).await? else {
         return Ok(());
     };
     // The connection remembers the response the turn made, for `previous_response_id`.
@@ -219,9 +208,14 @@ async fn handle(
         let input_items = match ran {
             Some(items) => items,
             // A replayed turn: its conversation, as it ran.
-            None => conversation(state, &caller.principal.tenant.name, &req, last.as_deref())
-                .await
-                .unwrap_or_default(),
+            None => conversation(
+                &state.responses.store,
+                &caller.principal.tenant.name,
+                &req,
+                last.as_deref(),
+            )
+            .await
+            .unwrap_or_default(),
         };
         *last = Some(Arc::new(StoredResponse {
             response,
@@ -238,20 +232,12 @@ async fn warm_up(
 ) -> Result<(), Closed> {
     let id = crate::ids::new_id("resp_");
     let store = req.store.unwrap_or(true);
-    let base = in_progress(req, &id, super::unix_now(), &[], store, 0);
+    let base = in_progress(req, &id, unix_now(), &[], store, 0);
     let mut renderer = EventRenderer::new(base.clone(), None);
-    for frame in renderer.opening_events() {
-        if let Some(json) = event_data(&frame) {
-            send_text(socket, json).await?;
-        }
+    for chunk in renderer.opening_events() {
+        send_text(socket, String::from_utf8_lossy(&chunk.json).into_owned()).await?;
     }
-    let done = render::finish(
-        base,
-        Vec::new(),
-        None,
-        ResponseUsage::default(),
-        super::unix_now(),
-    );
+    let done = render::finish(base, Vec::new(), None, ResponseUsage::default(), unix_now());
     send(
         socket,
         &json!({"type": "response.completed", "sequence_number": 2, "response": done}),

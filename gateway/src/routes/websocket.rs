@@ -9,11 +9,13 @@
 //! carries an `Origin` the CORS allow-list does not name is refused (403), as the browser would
 //! refuse a cross-origin HTTP call: browsers do not apply CORS to WebSockets.
 //!
-//! A turn runs exactly as its HTTP request would and answers with the same response (an error,
-//! or server-sent events); [`forward`] turns that response into frames. So a turn meets the same
-//! validation, tenant limits and deadlines as HTTP, and an `idempotency_key` in a message goes
-//! through the same idempotency service as an `Idempotency-Key` header: a repeated turn replays,
-//! joins or conflicts like a repeated POST.
+//! A turn calls the same protocol function as its HTTP request and gets the same typed
+//! [`Reply`]: its events become frames one for one ([`messages`]), a failure after the start an
+//! error event with the failure's own status. So a turn meets the same validation, tenant limits
+//! and deadlines as HTTP. An `idempotency_key` in a message goes through the same idempotency
+//! service as an `Idempotency-Key` header (a repeated turn replays, joins or conflicts like a
+//! repeated POST): what it records is the turn's frames, one per line, so a replay sends the
+//! frames the first run sent.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -21,10 +23,12 @@ use std::time::Instant;
 use axum::extract::ws::{CloseFrame, close_code};
 use axum::http::HeaderMap;
 
+use axum::body::Body;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
+use futures_core::Stream;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use serde_json::{Map, Value, json};
 use tokio::sync::OwnedSemaphorePermit;
@@ -33,6 +37,8 @@ use super::AppState;
 use crate::error::ApiError;
 use crate::idempotency::record;
 use crate::observability::metrics;
+use crate::protocols::Reply;
+use crate::protocols::render::Out;
 use crate::tenancy::Caller;
 use crate::tenancy::limits::LimitReport;
 
@@ -277,9 +283,73 @@ pub fn take_key(message: &mut Map<String, Value>) -> Result<Option<String>, ApiE
     }
 }
 
-/// Runs a turn's `work` (which answers as the HTTP endpoint would), under the idempotency key
-/// `key` when the message carried one and the gateway keeps keys. `body` is the request the
-/// key is bound to.
+/// A turn's messages, as they come.
+pub type Messages = std::pin::Pin<Box<dyn Stream<Item = String> + Send>>;
+
+/// What a turn answers with.
+pub enum Answer {
+    /// Refused before it started: one error event.
+    Refused(ApiError),
+    /// Its messages.
+    Messages(Messages),
+}
+
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused(e) => f.debug_tuple("Refused").field(e).finish(),
+            Self::Messages(_) => f.write_str("Messages"),
+        }
+    }
+}
+
+/// A protocol's reply as a turn's messages: each event's JSON, `[DONE]` at the end only when
+/// `done_frame`, a failure as the protocol's own events or an error event with its status.
+pub fn messages(reply: Reply, done_frame: bool) -> Messages {
+    match reply {
+        Reply::Json { body, .. } => {
+            let text = String::from_utf8_lossy(&body).into_owned();
+            Box::pin(futures_util::stream::iter([text]))
+        }
+        Reply::Events { events, .. } => {
+            Box::pin(events.flat_map(move |out| futures_util::stream::iter(texts(out, done_frame))))
+        }
+        // Background responses are refused on a socket; a log has no typed events.
+        Reply::Log { .. } => {
+            let e = ApiError::unsupported(
+                "background",
+                "background responses are not available over WebSocket",
+            );
+            Box::pin(futures_util::stream::iter([error_event(&e).to_string()]))
+        }
+    }
+}
+
+/// The messages one item of a stream makes.
+fn texts(out: Out, done_frame: bool) -> Vec<String> {
+    let text = |json: &[u8]| String::from_utf8_lossy(json).into_owned();
+    let done = || done_frame.then(|| "[DONE]".to_string());
+    match out {
+        Out::Chunk(chunk) => vec![text(&chunk.json)],
+        Out::KeepAlive => Vec::new(),
+        Out::Done => done().into_iter().collect(),
+        Out::Failed {
+            chunks: Some(chunks),
+            ..
+        } => chunks.iter().map(|c| text(&c.json)).chain(done()).collect(),
+        Out::Failed {
+            status,
+            error,
+            chunks: None,
+        } => vec![json!({"type": "error", "status": status.as_u16(), "error": error}).to_string()],
+    }
+}
+
+/// Runs a turn's `work` (the protocol call), under the idempotency key `key` when the message
+/// carried one and the gateway keeps keys (`body` is the request the key is bound to, `path`
+/// the endpoint). Without a key the messages go out as the protocol makes them; with one they
+/// are recorded as lines of a body, which a replay sends again.
+#[allow(clippy::too_many_arguments)]
 pub async fn guarded<F, Fut>(
     state: &AppState,
     caller: &Caller,
@@ -287,38 +357,47 @@ pub async fn guarded<F, Fut>(
     key: Option<String>,
     body: &Value,
     deadline: Instant,
+    done_frame: bool,
     work: F,
-) -> Response
+) -> Answer
 where
     F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Response> + Send + 'static,
+    Fut: std::future::Future<Output = Result<Reply, ApiError>> + Send + 'static,
 {
-    match (key, &state.tenancy.idempotency) {
-        (Some(key), Some(idempotency)) => {
-            let fingerprint = record::fingerprint("WEBSOCKET", path, body.to_string().as_bytes());
-            let tenant = &caller.principal.tenant.name;
-            idempotency
-                .guard(tenant, &key, &fingerprint, deadline, work)
-                .await
+    let (Some(key), Some(idempotency)) = (key, &state.tenancy.idempotency) else {
+        return match work().await {
+            Ok(reply) => Answer::Messages(messages(reply, done_frame)),
+            Err(e) => Answer::Refused(e),
+        };
+    };
+    let fingerprint = record::fingerprint("WEBSOCKET", path, body.to_string().as_bytes());
+    let tenant = &caller.principal.tenant.name;
+    let recorded = move || {
+        let ran = work();
+        async move {
+            match ran.await {
+                Ok(reply) => {
+                    let lines = messages(reply, done_frame).map(|mut text| {
+                        text.push('\n');
+                        Ok::<_, std::convert::Infallible>(text)
+                    });
+                    Body::from_stream(lines).into_response()
+                }
+                Err(e) => e.into_response(),
+            }
         }
-        _ => work().await,
-    }
+    };
+    let response = idempotency
+        .guard(tenant, &key, &fingerprint, deadline, recorded)
+        .await;
+    replayed(response).await
 }
 
 /// Largest error body read from a refused turn.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
-/// Sends a turn's response over the socket: a refusal as one error event; a stream of
-/// server-sent events as their `data` payloads, one per frame (`[DONE]` only when
-/// `done_frame`), an SSE failure (`{"error": ...}`) as an error event. Messages that arrive
-/// meanwhile are kept (at most [`MAX_WAITING`]). Returns the last payload sent, or `Closed`
-/// when the socket goes away: dropping the response body then cancels the turn's work.
-pub async fn forward(
-    socket: &mut WebSocket,
-    response: Response,
-    waiting: &mut Waiting,
-    done_frame: bool,
-) -> Result<Option<String>, Closed> {
+/// The turn an idempotency record answers with: its error, or its messages (one per line).
+async fn replayed(response: Response) -> Answer {
     let status = response.status();
     if !status.is_success() {
         let body = axum::body::to_bytes(response.into_body(), MAX_ERROR_BODY)
@@ -329,42 +408,80 @@ pub async fn forward(
             .and_then(|mut v| v.get_mut("error").map(Value::take))
             .unwrap_or_else(|| json!({"type": "server_error", "message": "the turn failed", "param": null, "code": null}));
         let event = json!({"type": "error", "status": status.as_u16(), "error": error});
-        send(socket, &event).await?;
-        return Ok(None);
+        return Answer::Messages(Box::pin(futures_util::stream::iter([event.to_string()])));
     }
-    let mut body = response.into_body().into_data_stream();
-    let mut buffer: Vec<u8> = Vec::new();
+    let lines = futures_util::stream::unfold(
+        (
+            response.into_body().into_data_stream(),
+            Vec::<u8>::new(),
+            false,
+        ),
+        |(mut body, mut buffer, mut ended)| async move {
+            loop {
+                if let Some(end) = buffer.iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = buffer.drain(..=end).collect();
+                    let text = String::from_utf8_lossy(&line[..end]).into_owned();
+                    return Some((text, (body, buffer, ended)));
+                }
+                if ended {
+                    return None;
+                }
+                match body.next().await {
+                    Some(Ok(bytes)) => buffer.extend_from_slice(&bytes),
+                    Some(Err(_)) => {
+                        let e = ApiError::Internal {
+                            detail: "a turn's stream failed".into(),
+                        };
+                        ended = true;
+                        buffer.clear();
+                        return Some((error_event(&e).to_string(), (body, buffer, ended)));
+                    }
+                    None => ended = true,
+                }
+            }
+        },
+    );
+    Answer::Messages(Box::pin(lines))
+}
+
+/// Sends a turn's answer over the socket: a refusal as one error event, else its messages.
+/// Messages that arrive meanwhile are kept (at most [`MAX_WAITING`]). Returns the last message
+/// sent (not `[DONE]`), or `Closed` when the socket goes away: dropping the messages then
+/// cancels the turn's work.
+pub async fn forward(
+    socket: &mut WebSocket,
+    answer: Answer,
+    waiting: &mut Waiting,
+) -> Result<Option<String>, Closed> {
+    let mut messages = match answer {
+        Answer::Refused(e) => {
+            send(socket, &error_event(&e)).await?;
+            return Ok(None);
+        }
+        Answer::Messages(messages) => messages,
+    };
     let mut last = None;
     loop {
         tokio::select! {
-            chunk = body.next() => {
-                let mut next = Some(chunk);
-                let mut texts = Vec::new();
-                // What the stream has ready is taken without waiting and sent with one flush.
+            message = messages.next() => {
+                let mut next = Some(message);
+                // What the turn has ready is taken without waiting and sent with one flush.
                 let ended = loop {
                     match next.take() {
-                        Some(Some(Ok(bytes))) => texts.extend(frames_in(&mut buffer, &bytes, done_frame)),
-                        Some(None) => break Some(Ok(())),
-                        Some(Some(Err(_))) => break Some(Err(())),
-                        None => break None,
+                        Some(Some(text)) => {
+                            if text != "[DONE]" {
+                                last = Some(text.clone());
+                            }
+                            socket.feed(Message::Text(text.into())).await.map_err(|_| Closed)?;
+                        }
+                        Some(None) => break true,
+                        None => break false,
                     }
-                    next = body.next().now_or_never();
+                    next = messages.next().now_or_never();
                 };
-                for text in texts {
-                    if text != "[DONE]" {
-                        last = Some(text.clone());
-                    }
-                    socket.feed(Message::Text(text.into())).await.map_err(|_| Closed)?;
-                }
                 socket.flush().await.map_err(|_| Closed)?;
-                match ended {
-                    None => {}
-                    Some(Ok(())) => return Ok(last),
-                    Some(Err(())) => {
-                        let e = ApiError::Internal { detail: "a turn's stream failed".into() };
-                        send(socket, &error_event(&e)).await?;
-                        return Ok(None);
-                    }
+                if ended {
+                    return Ok(last);
                 }
             }
             received = socket.recv() => match frame(received) {
@@ -381,75 +498,5 @@ pub async fn forward(
                 }
             },
         }
-    }
-}
-
-/// The frames the whole events in `buffer` (after appending `bytes`) make: each event's `data`
-/// payload, a failure as an error event, `[DONE]` only when `done_frame`. A partial event stays
-/// in `buffer`.
-fn frames_in(buffer: &mut Vec<u8>, bytes: &[u8], done_frame: bool) -> Vec<String> {
-    buffer.extend_from_slice(bytes);
-    let mut texts = Vec::new();
-    while let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {
-        let event: Vec<u8> = buffer.drain(..end + 2).collect();
-        let Some(data) = event_data(&event) else {
-            continue;
-        };
-        if data == "[DONE]" {
-            if done_frame {
-                texts.push(data);
-            }
-            continue;
-        }
-        texts.push(sse_failure(&data).unwrap_or(data));
-    }
-    texts
-}
-
-/// The `data:` payload of one server-sent event (none for a comment, such as a heartbeat).
-pub fn event_data(event: &[u8]) -> Option<String> {
-    let text = std::str::from_utf8(event).ok()?;
-    text.lines()
-        .find_map(|line| line.strip_prefix("data: "))
-        .map(str::to_string)
-}
-
-/// A stream's failure event (`{"error": ...}`, with no `type`) as a WebSocket error event.
-fn sse_failure(data: &str) -> Option<String> {
-    if !data.starts_with("{\"error\"") {
-        return None;
-    }
-    let mut value: Value = serde_json::from_str(data).ok()?;
-    let error = value.get_mut("error")?.take();
-    let status = if error.get("code").and_then(Value::as_str) == Some("timeout") {
-        504
-    } else {
-        500
-    };
-    Some(json!({"type": "error", "status": status, "error": error}).to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn events_split_across_chunks_become_whole_frames() {
-        let mut buffer = Vec::new();
-        let stream = "event: a\ndata: {\"n\":1}\n\n: keep-alive\n\ndata: {\"error\":{\"code\":\"timeout\"}}\n\ndata: [DONE]\n\n";
-        let (first, rest) = stream.split_at(20);
-        assert!(frames_in(&mut buffer, first.as_bytes(), true).is_empty());
-        let texts = frames_in(&mut buffer, rest.as_bytes(), true);
-        assert_eq!(texts.len(), 3);
-        assert_eq!(texts[0], "{\"n\":1}");
-        let failure: Value = serde_json::from_str(&texts[1]).unwrap_or_default();
-        assert_eq!(
-            (failure["type"].as_str(), failure["status"].as_u64()),
-            (Some("error"), Some(504))
-        );
-        assert_eq!(texts[2], "[DONE]");
-        assert!(buffer.is_empty());
-        let mut buffer = Vec::new();
-        assert!(frames_in(&mut buffer, b"data: [DONE]\n\n", false).is_empty());
     }
 }

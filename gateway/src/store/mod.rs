@@ -179,3 +179,25 @@ pub(crate) fn level_of(window: Window, level: f64) -> Level {
         reset: time_to(window, level, window.capacity as f64),
     }
 }
+
+/// What a feature does when the store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Let the request through unlimited (availability first).
+    Open,
+    /// Refuse with 503 (the limit first).
+    Closed,
+}
+
+/// Failure modes per feature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailureModes {
+    /// Request rates.
+    pub requests: FailureMode,
+    /// Token budgets.
+    pub tokens: FailureMode,
+    /// Concurrent generations.
+    pub concurrency: FailureMode,
+    /// Idempotency records.
+    pub idempotency: FailureMode,
+}

@@ -16,27 +16,7 @@ use crate::store::{Level, Store, StoreError, Take, Window};
 
 use super::Principal;
 
-/// What a feature does when the store cannot be reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FailureMode {
-    /// Let the request through unlimited (availability first).
-    Open,
-    /// Refuse with 503 (the limit first).
-    Closed,
-}
-
-/// Failure modes per feature.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FailureModes {
-    /// Request rates.
-    pub requests: FailureMode,
-    /// Token budgets.
-    pub tokens: FailureMode,
-    /// Concurrent generations.
-    pub concurrency: FailureMode,
-    /// Idempotency records.
-    pub idempotency: FailureMode,
-}
+pub use crate::store::{FailureMode, FailureModes};
 
 /// The limit levels a request saw, sent back as `x-ratelimit-*` headers.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -5,16 +5,18 @@
 //! The seam is [`Principal`]: authentication turns a request's bearer credential into one, and
 //! everything after it (limits, idempotency scoping, the engine's fair scheduling) reads only
 //! that. The tenant directory (tenants, plans, keys) is plain data, validated once by
-//! [`crate::config`] and swapped whole when the keys file is reloaded, so a request sees one
+//! its [`settings`] and swapped whole when the keys file is reloaded, so a request sees one
 //! consistent directory from start to end.
 
 pub mod auth;
 pub mod jwt;
 pub mod keys;
+pub mod keys_file;
 pub mod limits;
 pub mod queue;
 pub mod ratelimit_headers;
 pub mod service;
+pub mod settings;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

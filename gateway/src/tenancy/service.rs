@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::auth::{Authenticator, Caller};
+use super::keys_file;
 use super::limits::{Limiter, StreamPermit, TokenHold};
 use super::queue::{QueueEntry, Queues};
-use crate::config::{TenancyConfig, keys_file};
+use super::settings::TenancyConfig;
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::idempotency::Idempotency;

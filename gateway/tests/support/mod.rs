@@ -16,9 +16,9 @@ use serde_json::Value;
 use tower::ServiceExt;
 use turnpike::config::{Config, Defaults, ModelConfig, ServerConfig};
 use turnpike::engine_host::{self, Backend, EngineRun};
-use turnpike::pipeline::tokenizer::TextTokenizer;
 use turnpike::routes::{AppState, router};
 use turnpike::tenancy::Tenancy;
+use turnpike::text::tokenizer::TextTokenizer;
 use turnpike_engine_api::host::EngineRequest;
 use turnpike_engine_api::{
     Capabilities, EmbedParams, EngineError, EngineEvent, FinalEvent, Finish, ModelInfo, Stats,

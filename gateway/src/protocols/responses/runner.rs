@@ -9,28 +9,25 @@
 //! up again while the generation goes on. On another replica, or after the end, the stream is
 //! read from the state store, where the running replica writes it every half second.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::Json;
-use axum::body::{Body, Bytes};
-use axum::response::{IntoResponse, Response};
+use axum::body::Bytes;
 use futures_util::StreamExt;
 
-use super::responses::Turn;
-use super::sse::event_stream;
-use super::{AppState, with_request_id};
+use super::api::Turn;
+use super::background::Running;
+use super::events::{self, EventLog, Forgotten, StoredEvents};
+use super::render::EventRenderer;
+use super::stored::StoredResponse;
+use super::{ResponseStore, Responses};
 use crate::error::ApiError;
-use crate::idempotency::hub::Detached;
-use crate::observability::requests::RequestRecord;
+use crate::generation::record::RequestRecord;
+use crate::generation::{Generation, Prepared};
 use crate::openai::responses::{ResponseObject, ResponseUsage};
-use crate::pipeline::run::{self, GenEvent, GenStream, Job};
-use crate::responses::ResponseStore;
-use crate::responses::background::Running;
-use crate::responses::events::{self, EventLog, Forgotten, StoredEvents};
-use crate::responses::render::EventRenderer;
-use crate::responses::stored::StoredResponse;
+use crate::pipeline::run::GenEvent;
+use crate::protocols::render::Chunk;
+use crate::protocols::{Call, Reply, StreamSettings};
 
 /// How often a background response checks whether it was cancelled elsewhere, and a reader on
 /// another replica whether the response ended.
@@ -40,31 +37,32 @@ const POLL: Duration = Duration::from_millis(250);
 /// once: its size does not matter).
 #[allow(clippy::large_enum_variant)]
 enum Work {
-    Started(GenStream),
-    Queued(Job),
+    Started(Generation),
+    Queued(Prepared),
 }
 
 /// Stores `turn`'s response (`queued` or `in_progress`), answers with it (or, when `streamed`,
 /// with its event stream), and runs the generation on a task.
 pub(super) async fn start(
-    state: &AppState,
+    call: Call<'_>,
+    responses: &Responses,
     turn: Turn,
     record: RequestRecord,
     streamed: bool,
-) -> Result<Response, ApiError> {
-    let queued = turn.job.admission.as_ref().is_some_and(|a| a.is_waiting());
-    let prompt_tokens: usize = turn.job.prompts.iter().map(Vec::len).sum();
+) -> Result<Reply, ApiError> {
+    let queued = turn.prepared.is_waiting();
+    let prompt_tokens = turn.prepared.prompt_tokens();
     let base = ResponseObject {
         status: if queued { "queued" } else { "in_progress" }.into(),
         // Usage so far: the prompt is known, nothing is generated yet.
-        usage: Some(ResponseUsage::new(prompt_tokens as u64, 0, 0, 0)),
+        usage: Some(ResponseUsage::new(prompt_tokens, 0, 0, 0)),
         ..turn.base
     };
     let work = if queued {
-        Work::Queued(turn.job)
+        Work::Queued(turn.prepared)
     } else {
         // Started now, so an engine that refuses it answers this request.
-        Work::Started(run::start(turn.job).inspect_err(|e| record.failed(e))?)
+        Work::Started(turn.prepared.start().inspect_err(|e| record.failed(e))?)
     };
     let (tenant, id) = (turn.tenant, base.id.clone());
     let stored = StoredResponse {
@@ -76,18 +74,18 @@ pub(super) async fn start(
     let log = streamed.then(|| Arc::new(EventLog::default()));
     if log.is_some() {
         let started = StoredEvents::default();
-        state.responses.save_events(&tenant, &id, &started).await?;
+        responses.store.save_events(&tenant, &id, &started).await?;
     }
-    state.responses.save(&tenant, &stored).await?;
+    responses.store.save(&tenant, &stored).await?;
     let task = Task {
-        responses: state.responses.clone(),
-        running: Arc::clone(&state.background),
+        responses: responses.store.clone(),
+        running: Arc::clone(&responses.running),
         tenant: tenant.clone(),
         stored,
         renderer: EventRenderer::new(base.clone(), None),
         log: log.clone(),
         record,
-        limit: state.server.request_timeout,
+        limit: call.streams.request_timeout,
     };
     // The task waits until it is registered, so its end always finds itself to remove.
     let (registered, gate) = tokio::sync::oneshot::channel::<()>();
@@ -98,19 +96,17 @@ pub(super) async fn start(
         let _ = gate.await;
         task.run(work).await;
     });
-    state
-        .background
+    responses
+        .running
         .insert(&tenant, &id, handle.abort_handle(), log.clone());
     let _ = registered.send(());
     let Some(log) = log else {
-        return Ok(with_request_id(Json(base).into_response(), &id));
+        return Ok(Reply::json(Some(id), &base));
     };
-    let follow = log.follow(0, state.server.stream_heartbeat);
-    let mut response = event_stream(Body::from_stream(follow.map(Ok::<_, Infallible>)), &id);
     // The response goes on without its reader: a retry with the same idempotency key replays
     // this stream rather than starting a second response.
-    response.extensions_mut().insert(Detached);
-    Ok(response)
+    let frames = Box::pin(log.follow(0, call.streams.heartbeat));
+    Ok(Reply::Log { id, frames })
 }
 
 /// What a background task owns.
@@ -137,10 +133,10 @@ impl Drop for Ending {
 }
 
 impl Task {
-    fn emit(&self, frames: Vec<Bytes>) {
+    fn emit(&self, chunks: Vec<Chunk>) {
         if let Some(log) = &self.log {
-            for frame in frames {
-                log.push(frame);
+            for chunk in chunks {
+                log.push(chunk.sse());
             }
         }
     }
@@ -193,14 +189,11 @@ impl Task {
                 self.emit(opening);
                 stream
             }
-            Work::Queued(mut job) => {
+            Work::Queued(mut prepared) => {
                 let queued = self.renderer.queued_events();
                 self.emit(queued);
-                let seated = match job.admission.as_mut() {
-                    Some(admission) => admission.seated(deadline).await,
-                    None => Ok(()),
-                };
-                match seated.and_then(|()| run::start(job)) {
+                let seated = prepared.seated(deadline).await;
+                match seated.and_then(|()| prepared.start()) {
                     Ok(stream) => {
                         self.mark_in_progress().await;
                         let started = self.renderer.started_events();
@@ -305,7 +298,7 @@ async fn watch_for_cancel(responses: &ResponseStore, tenant: &str, id: &str) {
 /// Stops `tenant`'s background response `stored` if it still runs, and stores it `cancelled`
 /// (unless it ended meanwhile: then it stays as it ended).
 pub(super) async fn cancel(
-    state: &AppState,
+    responses: &Responses,
     tenant: &str,
     stored: StoredResponse,
 ) -> Result<StoredResponse, ApiError> {
@@ -315,38 +308,38 @@ pub(super) async fn cancel(
     }
     // The events are settled before the status, so the replica running the response, which
     // reacts to the status, writes its full log after this.
-    match state.background.remove(tenant, &id) {
+    match responses.running.remove(tenant, &id) {
         Some((task, log)) => {
             // Dropping the task's stream cancels the engine's work.
             task.abort();
             if let Some(log) = log {
                 log.end();
-                state
-                    .responses
+                responses
+                    .store
                     .save_events(tenant, &id, &log.stored())
                     .await?;
             }
         }
         None => {
-            if let Some(mut events) = state.responses.load_events(tenant, &id).await?
+            if let Some(mut events) = responses.store.load_events(tenant, &id).await?
                 && !events.done
             {
                 events.done = true;
-                state.responses.save_events(tenant, &id, &events).await?;
+                responses.store.save_events(tenant, &id, &events).await?;
             }
         }
     }
-    let mut now = state.responses.load(tenant, &id).await?.unwrap_or(stored);
+    let mut now = responses.store.load(tenant, &id).await?.unwrap_or(stored);
     if is_running(&now.response.status) {
         now.response.status = "cancelled".into();
-        state.responses.save(tenant, &now).await?;
+        responses.store.save(tenant, &now).await?;
     }
     Ok(now)
 }
 
 /// Stops `tenant`'s background response `id` if it runs here (it is being deleted).
-pub(super) fn stop(state: &AppState, tenant: &str, id: &str) {
-    if let Some((task, log)) = state.background.remove(tenant, id) {
+pub(super) fn stop(responses: &Responses, tenant: &str, id: &str) {
+    if let Some((task, log)) = responses.running.remove(tenant, id) {
         task.abort();
         if let Some(log) = log {
             log.end();
@@ -372,20 +365,23 @@ fn expired(forgotten: Forgotten) -> ApiError {
 /// `starting_after` (from the start without it): followed live where it runs on this replica,
 /// else followed in the state store, where the running replica writes it every half second.
 pub(super) async fn resume(
-    state: &AppState,
+    responses: &Responses,
+    streams: StreamSettings,
     tenant: &str,
     stored: &StoredResponse,
     starting_after: Option<u64>,
-) -> Result<Response, ApiError> {
+) -> Result<Reply, ApiError> {
     let id = &stored.response.id;
     let from = starting_after.map_or(0, |n| n.saturating_add(1));
-    if let Some(log) = state.background.log(tenant, id) {
+    if let Some(log) = responses.running.log(tenant, id) {
         log.check(from).map_err(expired)?;
-        let follow = log.follow(from, state.server.stream_heartbeat);
-        let body = Body::from_stream(follow.map(Ok::<_, Infallible>));
-        return Ok(event_stream(body, id));
+        let frames = Box::pin(log.follow(from, streams.heartbeat));
+        return Ok(Reply::Log {
+            id: id.clone(),
+            frames,
+        });
     }
-    let Some(events) = state.responses.load_events(tenant, id).await? else {
+    let Some(events) = responses.store.load_events(tenant, id).await? else {
         return Err(ApiError::invalid(
             "stream",
             format!(
@@ -395,17 +391,20 @@ pub(super) async fn resume(
     };
     events::after(&events, from).map_err(expired)?;
     let tail = Tail {
-        responses: state.responses.clone(),
+        responses: responses.store.clone(),
         tenant: tenant.to_string(),
         id: id.clone(),
         next: from,
-        deadline: Instant::now() + state.server.request_timeout,
-        heartbeat: state.server.stream_heartbeat,
+        deadline: Instant::now() + streams.request_timeout,
+        heartbeat: streams.heartbeat,
         quiet_since: Instant::now(),
         over: false,
     };
-    let body = futures_util::stream::unfold(tail, Tail::next).map(Ok::<_, Infallible>);
-    Ok(event_stream(Body::from_stream(body), id))
+    let frames = Box::pin(futures_util::stream::unfold(tail, Tail::next));
+    Ok(Reply::Log {
+        id: id.clone(),
+        frames,
+    })
 }
 
 /// A reader of a response that runs on another replica: it follows the events that replica

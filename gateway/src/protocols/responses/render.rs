@@ -17,7 +17,7 @@ use crate::openai::responses::{
 };
 use crate::pipeline::fold::Folded;
 use crate::pipeline::run::{Finished, GenEvent, TokenLogprob};
-use crate::render::Render;
+use crate::protocols::render::{Chunk, Render};
 
 /// Ends `response`: its output, status (`incomplete` when the token limit cut it) and usage.
 pub fn finish(
@@ -134,24 +134,16 @@ fn logprob_values(tokens: &[TokenLogprob]) -> Vec<Value> {
 
 /// An event as an SSE frame: `event: TYPE` and `data: JSON`.
 pub fn sse_frame(event: &Value) -> Bytes {
+    chunk(event).sse()
+}
+
+/// An event as a chunk named by its type.
+fn chunk(event: &Value) -> Chunk {
     let kind = event
         .get("type")
         .and_then(Value::as_str)
         .unwrap_or("message");
-    frame(kind, event)
-}
-
-/// Event `kind` as an SSE frame, its JSON serialised straight into it.
-fn frame(kind: &str, event: &impl Serialize) -> Bytes {
-    let mut out = Vec::with_capacity(256);
-    out.extend_from_slice(b"event: ");
-    out.extend_from_slice(kind.as_bytes());
-    out.extend_from_slice(b"\ndata: ");
-    if serde_json::to_writer(&mut out, event).is_err() {
-        out.extend_from_slice(b"null");
-    }
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
+    Chunk::named(kind.to_string(), event)
 }
 
 /// An event that carries the whole response (`response.created`, `.completed`, ...).
@@ -224,29 +216,29 @@ impl EventRenderer {
         }
     }
 
-    fn emit(&mut self, out: &mut Vec<Bytes>, kind: &str, mut fields: Value) {
+    fn emit(&mut self, out: &mut Vec<Chunk>, kind: &str, mut fields: Value) {
         if let Some(object) = fields.as_object_mut() {
             object.insert("type".into(), Value::String(kind.into()));
             object.insert("sequence_number".into(), json!(self.sequence));
         }
-        out.push(sse_frame(&fields));
+        out.push(chunk(&fields));
         self.sequence += 1;
     }
 
     /// An event that carries the whole response, serialised from it straight into the frame.
-    fn emit_response(&mut self, out: &mut Vec<Bytes>, kind: &str) {
+    fn emit_response(&mut self, out: &mut Vec<Chunk>, kind: &'static str) {
         let event = WithResponse {
             kind,
             sequence_number: self.sequence,
             response: &self.response,
         };
-        out.push(frame(kind, &event));
+        out.push(Chunk::named(kind, &event));
         self.sequence += 1;
     }
 
     /// Reasoning text: opens the reasoning item on its first piece; the text goes out as
     /// summary deltas when a summary was asked for.
-    fn push_reasoning(&mut self, out: &mut Vec<Bytes>, text: &str) {
+    fn push_reasoning(&mut self, out: &mut Vec<Chunk>, text: &str) {
         if self.reasoning.is_none() {
             let r = OpenMessage {
                 index: self.output.len(),
@@ -279,7 +271,7 @@ impl EventRenderer {
         }
     }
 
-    fn close_reasoning(&mut self, out: &mut Vec<Bytes>) {
+    fn close_reasoning(&mut self, out: &mut Vec<Chunk>) {
         let Some(r) = self.reasoning.take() else {
             return;
         };
@@ -312,7 +304,7 @@ impl EventRenderer {
         self.output.push(item);
     }
 
-    fn close_message(&mut self, out: &mut Vec<Bytes>, status: &str) {
+    fn close_message(&mut self, out: &mut Vec<Chunk>, status: &str) {
         let Some(m) = self.message.take() else { return };
         let part = OutputText {
             logprobs: m.logprobs.clone(),
@@ -343,7 +335,7 @@ impl EventRenderer {
 
 impl EventRenderer {
     /// `response.created` and `response.in_progress`.
-    pub fn opening_events(&mut self) -> Vec<Bytes> {
+    pub fn opening_events(&mut self) -> Vec<Chunk> {
         let mut out = Vec::new();
         self.emit_response(&mut out, "response.created");
         self.emit_response(&mut out, "response.in_progress");
@@ -352,7 +344,7 @@ impl EventRenderer {
 
     /// The opening events of a response that waits for its place in the model's queue:
     /// `response.created` and `response.queued`, with status `queued`.
-    pub fn queued_events(&mut self) -> Vec<Bytes> {
+    pub fn queued_events(&mut self) -> Vec<Chunk> {
         let mut out = Vec::new();
         self.response.status = "queued".into();
         self.emit_response(&mut out, "response.created");
@@ -361,7 +353,7 @@ impl EventRenderer {
     }
 
     /// `response.in_progress`, once a queued response got its place.
-    pub fn started_events(&mut self) -> Vec<Bytes> {
+    pub fn started_events(&mut self) -> Vec<Chunk> {
         let mut out = Vec::new();
         self.response.status = "in_progress".into();
         self.emit_response(&mut out, "response.in_progress");
@@ -369,7 +361,7 @@ impl EventRenderer {
     }
 
     /// The events one generation event makes.
-    pub fn events(&mut self, event: &GenEvent) -> Vec<Bytes> {
+    pub fn events(&mut self, event: &GenEvent) -> Vec<Chunk> {
         let mut out = Vec::new();
         match event {
             GenEvent::Reasoning { text, .. } => self.push_reasoning(&mut out, text),
@@ -417,7 +409,7 @@ impl EventRenderer {
                         delta: text,
                         logprobs: &logprobs,
                     };
-                    out.push(frame(delta.kind, &delta));
+                    out.push(Chunk::named(delta.kind, &delta));
                     m.logprobs.extend(logprobs);
                     self.sequence += 1;
                 }
@@ -492,7 +484,7 @@ impl EventRenderer {
     }
 
     /// `response.failed` for a failure after the head.
-    pub fn failure_events(&mut self, error: &ErrorDetail) -> Vec<Bytes> {
+    pub fn failure_events(&mut self, error: &ErrorDetail) -> Vec<Chunk> {
         let mut out = Vec::new();
         self.close_reasoning(&mut out);
         self.close_message(&mut out, "incomplete");
@@ -511,17 +503,15 @@ impl EventRenderer {
 }
 
 impl Render for EventRenderer {
-    fn opening(&mut self) -> Vec<Bytes> {
+    fn opening(&mut self) -> Vec<Chunk> {
         self.opening_events()
     }
 
-    fn event(&mut self, event: &GenEvent) -> Vec<Bytes> {
+    fn event(&mut self, event: &GenEvent) -> Vec<Chunk> {
         self.events(event)
     }
 
-    fn failure(&mut self, error: &ErrorDetail) -> Option<Vec<Bytes>> {
-        let mut out = self.failure_events(error);
-        out.push(Bytes::from_static(b"data: [DONE]\n\n"));
-        Some(out)
+    fn failure(&mut self, error: &ErrorDetail) -> Option<Vec<Chunk>> {
+        Some(self.failure_events(error))
     }
 }

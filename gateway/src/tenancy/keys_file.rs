@@ -20,9 +20,8 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::TenancyConfig;
-use super::tenancy::{RawLimits, endpoints, tenants};
-use crate::tenancy::{Directory, KeyRecord, NameSet, Scopes, keys};
+use super::settings::{RawLimits, TenancyConfig, endpoints, tenants};
+use super::{Directory, KeyRecord, NameSet, Scopes, keys};
 
 /// One stored key as written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

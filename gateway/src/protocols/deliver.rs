@@ -1,63 +1,71 @@
-//! The one place a started generation becomes a response: streamed as server-sent events when
-//! the client asked for a stream, else folded into one answer within the request's deadline.
-//! Either way the request's record accounts it exactly once.
+//! The one place a started generation becomes an answer: a stream of events when the caller
+//! asked for one, else folded into one result within the request's deadline. Either way the
+//! request's record accounts it exactly once.
 
-use axum::response::Response;
-
-use super::sse::{self, Render, Timing};
-use crate::config::ServerConfig;
+use super::StreamSettings;
+use super::render::{self, Events, Render, Timing};
 use crate::error::ApiError;
-use crate::observability::requests::RequestRecord;
+use crate::generation::Generation;
+use crate::generation::record::RequestRecord;
 use crate::pipeline::fold::{self, Folded};
-use crate::pipeline::run::GenStream;
 
 /// A generation, delivered.
-#[derive(Debug)]
 pub enum Delivered<R> {
-    /// The streamed response.
-    Streamed(Response),
+    /// The streamed answer.
+    Streamed(Events),
     /// The whole generation, accounted, with the renderer's data for building the body.
     Folded {
         /// Every choice and the usage.
         folded: Folded,
-        /// The request (its id goes in `x-request-id`).
+        /// The request.
         record: RequestRecord,
         /// What the stream would have been rendered with.
         renderer: R,
     },
 }
 
+impl<R> std::fmt::Debug for Delivered<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Streamed(_) => f.write_str("Streamed"),
+            Self::Folded { folded, .. } => {
+                f.debug_struct("Folded").field("folded", folded).finish()
+            }
+        }
+    }
+}
+
 /// Streams `stream` through `renderer` when `record.stream`, else folds its `choices` choices.
 pub async fn deliver<R: Render>(
-    mut stream: GenStream,
+    mut stream: Generation,
     record: RequestRecord,
-    server: &ServerConfig,
+    settings: StreamSettings,
     choices: usize,
     renderer: R,
 ) -> Result<Delivered<R>, ApiError> {
-    let deadline = record.started + server.request_timeout;
+    let deadline = record.started + settings.request_timeout;
     if record.stream {
-        let first = sse::first_event(
+        let first = render::first_event(
             &mut stream,
-            server.stream_heartbeat,
+            settings.heartbeat,
             deadline,
-            server.request_timeout,
+            settings.request_timeout,
         )
         .await
         .inspect_err(|e| record.failed(e))?;
         let timing = Timing {
             started: record.started,
-            heartbeat: server.stream_heartbeat,
+            heartbeat: settings.heartbeat,
             deadline,
             record,
         };
-        return Ok(Delivered::Streamed(sse::respond(
+        return Ok(Delivered::Streamed(render::events(
             stream, first, renderer, timing,
         )));
     }
     let folded = tokio::time::timeout_at(deadline.into(), fold::fold(stream, choices))
         .await
-        .map_err(|_| ApiError::Timeout(server.request_timeout))
+        .map_err(|_| ApiError::Timeout(settings.request_timeout))
         .and_then(|folded| folded)
         .inspect_err(|e| record.failed(e))?;
     record.ended(folded.totals.prompt, folded.totals.completion);

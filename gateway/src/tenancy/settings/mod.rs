@@ -1,20 +1,65 @@
 //! The tenancy sections of the configuration, as written and validated: `[auth]`, `[plans.*]`,
 //! `[tenants.*]`, `[state]`, `[idempotency]` and `[queue]`. The keys file ([`super::keys_file`])
-//! reuses the plan and tenant shapes.
+//! reuses the plan and tenant shapes. The configuration layer reads the file and hands these
+//! sections here; what they mean is the tenancy's to say.
+
+mod jwt;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::TenancyConfig;
+use super::limits::{FailureMode, FailureModes};
+use super::queue::QueueLimits;
+use super::{Directory, Endpoint, KeyRecord, NameSet, Plan, Scopes, Tenant, keys};
 use crate::idempotency::IdempotencySettings;
 use crate::store::memory::MemoryLimits;
-use crate::tenancy::limits::{FailureMode, FailureModes};
-use crate::tenancy::queue::QueueLimits;
-use crate::tenancy::{Directory, Endpoint, KeyRecord, NameSet, Plan, Scopes, Tenant, keys};
+
+/// Authentication, tenants, limits, state and idempotency, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenancyConfig {
+    /// Whether callers must authenticate (off only when configured so, or in the built-in
+    /// default).
+    pub auth_required: bool,
+    /// Tenants and keys of the configuration file (the keys file adds to them).
+    pub directory: Directory,
+    /// Plans of the configuration file, for tenants of the keys file.
+    pub(crate) plans: BTreeMap<String, RawLimits>,
+    /// The keys file, re-read when it changes.
+    pub keys_file: Option<PathBuf>,
+    /// How often the keys file is checked for changes.
+    pub reload_interval: Duration,
+    /// JWT verification.
+    pub jwt: Option<SharedJwt>,
+    /// The Redis URL; `None` keeps state in memory.
+    pub redis_url: Option<String>,
+    /// Longest wait for the state store.
+    pub state_timeout: Duration,
+    /// Time to live of a concurrency lease (renewed while held).
+    pub lease_ttl: Duration,
+    /// What each feature does when the store fails.
+    pub failure: FailureModes,
+    /// Limits of the in-memory store.
+    pub memory: MemoryLimits,
+    /// Idempotency, unless switched off.
+    pub idempotency: Option<IdempotencySettings>,
+    /// Per-model queue sizes.
+    pub queue: QueueLimits,
+}
+
+/// A JWT verifier shared by clones of the configuration (equal when it is the same one).
+#[derive(Debug, Clone)]
+pub struct SharedJwt(pub std::sync::Arc<crate::tenancy::jwt::JwtVerifier>);
+
+impl PartialEq for SharedJwt {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
 
 /// Limits as written, in a plan or a tenant.
 #[derive(Debug, Default, Clone, PartialEq, Deserialize)]
@@ -181,16 +226,16 @@ pub(crate) fn tenants(
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawAuth {
+pub(crate) struct RawAuth {
     mode: Option<String>,
     keys_file: Option<String>,
     reload_interval_ms: Option<u64>,
-    jwt: Option<super::jwt::RawJwt>,
+    jwt: Option<jwt::RawJwt>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(super) struct RawState {
+pub(crate) struct RawState {
     backend: String,
     redis_url: Option<String>,
     timeout_ms: u64,
@@ -225,7 +270,7 @@ struct RawFailureModes {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(super) struct RawIdempotency {
+pub(crate) struct RawIdempotency {
     enabled: bool,
     ttl_secs: u64,
     join: bool,
@@ -247,7 +292,7 @@ impl Default for RawIdempotency {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(super) struct RawQueue {
+pub(crate) struct RawQueue {
     max_running: usize,
     max_waiting: usize,
 }
@@ -263,7 +308,7 @@ impl Default for RawQueue {
 
 /// The tenancy sections as written.
 #[derive(Debug, Default)]
-pub(super) struct RawTenancy {
+pub(crate) struct RawTenancy {
     pub auth: Option<RawAuth>,
     pub plans: BTreeMap<String, RawLimits>,
     pub tenants: BTreeMap<String, RawLimits>,
@@ -283,7 +328,7 @@ fn mode(value: Option<&str>, default: FailureMode, at: &str) -> Result<FailureMo
 
 impl RawTenancy {
     /// Validates; `builtin` is the built-in local default (authentication off unless asked).
-    pub(super) fn validate(self, base: &Path, builtin: bool) -> Result<TenancyConfig, String> {
+    pub(crate) fn validate(self, base: &Path, builtin: bool) -> Result<TenancyConfig, String> {
         let mode_text = self.auth.as_ref().and_then(|a| a.mode.clone());
         let required = match mode_text.as_deref() {
             Some("required") => true,
@@ -305,10 +350,7 @@ impl RawTenancy {
         let mut directory = Directory::default();
         let env = |name: &str| std::env::var(name).ok();
         tenants(&self.plans, &self.tenants, &env, &mut directory)?;
-        let jwt = auth
-            .jwt
-            .map(|j| super::jwt::verifier(j, base))
-            .transpose()?;
+        let jwt = auth.jwt.map(|j| jwt::verifier(j, base)).transpose()?;
         let keys_file = auth.keys_file.map(|f| base.join(f));
         if required && directory.keys.is_empty() && keys_file.is_none() && jwt.is_none() {
             return Err("auth: authentication is required but no keys, keys_file or jwt are configured, so every request would be refused".into());
@@ -372,7 +414,7 @@ impl RawTenancy {
             reload_interval: Duration::from_millis(
                 auth.reload_interval_ms.unwrap_or(2000).max(100),
             ),
-            jwt: jwt.map(|j| super::SharedJwt(Arc::new(j))),
+            jwt: jwt.map(|j| SharedJwt(Arc::new(j))),
             redis_url: backend,
             state_timeout: Duration::from_millis(state.timeout_ms),
             lease_ttl: Duration::from_millis(state.lease_ms),

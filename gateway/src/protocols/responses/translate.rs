@@ -1,12 +1,18 @@
-//! Translating a Responses request into what the chat pipeline and the response object need:
-//! function tools as chat tools, `tool_choice` and `text.format` in chat form, the settings the
+//! Translating a Responses request into the facade's generation request (under the Responses
+//! API's own parameter names) and what the response object needs: function tools,
+//! `tool_choice` and `text.format`, the settings the
 //! response object echoes, and the refusals of what the gateway does not do.
 
 use serde_json::{Value, json};
 
+use super::input;
 use crate::error::ApiError;
-use crate::openai::chat::{FunctionDefinition, JsonSchemaFormat, ResponseFormat, Tool};
+use crate::generation::{
+    GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, ToolChoice, Tools,
+};
+use crate::openai::chat::{FunctionDefinition, Tool};
 use crate::openai::responses::{ResponseObject, ResponsesRequest};
+use crate::pipeline::{params, prompt};
 
 /// Function tools as chat tools; other tool types are refused.
 pub fn chat_tools(tools: &[Value]) -> Result<Vec<Tool>, ApiError> {
@@ -44,41 +50,106 @@ pub fn chat_tools(tools: &[Value]) -> Result<Vec<Tool>, ApiError> {
         .collect()
 }
 
-/// `tool_choice` in chat form: strings pass; `{type: function, name}` becomes the chat object.
-pub fn chat_tool_choice(choice: Option<&Value>) -> Option<Value> {
+/// `tool_choice`: `auto` (or unset), `none`, or anything else (`required`, a named function),
+/// which would force a call.
+pub fn tool_choice(choice: Option<&Value>) -> ToolChoice {
     match choice {
-        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            Some(
-                json!({"type": "function", "function": {"name": o.get("name").cloned().unwrap_or(Value::Null)}}),
-            )
-        }
-        other => other.cloned(),
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "none" => ToolChoice::None,
+        Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
+        Some(_) => ToolChoice::Forced,
     }
 }
 
-/// `text.format` as a chat `response_format`.
-pub fn chat_format(text: Option<&Value>) -> Result<Option<ResponseFormat>, ApiError> {
+/// `text.format` as the output format.
+pub fn output_format(text: Option<&Value>) -> Result<OutputFormat, ApiError> {
     let Some(format) = text.and_then(|t| t.get("format")) else {
-        return Ok(None);
+        return Ok(OutputFormat::Text);
     };
     match format.get("type").and_then(Value::as_str) {
-        None | Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(ResponseFormat::JsonObject)),
-        Some("json_schema") => Ok(Some(ResponseFormat::JsonSchema {
-            json_schema: JsonSchemaFormat {
-                name: format
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-                schema: format.get("schema").cloned(),
-                strict: format.get("strict").and_then(Value::as_bool),
-            },
-        })),
+        None | Some("text") => Ok(OutputFormat::Text),
+        Some("json_object") => Ok(OutputFormat::JsonObject),
+        Some("json_schema") => Ok(OutputFormat::JsonSchema(
+            format.get("schema").cloned().unwrap_or_else(|| json!({})),
+        )),
         Some(other) => Err(ApiError::invalid(
             "text.format.type",
             format!("'{other}' is not a format; expected text, json_object or json_schema"),
         )),
     }
+}
+
+/// The Responses API's names for the parameters errors point at.
+pub const NAMES: ParamNames = ParamNames {
+    prompt: "input",
+    max_tokens: "max_output_tokens",
+    top_logprobs: "top_logprobs",
+    output: "text.format",
+    schema: "text.format.schema",
+    tool_choice: "tool_choice",
+    reasoning_effort: "reasoning.effort",
+};
+
+/// `req` as the facade's generation request: the conversation `shown` (with the instructions
+/// first) for the chat template, `tools` offered, and the settings under the Responses API's
+/// own names.
+pub fn generation_request(
+    req: &ResponsesRequest,
+    shown: &[Value],
+    tools: &[Tool],
+) -> Result<GenerationRequest, ApiError> {
+    let messages =
+        prompt::template_messages(&input::to_messages(req.instructions.as_deref(), shown))?;
+    let template_tools = match tools {
+        [] => None,
+        tools => Some(prompt::template_tools(tools)?),
+    };
+    let wants_logprobs = req
+        .include
+        .iter()
+        .flatten()
+        .any(|i| i == "message.output_text.logprobs");
+    let logprobs = match (&req.top_logprobs, wants_logprobs) {
+        (_, false) => None,
+        (None, true) => Some(0),
+        (Some(n), true) => Some(params::integer("top_logprobs", n, 0, 20)? as u32),
+    };
+    Ok(GenerationRequest {
+        model: req.model.clone(),
+        prompt: Prompt::Chat {
+            messages,
+            tools: template_tools,
+            template_kwargs: req.chat_template_kwargs.clone(),
+        },
+        sampling: Sampling {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            n: None,
+            seed: req.seed.clone(),
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
+            stop: req.stop.clone(),
+            logit_bias: None,
+            extensions: req.extensions.clone().or(req.nvext.clone()),
+        },
+        max_tokens: req.max_output_tokens.clone(),
+        default_max_tokens: None,
+        logprobs,
+        tools: Tools {
+            names: tools.iter().map(|t| t.function.name.clone()).collect(),
+            choice: tool_choice(req.tool_choice.as_ref()),
+            parallel: req.parallel_tool_calls.unwrap_or(true),
+        },
+        output: output_format(req.text.as_ref())?,
+        reasoning_effort: req
+            .reasoning
+            .as_ref()
+            .and_then(|r| r.get("effort"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        metadata: req.metadata.clone().map(Value::Object),
+        names: NAMES,
+    })
 }
 
 /// Response `id` to `req`, in progress and with no output yet: the request's settings echoed

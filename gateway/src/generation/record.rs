@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use super::metrics;
 use crate::error::ApiError;
+use crate::observability::metrics;
 
 /// A request being served.
 #[derive(Debug)]

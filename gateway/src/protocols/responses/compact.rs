@@ -1,5 +1,5 @@
 //! `POST /v1/responses/compact`: the conversation (a stored response's, the input's, or both)
-//! summarised by the model into a `compaction` item (see [`crate::responses::compaction`]).
+//! summarised by the model into a `compaction` item (see [`super::compaction`]).
 //! The answer's `output` is the conversation's user messages followed by that item; a client
 //! sends it as the input of its next request in place of the turns it replaces.
 //!
@@ -10,33 +10,28 @@
 //! output budget); the instruction itself is never what is left. An empty summary is an error,
 //! not an answer a client would replace its history with. Nothing is stored.
 
-use std::time::Instant;
-
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
 use serde_json::{Value, json};
 
-use super::deliver::{Delivered, deliver};
-use super::extract::JsonBody;
-use super::responses::{begin, conversation, fit, output_reserve};
-use super::{AppState, new_id, unix_now, with_request_id};
+use super::api::{begin, conversation, fit, output_reserve};
+use super::{Responses, compaction};
+use crate::clock::unix_now;
 use crate::error::ApiError;
-use crate::observability::requests::RequestRecord;
+use crate::generation::record::RequestRecord;
+use crate::ids::new_id;
 use crate::openai::responses::{ResponseInput, ResponseUsage, ResponsesRequest};
-use crate::pipeline::run;
-use crate::responses::compaction;
-use crate::tenancy::Caller;
+use crate::pipeline::run::GenEvent;
+use crate::protocols::deliver::{Delivered, deliver};
+use crate::protocols::render::{Chunk, Render};
+use crate::protocols::{Call, Reply};
 
-/// Handles `POST /v1/responses/compact` (`model`, `input`, `previous_response_id`,
-/// `instructions`; the prompt-cache and service-tier hints are accepted and ignored).
+/// `POST /v1/responses/compact` (`model`, `input`, `previous_response_id`, `instructions`;
+/// the prompt-cache and service-tier hints are accepted and ignored).
 pub async fn compact(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    JsonBody(req): JsonBody<ResponsesRequest>,
-) -> Result<Response, ApiError> {
-    let started = Instant::now();
-    let tenant = &caller.principal.tenant.name;
+    call: Call<'_>,
+    responses: &Responses,
+    req: &ResponsesRequest,
+) -> Result<Reply, ApiError> {
+    let tenant = &call.caller.principal.tenant.name;
     let items = match (&req.input, &req.previous_response_id) {
         // The stored conversation alone.
         (None, Some(_)) => {
@@ -44,9 +39,9 @@ pub async fn compact(
                 input: Some(ResponseInput::Items(Vec::new())),
                 ..req.clone()
             };
-            conversation(&state, tenant, &stored_only, None).await?
+            conversation(&responses.store, tenant, &stored_only, None).await?
         }
-        _ => conversation(&state, tenant, &req, None).await?,
+        _ => conversation(&responses.store, tenant, req, None).await?,
     };
     if items.is_empty() {
         return Err(ApiError::invalid(
@@ -55,11 +50,19 @@ pub async fn compact(
         ));
     }
     // The newest of the conversation that fits with the instruction and the summary's budget.
-    let model = state.model(&req.model)?;
-    let budget = output_reserve(&state, &model, &req);
+    let model = call.generator.model_for(call.caller, &req.model)?;
+    let budget = output_reserve(call.generator, &model, req);
     let instruction = json!({"type": "message", "role": "user",
         "content": [{"type": "input_text", "text": compaction::INSTRUCTION}]});
-    let shown = fit(&state, &model, &req, &[], &items, &[instruction], budget);
+    let shown = fit(
+        call.generator,
+        &model,
+        req,
+        &[],
+        &items,
+        &[instruction],
+        budget,
+    );
     let summarise = ResponsesRequest {
         input: Some(ResponseInput::Items(shown)),
         previous_response_id: None,
@@ -77,7 +80,7 @@ pub async fn compact(
         metadata: None,
         ..req.clone()
     };
-    let turn = begin(&state, &caller, &summarise, started, None, true).await?;
+    let turn = begin(call, responses, &summarise, None, true).await?;
     let turn_model = turn.model_id.clone();
     let record = RequestRecord::new(
         turn.id.clone(),
@@ -85,11 +88,11 @@ pub async fn compact(
         turn.model_id.clone(),
         req.user.clone(),
         false,
-        started,
+        call.started,
     );
-    let stream = run::start(turn.job).inspect_err(|e| record.failed(e))?;
+    let stream = turn.prepared.start().inspect_err(|e| record.failed(e))?;
     let Delivered::Folded { folded, record, .. } =
-        deliver(stream, record, &state.server, 1, NoStream).await?
+        deliver(stream, record, call.streams, 1, NoStream).await?
     else {
         return Err(ApiError::Internal {
             detail: "a compaction was streamed".into(),
@@ -119,18 +122,18 @@ pub async fn compact(
         "output": output,
         "usage": ResponseUsage::new(t.prompt, t.completion, t.cached, t.reasoning),
     });
-    Ok(with_request_id(Json(body).into_response(), &record.id))
+    Ok(Reply::json(Some(record.id.clone()), &body))
 }
 
 /// The renderer of a generation that is never streamed.
 struct NoStream;
 
-impl super::sse::Render for NoStream {
-    fn opening(&mut self) -> Vec<axum::body::Bytes> {
+impl Render for NoStream {
+    fn opening(&mut self) -> Vec<Chunk> {
         Vec::new()
     }
 
-    fn event(&mut self, _: &run::GenEvent) -> Vec<axum::body::Bytes> {
+    fn event(&mut self, _: &GenEvent) -> Vec<Chunk> {
         Vec::new()
     }
 }

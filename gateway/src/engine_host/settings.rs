@@ -1,0 +1,66 @@
+//! What the engine host is configured with: the engine plugins to load, the models to serve
+//! over them, and the request defaults every served model starts from. The configuration
+//! layer reads these from its file and hands them here; nothing here reads a file.
+
+use std::path::PathBuf;
+
+use crate::text::tools::ToolCallFormat;
+
+/// Request defaults (the seed's section 18).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Defaults {
+    /// Largest prompt, in tokens.
+    pub max_request_tokens: u32,
+    /// `max_tokens` when a chat request sets none, and the cap of a model without its own.
+    pub max_output_tokens: u32,
+    /// `temperature` when a request sets none.
+    pub temperature: f32,
+    /// `top_p` when a request sets none.
+    pub top_p: f32,
+    /// `presence_penalty` when a request sets none.
+    pub presence_penalty: f32,
+    /// `frequency_penalty` when a request sets none.
+    pub frequency_penalty: f32,
+}
+
+/// One engine plugin to load.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Its name, which models refer to.
+    pub name: String,
+    /// The plugin library.
+    pub plugin: PathBuf,
+    /// The configuration given to the plugin's `create`, as JSON.
+    pub config_json: String,
+}
+
+/// One served model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Public name.
+    pub name: String,
+    /// Release date `YYYY-MM-DD`: the model answers to `name-version`, and `name` names the
+    /// newest version.
+    pub version: Option<String>,
+    /// More public names.
+    pub aliases: Vec<String>,
+    /// The engine that serves it.
+    pub engine: String,
+    /// The model's id inside the engine.
+    pub engine_model: String,
+    /// Folder with `tokenizer.json` and, for chat, the chat template.
+    pub folder: PathBuf,
+    /// Shown as `owned_by`.
+    pub owned_by: Option<String>,
+    /// Shown as `shutdown_date`.
+    pub deprecation_date: Option<String>,
+    /// Context window; the engine's when unset, never more.
+    pub context_length: Option<u32>,
+    /// Most tokens a request may ask for.
+    pub max_output_tokens: u32,
+    /// How the model writes tool calls; without one, requests that offer tools are refused.
+    pub tool_call_parser: Option<ToolCallFormat>,
+    /// The markers around the model's reasoning, for a reasoning model (`reasoning = {}` takes
+    /// `<think>` and `</think>`).
+    pub reasoning: Option<crate::text::reasoning::ReasoningMarkers>,
+}

@@ -1,0 +1,129 @@
+//! The one generation request every protocol translates into: plain data, named in the
+//! gateway's own terms, with the caller's own parameter names kept for errors.
+//!
+//! A protocol's translator fills this from its wire type (chat messages, a Responses
+//! conversation, legacy prompts) and the facade ([`super::Generator`]) checks it against the
+//! model, templates and tokenizes it, and admits it. Nothing here knows HTTP or a wire format
+//! beyond the JSON values a chat template reads.
+
+use serde_json::{Map, Number, Value};
+
+pub use crate::pipeline::params::Sampling;
+
+/// What to generate, before it is checked against the model.
+#[derive(Debug, Clone)]
+pub struct GenerationRequest {
+    /// The public model name the caller asked for.
+    pub model: String,
+    /// The prompt: a conversation for the chat template, or prompts given as text or ids.
+    pub prompt: Prompt,
+    /// Sampling, penalties, `n`, stops.
+    pub sampling: Sampling,
+    /// The most tokens to generate per choice, as the caller wrote it.
+    pub max_tokens: Option<Number>,
+    /// `max_tokens` when the caller set none (`None`: the gateway's default output budget).
+    pub default_max_tokens: Option<u32>,
+    /// Log probabilities: `Some(alternatives per token)` when asked for.
+    pub logprobs: Option<u32>,
+    /// Tools offered to the model, and whether it may call them.
+    pub tools: Tools,
+    /// A shape the output must take.
+    pub output: OutputFormat,
+    /// How hard a reasoning model should think (`none` .. `xhigh`).
+    pub reasoning_effort: Option<String>,
+    /// The caller's metadata (its `priority` orders the model's queue).
+    pub metadata: Option<Value>,
+    /// What the caller calls each parameter, for errors.
+    pub names: ParamNames,
+}
+
+/// A prompt, as the protocol gave it.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// A conversation, rendered by the model's chat template.
+    Chat {
+        /// Messages, already in the template's shape (see `pipeline::prompt`).
+        messages: Vec<Value>,
+        /// Tool definitions the template shows the model, in the template's shape.
+        tools: Option<Value>,
+        /// Extra variables for the template.
+        template_kwargs: Option<Map<String, Value>>,
+    },
+    /// One to many prompts: a string, strings, token ids, or lists of token ids.
+    Texts(Value),
+}
+
+/// Tools offered, and how the model may use them.
+#[derive(Debug, Clone, Default)]
+pub struct Tools {
+    /// Names of the functions offered (empty: none).
+    pub names: Vec<String>,
+    /// Whether the model may call them.
+    pub choice: ToolChoice,
+    /// Whether one choice may call several.
+    pub parallel: bool,
+}
+
+/// Whether the model may call the tools offered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// It decides.
+    #[default]
+    Auto,
+    /// It may not (and is not shown them).
+    None,
+    /// It must call one (refused: no engine can be made to).
+    Forced,
+}
+
+/// A shape the output must take.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum OutputFormat {
+    /// Free text.
+    #[default]
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON matching this schema.
+    JsonSchema(Value),
+}
+
+/// The caller's names for the parameters errors point at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamNames {
+    /// The prompt (`messages`, `prompt`, `input`).
+    pub prompt: &'static str,
+    /// The output budget (`max_tokens`, `max_completion_tokens`, `max_output_tokens`).
+    pub max_tokens: &'static str,
+    /// Alternatives per token (`top_logprobs`, `logprobs`).
+    pub top_logprobs: &'static str,
+    /// The output format (`response_format`, `text.format`).
+    pub output: &'static str,
+    /// The output's JSON Schema (`response_format.json_schema.schema`, `text.format.schema`).
+    pub schema: &'static str,
+    /// The tool choice (`tool_choice`).
+    pub tool_choice: &'static str,
+    /// The reasoning effort (`reasoning_effort`, `reasoning.effort`).
+    pub reasoning_effort: &'static str,
+}
+
+impl ParamNames {
+    /// Chat completions' names (`max_tokens` for the budget; see [`Self::with_max_tokens`]).
+    pub const CHAT: Self = Self {
+        prompt: "messages",
+        max_tokens: "max_tokens",
+        top_logprobs: "top_logprobs",
+        output: "response_format",
+        schema: "response_format.json_schema.schema",
+        tool_choice: "tool_choice",
+        reasoning_effort: "reasoning_effort",
+    };
+
+    /// These names, with the budget called `name`.
+    pub const fn with_max_tokens(self, name: &'static str) -> Self {
+        Self {
+            max_tokens: name,
+            ..self
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! Legacy completions (`POST /v1/completions`): prompts in four forms, `n` choices each, `echo`, logprobs
+//! in the legacy format.
+
+use serde_json::{Map, Value};
+
+use super::deliver::{Delivered, deliver};
+use super::render::{Chunk, Render};
+use super::{Call, Reply};
+use crate::clock::unix_now;
+use crate::error::ApiError;
+use crate::generation::record::RequestRecord;
+use crate::generation::{GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Tools};
+use crate::ids::new_id;
+use crate::openai::common::{CompletionLogprobs, Usage};
+use crate::openai::completions::{Completion, CompletionChoice, CompletionRequest};
+use crate::pipeline::params;
+use crate::pipeline::run::{self, GenEvent, TokenLogprob};
+
+/// OpenAI's default `max_tokens` for legacy completions.
+const LEGACY_DEFAULT_MAX_TOKENS: u32 = 16;
+
+/// Log probabilities in the legacy format; `offsets` are the tokens' character offsets.
+fn legacy_logprobs(tokens: &[TokenLogprob], offsets: &[u64]) -> CompletionLogprobs {
+    CompletionLogprobs {
+        tokens: tokens.iter().map(|t| t.token.clone()).collect(),
+        token_logprobs: tokens.iter().map(|t| Some(t.logprob)).collect(),
+        top_logprobs: tokens
+            .iter()
+            .map(|t| {
+                Some(
+                    t.top
+                        .iter()
+                        .map(|(tok, _, lp)| (tok.clone(), Value::from(f64::from(*lp))))
+                        .collect::<Map<_, _>>(),
+                )
+            })
+            .collect(),
+        text_offset: offsets.to_vec(),
+    }
+}
+
+/// `logprobs`: an integer 0..=20 (OpenAI allows 5; more is accepted here), or `true`/`false`.
+fn requested_logprobs(value: Option<&Value>) -> Result<Option<u32>, ApiError> {
+    match value {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(None),
+        Some(Value::Bool(true)) => Ok(Some(0)),
+        Some(Value::Number(n)) => Ok(Some(params::integer("logprobs", n, 0, 20)? as u32)),
+        Some(_) => Err(ApiError::invalid(
+            "logprobs",
+            "'logprobs' must be an integer from 0 to 20",
+        )),
+    }
+}
+
+/// The legacy request as the facade's generation request, and whether to echo the prompts.
+pub fn generation_request(req: &CompletionRequest) -> Result<(GenerationRequest, bool), ApiError> {
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::unsupported(
+            "suffix",
+            "'suffix' (insertion) is not supported",
+        ));
+    }
+    if let Some(best_of) = &req.best_of {
+        let best_of = params::integer("best_of", best_of, 1, i64::from(params::MAX_N))? as u32;
+        let n = match &req.n {
+            Some(n) => params::integer("n", n, 1, i64::from(params::MAX_N))? as u32,
+            None => 1,
+        };
+        if best_of != 1 && best_of != n {
+            return Err(ApiError::unsupported(
+                "best_of",
+                "'best_of' other than 1 or n is not supported",
+            ));
+        }
+    }
+    let echo = req.echo.unwrap_or(false);
+    let logprobs = requested_logprobs(req.logprobs.as_ref())?;
+    if echo && logprobs.is_some() {
+        return Err(ApiError::unsupported(
+            "echo",
+            "'echo' together with 'logprobs' is not supported",
+        ));
+    }
+    let generation = GenerationRequest {
+        model: req.model.clone(),
+        prompt: Prompt::Texts(req.prompt.clone()),
+        sampling: Sampling {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            n: req.n.clone(),
+            seed: req.seed.clone(),
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
+            stop: req.stop.clone(),
+            logit_bias: req.logit_bias.clone(),
+            extensions: req.extensions.clone().or(req.nvext.clone()),
+        },
+        max_tokens: req.max_tokens.clone(),
+        default_max_tokens: Some(LEGACY_DEFAULT_MAX_TOKENS),
+        logprobs,
+        tools: Tools::default(),
+        output: OutputFormat::Text,
+        reasoning_effort: None,
+        metadata: req.metadata.clone(),
+        names: ParamNames {
+            prompt: "prompt",
+            top_logprobs: "logprobs",
+            ..ParamNames::CHAT
+        },
+    };
+    Ok((generation, echo))
+}
+
+/// Runs a legacy completion: its choices, or a stream of them.
+pub async fn complete(call: Call<'_>, req: &CompletionRequest) -> Result<Reply, ApiError> {
+    let (generation, echo) = generation_request(req)?;
+    let id = new_id("cmpl-");
+    let prepared = call
+        .generator
+        .prepare(call.caller, &generation, &id, call.started, true)
+        .await?;
+    let (n, logprobs, prompts) = (prepared.n, prepared.logprobs, prepared.prompts());
+    let model = std::sync::Arc::clone(&prepared.model);
+    let echoes = if echo {
+        prepared.prompt_texts.clone()
+    } else {
+        Vec::new()
+    };
+    let record = RequestRecord::new(
+        id.clone(),
+        "completions",
+        model.id.clone(),
+        req.user.clone(),
+        req.stream.unwrap_or(false),
+        call.started,
+    );
+    let stream = prepared.start().inspect_err(|e| record.failed(e))?;
+    let renderer = CompletionRenderer {
+        id: id.clone(),
+        created: unix_now(),
+        model: req.model.clone(),
+        fingerprint: model.fingerprint.clone(),
+        n,
+        echoes,
+        include_usage: req
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+        logprobs: logprobs.is_some(),
+        offsets: vec![0; prompts * n as usize],
+    };
+    let choices = prompts * n as usize;
+    let (folded, renderer) = match deliver(stream, record, call.streams, choices, renderer).await? {
+        Delivered::Streamed(events) => return Ok(Reply::Events { id, events }),
+        Delivered::Folded {
+            folded, renderer, ..
+        } => (folded, renderer),
+    };
+    let choices = folded
+        .choices
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let prefix = renderer
+                .echoes
+                .get(i / n as usize)
+                .cloned()
+                .unwrap_or_default();
+            CompletionChoice {
+                text: prefix + &c.text,
+                index: i as u32,
+                logprobs: logprobs.map(|_| legacy_logprobs(&c.logprobs, &c.text_offsets)),
+                finish_reason: Some(c.finish.unwrap_or(run::Finished::Stop).as_str()),
+            }
+        })
+        .collect();
+    let t = folded.totals;
+    let body = Completion {
+        id: renderer.id,
+        object: "text_completion",
+        created: renderer.created,
+        model: renderer.model,
+        system_fingerprint: renderer.fingerprint,
+        choices,
+        usage: Some(Some(Usage::new(t.prompt, t.completion, t.cached))),
+    };
+    Ok(Reply::json(Some(id), &body))
+}
+
+struct CompletionRenderer {
+    id: String,
+    created: u64,
+    model: String,
+    fingerprint: String,
+    n: u32,
+    /// Prompt texts to repeat first, one per prompt (empty without `echo`).
+    echoes: Vec<String>,
+    include_usage: bool,
+    logprobs: bool,
+    /// Characters sent so far per choice (for `text_offset`).
+    offsets: Vec<u64>,
+}
+
+impl CompletionRenderer {
+    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> Chunk {
+        let chunk = Completion {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: self.fingerprint.clone(),
+            choices,
+            usage: self.include_usage.then_some(usage),
+        };
+        Chunk::data(&chunk)
+    }
+}
+
+impl Render for CompletionRenderer {
+    fn opening(&mut self) -> Vec<Chunk> {
+        let mut out = Vec::new();
+        for (p, text) in self.echoes.clone().iter().enumerate() {
+            for j in 0..self.n {
+                let index = p as u32 * self.n + j;
+                out.push(self.chunk(
+                    vec![CompletionChoice {
+                        text: text.clone(),
+                        index,
+                        logprobs: None,
+                        finish_reason: None,
+                    }],
+                    None,
+                ));
+            }
+        }
+        out
+    }
+
+    fn event(&mut self, event: &GenEvent) -> Vec<Chunk> {
+        match event {
+            GenEvent::Text {
+                choice,
+                text,
+                logprobs,
+            } => {
+                let base = self.offsets.get(*choice as usize).copied().unwrap_or(0);
+                let offsets: Vec<u64> = std::iter::repeat_n(base, logprobs.len()).collect();
+                if let Some(sent) = self.offsets.get_mut(*choice as usize) {
+                    *sent += text.chars().count() as u64;
+                }
+                let logprobs = self.logprobs.then(|| legacy_logprobs(logprobs, &offsets));
+                vec![self.chunk(
+                    vec![CompletionChoice {
+                        text: text.clone(),
+                        index: *choice,
+                        logprobs,
+                        finish_reason: None,
+                    }],
+                    None,
+                )]
+            }
+            GenEvent::Finish { choice, reason } => {
+                let choice = CompletionChoice {
+                    text: String::new(),
+                    index: *choice,
+                    logprobs: None,
+                    finish_reason: Some(reason.as_str()),
+                };
+                vec![self.chunk(vec![choice], None)]
+            }
+            GenEvent::Usage(t) if self.include_usage => vec![self.chunk(
+                Vec::new(),
+                Some(Usage::new(t.prompt, t.completion, t.cached)),
+            )],
+            GenEvent::Usage(_)
+            | GenEvent::Error(_)
+            | GenEvent::ToolCall { .. }
+            | GenEvent::Reasoning { .. } => Vec::new(),
+        }
+    }
+}
