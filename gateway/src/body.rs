@@ -18,10 +18,10 @@ use crate::observability::metrics;
 /// The error a body past its deadline fails with.
 #[derive(Debug, thiserror::Error)]
 #[error("the request body was not received within {0:?}")]
-pub struct BodyTimedOut(pub Duration);
+pub(crate) struct BodyTimedOut(pub Duration);
 
 /// `body`, failing with [`BodyTimedOut`] unless it ends within `timeout` from now.
-pub fn with_deadline(body: Body, timeout: Duration) -> Body {
+pub(crate) fn with_deadline(body: Body, timeout: Duration) -> Body {
     let deadline = Instant::now() + timeout;
     let frames = body.into_data_stream();
     let timed = futures_util::stream::unfold(Some(frames), move |frames| async move {
@@ -40,7 +40,7 @@ pub fn with_deadline(body: Body, timeout: Duration) -> Body {
 }
 
 /// Reads a whole body of at most `limit` bytes: 413 past the limit, 408 past its deadline.
-pub async fn read(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) async fn read(body: Body, limit: usize) -> Result<Bytes, ApiError> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
         while let Some(cause) = source {
@@ -58,7 +58,7 @@ pub async fn read(body: Body, limit: usize) -> Result<Bytes, ApiError> {
 
 /// Whether a `Content-Type` value names JSON (`application/json` or `application/*+json`, with
 /// any parameters).
-pub fn is_json(content_type: &str) -> bool {
+pub(crate) fn is_json(content_type: &str) -> bool {
     let essence = content_type
         .split(';')
         .next()

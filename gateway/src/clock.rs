@@ -4,14 +4,14 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Seconds since the Unix epoch (0 if the clock is before it).
-pub fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
 /// `250ms`, `1.5s`, `6m0s`, `2h3m0s`.
-pub fn format_reset(d: Duration) -> String {
+pub(crate) fn format_reset(d: Duration) -> String {
     let ms = d.as_millis();
     if ms < 1000 {
         return format!("{ms}ms");

@@ -4,22 +4,24 @@
 //! `main.rs` only parses the command line and calls [`cli::run`]; everything else lives here so
 //! tests can drive it in-process.
 
-pub mod body;
+#![warn(missing_docs, unreachable_pub)]
+
+pub(crate) mod body;
 pub mod cli;
-pub mod clock;
+pub(crate) mod clock;
 pub mod config;
 pub mod engine_host;
-pub mod error;
-pub mod generation;
-pub mod idempotency;
-pub mod ids;
+pub(crate) mod error;
+pub(crate) mod generation;
+pub(crate) mod idempotency;
+pub(crate) mod ids;
 pub mod listener;
 pub mod observability;
-pub mod openai;
-pub mod pipeline;
-pub mod protocols;
+pub(crate) mod openai;
+pub(crate) mod pipeline;
+pub(crate) mod protocols;
 pub mod routes;
 pub mod server;
-pub mod store;
+pub(crate) mod store;
 pub mod tenancy;
 pub mod text;

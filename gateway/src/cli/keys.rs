@@ -130,7 +130,7 @@ fn new_key() -> Result<(String, String), KeysError> {
 }
 
 /// Runs a keys subcommand.
-pub fn run(command: KeysCommand, out: &mut dyn Write) -> Result<(), KeysError> {
+pub(super) fn run(command: KeysCommand, out: &mut dyn Write) -> Result<(), KeysError> {
     let key = match command {
         KeysCommand::Generate => new_key()?.0,
         KeysCommand::Create(args) => {

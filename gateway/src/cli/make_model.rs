@@ -41,7 +41,7 @@ pub enum MakeModelError {
 }
 
 /// Runs the command.
-pub fn run(args: &MakeModelArgs, out: &mut dyn Write) -> Result<(), MakeModelError> {
+pub(super) fn run(args: &MakeModelArgs, out: &mut dyn Write) -> Result<(), MakeModelError> {
     let names: Vec<&str> = presets().iter().map(|p| p.name).collect();
     if args.list {
         for p in presets() {

@@ -10,7 +10,7 @@ use crate::observability::metrics;
 
 /// A request being served.
 #[derive(Debug)]
-pub struct RequestRecord {
+pub(crate) struct RequestRecord {
     /// The response id (`chatcmpl-...`), also sent as `x-request-id`.
     pub id: String,
     /// `chat`, `completions` or `embeddings`.
@@ -29,7 +29,7 @@ pub struct RequestRecord {
 
 impl RequestRecord {
     /// A record of a request that arrived at `started`.
-    pub fn new(
+    pub(crate) fn new(
         id: String,
         endpoint: &'static str,
         model: String,
@@ -49,7 +49,7 @@ impl RequestRecord {
     }
 
     /// The request ended with these token counts.
-    pub fn ended(&self, prompt_tokens: u64, completion_tokens: u64) {
+    pub(crate) fn ended(&self, prompt_tokens: u64, completion_tokens: u64) {
         self.settled.store(true, Ordering::Relaxed);
         metrics::tokens(&self.model, prompt_tokens, completion_tokens);
         tracing::info!(
@@ -67,7 +67,7 @@ impl RequestRecord {
     }
 
     /// The request failed after it was accepted.
-    pub fn failed(&self, error: &ApiError) {
+    pub(crate) fn failed(&self, error: &ApiError) {
         self.settled.store(true, Ordering::Relaxed);
         tracing::info!(
             target: "turnpike::request",

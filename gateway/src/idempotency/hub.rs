@@ -22,7 +22,7 @@ const CHECK_EVERY: Duration = Duration::from_millis(250);
 
 /// How a pumped response ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ended {
+pub(crate) enum Ended {
     /// Every chunk was read; the chunks, unless they outgrew the limit.
     Completed {
         /// The response failed (its status, or an error event mid-stream).
@@ -50,11 +50,11 @@ struct State {
 /// when every listener left, the hub keeps recording it to its end, so a retry with the same key
 /// replays it instead of starting the work a second time.
 #[derive(Debug, Clone, Copy)]
-pub struct Detached;
+pub(crate) struct Detached;
 
 /// A response being produced for one or more listeners.
 #[derive(Debug)]
-pub struct Hub {
+pub(crate) struct Hub {
     state: Mutex<State>,
     head: watch::Sender<Option<(StatusCode, HeaderMap)>>,
     max_bytes: usize,
@@ -67,7 +67,7 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 
 /// A listener: the chunks so far, then the live ones.
 #[derive(Debug)]
-pub struct Listener {
+pub(crate) struct Listener {
     head: watch::Receiver<Option<(StatusCode, HeaderMap)>>,
     backlog: Vec<Bytes>,
     rx: mpsc::Receiver<Bytes>,
@@ -75,7 +75,7 @@ pub struct Listener {
 
 impl Hub {
     /// A hub that keeps at most `max_bytes` of chunks.
-    pub fn new(max_bytes: usize) -> Arc<Self> {
+    pub(crate) fn new(max_bytes: usize) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::default(),
             head: watch::Sender::new(None),
@@ -84,7 +84,7 @@ impl Hub {
     }
 
     /// A new listener, or `None` when the start of the response is no longer kept.
-    pub fn listen(&self) -> Option<Listener> {
+    pub(crate) fn listen(&self) -> Option<Listener> {
         let mut state = lock(&self.state);
         if state.overflow || state.deserted {
             return None;
@@ -102,7 +102,7 @@ impl Hub {
 
     /// Pumps `response` to the listeners until it ends or they all leave. `keep_alive` runs
     /// every `tick` while it lasts (to extend the store's lease).
-    pub async fn pump(
+    pub(crate) async fn pump(
         &self,
         response: Response,
         tick: Duration,
@@ -154,7 +154,7 @@ impl Hub {
 
     /// Completes once no listener is left (checked every [`CHECK_EVERY`]), for a response not
     /// yet started; from then on no one may join.
-    pub async fn deserted(&self) {
+    pub(crate) async fn deserted(&self) {
         let mut check = tokio::time::interval(CHECK_EVERY);
         loop {
             check.tick().await;
@@ -217,7 +217,7 @@ fn listening(state: &mut State) -> bool {
 impl Listener {
     /// The response this listener reads, once the head is known (`None` if the producer
     /// vanished first).
-    pub async fn into_response(mut self) -> Option<(StatusCode, HeaderMap, Body)> {
+    pub(crate) async fn into_response(mut self) -> Option<(StatusCode, HeaderMap, Body)> {
         let head = self.head.wait_for(Option::is_some).await.ok()?.clone()?;
         let backlog = futures_util::stream::iter(self.backlog.into_iter().map(Ok));
         let live = futures_util::stream::unfold(self.rx, |mut rx| async move {
@@ -232,4 +232,4 @@ impl Listener {
 /// Set when a streamed response ended with an error event (its status was already 200), so a
 /// recorder of the response knows it did not succeed.
 #[derive(Debug, Clone, Default)]
-pub struct StreamFailed(pub std::sync::Arc<std::sync::atomic::AtomicBool>);
+pub(crate) struct StreamFailed(pub std::sync::Arc<std::sync::atomic::AtomicBool>);

@@ -21,8 +21,8 @@
 //! record and replays it. Requests with `store: false` are deduplicated the same way; their
 //! content is kept no longer than the record's time to live.
 
-pub mod hub;
-pub mod record;
+pub(crate) mod hub;
+pub(crate) mod record;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

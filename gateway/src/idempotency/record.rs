@@ -9,10 +9,10 @@ use sha2::{Digest, Sha256};
 use crate::error::ApiError;
 
 /// Longest accepted `Idempotency-Key`.
-pub const MAX_KEY_LEN: usize = 255;
+pub(crate) const MAX_KEY_LEN: usize = 255;
 
 /// The `Idempotency-Key` of a request: `None` without one, an error when malformed.
-pub fn key(headers: &HeaderMap) -> Option<Result<String, ApiError>> {
+pub(crate) fn key(headers: &HeaderMap) -> Option<Result<String, ApiError>> {
     let mut values = headers.get_all("idempotency-key").iter();
     let value = values.next()?;
     let bad = |message: String| {
@@ -32,7 +32,7 @@ pub fn key(headers: &HeaderMap) -> Option<Result<String, ApiError>> {
 
 /// An idempotency key as given (a header's value, a WebSocket message's field), checked: 1 to
 /// [`MAX_KEY_LEN`] printable ASCII characters without spaces.
-pub fn valid_key(bytes: &[u8]) -> Result<String, String> {
+pub(crate) fn valid_key(bytes: &[u8]) -> Result<String, String> {
     if bytes.is_empty() || bytes.len() > MAX_KEY_LEN {
         return Err(format!(
             "The Idempotency-Key must be 1 to {MAX_KEY_LEN} characters long (it has {}).",
@@ -48,7 +48,7 @@ pub fn valid_key(bytes: &[u8]) -> Result<String, String> {
 }
 
 /// Hex SHA-256.
-pub fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes)
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -58,7 +58,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// The fingerprint of a request: its method, path and body, where a JSON body counts by its
 /// content (object keys sorted, whitespace ignored), so a client that re-serialises the same
 /// request is not refused.
-pub fn fingerprint(method: &str, path: &str, body: &[u8]) -> String {
+pub(crate) fn fingerprint(method: &str, path: &str, body: &[u8]) -> String {
     let canonical = match serde_json::from_slice::<Value>(body) {
         Ok(value) => {
             let mut out = Vec::with_capacity(body.len());
@@ -113,7 +113,7 @@ fn write_canonical(value: &Value, out: &mut Vec<u8>) {
 /// A response as recorded: status, headers, and the body's chunks (an event stream keeps its
 /// events apart, so a replay streams as the original did).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     /// HTTP status.
     pub status: u16,
     /// Headers, in order.
@@ -124,7 +124,7 @@ pub struct Recorded {
 
 impl Recorded {
     /// The headers worth replaying (not those of the transport).
-    pub fn keep_headers(headers: &HeaderMap) -> Vec<(String, String)> {
+    pub(crate) fn keep_headers(headers: &HeaderMap) -> Vec<(String, String)> {
         headers
             .iter()
             .filter(|(name, _)| {
@@ -138,7 +138,7 @@ impl Recorded {
     }
 
     /// The status and headers as HTTP types.
-    pub fn head(&self) -> (StatusCode, HeaderMap) {
+    pub(crate) fn head(&self) -> (StatusCode, HeaderMap) {
         let mut headers = HeaderMap::new();
         for (name, value) in &self.headers {
             if let (Ok(n), Ok(v)) = (

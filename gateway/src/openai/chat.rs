@@ -7,7 +7,7 @@ use super::common::{ChatLogprobs, Extensions, StopParam, StreamOptions, Usage};
 
 /// The request body.
 #[derive(Debug, Clone, Deserialize)]
-pub struct ChatCompletionRequest {
+pub(crate) struct ChatCompletionRequest {
     /// Model name.
     pub model: String,
     /// The conversation.
@@ -89,7 +89,7 @@ pub struct ChatCompletionRequest {
 /// One message of the conversation.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "role", rename_all = "lowercase")]
-pub enum ChatMessage {
+pub(crate) enum ChatMessage {
     /// Instructions.
     System {
         /// The text.
@@ -138,7 +138,7 @@ pub enum ChatMessage {
 /// Message content: text, or a list of parts.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
-pub enum Content {
+pub(crate) enum Content {
     /// Plain text.
     Text(String),
     /// Typed parts.
@@ -148,30 +148,18 @@ pub enum Content {
 /// A part of message content.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum ContentPart {
+pub(crate) enum ContentPart {
     /// Text.
     Text {
         /// The text.
         text: String,
     },
-    /// An image (unsupported by text models).
-    ImageUrl {
-        /// The image.
-        #[serde(default)]
-        image_url: Value,
-    },
-    /// Audio (unsupported by text models).
-    InputAudio {
-        /// The audio.
-        #[serde(default)]
-        input_audio: Value,
-    },
-    /// A file (unsupported by text models).
-    File {
-        /// The file.
-        #[serde(default)]
-        file: Value,
-    },
+    /// An image (unsupported by text models; its data is not read).
+    ImageUrl {},
+    /// Audio (unsupported by text models; its data is not read).
+    InputAudio {},
+    /// A file (unsupported by text models; its data is not read).
+    File {},
     /// A refusal (in assistant messages).
     Refusal {
         /// The refusal text.
@@ -181,7 +169,7 @@ pub enum ContentPart {
 
 /// A tool the model may call.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Tool {
+pub(crate) struct Tool {
     /// Always `function`.
     #[serde(rename = "type")]
     pub kind: String,
@@ -191,7 +179,7 @@ pub struct Tool {
 
 /// A callable function.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FunctionDefinition {
+pub(crate) struct FunctionDefinition {
     /// Its name.
     pub name: String,
     /// What it does.
@@ -207,7 +195,7 @@ pub struct FunctionDefinition {
 
 /// A tool call in an assistant message.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ToolCall {
+pub(crate) struct ToolCall {
     /// Call id.
     pub id: String,
     /// Always `function`.
@@ -219,7 +207,7 @@ pub struct ToolCall {
 
 /// The function called and its arguments (a JSON string).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FunctionCall {
+pub(crate) struct FunctionCall {
     /// Function name.
     pub name: String,
     /// Arguments as JSON text.
@@ -229,7 +217,7 @@ pub struct FunctionCall {
 /// `response_format`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum ResponseFormat {
+pub(crate) enum ResponseFormat {
     /// Free text.
     Text,
     /// Any JSON object.
@@ -241,23 +229,18 @@ pub enum ResponseFormat {
     },
 }
 
-/// The schema of `response_format: json_schema`.
+/// The schema of `response_format: json_schema` (its `name` and `strict` are accepted and
+/// not read: the schema is always enforced exactly).
 #[derive(Debug, Clone, Deserialize)]
-pub struct JsonSchemaFormat {
-    /// Schema name.
-    #[serde(default)]
-    pub name: Option<String>,
+pub(crate) struct JsonSchemaFormat {
     /// The schema.
     #[serde(default)]
     pub schema: Option<Value>,
-    /// Enforce it exactly.
-    #[serde(default)]
-    pub strict: Option<bool>,
 }
 
 /// The non-streaming response.
 #[derive(Debug, Clone, Serialize)]
-pub struct ChatCompletion {
+pub(crate) struct ChatCompletion {
     /// `chatcmpl-...`.
     pub id: String,
     /// Always `chat.completion`.
@@ -276,7 +259,7 @@ pub struct ChatCompletion {
 
 /// One answer.
 #[derive(Debug, Clone, Serialize)]
-pub struct ChatChoice {
+pub(crate) struct ChatChoice {
     /// Choice index.
     pub index: u32,
     /// The message.
@@ -289,7 +272,7 @@ pub struct ChatChoice {
 
 /// The assistant's message.
 #[derive(Debug, Clone, Serialize)]
-pub struct AssistantMessage {
+pub(crate) struct AssistantMessage {
     /// Always `assistant`.
     pub role: &'static str,
     /// The text.
@@ -306,7 +289,7 @@ pub struct AssistantMessage {
 
 /// A stream chunk.
 #[derive(Debug, Clone, Serialize)]
-pub struct ChatCompletionChunk {
+pub(crate) struct ChatCompletionChunk {
     /// Same id in every chunk.
     pub id: String,
     /// Always `chat.completion.chunk`.
@@ -326,7 +309,7 @@ pub struct ChatCompletionChunk {
 
 /// One choice's part of a chunk.
 #[derive(Debug, Clone, Serialize)]
-pub struct ChunkChoice {
+pub(crate) struct ChunkChoice {
     /// Choice index.
     pub index: u32,
     /// New text (and the role, in a choice's first chunk).
@@ -339,7 +322,7 @@ pub struct ChunkChoice {
 
 /// The change a chunk carries.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Delta {
+pub(crate) struct Delta {
     /// `assistant` in a choice's first chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
@@ -360,7 +343,7 @@ pub struct Delta {
 /// A piece of a streamed tool call: the first names the call (`id`, `type`, `function.name`),
 /// later ones add to `function.arguments`.
 #[derive(Debug, Clone, Serialize)]
-pub struct ToolCallDelta {
+pub(crate) struct ToolCallDelta {
     /// The call's index within the choice.
     pub index: u32,
     /// `call_...`, in the first piece.
@@ -375,7 +358,7 @@ pub struct ToolCallDelta {
 
 /// The function part of a [`ToolCallDelta`].
 #[derive(Debug, Clone, Serialize)]
-pub struct FunctionCallDelta {
+pub(crate) struct FunctionCallDelta {
     /// The name, in the first piece.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,

@@ -19,7 +19,7 @@ pub enum StopParam {
 
 /// `stream_options`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub struct StreamOptions {
+pub(crate) struct StreamOptions {
     /// Send a last chunk with the usage of the whole request.
     #[serde(default)]
     pub include_usage: Option<bool>,
@@ -62,7 +62,7 @@ impl Extensions {
 
 /// Token counts of a response.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// Prompt tokens, counted by the gateway.
     pub prompt_tokens: u64,
     /// Generated tokens, counted by the engine.
@@ -79,21 +79,21 @@ pub struct Usage {
 
 /// Reasoning part of the generated tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct CompletionTokensDetails {
+pub(crate) struct CompletionTokensDetails {
     /// Generated tokens that were reasoning.
     pub reasoning_tokens: u64,
 }
 
 /// Cached part of the prompt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct PromptTokensDetails {
+pub(crate) struct PromptTokensDetails {
     /// Prompt tokens served from a prefix cache.
     pub cached_tokens: u64,
 }
 
 impl Usage {
     /// Usage from the three counts.
-    pub fn new(prompt: u64, completion: u64, cached: u64) -> Self {
+    pub(crate) fn new(prompt: u64, completion: u64, cached: u64) -> Self {
         Self {
             prompt_tokens: prompt,
             completion_tokens: completion,
@@ -107,7 +107,7 @@ impl Usage {
 
     /// The same, with the reasoning part of the generated tokens (shown when there is one).
     #[must_use]
-    pub fn with_reasoning(mut self, reasoning: u64) -> Self {
+    pub(crate) fn with_reasoning(mut self, reasoning: u64) -> Self {
         self.completion_tokens_details = (reasoning > 0).then_some(CompletionTokensDetails {
             reasoning_tokens: reasoning,
         });
@@ -117,7 +117,7 @@ impl Usage {
 
 /// One token in the chat `logprobs.content` format.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ChatTokenLogprob {
+pub(crate) struct ChatTokenLogprob {
     /// The token's text.
     pub token: String,
     /// Its log probability.
@@ -130,7 +130,7 @@ pub struct ChatTokenLogprob {
 
 /// An alternative token.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ChatTopLogprob {
+pub(crate) struct ChatTopLogprob {
     /// The token's text.
     pub token: String,
     /// Its log probability.
@@ -141,7 +141,7 @@ pub struct ChatTopLogprob {
 
 /// Chat `logprobs`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct ChatLogprobs {
+pub(crate) struct ChatLogprobs {
     /// One entry per generated token.
     pub content: Vec<ChatTokenLogprob>,
     /// Always null (no refusals).
@@ -150,7 +150,7 @@ pub struct ChatLogprobs {
 
 /// Legacy completions `logprobs`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct CompletionLogprobs {
+pub(crate) struct CompletionLogprobs {
     /// Token texts.
     pub tokens: Vec<String>,
     /// Their log probabilities.

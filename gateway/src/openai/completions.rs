@@ -7,7 +7,7 @@ use super::common::{CompletionLogprobs, Extensions, StopParam, StreamOptions, Us
 
 /// The request body.
 #[derive(Debug, Clone, Deserialize)]
-pub struct CompletionRequest {
+pub(crate) struct CompletionRequest {
     /// Model name.
     pub model: String,
     /// A string, a list of strings, token ids, or a list of token id lists.
@@ -73,7 +73,7 @@ pub struct CompletionRequest {
 
 /// The non-streaming response, and (with `object` the same) each stream chunk.
 #[derive(Debug, Clone, Serialize)]
-pub struct Completion {
+pub(crate) struct Completion {
     /// `cmpl-...`, the same in every chunk.
     pub id: String,
     /// Always `text_completion`.
@@ -94,7 +94,7 @@ pub struct Completion {
 
 /// One choice.
 #[derive(Debug, Clone, Serialize)]
-pub struct CompletionChoice {
+pub(crate) struct CompletionChoice {
     /// The text (in a stream: the new part).
     pub text: String,
     /// Choice index (prompt index times n, plus the choice within the prompt).

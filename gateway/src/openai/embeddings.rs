@@ -5,7 +5,7 @@ use serde_json::{Number, Value};
 
 /// The request body.
 #[derive(Debug, Clone, Deserialize)]
-pub struct EmbeddingRequest {
+pub(crate) struct EmbeddingRequest {
     /// Model name.
     pub model: String,
     /// A string, a list of strings, token ids, or a list of token id lists.
@@ -23,7 +23,7 @@ pub struct EmbeddingRequest {
 
 /// The response.
 #[derive(Debug, Clone, Serialize)]
-pub struct EmbeddingList {
+pub(crate) struct EmbeddingList {
     /// Always `list`.
     pub object: &'static str,
     /// One entry per input, in order.
@@ -36,7 +36,7 @@ pub struct EmbeddingList {
 
 /// One vector.
 #[derive(Debug, Clone, Serialize)]
-pub struct Embedding {
+pub(crate) struct Embedding {
     /// Always `embedding`.
     pub object: &'static str,
     /// Input index.
@@ -48,7 +48,7 @@ pub struct Embedding {
 /// A vector as a list of floats, or as base64 of little-endian float32s.
 #[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
-pub enum Vector {
+pub(crate) enum Vector {
     /// Floats (written in their shortest float32 form).
     Float(Vec<f32>),
     /// Base64.
@@ -57,7 +57,7 @@ pub enum Vector {
 
 /// Token counts of an embeddings request.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct EmbeddingUsage {
+pub(crate) struct EmbeddingUsage {
     /// Input tokens.
     pub prompt_tokens: u64,
     /// The same.

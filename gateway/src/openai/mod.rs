@@ -1,9 +1,9 @@
 //! Wire types of the OpenAI protocols (serde only, no behaviour).
 
-pub mod chat;
-pub mod common;
-pub mod completions;
-pub mod embeddings;
-pub mod error;
-pub mod models;
-pub mod responses;
+pub(crate) mod chat;
+pub(crate) mod common;
+pub(crate) mod completions;
+pub(crate) mod embeddings;
+pub(crate) mod error;
+pub(crate) mod models;
+pub(crate) mod responses;

@@ -9,7 +9,7 @@ use super::common::{Extensions, StopParam};
 
 /// The request body.
 #[derive(Debug, Clone, Deserialize)]
-pub struct ResponsesRequest {
+pub(crate) struct ResponsesRequest {
     /// Model name.
     pub model: String,
     /// A string (one user message) or a list of input items; required unless the request
@@ -96,7 +96,7 @@ pub struct ResponsesRequest {
 /// `input`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
-pub enum ResponseInput {
+pub(crate) enum ResponseInput {
     /// One user message.
     Text(String),
     /// Input items, checked one by one (see `responses::input`).
@@ -259,7 +259,7 @@ pub struct ResponseObject {
 
 /// The list `GET /v1/responses/{id}/input_items` returns.
 #[derive(Debug, Clone, Serialize)]
-pub struct InputItemList {
+pub(crate) struct InputItemList {
     /// Always `list`.
     pub object: &'static str,
     /// The items, in the order asked for.

@@ -14,18 +14,18 @@
 use crate::text::tokenizer::TextTokenizer;
 
 /// Text up to this many bytes is tokenized whole at once.
-pub const WHOLE: usize = 64 * 1024;
+pub(crate) const WHOLE: usize = 64 * 1024;
 
 /// Pieces of longer text are about this long.
-pub const PIECE: usize = 16 * 1024;
+pub(crate) const PIECE: usize = 16 * 1024;
 
 /// Text of more bytes than this per token of the budget is counted in pieces first (English
 /// prose and code average about four bytes a token).
-pub const BYTES_PER_TOKEN: usize = 4;
+pub(crate) const BYTES_PER_TOKEN: usize = 4;
 
 /// Why text was not tokenized.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BudgetError {
+pub(crate) enum BudgetError {
     /// It holds more than `budget` tokens (counted up to `counted` before stopping).
     #[error("the text holds more than {budget} tokens")]
     OverBudget {
@@ -42,7 +42,7 @@ pub enum BudgetError {
 /// The ids of `text`, exactly as [`TextTokenizer::encode`] gives them, or
 /// [`BudgetError::OverBudget`] when it holds clearly more than `budget` tokens. Short text is
 /// always tokenized (the caller compares its length with the limit, and says it exactly).
-pub fn encode_within(
+pub(crate) fn encode_within(
     tokenizer: &TextTokenizer,
     text: &str,
     add_special: bool,

@@ -7,7 +7,7 @@ use crate::error::ApiError;
 
 /// One choice, whole.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ChoiceResult {
+pub(crate) struct ChoiceResult {
     /// All its text.
     pub text: String,
     /// Its reasoning (models with reasoning markers).
@@ -26,7 +26,7 @@ pub struct ChoiceResult {
 
 /// A tool call: id, function name, arguments as JSON text.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FoldedCall {
+pub(crate) struct FoldedCall {
     /// `call_...`.
     pub id: String,
     /// Function name.
@@ -37,7 +37,7 @@ pub struct FoldedCall {
 
 /// A whole generation.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Folded {
+pub(crate) struct Folded {
     /// Choices, by index.
     pub choices: Vec<ChoiceResult>,
     /// Token counts.
@@ -45,7 +45,7 @@ pub struct Folded {
 }
 
 /// Reads `stream` to its end; `choices` is the number of choices it holds.
-pub async fn fold(
+pub(crate) async fn fold(
     mut stream: impl futures_core::Stream<Item = GenEvent> + Unpin,
     choices: usize,
 ) -> Result<Folded, ApiError> {

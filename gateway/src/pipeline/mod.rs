@@ -5,8 +5,10 @@
 //!
 //! The engine always streams ([`run::GenStream`]); everything else is rendering.
 
-pub mod budget;
-pub mod fold;
-pub mod params;
-pub mod prompt;
-pub mod run;
+pub(crate) mod budget;
+pub(crate) mod fold;
+pub(crate) mod params;
+pub(crate) mod plan;
+pub(crate) mod prompt;
+pub(crate) mod request;
+pub(crate) mod run;

@@ -14,18 +14,18 @@ use crate::error::ApiError;
 use crate::openai::common::{Extensions, StopParam};
 
 /// Most stop strings per request.
-pub const MAX_STOP_STRINGS: usize = 4;
+pub(crate) const MAX_STOP_STRINGS: usize = 4;
 /// Longest stop string, in bytes.
-pub const MAX_STOP_BYTES: usize = 256;
+pub(crate) const MAX_STOP_BYTES: usize = 256;
 /// Most stop token ids per request.
-pub const MAX_STOP_TOKEN_IDS: usize = 256;
+pub(crate) const MAX_STOP_TOKEN_IDS: usize = 256;
 /// Most choices per prompt (`n`).
-pub const MAX_N: u32 = 128;
+pub(crate) const MAX_N: u32 = 128;
 /// Most choices in all (prompts times `n`): each is engine work and state held by the gateway.
-pub const MAX_CHOICES: usize = 2048;
+pub(crate) const MAX_CHOICES: usize = 2048;
 
 /// Refuses a request whose prompts times `n` exceed [`MAX_CHOICES`], before any is tokenized.
-pub fn check_total_choices(prompts: usize, n: u32) -> Result<(), ApiError> {
+pub(crate) fn check_total_choices(prompts: usize, n: u32) -> Result<(), ApiError> {
     let total = prompts.saturating_mul(n as usize);
     if total > MAX_CHOICES {
         return Err(ApiError::invalid(
@@ -63,7 +63,7 @@ pub struct Sampling {
 }
 
 /// An integer parameter: a JSON integer, or a float with no fraction.
-pub fn integer(param: &str, n: &Number, min: i64, max: i64) -> Result<i64, ApiError> {
+pub(crate) fn integer(param: &str, n: &Number, min: i64, max: i64) -> Result<i64, ApiError> {
     let value = n
         .as_i64()
         .or_else(|| n.as_u64().map(|u| i64::try_from(u).unwrap_or(i64::MAX)))
@@ -96,7 +96,7 @@ fn ranged(param: &str, v: f64, min: f64, max: f64) -> Result<f32, ApiError> {
 }
 
 /// The stop strings, checked.
-pub fn stop_strings(stop: Option<&StopParam>) -> Result<Vec<String>, ApiError> {
+pub(crate) fn stop_strings(stop: Option<&StopParam>) -> Result<Vec<String>, ApiError> {
     let list = match stop {
         None => return Ok(Vec::new()),
         Some(StopParam::One(s)) => vec![s.clone()],
@@ -124,7 +124,7 @@ pub fn stop_strings(stop: Option<&StopParam>) -> Result<Vec<String>, ApiError> {
 
 /// Sampling and penalties, checked against the model's capabilities; `max_tokens`, `logprobs`
 /// and `grammar` are set by the caller.
-pub fn generation_params(
+pub(crate) fn generation_params(
     s: &Sampling,
     model: &ServedModel,
     defaults: &Defaults,
@@ -254,7 +254,10 @@ pub fn generation_params(
 
 /// The last step, once `max_tokens` is known: checks `min_tokens` against it and adds what the
 /// model itself stops on (its end-of-turn tokens) unless the caller asked to ignore them.
-pub fn complete_params(p: &mut GenerationParams, model: &ServedModel) -> Result<(), ApiError> {
+pub(crate) fn complete_params(
+    p: &mut GenerationParams,
+    model: &ServedModel,
+) -> Result<(), ApiError> {
     if p.min_tokens > p.max_tokens {
         return Err(ApiError::invalid(
             "min_tokens",
@@ -276,7 +279,7 @@ pub fn complete_params(p: &mut GenerationParams, model: &ServedModel) -> Result<
 }
 
 /// `top_logprobs` alternatives per token, checked against the model; `None` for no logprobs.
-pub fn logprobs(
+pub(crate) fn logprobs(
     wanted: bool,
     top: u32,
     param: &str,
@@ -308,7 +311,7 @@ pub fn logprobs(
 }
 
 /// The grammar a structured-output request needs, if the model can enforce it.
-pub fn grammar(g: Grammar, param: &str, model: &ServedModel) -> Result<Grammar, ApiError> {
+pub(crate) fn grammar(g: Grammar, param: &str, model: &ServedModel) -> Result<Grammar, ApiError> {
     if model.info.capabilities.grammar {
         Ok(g)
     } else {
@@ -321,13 +324,13 @@ pub fn grammar(g: Grammar, param: &str, model: &ServedModel) -> Result<Grammar, 
 
 /// The tokens a prompt must stay under: the model's context or `max_request_tokens`, the
 /// smaller (the budget prompts are tokenized within, see [`super::budget`]).
-pub fn prompt_limit(model: &ServedModel, defaults: &Defaults) -> usize {
+pub(crate) fn prompt_limit(model: &ServedModel, defaults: &Defaults) -> usize {
     (defaults.max_request_tokens as usize).min(model.context_length as usize)
 }
 
 /// `max_tokens`: the request's (capped by the model), else `default_max`; the prompt and the
 /// output must fit the context. `param` names the prompt (`messages` or `prompt`).
-pub fn max_tokens(
+pub(crate) fn max_tokens(
     requested: Option<&Number>,
     requested_param: &str,
     default_max: u32,
@@ -377,11 +380,11 @@ pub fn max_tokens(
 }
 
 /// Highest `metadata.priority` magnitude.
-pub const MAX_PRIORITY: i64 = 1000;
+pub(crate) const MAX_PRIORITY: i64 = 1000;
 
 /// The scheduling priority in `metadata.priority` (OpenAI metadata values are strings, so
 /// `"5"` and `5` both count); 0 without one.
-pub fn priority(metadata: Option<&Value>) -> Result<i32, ApiError> {
+pub(crate) fn priority(metadata: Option<&Value>) -> Result<i32, ApiError> {
     let Some(value) = metadata.and_then(|m| m.get("priority")) else {
         return Ok(0);
     };

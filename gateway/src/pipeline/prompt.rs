@@ -1,147 +1,18 @@
-//! Requests -> prompt token ids: chat messages through the model's template, legacy prompts and
+//! Prompts -> token ids: a conversation (already in the template's shape) through the model's
+//! template, legacy prompts and
 //! embedding inputs in their four forms (a string, strings, token ids, lists of token ids).
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::budget::{BudgetError, encode_within};
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
-use crate::openai::chat::{ChatMessage, Content, ContentPart, Tool};
 
 /// Most prompts or inputs in one request.
-pub const MAX_INPUTS: usize = 2048;
-
-/// The text of message content (text parts joined by newlines); other parts are refused.
-fn content_text(content: &Content, param: &str) -> Result<String, ApiError> {
-    match content {
-        Content::Text(t) => Ok(t.clone()),
-        Content::Parts(parts) => {
-            let mut texts = Vec::with_capacity(parts.len());
-            for (j, part) in parts.iter().enumerate() {
-                match part {
-                    ContentPart::Text { text } => texts.push(text.as_str()),
-                    ContentPart::Refusal { refusal } => texts.push(refusal.as_str()),
-                    ContentPart::ImageUrl { .. }
-                    | ContentPart::InputAudio { .. }
-                    | ContentPart::File { .. } => {
-                        return Err(ApiError::unsupported(
-                            format!("{param}[{j}].type"),
-                            "this model accepts text content only",
-                        ));
-                    }
-                }
-            }
-            Ok(texts.join("\n"))
-        }
-    }
-}
-
-/// Messages as the chat template expects them (OpenAI shape, `developer` as `system`, content
-/// as text, tool-call arguments parsed into objects as templates iterate them).
-pub fn template_messages(messages: &[ChatMessage]) -> Result<Vec<Value>, ApiError> {
-    if messages.is_empty() {
-        return Err(ApiError::invalid(
-            "messages",
-            "'messages' must hold at least one message",
-        ));
-    }
-    let mut out = Vec::with_capacity(messages.len());
-    for (i, message) in messages.iter().enumerate() {
-        let param = format!("messages[{i}].content");
-        let mut m = Map::new();
-        let with_name = |m: &mut Map<String, Value>, name: &Option<String>| {
-            if let Some(name) = name {
-                m.insert("name".into(), Value::String(name.clone()));
-            }
-        };
-        match message {
-            ChatMessage::System { content, name } | ChatMessage::Developer { content, name } => {
-                m.insert("role".into(), "system".into());
-                m.insert("content".into(), content_text(content, &param)?.into());
-                with_name(&mut m, name);
-            }
-            ChatMessage::User { content, name } => {
-                m.insert("role".into(), "user".into());
-                m.insert("content".into(), content_text(content, &param)?.into());
-                with_name(&mut m, name);
-            }
-            ChatMessage::Assistant {
-                content,
-                tool_calls,
-                name,
-            } => {
-                m.insert("role".into(), "assistant".into());
-                let text = content
-                    .as_ref()
-                    .map(|c| content_text(c, &param))
-                    .transpose()?;
-                m.insert("content".into(), text.unwrap_or_default().into());
-                with_name(&mut m, name);
-                if let Some(calls) = tool_calls.as_ref().filter(|c| !c.is_empty()) {
-                    let calls: Vec<Value> = calls
-                        .iter()
-                        .map(|c| {
-                            let args = serde_json::from_str::<Value>(&c.function.arguments)
-                                .unwrap_or_else(|_| Value::String(c.function.arguments.clone()));
-                            json!({"id": c.id, "type": c.kind, "function": {"name": c.function.name, "arguments": args}})
-                        })
-                        .collect();
-                    m.insert("tool_calls".into(), Value::Array(calls));
-                }
-            }
-            ChatMessage::Tool {
-                content,
-                tool_call_id,
-            } => {
-                m.insert("role".into(), "tool".into());
-                m.insert("content".into(), content_text(content, &param)?.into());
-                m.insert("tool_call_id".into(), tool_call_id.clone().into());
-            }
-        }
-        out.push(Value::Object(m));
-    }
-    Ok(out)
-}
-
-/// Tool definitions for the template; malformed schemas are 422.
-pub fn template_tools(tools: &[Tool]) -> Result<Value, ApiError> {
-    for (i, tool) in tools.iter().enumerate() {
-        if tool.kind != "function" {
-            return Err(ApiError::unsupported(
-                format!("tools[{i}].type"),
-                "only 'function' tools are supported",
-            ));
-        }
-        let name = &tool.function.name;
-        let valid = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-        if !valid {
-            return Err(ApiError::invalid(
-                format!("tools[{i}].function.name"),
-                "a function name must be 1 to 64 letters, digits, underscores or dashes",
-            ));
-        }
-        if let Some(params) = &tool.function.parameters
-            && !params.is_object()
-        {
-            return Err(ApiError::InvalidSchema {
-                param: format!("tools[{i}].function.parameters"),
-                message: format!(
-                    "the parameters of function `{name}` must be a JSON Schema object"
-                ),
-            });
-        }
-    }
-    serde_json::to_value(tools).map_err(|e| ApiError::Internal {
-        detail: format!("tools: {e}"),
-    })
-}
+pub(crate) const MAX_INPUTS: usize = 2048;
 
 /// A JSON Schema for structured output, checked for shape (a 422 otherwise).
-pub fn check_schema(schema: &Value, param: &str) -> Result<(), ApiError> {
+pub(crate) fn check_schema(schema: &Value, param: &str) -> Result<(), ApiError> {
     const TYPES: [&str; 7] = [
         "object", "array", "string", "number", "integer", "boolean", "null",
     ];
@@ -184,7 +55,7 @@ fn over_budget(e: BudgetError, param: &str) -> ApiError {
 
 /// Token ids of a chat conversation (`param` names it in errors); a conversation clearly longer than `budget` tokens is
 /// refused before it is tokenized whole.
-pub fn chat_prompt(
+pub(crate) fn chat_prompt(
     model: &ServedModel,
     messages: &[Value],
     tools: Option<&Value>,
@@ -211,7 +82,7 @@ pub fn chat_prompt(
 
 /// One prompt or input of a legacy completion or embedding request.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TextInput {
+pub(crate) struct TextInput {
     /// Its token ids.
     pub ids: Vec<u32>,
     /// Its text (decoded, for token-id input).
@@ -219,7 +90,7 @@ pub struct TextInput {
 }
 
 /// How many prompts `value` holds, without looking inside them (a flat list of token ids is one).
-pub fn input_count(value: &Value) -> usize {
+pub(crate) fn input_count(value: &Value) -> usize {
     match value {
         Value::Array(items) if !items.iter().all(Value::is_number) => items.len(),
         _ => 1,
@@ -229,7 +100,7 @@ pub fn input_count(value: &Value) -> usize {
 /// Prompts in any of the four forms. `add_special` adds the tokenizer's own special tokens to
 /// text (a beginning-of-text token); token ids are taken as given. A prompt clearly longer than
 /// `budget` tokens is refused before it is tokenized (or its ids decoded) whole.
-pub fn text_inputs(
+pub(crate) fn text_inputs(
     value: &Value,
     param: &str,
     model: &ServedModel,

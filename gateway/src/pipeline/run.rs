@@ -27,7 +27,7 @@ use crate::text::tools::{ToolCallFormat, ToolCallParser, ToolOutput};
 
 /// What to generate.
 #[derive(Debug)]
-pub struct Job {
+pub(crate) struct Job {
     /// The model.
     pub model: Arc<ServedModel>,
     /// Prompt token ids, one engine request each.
@@ -48,7 +48,7 @@ pub struct Job {
 
 /// How to find tool calls in a choice's text.
 #[derive(Debug, Clone)]
-pub struct ToolSetup {
+pub(crate) struct ToolSetup {
     /// The model's format.
     pub format: ToolCallFormat,
     /// The functions offered.
@@ -177,7 +177,7 @@ struct PromptRun {
 }
 
 /// The merged events of a generation.
-pub struct GenStream {
+pub(crate) struct GenStream {
     model: Arc<ServedModel>,
     runs: Vec<PromptRun>,
     choices: Vec<ChoiceState>,
@@ -205,7 +205,7 @@ impl std::fmt::Debug for GenStream {
 }
 
 /// Starts every engine request; an engine refusal is an error before any response is sent.
-pub fn start(job: Job) -> Result<GenStream, ApiError> {
+pub(crate) fn start(job: Job) -> Result<GenStream, ApiError> {
     let n = job.params.n;
     let mut runs = Vec::with_capacity(job.prompts.len());
     let mut choices = Vec::with_capacity(job.prompts.len() * n as usize);
@@ -263,7 +263,7 @@ pub fn start(job: Job) -> Result<GenStream, ApiError> {
 
 impl GenStream {
     /// Whether any engine has sent an event yet (so it accepted the work and is under way).
-    pub fn engine_started(&self) -> bool {
+    pub(crate) fn engine_started(&self) -> bool {
         self.started
     }
 
@@ -445,7 +445,7 @@ impl GenStream {
 
     /// The tokens used so far: the prompts' and every token the engines sent (also those of
     /// choices already cut), or the engines' own count once it is larger.
-    pub fn tokens_used(&self) -> u64 {
+    pub(crate) fn tokens_used(&self) -> u64 {
         self.totals.prompt + self.tokens_seen.max(self.totals.completion)
     }
 

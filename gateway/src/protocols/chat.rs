@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::deliver::{Delivered, deliver};
+use super::messages;
 use super::render::{Chunk, Render};
 use super::{Call, Reply};
 use crate::clock::unix_now;
@@ -22,7 +23,6 @@ use crate::openai::chat::{
 };
 use crate::openai::common::{ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, Usage};
 use crate::pipeline::run::{self, GenEvent, TokenLogprob};
-use crate::pipeline::{params, prompt};
 
 /// Log probabilities in the chat format.
 fn chat_logprobs(tokens: &[TokenLogprob]) -> ChatLogprobs {
@@ -50,24 +50,15 @@ fn chat_logprobs(tokens: &[TokenLogprob]) -> ChatLogprobs {
 }
 
 /// The chat request as the facade's generation request (chat's own parameter names).
-pub fn generation_request(req: &ChatCompletionRequest) -> Result<GenerationRequest, ApiError> {
-    let messages = prompt::template_messages(&req.messages)?;
+pub(crate) fn generation_request(
+    req: &ChatCompletionRequest,
+) -> Result<GenerationRequest, ApiError> {
+    let messages = messages::template_messages(&req.messages)?;
     let offered = req.tools.as_deref().unwrap_or_default();
     let tools = match offered {
         [] => None,
-        tools => Some(prompt::template_tools(tools)?),
+        tools => Some(messages::template_tools(tools)?),
     };
-    let top = match &req.top_logprobs {
-        Some(n) => params::integer("top_logprobs", n, 0, 20)? as u32,
-        None => 0,
-    };
-    let wants_logprobs = req.logprobs.unwrap_or(false);
-    if top > 0 && !wants_logprobs {
-        return Err(ApiError::invalid(
-            "top_logprobs",
-            "'top_logprobs' requires 'logprobs' to be true",
-        ));
-    }
     let (max_tokens, max_tokens_name) = match (&req.max_completion_tokens, &req.max_tokens) {
         (Some(n), _) => (Some(n.clone()), "max_completion_tokens"),
         (None, Some(n)) => (Some(n.clone()), "max_tokens"),
@@ -93,7 +84,8 @@ pub fn generation_request(req: &ChatCompletionRequest) -> Result<GenerationReque
         },
         max_tokens,
         default_max_tokens: None,
-        logprobs: wants_logprobs.then_some(top),
+        logprobs: req.logprobs.unwrap_or(false),
+        top_logprobs: req.top_logprobs.clone(),
         tools: Tools {
             names: offered.iter().map(|t| t.function.name.clone()).collect(),
             choice: tool_choice(req.tool_choice.as_ref()),
@@ -113,7 +105,7 @@ pub fn generation_request(req: &ChatCompletionRequest) -> Result<GenerationReque
 }
 
 /// `tool_choice`: `auto` (or unset), `none`, or anything else, which forces a call.
-pub fn tool_choice(choice: Option<&Value>) -> ToolChoice {
+pub(crate) fn tool_choice(choice: Option<&Value>) -> ToolChoice {
     match choice {
         None | Some(Value::Null) => ToolChoice::Auto,
         Some(Value::String(s)) if s == "none" => ToolChoice::None,
@@ -123,7 +115,10 @@ pub fn tool_choice(choice: Option<&Value>) -> ToolChoice {
 }
 
 /// Runs `req` and answers as `POST /v1/chat/completions` does: one completion, or a stream.
-pub async fn complete(call: Call<'_>, req: &ChatCompletionRequest) -> Result<Reply, ApiError> {
+pub(crate) async fn complete(
+    call: Call<'_>,
+    req: &ChatCompletionRequest,
+) -> Result<Reply, ApiError> {
     let id = new_id("chatcmpl-");
     let generation = generation_request(req)?;
     let prepared = call
@@ -201,7 +196,7 @@ struct Head {
 
 /// Renders a chat generation as `chat.completion.chunk` events.
 #[derive(Debug)]
-pub struct ChunkRenderer {
+pub(crate) struct ChunkRenderer {
     head: Head,
     n: u32,
     include_usage: bool,
@@ -210,7 +205,7 @@ pub struct ChunkRenderer {
 
 impl ChunkRenderer {
     /// The renderer of response `id` to `req`, with `n` choices.
-    pub fn new(
+    pub(crate) fn new(
         id: String,
         req: &ChatCompletionRequest,
         model: &ServedModel,

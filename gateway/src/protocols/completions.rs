@@ -1,7 +1,7 @@
 //! Legacy completions (`POST /v1/completions`): prompts in four forms, `n` choices each, `echo`, logprobs
 //! in the legacy format.
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Number, Value};
 
 use super::deliver::{Delivered, deliver};
 use super::render::{Chunk, Render};
@@ -40,11 +40,13 @@ fn legacy_logprobs(tokens: &[TokenLogprob], offsets: &[u64]) -> CompletionLogpro
 }
 
 /// `logprobs`: an integer 0..=20 (OpenAI allows 5; more is accepted here), or `true`/`false`.
-fn requested_logprobs(value: Option<&Value>) -> Result<Option<u32>, ApiError> {
+/// `Some` when log probabilities are wanted, with the alternatives asked for (checked by the
+/// facade, as `logprobs`).
+fn requested_logprobs(value: Option<&Value>) -> Result<Option<Option<Number>>, ApiError> {
     match value {
         None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(None),
-        Some(Value::Bool(true)) => Ok(Some(0)),
-        Some(Value::Number(n)) => Ok(Some(params::integer("logprobs", n, 0, 20)? as u32)),
+        Some(Value::Bool(true)) => Ok(Some(None)),
+        Some(Value::Number(n)) => Ok(Some(Some(n.clone()))),
         Some(_) => Err(ApiError::invalid(
             "logprobs",
             "'logprobs' must be an integer from 0 to 20",
@@ -53,7 +55,9 @@ fn requested_logprobs(value: Option<&Value>) -> Result<Option<u32>, ApiError> {
 }
 
 /// The legacy request as the facade's generation request, and whether to echo the prompts.
-pub fn generation_request(req: &CompletionRequest) -> Result<(GenerationRequest, bool), ApiError> {
+pub(crate) fn generation_request(
+    req: &CompletionRequest,
+) -> Result<(GenerationRequest, bool), ApiError> {
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::unsupported(
             "suffix",
@@ -97,7 +101,8 @@ pub fn generation_request(req: &CompletionRequest) -> Result<(GenerationRequest,
         },
         max_tokens: req.max_tokens.clone(),
         default_max_tokens: Some(LEGACY_DEFAULT_MAX_TOKENS),
-        logprobs,
+        logprobs: logprobs.is_some(),
+        top_logprobs: logprobs.flatten(),
         tools: Tools::default(),
         output: OutputFormat::Text,
         reasoning_effort: None,
@@ -112,7 +117,7 @@ pub fn generation_request(req: &CompletionRequest) -> Result<(GenerationRequest,
 }
 
 /// Runs a legacy completion: its choices, or a stream of them.
-pub async fn complete(call: Call<'_>, req: &CompletionRequest) -> Result<Reply, ApiError> {
+pub(crate) async fn complete(call: Call<'_>, req: &CompletionRequest) -> Result<Reply, ApiError> {
     let (generation, echo) = generation_request(req)?;
     let id = new_id("cmpl-");
     let prepared = call

@@ -10,7 +10,7 @@ use crate::generation::record::RequestRecord;
 use crate::pipeline::fold::{self, Folded};
 
 /// A generation, delivered.
-pub enum Delivered<R> {
+pub(crate) enum Delivered<R> {
     /// The streamed answer.
     Streamed(Events),
     /// The whole generation, accounted, with the renderer's data for building the body.
@@ -36,7 +36,7 @@ impl<R> std::fmt::Debug for Delivered<R> {
 }
 
 /// Streams `stream` through `renderer` when `record.stream`, else folds its `choices` choices.
-pub async fn deliver<R: Render>(
+pub(crate) async fn deliver<R: Render>(
     mut stream: Generation,
     record: RequestRecord,
     settings: StreamSettings,

@@ -13,7 +13,7 @@ use crate::openai::embeddings::{
 };
 
 /// Embeds `req`'s inputs and answers with the list of vectors.
-pub async fn embed(call: Call<'_>, req: EmbeddingRequest) -> Result<Reply, ApiError> {
+pub(crate) async fn embed(call: Call<'_>, req: EmbeddingRequest) -> Result<Reply, ApiError> {
     let base64 = match req.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,

@@ -9,12 +9,13 @@
 //! A protocol answers with a [`Reply`], which knows nothing of HTTP: the routes frame it as a
 //! JSON body or server-sent events, a WebSocket turn as frames.
 
-pub mod chat;
-pub mod completions;
-pub mod deliver;
-pub mod embeddings;
-pub mod render;
-pub mod responses;
+pub(crate) mod chat;
+pub(crate) mod completions;
+pub(crate) mod deliver;
+pub(crate) mod embeddings;
+pub(crate) mod messages;
+pub(crate) mod render;
+pub(crate) mod responses;
 
 use std::time::{Duration, Instant};
 
@@ -48,7 +49,7 @@ pub struct Call<'a> {
 }
 
 /// A protocol's answer, before any transport frames it.
-pub enum Reply {
+pub(crate) enum Reply {
     /// One JSON body.
     Json {
         /// The response id, sent as `x-request-id` when there is one.
@@ -89,7 +90,7 @@ impl std::fmt::Debug for Reply {
 
 impl Reply {
     /// `value` as a JSON body of response `id`.
-    pub fn json(id: Option<String>, value: &impl serde::Serialize) -> Self {
+    pub(crate) fn json(id: Option<String>, value: &impl serde::Serialize) -> Self {
         let body =
             serde_json::to_vec(value).map_or_else(|_| Bytes::from_static(b"null"), Bytes::from);
         Self::Json { id, body }

@@ -27,7 +27,7 @@ use crate::pipeline::run::GenEvent;
 
 /// One event of a streamed answer: its JSON, and the name SSE gives it (`event:`), if any.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Chunk {
+pub(crate) struct Chunk {
     /// The SSE event name (the Responses API names each event by its type).
     pub event: Option<Cow<'static, str>>,
     /// The event's JSON.
@@ -36,7 +36,7 @@ pub struct Chunk {
 
 impl Chunk {
     /// An unnamed event carrying `value`, serialised once.
-    pub fn data(value: &impl serde::Serialize) -> Self {
+    pub(crate) fn data(value: &impl serde::Serialize) -> Self {
         Self {
             event: None,
             json: to_json(value),
@@ -44,7 +44,10 @@ impl Chunk {
     }
 
     /// An event named `event` carrying `value`.
-    pub fn named(event: impl Into<Cow<'static, str>>, value: &impl serde::Serialize) -> Self {
+    pub(crate) fn named(
+        event: impl Into<Cow<'static, str>>,
+        value: &impl serde::Serialize,
+    ) -> Self {
         Self {
             event: Some(event.into()),
             json: to_json(value),
@@ -52,7 +55,7 @@ impl Chunk {
     }
 
     /// The event as server-sent-event bytes: `event: NAME` (when named) and `data: JSON`.
-    pub fn sse(&self) -> Bytes {
+    pub(crate) fn sse(&self) -> Bytes {
         let mut frame = Vec::with_capacity(self.json.len() + 32);
         if let Some(event) = &self.event {
             frame.extend_from_slice(b"event: ");
@@ -71,7 +74,7 @@ fn to_json(value: &impl serde::Serialize) -> Bytes {
 }
 
 /// Turns generation events into a protocol's chunks.
-pub trait Render: Send + 'static {
+pub(crate) trait Render: Send + 'static {
     /// Chunks sent before any event (the role of each chat choice, echoed prompts).
     fn opening(&mut self) -> Vec<Chunk>;
     /// Chunks for one event (never an error: failures go to [`Render::failure`]).
@@ -86,7 +89,7 @@ pub trait Render: Send + 'static {
 
 /// One item of a streamed answer.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Out {
+pub(crate) enum Out {
     /// An event.
     Chunk(Chunk),
     /// Nothing was sent for a heartbeat interval.
@@ -105,11 +108,11 @@ pub enum Out {
 }
 
 /// A streamed answer, ready for a transport.
-pub type Events = Pin<Box<dyn Stream<Item = Out> + Send>>;
+pub(crate) type Events = Pin<Box<dyn Stream<Item = Out> + Send>>;
 
 /// How a stream is timed and accounted.
 #[derive(Debug)]
-pub struct Timing {
+pub(crate) struct Timing {
     /// When the request arrived.
     pub started: Instant,
     /// Keep-alive interval.
@@ -205,7 +208,7 @@ impl<R: Render> Driver<R> {
 
 /// The streamed answer: the renderer's opening chunks, then `first` (already read, so an
 /// early failure could still become a plain error), then the rest of `stream`.
-pub fn events(
+pub(crate) fn events(
     stream: Generation,
     first: Option<GenEvent>,
     mut renderer: impl Render,
@@ -229,7 +232,7 @@ pub fn events(
 /// stream and an error event. Returns the first event when there is one; once the engine is
 /// under way, text the pipeline still holds (a tool call being parsed) does not hold back the
 /// answer. Reaching `deadline` first is a timeout (`limit` is the configured request timeout).
-pub async fn first_event(
+pub(crate) async fn first_event(
     stream: &mut Generation,
     heartbeat: Duration,
     deadline: Instant,

@@ -18,7 +18,7 @@ use crate::tenancy::limits::LimitReport;
 use crate::tenancy::{Caller, Endpoint, ratelimit_headers};
 
 /// Admits a `/v1` request and marks its response.
-pub async fn admission(
+pub(super) async fn admission(
     State(state): State<AppState>,
     mut request: Request,
     next: Next,

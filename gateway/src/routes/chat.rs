@@ -15,7 +15,7 @@ use crate::protocols::chat;
 use crate::tenancy::Caller;
 
 /// Handles a chat completion.
-pub async fn chat(
+pub(super) async fn chat(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ChatCompletionRequest>,

@@ -26,7 +26,7 @@ use crate::protocols::chat;
 use crate::tenancy::Caller;
 
 /// Handles the upgrade.
-pub async fn connect(
+pub(super) async fn connect(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     uri: Uri,

@@ -15,7 +15,7 @@ use crate::protocols::completions;
 use crate::tenancy::Caller;
 
 /// Handles a legacy completion.
-pub async fn completions(
+pub(super) async fn completions(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<CompletionRequest>,

@@ -15,7 +15,7 @@ use crate::protocols::embeddings;
 use crate::tenancy::Caller;
 
 /// Handles an embeddings request.
-pub async fn embeddings(
+pub(super) async fn embeddings(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<EmbeddingRequest>,

@@ -10,7 +10,7 @@ use crate::error::ApiError;
 
 /// A request body parsed as `T`.
 #[derive(Debug)]
-pub struct JsonBody<T>(pub T);
+pub(super) struct JsonBody<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
@@ -31,7 +31,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 }
 
 /// Parses JSON, naming the parameter at fault.
-pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(super) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();

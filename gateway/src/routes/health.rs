@@ -16,16 +16,16 @@ use serde_json::{Value, json};
 use super::AppState;
 
 /// Liveness: always 200 while the process serves HTTP.
-pub async fn health() -> Json<Value> {
+pub(super) async fn health() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
 /// How long engines get to answer a probe; one that hangs makes the gateway not ready rather
 /// than hanging the probe.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Readiness: 200 when every engine is healthy, 503 naming those that are not.
-pub async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+pub(super) async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     let registry = std::sync::Arc::clone(&state.registry);
     let task = tokio::task::spawn_blocking(move || {
         registry

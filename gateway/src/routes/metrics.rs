@@ -9,7 +9,7 @@ use super::AppState;
 use crate::observability::metrics;
 
 /// Renders every metric.
-pub async fn metrics(State(state): State<AppState>) -> Response {
+pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     let registry = std::sync::Arc::clone(&state.registry);
     let task = tokio::task::spawn_blocking(move || {
         for (name, backend) in registry.engines() {

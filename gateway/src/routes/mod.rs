@@ -4,19 +4,19 @@
 //! ([`websocket`]).
 
 mod admission;
-pub mod chat;
-pub mod chat_ws;
-pub mod completions;
+mod chat;
+mod chat_ws;
+mod completions;
 mod cors;
-pub mod embeddings;
-pub mod extract;
-pub mod health;
-pub mod metrics;
-pub mod models;
-pub mod responses;
-pub mod responses_ws;
-pub mod sse;
-pub mod websocket;
+mod embeddings;
+mod extract;
+mod health;
+mod metrics;
+mod models;
+mod responses;
+mod responses_ws;
+mod sse;
+mod websocket;
 
 use std::sync::Arc;
 use std::time::Instant;

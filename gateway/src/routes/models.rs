@@ -21,7 +21,7 @@ fn wire(id: &str, model: &ServedModel) -> Model {
 }
 
 /// Lists every public model id (names, pinned versions, aliases) the caller may use.
-pub async fn list(
+pub(super) async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
 ) -> Json<ModelList> {
@@ -37,7 +37,7 @@ pub async fn list(
 }
 
 /// Describes one model id.
-pub async fn retrieve(
+pub(super) async fn retrieve(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,

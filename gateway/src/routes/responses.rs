@@ -19,7 +19,7 @@ use crate::protocols::responses::{api, compact as compaction};
 use crate::tenancy::Caller;
 
 /// Handles `POST /v1/responses`.
-pub async fn create(
+pub(super) async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ResponsesRequest>,
@@ -30,7 +30,7 @@ pub async fn create(
 }
 
 /// Handles `POST /v1/responses/input_tokens`.
-pub async fn input_tokens(
+pub(super) async fn input_tokens(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ResponsesRequest>,
@@ -42,7 +42,7 @@ pub async fn input_tokens(
 }
 
 /// Handles `POST /v1/responses/compact`.
-pub async fn compact(
+pub(super) async fn compact(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     JsonBody(req): JsonBody<ResponsesRequest>,
@@ -54,7 +54,7 @@ pub async fn compact(
 }
 
 /// Handles `GET /v1/responses/{id}` (`stream=true` follows a streamed background response).
-pub async fn retrieve(
+pub(super) async fn retrieve(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
@@ -67,7 +67,7 @@ pub async fn retrieve(
 }
 
 /// Handles `DELETE /v1/responses/{id}`.
-pub async fn delete(
+pub(super) async fn delete(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
@@ -79,7 +79,7 @@ pub async fn delete(
 }
 
 /// Handles `GET /v1/responses/{id}/input_items`.
-pub async fn input_items(
+pub(super) async fn input_items(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
@@ -92,7 +92,7 @@ pub async fn input_items(
 }
 
 /// Handles `POST /v1/responses/{id}/cancel`.
-pub async fn cancel(
+pub(super) async fn cancel(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,

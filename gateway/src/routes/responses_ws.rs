@@ -33,7 +33,7 @@ use crate::protocols::responses::translate::in_progress;
 use crate::tenancy::Caller;
 
 /// Handles the upgrade.
-pub async fn connect(
+pub(super) async fn connect(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     uri: Uri,

@@ -23,7 +23,7 @@ use crate::protocols::render::{Chunk, Out};
 const DONE: &[u8] = b"data: [DONE]\n\n";
 
 /// `reply` as an HTTP response.
-pub fn respond(reply: Reply) -> Response {
+pub(super) fn respond(reply: Reply) -> Response {
     match reply {
         Reply::Json { id, body } => {
             let mut response = (
@@ -81,7 +81,7 @@ fn frame(out: Out, failed: &StreamFailed) -> Bytes {
 }
 
 /// `body`, a stream of server-sent events, as the response to request `id`.
-pub fn event_stream(body: Body, id: &str) -> Response {
+pub(super) fn event_stream(body: Body, id: &str) -> Response {
     let mut response = body.into_response();
     let headers = response.headers_mut();
     if let Ok(id) = HeaderValue::from_str(id) {

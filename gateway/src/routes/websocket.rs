@@ -45,7 +45,7 @@ use crate::tenancy::limits::LimitReport;
 /// Accepts a WebSocket route's upgrade and runs its connection with `turns` (offering
 /// `protocols`, if any). A plain `GET` (no upgrade) is the 405 it was before the route took
 /// WebSockets; a connection past the limit gets an error event (see [`session`]).
-pub fn accept<T: Turns + 'static>(
+pub(super) fn accept<T: Turns + 'static>(
     state: AppState,
     uri: &Uri,
     headers: &HeaderMap,
@@ -78,12 +78,12 @@ pub fn accept<T: Turns + 'static>(
 }
 
 /// Messages kept while a turn runs; more are refused with an error event.
-pub const MAX_WAITING: usize = 16;
+pub(super) const MAX_WAITING: usize = 16;
 
 /// The messages that arrived while a turn ran, at most [`MAX_WAITING`] of them and `max_bytes`
 /// in all.
 #[derive(Debug)]
-pub struct Waiting {
+pub(super) struct Waiting {
     queue: VecDeque<String>,
     bytes: usize,
     max_bytes: usize,
@@ -91,7 +91,7 @@ pub struct Waiting {
 
 impl Waiting {
     /// An empty queue holding at most `max_bytes` of messages.
-    pub fn new(max_bytes: usize) -> Self {
+    pub(super) fn new(max_bytes: usize) -> Self {
         Self {
             queue: VecDeque::new(),
             bytes: 0,
@@ -100,7 +100,7 @@ impl Waiting {
     }
 
     /// The oldest message.
-    pub fn pop(&mut self) -> Option<String> {
+    pub(super) fn pop(&mut self) -> Option<String> {
         let text = self.queue.pop_front()?;
         self.bytes -= text.len();
         Some(text)
@@ -125,15 +125,15 @@ impl Waiting {
 
 /// The socket went away.
 #[derive(Debug)]
-pub struct Closed;
+pub(super) struct Closed;
 
 /// The error event clients expect: `{"type": "error", "status", "error": {...}}`.
-pub fn error_event(e: &ApiError) -> Value {
+pub(super) fn error_event(e: &ApiError) -> Value {
     json!({"type": "error", "status": e.status().as_u16(), "error": e.detail()})
 }
 
 /// Sends one text frame.
-pub async fn send_text(socket: &mut WebSocket, text: String) -> Result<(), Closed> {
+pub(super) async fn send_text(socket: &mut WebSocket, text: String) -> Result<(), Closed> {
     socket
         .send(Message::Text(text.into()))
         .await
@@ -141,13 +141,13 @@ pub async fn send_text(socket: &mut WebSocket, text: String) -> Result<(), Close
 }
 
 /// Sends one JSON object as a text frame.
-pub async fn send(socket: &mut WebSocket, event: &Value) -> Result<(), Closed> {
+pub(super) async fn send(socket: &mut WebSocket, event: &Value) -> Result<(), Closed> {
     send_text(socket, event.to_string()).await
 }
 
 /// What one received frame is.
 #[derive(Debug)]
-pub enum Frame {
+pub(super) enum Frame {
     /// A message (text, or binary read as UTF-8).
     Text(String),
     /// A ping or pong.
@@ -159,7 +159,7 @@ pub enum Frame {
 }
 
 /// Classifies what `socket.recv()` returned.
-pub fn frame(received: Option<Result<Message, axum::Error>>) -> Frame {
+pub(super) fn frame(received: Option<Result<Message, axum::Error>>) -> Frame {
     match received {
         // The library's capacity error (its only way of saying so) for a message or frame
         // past `max_message_size` / `max_frame_size`.
@@ -174,7 +174,7 @@ pub fn frame(received: Option<Result<Message, axum::Error>>) -> Frame {
 }
 
 /// An endpoint's turns: what one message makes happen on the socket.
-pub trait Turns: Send {
+pub(super) trait Turns: Send {
     /// Who the connection is (each message counts against its tenant's request rates).
     fn caller(&self) -> &Caller;
 
@@ -189,7 +189,7 @@ pub trait Turns: Send {
 
 /// Runs a connection: refuses it past the connection limit (no `permit`), then takes its
 /// messages one at a time until it closes or its time is up.
-pub async fn session(
+pub(super) async fn session(
     mut socket: WebSocket,
     state: &AppState,
     permit: Option<OwnedSemaphorePermit>,
@@ -270,7 +270,7 @@ async fn count_turn(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
 
 /// The idempotency key a message carries in its `idempotency_key` field (taken out of
 /// `message`), checked.
-pub fn take_key(message: &mut Map<String, Value>) -> Result<Option<String>, ApiError> {
+pub(super) fn take_key(message: &mut Map<String, Value>) -> Result<Option<String>, ApiError> {
     match message.remove("idempotency_key") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(key)) => record::valid_key(key.as_bytes())
@@ -284,10 +284,10 @@ pub fn take_key(message: &mut Map<String, Value>) -> Result<Option<String>, ApiE
 }
 
 /// A turn's messages, as they come.
-pub type Messages = std::pin::Pin<Box<dyn Stream<Item = String> + Send>>;
+pub(super) type Messages = std::pin::Pin<Box<dyn Stream<Item = String> + Send>>;
 
 /// What a turn answers with.
-pub enum Answer {
+pub(super) enum Answer {
     /// Refused before it started: one error event.
     Refused(ApiError),
     /// Its messages.
@@ -305,7 +305,7 @@ impl std::fmt::Debug for Answer {
 
 /// A protocol's reply as a turn's messages: each event's JSON, `[DONE]` at the end only when
 /// `done_frame`, a failure as the protocol's own events or an error event with its status.
-pub fn messages(reply: Reply, done_frame: bool) -> Messages {
+pub(super) fn messages(reply: Reply, done_frame: bool) -> Messages {
     match reply {
         Reply::Json { body, .. } => {
             let text = String::from_utf8_lossy(&body).into_owned();
@@ -350,7 +350,7 @@ fn texts(out: Out, done_frame: bool) -> Vec<String> {
 /// the endpoint). Without a key the messages go out as the protocol makes them; with one they
 /// are recorded as lines of a body, which a replay sends again.
 #[allow(clippy::too_many_arguments)]
-pub async fn guarded<F, Fut>(
+pub(super) async fn guarded<F, Fut>(
     state: &AppState,
     caller: &Caller,
     path: &str,
@@ -448,7 +448,7 @@ async fn replayed(response: Response) -> Answer {
 /// Messages that arrive meanwhile are kept (at most [`MAX_WAITING`]). Returns the last message
 /// sent (not `[DONE]`), or `Closed` when the socket goes away: dropping the messages then
 /// cancels the turn's work.
-pub async fn forward(
+pub(super) async fn forward(
     socket: &mut WebSocket,
     answer: Answer,
     waiting: &mut Waiting,

@@ -14,7 +14,7 @@ use super::Store;
 use crate::observability::metrics;
 
 /// How often a shared store is pinged.
-pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Whether the store answered its last probe.
 #[derive(Debug)]

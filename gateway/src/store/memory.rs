@@ -53,7 +53,7 @@ struct Records {
 
 /// State in this process only.
 #[derive(Debug)]
-pub struct MemoryStore {
+pub(crate) struct MemoryStore {
     limits: MemoryLimits,
     clock: DefaultClock,
     gcras: Mutex<HashMap<(String, Window), Arc<Gcra>>>,
@@ -116,7 +116,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl MemoryStore {
     /// An empty store.
-    pub fn new(limits: MemoryLimits) -> Self {
+    pub(crate) fn new(limits: MemoryLimits) -> Self {
         Self {
             limits,
             clock: DefaultClock::default(),

@@ -12,9 +12,9 @@
 //! period. A request-rate window takes 1 per request, a token window takes prompt plus maximum
 //! completion tokens, and gives back what went unused when the generation ends.
 
-pub mod health;
-pub mod memory;
-pub mod redis;
+pub(crate) mod health;
+pub(crate) mod memory;
+pub(crate) mod redis;
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -22,7 +22,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 /// A boxed future of a store operation.
-pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+pub(crate) type StoreFuture<'a, T> =
+    Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
 /// Why a store operation failed (the backend is unreachable or answered nonsense).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

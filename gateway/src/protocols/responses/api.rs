@@ -21,13 +21,13 @@ use crate::generation::{Generator, Prepared, Prompt};
 use crate::ids::new_id;
 use crate::openai::chat::Tool;
 use crate::openai::responses::{InputItemList, ResponseObject, ResponseUsage, ResponsesRequest};
-use crate::pipeline::prompt;
 use crate::protocols::deliver::{Delivered, deliver};
+use crate::protocols::messages;
 use crate::protocols::{Call, Reply, StreamSettings};
 
 /// A Responses request validated, translated and admitted: ready to run.
 #[derive(Debug)]
-pub struct Turn {
+pub(crate) struct Turn {
     /// `resp_...`.
     pub id: String,
     /// The response object before any output.
@@ -46,7 +46,7 @@ pub struct Turn {
 
 /// The conversation `req` makes: the items of the response it continues (the connection's
 /// `last` one, else the stored one), then its own input.
-pub async fn conversation(
+pub(crate) async fn conversation(
     store: &ResponseStore,
     tenant: &str,
     req: &ResponsesRequest,
@@ -74,7 +74,7 @@ pub async fn conversation(
 
 /// The prompt tokens a request would use (`POST /v1/responses/input_tokens`), counted with the
 /// model's own template and tokenizer, without running it.
-pub async fn input_tokens(
+pub(crate) async fn input_tokens(
     call: Call<'_>,
     responses: &Responses,
     req: &ResponsesRequest,
@@ -101,10 +101,10 @@ fn prompt_length(
     items: &[Value],
 ) -> Result<usize, ApiError> {
     let messages =
-        prompt::template_messages(&input::to_messages(req.instructions.as_deref(), items))?;
+        messages::template_messages(&input::to_messages(req.instructions.as_deref(), items))?;
     let tools = match tools {
         [] => None,
-        tools => Some(prompt::template_tools(tools)?),
+        tools => Some(messages::template_tools(tools)?),
     };
     let conversation = Prompt::Chat {
         messages,
@@ -140,7 +140,11 @@ fn visible<'a>(
 
 /// The output tokens a truncated prompt leaves room for: the request's `max_output_tokens`,
 /// else the default output budget (at most half the context).
-pub fn output_reserve(generator: &Generator, model: &ServedModel, req: &ResponsesRequest) -> usize {
+pub(crate) fn output_reserve(
+    generator: &Generator,
+    model: &ServedModel,
+    req: &ResponsesRequest,
+) -> usize {
     let default = generator
         .defaults()
         .max_output_tokens
@@ -157,7 +161,7 @@ pub fn output_reserve(generator: &Generator, model: &ServedModel, req: &Response
 /// `items` truncated (see [`truncate`]) so that their prompt, followed by `tail`, leaves
 /// `reserve` tokens of the context for output; then `tail`. Leading system and developer
 /// messages are kept, as instructions are; tools count when the model is shown them.
-pub fn fit(
+pub(crate) fn fit(
     generator: &Generator,
     model: &ServedModel,
     req: &ResponsesRequest,
@@ -189,7 +193,7 @@ pub fn fit(
 /// Validates `req`, finds the conversation it continues (in `last`, a WebSocket connection's
 /// previous response, else in the store), and admits it (waiting for its place in the model's
 /// queue when `wait`).
-pub async fn begin(
+pub(crate) async fn begin(
     call: Call<'_>,
     responses: &Responses,
     req: &ResponsesRequest,
@@ -231,7 +235,7 @@ pub async fn begin(
 /// Runs `req` and answers as `POST /v1/responses` does (a response object, a stream, or a
 /// background response), with the conversation it ran. `last` is a WebSocket connection's
 /// previous response.
-pub async fn respond(
+pub(crate) async fn respond(
     call: Call<'_>,
     responses: &Responses,
     req: &ResponsesRequest,
@@ -306,7 +310,11 @@ async fn stored_or_404(
 
 /// `POST /v1/responses/{id}/cancel`: stops `tenant`'s background response that is still
 /// queued or running and stores it `cancelled`; a finished one is returned as it is.
-pub async fn cancel(responses: &Responses, tenant: &str, id: &str) -> Result<Reply, ApiError> {
+pub(crate) async fn cancel(
+    responses: &Responses,
+    tenant: &str,
+    id: &str,
+) -> Result<Reply, ApiError> {
     let stored = stored_or_404(&responses.store, tenant, id).await?;
     if !stored.response.background {
         return Err(ApiError::invalid(
@@ -320,7 +328,7 @@ pub async fn cancel(responses: &Responses, tenant: &str, id: &str) -> Result<Rep
 
 /// Stores a streamed response as its last event is sent: at once when the store answers at
 /// once (memory), else on a task (Redis), logging a failure.
-pub fn save_soon(responses: ResponseStore, tenant: String, stored: StoredResponse) {
+pub(crate) fn save_soon(responses: ResponseStore, tenant: String, stored: StoredResponse) {
     let mut save = Box::pin(async move {
         if let Err(e) = responses.save(&tenant, &stored).await {
             e.log();
@@ -333,7 +341,7 @@ pub fn save_soon(responses: ResponseStore, tenant: String, stored: StoredRespons
 
 /// `GET /v1/responses/{id}`: `tenant`'s response, or with `stream=true` the event stream of
 /// a streamed background response (after `starting_after`, when given).
-pub async fn retrieve(
+pub(crate) async fn retrieve(
     responses: &Responses,
     streams: StreamSettings,
     tenant: &str,
@@ -367,7 +375,11 @@ pub async fn retrieve(
 }
 
 /// `DELETE /v1/responses/{id}`: stops `tenant`'s response if it runs here, and forgets it.
-pub async fn delete(responses: &Responses, tenant: &str, id: &str) -> Result<Reply, ApiError> {
+pub(crate) async fn delete(
+    responses: &Responses,
+    tenant: &str,
+    id: &str,
+) -> Result<Reply, ApiError> {
     runner::stop(responses, tenant, id);
     if !responses.store.delete(tenant, id).await? {
         return Err(not_found(id, None));
@@ -380,7 +392,7 @@ pub async fn delete(responses: &Responses, tenant: &str, id: &str) -> Result<Rep
 
 /// `GET /v1/responses/{id}/input_items`: `tenant`'s response's input items (`limit` 1..=100,
 /// default 20; `order` `desc` (default) or `asc`; `after` an item id).
-pub async fn input_items(
+pub(crate) async fn input_items(
     responses: &Responses,
     tenant: &str,
     id: &str,

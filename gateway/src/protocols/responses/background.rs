@@ -15,7 +15,7 @@ use super::events::EventLog;
 use crate::error::ApiError;
 
 /// Background responses one process runs at most.
-pub const MAX_RUNNING: usize = 4096;
+pub(crate) const MAX_RUNNING: usize = 4096;
 
 /// One running background response.
 #[derive(Debug)]

@@ -26,7 +26,7 @@ use crate::protocols::{Call, Reply};
 
 /// `POST /v1/responses/compact` (`model`, `input`, `previous_response_id`, `instructions`;
 /// the prompt-cache and service-tier hints are accepted and ignored).
-pub async fn compact(
+pub(crate) async fn compact(
     call: Call<'_>,
     responses: &Responses,
     req: &ResponsesRequest,

@@ -19,7 +19,7 @@ use crate::ids::new_id;
 const PREFIX: &str = "tpc1.";
 
 /// The instruction the model summarises a conversation under, sent as the last user message.
-pub const INSTRUCTION: &str = "Summarize the conversation so far so that it can continue from \
+pub(crate) const INSTRUCTION: &str = "Summarize the conversation so far so that it can continue from \
 the summary alone. Keep the user's goals and requests, the facts, decisions and results reached, \
 the state of any tool calls, and every open question. Write only the summary.";
 
@@ -27,23 +27,23 @@ the state of any tool calls, and every open question. Write only the summary.";
 const SHOWN_AS: &str = "A summary of the earlier conversation:";
 
 /// `summary` as an item's `encrypted_content`.
-pub fn encode(summary: &str) -> String {
+pub(crate) fn encode(summary: &str) -> String {
     format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(summary))
 }
 
 /// The summary in an item's `encrypted_content`, if it holds one.
-pub fn decode(content: &str) -> Option<String> {
+pub(crate) fn decode(content: &str) -> Option<String> {
     let bytes = URL_SAFE_NO_PAD.decode(content.strip_prefix(PREFIX)?).ok()?;
     String::from_utf8(bytes).ok()
 }
 
 /// A new compaction item holding `summary`.
-pub fn item(summary: &str) -> Value {
+pub(crate) fn item(summary: &str) -> Value {
     json!({"type": "compaction", "id": new_id("cmp_"), "encrypted_content": encode(summary)})
 }
 
 /// The text the model is shown for a compaction item whose content holds `summary`.
-pub fn shown(summary: &str) -> String {
+pub(crate) fn shown(summary: &str) -> String {
     format!("{SHOWN_AS}\n\n{summary}")
 }
 

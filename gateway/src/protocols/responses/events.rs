@@ -21,11 +21,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 /// Most bytes of events one log keeps.
-pub const MAX_LOG_BYTES: usize = 1 << 20;
+pub(crate) const MAX_LOG_BYTES: usize = 1 << 20;
 
 /// Most bytes of events every log of this process keeps together; past it, a log that grows
 /// lets its own oldest events go.
-pub const MAX_TOTAL_BYTES: usize = 256 << 20;
+pub(crate) const MAX_TOTAL_BYTES: usize = 256 << 20;
 
 /// The bytes every log of this process keeps.
 static TOTAL_BYTES: AtomicUsize = AtomicUsize::new(0);
@@ -208,7 +208,7 @@ fn gauge() {
 }
 
 /// The event a reader gets, in place of event `at`, when the events it needs were let go.
-pub fn behind(forgotten: Forgotten, at: u64) -> Bytes {
+pub(crate) fn behind(forgotten: Forgotten, at: u64) -> Bytes {
     let error = serde_json::json!({
         "type": "error",
         "sequence_number": at,
@@ -223,7 +223,7 @@ pub fn behind(forgotten: Forgotten, at: u64) -> Bytes {
 }
 
 /// The frames of stored events from sequence number `from` on.
-pub fn after(stored: &StoredEvents, from: u64) -> Result<Vec<Bytes>, Forgotten> {
+pub(crate) fn after(stored: &StoredEvents, from: u64) -> Result<Vec<Bytes>, Forgotten> {
     if from < stored.first {
         return Err(Forgotten {
             first: stored.first,

@@ -16,7 +16,7 @@ use crate::openai::chat::{ChatMessage, Content, ContentPart, FunctionCall, ToolC
 use crate::openai::responses::{OutputItem, ResponseInput};
 
 /// This turn's input items in normal form, each with an id.
-pub fn normalise(input: &ResponseInput) -> Result<Vec<Value>, ApiError> {
+pub(crate) fn normalise(input: &ResponseInput) -> Result<Vec<Value>, ApiError> {
     match input {
         ResponseInput::Text(text) => Ok(vec![message("user", &[part("input_text", text)])]),
         ResponseInput::Items(items) => items
@@ -191,13 +191,13 @@ fn normalise_part(part: &Value, at: &str) -> Result<Value, ApiError> {
 }
 
 /// An output item as an input item of a later turn.
-pub fn from_output(item: &OutputItem) -> Value {
+pub(crate) fn from_output(item: &OutputItem) -> Value {
     serde_json::to_value(item).unwrap_or(Value::Null)
 }
 
 /// The chat messages of a conversation in normal form: `instructions` first as a system
 /// message, then every item except reasoning, a compaction item as a user message.
-pub fn to_messages(instructions: Option<&str>, items: &[Value]) -> Vec<ChatMessage> {
+pub(crate) fn to_messages(instructions: Option<&str>, items: &[Value]) -> Vec<ChatMessage> {
     let mut messages = Vec::with_capacity(items.len() + 1);
     if let Some(text) = instructions {
         messages.push(ChatMessage::System {

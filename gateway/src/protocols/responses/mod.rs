@@ -5,21 +5,21 @@
 //! [`events`]) and compaction ([`compact`], [`compaction`]). The routes hold only its
 //! handlers.
 
-pub mod api;
-pub mod background;
-pub mod compact;
-pub mod compaction;
-pub mod events;
-pub mod input;
-pub mod render;
-pub mod runner;
-pub mod stored;
-pub mod translate;
-pub mod truncate;
+pub(crate) mod api;
+pub(crate) mod background;
+pub(crate) mod compact;
+pub(crate) mod compaction;
+pub(crate) mod events;
+pub(crate) mod input;
+pub(crate) mod render;
+pub(crate) mod runner;
+pub(crate) mod stored;
+pub(crate) mod translate;
+pub(crate) mod truncate;
 
 use std::sync::Arc;
 
-pub use stored::ResponseStore;
+pub(crate) use stored::ResponseStore;
 
 /// What the Responses API keeps: stored responses (in the state store) and the background
 /// responses running in this process.

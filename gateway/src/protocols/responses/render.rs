@@ -20,7 +20,7 @@ use crate::pipeline::run::{Finished, GenEvent, TokenLogprob};
 use crate::protocols::render::{Chunk, Render};
 
 /// Ends `response`: its output, status (`incomplete` when the token limit cut it) and usage.
-pub fn finish(
+pub(crate) fn finish(
     mut response: ResponseObject,
     output: Vec<OutputItem>,
     finished: Option<Finished>,
@@ -55,7 +55,7 @@ pub fn finish(
 
 /// The output items of a whole (non-streamed) generation: its text as a message (unless it is
 /// only whitespace beside tool calls), then one item per tool call.
-pub fn folded_output(folded: &Folded, summary: bool) -> (Vec<OutputItem>, Option<Finished>) {
+pub(crate) fn folded_output(folded: &Folded, summary: bool) -> (Vec<OutputItem>, Option<Finished>) {
     let Some(choice) = folded.choices.first() else {
         return (Vec::new(), None);
     };
@@ -97,7 +97,7 @@ fn reasoning_item(id: String, text: &str, summary: bool) -> OutputItem {
 }
 
 /// Whether the request asked for reasoning summaries (`reasoning.summary` set).
-pub fn wants_summary(response: &ResponseObject) -> bool {
+pub(crate) fn wants_summary(response: &ResponseObject) -> bool {
     response
         .reasoning
         .get("summary")
@@ -133,7 +133,7 @@ fn logprob_values(tokens: &[TokenLogprob]) -> Vec<Value> {
 }
 
 /// An event as an SSE frame: `event: TYPE` and `data: JSON`.
-pub fn sse_frame(event: &Value) -> Bytes {
+pub(crate) fn sse_frame(event: &Value) -> Bytes {
     chunk(event).sse()
 }
 
@@ -178,10 +178,10 @@ struct OpenMessage {
 }
 
 /// What the renderer hands over when the stream completes (to be stored).
-pub type OnDone = Box<dyn FnOnce(ResponseObject) + Send>;
+pub(crate) type OnDone = Box<dyn FnOnce(ResponseObject) + Send>;
 
 /// Renders a generation as Responses API events, each an SSE frame (`event:` and `data:`).
-pub struct EventRenderer {
+pub(crate) struct EventRenderer {
     response: ResponseObject,
     sequence: u64,
     reasoning: Option<OpenMessage>,
@@ -203,7 +203,7 @@ impl std::fmt::Debug for EventRenderer {
 
 impl EventRenderer {
     /// A renderer for `response` (in progress); `on_done` gets the final object.
-    pub fn new(response: ResponseObject, on_done: Option<OnDone>) -> Self {
+    pub(crate) fn new(response: ResponseObject, on_done: Option<OnDone>) -> Self {
         Self {
             summary: wants_summary(&response),
             response,
@@ -335,7 +335,7 @@ impl EventRenderer {
 
 impl EventRenderer {
     /// `response.created` and `response.in_progress`.
-    pub fn opening_events(&mut self) -> Vec<Chunk> {
+    pub(crate) fn opening_events(&mut self) -> Vec<Chunk> {
         let mut out = Vec::new();
         self.emit_response(&mut out, "response.created");
         self.emit_response(&mut out, "response.in_progress");
@@ -344,7 +344,7 @@ impl EventRenderer {
 
     /// The opening events of a response that waits for its place in the model's queue:
     /// `response.created` and `response.queued`, with status `queued`.
-    pub fn queued_events(&mut self) -> Vec<Chunk> {
+    pub(crate) fn queued_events(&mut self) -> Vec<Chunk> {
         let mut out = Vec::new();
         self.response.status = "queued".into();
         self.emit_response(&mut out, "response.created");
@@ -353,7 +353,7 @@ impl EventRenderer {
     }
 
     /// `response.in_progress`, once a queued response got its place.
-    pub fn started_events(&mut self) -> Vec<Chunk> {
+    pub(crate) fn started_events(&mut self) -> Vec<Chunk> {
         let mut out = Vec::new();
         self.response.status = "in_progress".into();
         self.emit_response(&mut out, "response.in_progress");
@@ -361,7 +361,7 @@ impl EventRenderer {
     }
 
     /// The events one generation event makes.
-    pub fn events(&mut self, event: &GenEvent) -> Vec<Chunk> {
+    pub(crate) fn events(&mut self, event: &GenEvent) -> Vec<Chunk> {
         let mut out = Vec::new();
         match event {
             GenEvent::Reasoning { text, .. } => self.push_reasoning(&mut out, text),
@@ -484,7 +484,7 @@ impl EventRenderer {
     }
 
     /// `response.failed` for a failure after the head.
-    pub fn failure_events(&mut self, error: &ErrorDetail) -> Vec<Chunk> {
+    pub(crate) fn failure_events(&mut self, error: &ErrorDetail) -> Vec<Chunk> {
         let mut out = Vec::new();
         self.close_reasoning(&mut out);
         self.close_message(&mut out, "incomplete");
@@ -497,7 +497,7 @@ impl EventRenderer {
     }
 
     /// The response as it stands (final once the last event was made).
-    pub fn response(&self) -> &ResponseObject {
+    pub(crate) fn response(&self) -> &ResponseObject {
         &self.response
     }
 }

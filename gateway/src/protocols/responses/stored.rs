@@ -15,11 +15,11 @@ use crate::openai::responses::ResponseObject;
 use crate::store::{Store, StoreError};
 
 /// How long a stored response is kept (OpenAI keeps them for 30 days).
-pub const KEEP_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
+pub(crate) const KEEP_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// How long the events of a streamed background response are kept for a reader to pick the
 /// stream up again (the response itself stays for [`KEEP_FOR`]).
-pub const KEEP_EVENTS_FOR: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const KEEP_EVENTS_FOR: Duration = Duration::from_secs(24 * 3600);
 
 /// A response with the conversation that led to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -139,7 +139,7 @@ impl ResponseStore {
 }
 
 /// The 404 for an id that is not kept for this caller.
-pub fn not_found(id: &str, param: Option<&str>) -> ApiError {
+pub(crate) fn not_found(id: &str, param: Option<&str>) -> ApiError {
     match param {
         Some(param) => ApiError::NotFound {
             param: Some(param.to_string()),

@@ -12,10 +12,10 @@ use crate::generation::{
 };
 use crate::openai::chat::{FunctionDefinition, Tool};
 use crate::openai::responses::{ResponseObject, ResponsesRequest};
-use crate::pipeline::{params, prompt};
+use crate::protocols::messages;
 
 /// Function tools as chat tools; other tool types are refused.
-pub fn chat_tools(tools: &[Value]) -> Result<Vec<Tool>, ApiError> {
+pub(crate) fn chat_tools(tools: &[Value]) -> Result<Vec<Tool>, ApiError> {
     tools
         .iter()
         .enumerate()
@@ -52,7 +52,7 @@ pub fn chat_tools(tools: &[Value]) -> Result<Vec<Tool>, ApiError> {
 
 /// `tool_choice`: `auto` (or unset), `none`, or anything else (`required`, a named function),
 /// which would force a call.
-pub fn tool_choice(choice: Option<&Value>) -> ToolChoice {
+pub(crate) fn tool_choice(choice: Option<&Value>) -> ToolChoice {
     match choice {
         None | Some(Value::Null) => ToolChoice::Auto,
         Some(Value::String(s)) if s == "none" => ToolChoice::None,
@@ -62,7 +62,7 @@ pub fn tool_choice(choice: Option<&Value>) -> ToolChoice {
 }
 
 /// `text.format` as the output format.
-pub fn output_format(text: Option<&Value>) -> Result<OutputFormat, ApiError> {
+pub(crate) fn output_format(text: Option<&Value>) -> Result<OutputFormat, ApiError> {
     let Some(format) = text.and_then(|t| t.get("format")) else {
         return Ok(OutputFormat::Text);
     };
@@ -80,7 +80,7 @@ pub fn output_format(text: Option<&Value>) -> Result<OutputFormat, ApiError> {
 }
 
 /// The Responses API's names for the parameters errors point at.
-pub const NAMES: ParamNames = ParamNames {
+pub(crate) const NAMES: ParamNames = ParamNames {
     prompt: "input",
     max_tokens: "max_output_tokens",
     top_logprobs: "top_logprobs",
@@ -93,27 +93,22 @@ pub const NAMES: ParamNames = ParamNames {
 /// `req` as the facade's generation request: the conversation `shown` (with the instructions
 /// first) for the chat template, `tools` offered, and the settings under the Responses API's
 /// own names.
-pub fn generation_request(
+pub(crate) fn generation_request(
     req: &ResponsesRequest,
     shown: &[Value],
     tools: &[Tool],
 ) -> Result<GenerationRequest, ApiError> {
     let messages =
-        prompt::template_messages(&input::to_messages(req.instructions.as_deref(), shown))?;
+        messages::template_messages(&input::to_messages(req.instructions.as_deref(), shown))?;
     let template_tools = match tools {
         [] => None,
-        tools => Some(prompt::template_tools(tools)?),
+        tools => Some(messages::template_tools(tools)?),
     };
     let wants_logprobs = req
         .include
         .iter()
         .flatten()
         .any(|i| i == "message.output_text.logprobs");
-    let logprobs = match (&req.top_logprobs, wants_logprobs) {
-        (_, false) => None,
-        (None, true) => Some(0),
-        (Some(n), true) => Some(params::integer("top_logprobs", n, 0, 20)? as u32),
-    };
     Ok(GenerationRequest {
         model: req.model.clone(),
         prompt: Prompt::Chat {
@@ -134,7 +129,8 @@ pub fn generation_request(
         },
         max_tokens: req.max_output_tokens.clone(),
         default_max_tokens: None,
-        logprobs,
+        logprobs: wants_logprobs,
+        top_logprobs: req.top_logprobs.clone().filter(|_| wants_logprobs),
         tools: Tools {
             names: tools.iter().map(|t| t.function.name.clone()).collect(),
             choice: tool_choice(req.tool_choice.as_ref()),
@@ -154,7 +150,7 @@ pub fn generation_request(
 
 /// Response `id` to `req`, in progress and with no output yet: the request's settings echoed
 /// with OpenAI's defaults, every other key empty.
-pub fn in_progress(
+pub(crate) fn in_progress(
     req: &ResponsesRequest,
     id: &str,
     created_at: u64,
@@ -216,7 +212,7 @@ pub fn in_progress(
 }
 
 /// Checks what the gateway does not do (yet) and the shapes of the echoed settings.
-pub fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
+pub(crate) fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
     if req.background == Some(true) && req.store == Some(false) {
         return Err(ApiError::invalid(
             "store",

@@ -17,7 +17,7 @@ use crate::error::ApiError;
 
 /// The index of the first item of `items` to keep so that `count(&items[start..])`, a prompt's
 /// token count, is at most `limit`. `count` is called O(log n) times.
-pub fn first_kept(
+pub(crate) fn first_kept(
     items: &[Value],
     limit: usize,
     mut count: impl FnMut(&[Value]) -> Result<usize, ApiError>,

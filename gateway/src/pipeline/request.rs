@@ -2,13 +2,13 @@
 //! gateway's own terms, with the caller's own parameter names kept for errors.
 //!
 //! A protocol's translator fills this from its wire type (chat messages, a Responses
-//! conversation, legacy prompts) and the facade ([`super::Generator`]) checks it against the
-//! model, templates and tokenizes it, and admits it. Nothing here knows HTTP or a wire format
-//! beyond the JSON values a chat template reads.
+//! conversation, legacy prompts); the facade (`generation::Generator`) hands it to
+//! [`super::plan`], which checks it against the model and templates and tokenizes it. Nothing
+//! here knows HTTP or a wire format beyond the JSON values a chat template reads.
 
 use serde_json::{Map, Number, Value};
 
-pub use crate::pipeline::params::Sampling;
+pub(crate) use super::params::Sampling;
 
 /// What to generate, before it is checked against the model.
 #[derive(Debug, Clone)]
@@ -23,8 +23,10 @@ pub struct GenerationRequest {
     pub max_tokens: Option<Number>,
     /// `max_tokens` when the caller set none (`None`: the gateway's default output budget).
     pub default_max_tokens: Option<u32>,
-    /// Log probabilities: `Some(alternatives per token)` when asked for.
-    pub logprobs: Option<u32>,
+    /// Whether to return log probabilities.
+    pub logprobs: bool,
+    /// Alternatives per token with them, as the caller wrote it.
+    pub top_logprobs: Option<Number>,
     /// Tools offered to the model, and whether it may call them.
     pub tools: Tools,
     /// A shape the output must take.
@@ -42,7 +44,7 @@ pub struct GenerationRequest {
 pub enum Prompt {
     /// A conversation, rendered by the model's chat template.
     Chat {
-        /// Messages, already in the template's shape (see `pipeline::prompt`).
+        /// Messages, already in the template's shape.
         messages: Vec<Value>,
         /// Tool definitions the template shows the model, in the template's shape.
         tools: Option<Value>,

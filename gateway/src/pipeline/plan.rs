@@ -1,0 +1,208 @@
+//! A generation request checked against its model and turned into what the engine runs: the
+//! parameters (sampling, stops, log probabilities, grammar, output budget), the prompt token
+//! ids (templated and tokenized within the prompt budget), and how to read the output (tool
+//! calls, reasoning). One pure step, in one place, before admission.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use turnpike_engine_api::Grammar;
+
+use super::request::{GenerationRequest, OutputFormat, ParamNames, Prompt, ToolChoice, Tools};
+use super::run::{Job, ToolSetup};
+use super::{params, prompt};
+use crate::engine_host::{Defaults, ServedModel};
+use crate::error::ApiError;
+
+/// A checked, tokenized generation, before admission.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    /// What to run (its parameters still lack the tenant, set at admission).
+    pub job: Job,
+    /// Choices per prompt.
+    pub n: u32,
+    /// Alternatives per token, when log probabilities were asked for.
+    pub logprobs: Option<u32>,
+    /// Each prompt's text (legacy prompts only; for `echo`).
+    pub prompt_texts: Vec<String>,
+    /// The scheduling priority (`metadata.priority`).
+    pub priority: i32,
+}
+
+impl Plan {
+    /// Prompt tokens of all prompts.
+    pub(crate) fn prompt_tokens(&self) -> u64 {
+        self.job.prompts.iter().map(|p| p.len() as u64).sum()
+    }
+
+    /// The most tokens the generation may produce: `max_tokens` for each choice of each prompt.
+    pub(crate) fn most_new_tokens(&self) -> u64 {
+        let p = &self.job.params;
+        u64::from(p.max_tokens) * u64::from(p.n) * self.job.prompts.len() as u64
+    }
+}
+
+/// Checks `req` against `model` (and the request `defaults`), templates and tokenizes its
+/// prompt, and plans request `id` (which the engine also hears); `retry_after` is what an
+/// overloaded engine tells the caller.
+pub(crate) fn plan(
+    req: &GenerationRequest,
+    model: &Arc<ServedModel>,
+    defaults: &Defaults,
+    id: &str,
+    retry_after: Duration,
+) -> Result<Plan, ApiError> {
+    let names = req.names;
+    let tools = tool_setup(&req.tools, names, model)?;
+    let mut p = params::generation_params(&req.sampling, model, defaults)?;
+    let stop = params::stop_strings(req.sampling.stop.as_ref())?;
+    let top = match &req.top_logprobs {
+        Some(n) => params::integer(names.top_logprobs, n, 0, 20)? as u32,
+        None => 0,
+    };
+    if top > 0 && !req.logprobs {
+        return Err(ApiError::invalid(
+            names.top_logprobs,
+            format!("'{}' requires 'logprobs' to be true", names.top_logprobs),
+        ));
+    }
+    let logprobs = params::logprobs(req.logprobs, top, names.top_logprobs, model)?;
+    p.logprobs = logprobs.is_some();
+    p.top_logprobs = logprobs.unwrap_or(0);
+    p.grammar = grammar(&req.output, names, model)?;
+    let budget = params::prompt_limit(model, defaults);
+    let (prompts, prompt_texts, reasoning) = match &req.prompt {
+        Prompt::Chat {
+            messages,
+            tools: shown,
+            template_kwargs,
+        } => {
+            // With tool_choice "none" the model is not shown the tools.
+            let shown = shown
+                .as_ref()
+                .filter(|_| req.tools.choice != ToolChoice::None);
+            let ids = prompt::chat_prompt(
+                model,
+                messages,
+                shown,
+                template_kwargs.as_ref(),
+                budget,
+                names.prompt,
+            )?;
+            (vec![ids], Vec::new(), model.reasoning.clone())
+        }
+        Prompt::Texts(value) => {
+            params::check_total_choices(prompt::input_count(value), p.n)?;
+            let inputs = prompt::text_inputs(value, names.prompt, model, true, budget)?;
+            let (ids, texts) = inputs.into_iter().map(|i| (i.ids, i.text)).unzip();
+            (ids, texts, None)
+        }
+    };
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    p.max_tokens = params::max_tokens(
+        req.max_tokens.as_ref(),
+        names.max_tokens,
+        req.default_max_tokens.unwrap_or(defaults.max_output_tokens),
+        longest,
+        model,
+        defaults,
+        names.prompt,
+    )?;
+    params::complete_params(&mut p, model)?;
+    p.reasoning_effort = reasoning_effort(req.reasoning_effort.as_deref(), names)?;
+    p.request_id = Some(id.to_string());
+    let priority = params::priority(req.metadata.as_ref())?;
+    p.priority = priority;
+    let n = p.n;
+    Ok(Plan {
+        job: Job {
+            model: Arc::clone(model),
+            prompts,
+            params: p,
+            stop,
+            logprobs: logprobs.is_some(),
+            retry_after,
+            tools,
+            reasoning,
+        },
+        n,
+        logprobs,
+        prompt_texts,
+        priority,
+    })
+}
+
+/// Whether and how to parse tool calls: only when tools are offered and the model may choose.
+/// Forcing a call is refused, as is offering tools to a model whose tool-call format is not
+/// configured (its calls would come back as text nobody parses).
+fn tool_setup(
+    tools: &Tools,
+    names: ParamNames,
+    model: &ServedModel,
+) -> Result<Option<ToolSetup>, ApiError> {
+    match tools.choice {
+        ToolChoice::None => return Ok(None),
+        ToolChoice::Forced => {
+            return Err(ApiError::unsupported(
+                names.tool_choice,
+                format!(
+                    "model `{}` cannot be made to call a tool; use 'auto' or 'none'",
+                    model.id
+                ),
+            ));
+        }
+        ToolChoice::Auto => {}
+    }
+    if tools.names.is_empty() {
+        return Ok(None);
+    }
+    let Some(format) = model.tool_call_parser else {
+        return Err(ApiError::unsupported(
+            "tools",
+            format!(
+                "model `{}` has no tool-call format configured (`tool_call_parser`), so its tool calls cannot be returned",
+                model.id
+            ),
+        ));
+    };
+    Ok(Some(ToolSetup {
+        format,
+        names: tools.names.clone(),
+        max_calls: if tools.parallel { usize::MAX } else { 1 },
+    }))
+}
+
+/// The grammar an output format needs, if the model can enforce it.
+fn grammar(
+    output: &OutputFormat,
+    names: ParamNames,
+    model: &ServedModel,
+) -> Result<Option<Grammar>, ApiError> {
+    let grammar = match output {
+        OutputFormat::Text => return Ok(None),
+        OutputFormat::JsonObject => Grammar::JsonObject,
+        OutputFormat::JsonSchema(schema) => {
+            prompt::check_schema(schema, names.schema)?;
+            Grammar::JsonSchema {
+                schema: schema.clone(),
+            }
+        }
+    };
+    params::grammar(grammar, names.output, model).map(Some)
+}
+
+/// A reasoning effort, one of OpenAI's words.
+fn reasoning_effort(effort: Option<&str>, names: ParamNames) -> Result<Option<String>, ApiError> {
+    match effort {
+        None => Ok(None),
+        Some(e @ ("none" | "minimal" | "low" | "medium" | "high" | "xhigh")) => {
+            Ok(Some(e.to_string()))
+        }
+        Some(other) => Err(ApiError::invalid(
+            names.reasoning_effort,
+            format!(
+                "'{other}' is not an effort; expected none, minimal, low, medium, high or xhigh"
+            ),
+        )),
+    }
+}

@@ -1,0 +1,138 @@
+//! OpenAI chat messages and function tools in the shape a chat template reads: roles as
+//! templates know them (`developer` as `system`), content as text, tool-call arguments parsed
+//! into objects. Chat and the Responses API (whose conversation becomes chat messages) both
+//! hand these to the facade as the neutral prompt.
+
+use serde_json::{Map, Value, json};
+
+use crate::error::ApiError;
+use crate::openai::chat::{ChatMessage, Content, ContentPart, Tool};
+
+/// The text of message content (text parts joined by newlines); other parts are refused.
+fn content_text(content: &Content, param: &str) -> Result<String, ApiError> {
+    match content {
+        Content::Text(t) => Ok(t.clone()),
+        Content::Parts(parts) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (j, part) in parts.iter().enumerate() {
+                match part {
+                    ContentPart::Text { text } => texts.push(text.as_str()),
+                    ContentPart::Refusal { refusal } => texts.push(refusal.as_str()),
+                    ContentPart::ImageUrl { .. }
+                    | ContentPart::InputAudio { .. }
+                    | ContentPart::File { .. } => {
+                        return Err(ApiError::unsupported(
+                            format!("{param}[{j}].type"),
+                            "this model accepts text content only",
+                        ));
+                    }
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+    }
+}
+
+/// Messages as the chat template expects them (OpenAI shape, `developer` as `system`, content
+/// as text, tool-call arguments parsed into objects as templates iterate them).
+pub(crate) fn template_messages(messages: &[ChatMessage]) -> Result<Vec<Value>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "'messages' must hold at least one message",
+        ));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, message) in messages.iter().enumerate() {
+        let param = format!("messages[{i}].content");
+        let mut m = Map::new();
+        let with_name = |m: &mut Map<String, Value>, name: &Option<String>| {
+            if let Some(name) = name {
+                m.insert("name".into(), Value::String(name.clone()));
+            }
+        };
+        match message {
+            ChatMessage::System { content, name } | ChatMessage::Developer { content, name } => {
+                m.insert("role".into(), "system".into());
+                m.insert("content".into(), content_text(content, &param)?.into());
+                with_name(&mut m, name);
+            }
+            ChatMessage::User { content, name } => {
+                m.insert("role".into(), "user".into());
+                m.insert("content".into(), content_text(content, &param)?.into());
+                with_name(&mut m, name);
+            }
+            ChatMessage::Assistant {
+                content,
+                tool_calls,
+                name,
+            } => {
+                m.insert("role".into(), "assistant".into());
+                let text = content
+                    .as_ref()
+                    .map(|c| content_text(c, &param))
+                    .transpose()?;
+                m.insert("content".into(), text.unwrap_or_default().into());
+                with_name(&mut m, name);
+                if let Some(calls) = tool_calls.as_ref().filter(|c| !c.is_empty()) {
+                    let calls: Vec<Value> = calls
+                        .iter()
+                        .map(|c| {
+                            let args = serde_json::from_str::<Value>(&c.function.arguments)
+                                .unwrap_or_else(|_| Value::String(c.function.arguments.clone()));
+                            json!({"id": c.id, "type": c.kind, "function": {"name": c.function.name, "arguments": args}})
+                        })
+                        .collect();
+                    m.insert("tool_calls".into(), Value::Array(calls));
+                }
+            }
+            ChatMessage::Tool {
+                content,
+                tool_call_id,
+            } => {
+                m.insert("role".into(), "tool".into());
+                m.insert("content".into(), content_text(content, &param)?.into());
+                m.insert("tool_call_id".into(), tool_call_id.clone().into());
+            }
+        }
+        out.push(Value::Object(m));
+    }
+    Ok(out)
+}
+
+/// Tool definitions for the template; malformed schemas are 422.
+pub(crate) fn template_tools(tools: &[Tool]) -> Result<Value, ApiError> {
+    for (i, tool) in tools.iter().enumerate() {
+        if tool.kind != "function" {
+            return Err(ApiError::unsupported(
+                format!("tools[{i}].type"),
+                "only 'function' tools are supported",
+            ));
+        }
+        let name = &tool.function.name;
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !valid {
+            return Err(ApiError::invalid(
+                format!("tools[{i}].function.name"),
+                "a function name must be 1 to 64 letters, digits, underscores or dashes",
+            ));
+        }
+        if let Some(params) = &tool.function.parameters
+            && !params.is_object()
+        {
+            return Err(ApiError::InvalidSchema {
+                param: format!("tools[{i}].function.parameters"),
+                message: format!(
+                    "the parameters of function `{name}` must be a JSON Schema object"
+                ),
+            });
+        }
+    }
+    serde_json::to_value(tools).map_err(|e| ApiError::Internal {
+        detail: format!("tools: {e}"),
+    })
+}
