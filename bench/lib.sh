@@ -6,11 +6,19 @@
 work=target/bench
 mkdir -p "$work/runs"
 
-# oha and llmsim (cargo), LiteLLM's proxy (pip), and the release gateway and simulator.
-install_all() {
+# The release gateway and simulator, and oha.
+install_turnpike() {
   cargo build --release --quiet -p turnpike -p turnpike-sim
-  if [ ! -x "$work/tools/bin/oha" ] || [ ! -x "$work/tools/bin/llmsim" ]; then
-    cargo install --locked --quiet --root "$work/tools" oha@1.16.0 llmsim@0.6.0
+  if [ ! -x "$work/tools/bin/oha" ]; then
+    cargo install --locked --quiet --root "$work/tools" oha@1.16.0
+  fi
+}
+
+# What install_turnpike installs, llmsim (cargo) and LiteLLM's proxy (pip).
+install_all() {
+  install_turnpike
+  if [ ! -x "$work/tools/bin/llmsim" ]; then
+    cargo install --locked --quiet --root "$work/tools" llmsim@0.6.0
   fi
   if [ ! -x "$work/litellm/bin/litellm" ]; then
     python3 -m venv "$work/litellm"

@@ -1,8 +1,39 @@
-//! Turnpike, the gateway: configuration, engine hosting, protocol translation, HTTP routes and
-//! the command line.
+//! Turnpike, the gateway: an OpenAI-compatible front door that authenticates callers, applies
+//! their tenant's limits, translates every protocol into one generation request, and runs it on
+//! an engine plugin.
 //!
 //! `main.rs` only parses the command line and calls [`cli::run`]; everything else lives here so
-//! tests can drive it in-process.
+//! tests can drive it in-process. The library exports what the binary and the tests drive; the
+//! rest is crate-private.
+//!
+//! # A request's path, top to bottom
+//!
+//! A streamed `POST /v1/chat/completions`, module by module (each line one job):
+//!
+//! | step | module | its one job |
+//! |---|---|---|
+//! | 1 | `listener`, `body` | accept the connection (capped, header and body deadlines) |
+//! | 2 | [`routes`] (`admission`) | authenticate ([`tenancy`]), check the endpoint scope and JSON body, count the request rate (limits, phase 1), then `idempotency`: replay, join or conflict |
+//! | 3 | [`routes`] (`chat`) | the handler: extract the body, call its protocol, frame the reply |
+//! | 4 | `protocols` (`chat`) | translate the wire request into the one `GenerationRequest` |
+//! | 5 | `generation` | the facade: model lookup and the caller's scope, then the plan, admission, start |
+//! | 6 | `pipeline` (`plan`) | check parameters against the model, template and tokenize within the prompt budget |
+//! | 7 | [`tenancy`] (`admit`) | reserve tokens on the exact prompt, take a concurrency lease and a queue place (limits, phase 2) |
+//! | 8 | `pipeline` (`run`) | submit one engine request per prompt and merge their events into text, stops, tool calls, logprobs |
+//! | 9 | [`engine_host`] | the plugin's `submit` through the C ABI, its events back as a tokio stream |
+//!
+//! Back up: `protocols::render` drives the protocol's renderer over the generation into typed
+//! items, or `protocols::deliver` folds it into one answer; `routes::sse` frames those as
+//! server-sent events or one JSON body, `routes::websocket` as WebSocket messages. Dropping the
+//! stream cancels the engine work and settles the tenant's tokens.
+//!
+//! # Layers
+//!
+//! Imports only point down: [`cli`] → [`server`] → [`config`] (composes the settings each
+//! component owns) → [`routes`] → `protocols` → `generation` → [`tenancy`], `idempotency`,
+//! `pipeline` → [`engine_host`] → [`text`] → `store`, [`observability`], and at the bottom
+//! `error`, `openai` (wire types), `ids`, `clock`. Below `config`, no module imports `routes`;
+//! `tests/layers.rs` keeps it so.
 
 #![warn(missing_docs, unreachable_pub)]
 

@@ -11,9 +11,9 @@ mod raw;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 pub use crate::engine_host::settings::{Defaults, EngineConfig, ModelConfig};
+pub use crate::routes::settings::{CorsOrigins, ServerConfig};
 pub use crate::tenancy::keys_file;
 pub use crate::tenancy::settings::{SharedJwt, TenancyConfig};
 pub use crate::text::tools::ToolCallFormat;
@@ -64,42 +64,6 @@ pub struct Config {
     pub models: Option<Vec<ModelConfig>>,
     /// Authentication, tenants, limits, state and idempotency.
     pub tenancy: TenancyConfig,
-}
-
-/// Server limits and timings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ServerConfig {
-    /// Largest request body; larger is 413.
-    pub max_body_bytes: usize,
-    /// A stream that sent nothing for this long gets an SSE comment.
-    pub stream_heartbeat: Duration,
-    /// Longest a request may take from arrival to its last byte.
-    pub request_timeout: Duration,
-    /// What `retry-after` says on 429 and 503.
-    pub retry_after: Duration,
-    /// Browser origins allowed to call the API.
-    pub cors: CorsOrigins,
-    /// Open WebSocket connections at most (Responses and chat); more are refused with
-    /// `websocket_connection_limit_reached`.
-    pub websocket_max_connections: usize,
-    /// How long one WebSocket connection may stay open.
-    pub websocket_max_duration: Duration,
-    /// Connections at most, and how long a connection may take to send a request's headers.
-    pub connections: crate::listener::ConnectionLimits,
-    /// How long a request's whole body may take to arrive once its headers have (408 past it).
-    pub body_read_timeout: Duration,
-}
-
-/// Browser origins allowed to call the API (CORS).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum CorsOrigins {
-    /// None: no CORS headers, browsers refuse cross-origin calls.
-    #[default]
-    None,
-    /// Any origin (`"*"`).
-    Any,
-    /// These origins, each `scheme://host[:port]`.
-    List(Vec<String>),
 }
 
 /// Checks a tenant name (letters, digits, `-`, `_`, `.`; at most 64).
@@ -170,6 +134,8 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {

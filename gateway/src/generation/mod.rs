@@ -28,9 +28,10 @@ pub(crate) use stream::Generation;
 
 use crate::engine_host::{Defaults, ModelRegistry, ServedModel};
 use crate::error::ApiError;
-use crate::pipeline::run::Job;
+use crate::pipeline::run::{self, Job};
 use crate::pipeline::{plan, prompt};
 use crate::tenancy::{Admission, Caller, Tenancy};
+use record::RequestRecord;
 
 /// How long a generation may take, and what an overloaded engine tells the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +66,25 @@ pub struct Prepared {
     admission: Admission,
 }
 
+/// A started generation, with what its protocol renders it by.
+#[derive(Debug)]
+pub(crate) struct Started {
+    /// The events.
+    pub(crate) stream: Generation,
+    /// Its record, accounted when it ends.
+    pub(crate) record: RequestRecord,
+    /// The model.
+    pub(crate) model: Arc<ServedModel>,
+    /// Choices per prompt.
+    pub(crate) n: u32,
+    /// Alternatives per token, when log probabilities were asked for.
+    pub(crate) logprobs: Option<u32>,
+    /// Prompts.
+    pub(crate) prompts: usize,
+    /// Each prompt's text (legacy prompts only; for `echo`).
+    pub(crate) prompt_texts: Vec<String>,
+}
+
 impl Prepared {
     /// Prompts (one engine request each).
     pub fn prompts(&self) -> usize {
@@ -89,7 +109,7 @@ impl Prepared {
 
     /// Submits to the engine; a refusal is an error before any response is sent.
     pub fn start(self) -> Result<Generation, ApiError> {
-        let stream = crate::pipeline::run::start(self.job)?;
+        let stream = run::start(self.job)?;
         Ok(Generation::new(stream, self.admission))
     }
 }
@@ -164,6 +184,46 @@ impl Generator {
                 Ok(inputs.iter().map(|i| i.ids.len()).sum())
             }
         }
+    }
+
+    /// The whole way from a protocol's request to the engine's stream: prepares `req`
+    /// ([`Self::prepare`], waiting for its place in the model's queue) and submits it. `record`
+    /// (opened by the protocol, which knows its endpoint) learns the served model's id, and
+    /// hears of a failure to start.
+    pub(crate) async fn generate(
+        &self,
+        caller: &Caller,
+        req: &GenerationRequest,
+        id: &str,
+        mut record: RequestRecord,
+    ) -> Result<Started, ApiError> {
+        let prepared = self.prepare(caller, req, id, record.started, true).await?;
+        record.model.clone_from(&prepared.model.id);
+        let Prepared {
+            model,
+            n,
+            logprobs,
+            prompt_texts,
+            job,
+            admission,
+        } = prepared;
+        let prompts = job.prompts.len();
+        let stream = match run::start(job) {
+            Ok(stream) => Generation::new(stream, admission),
+            Err(e) => {
+                record.failed(&e);
+                return Err(e);
+            }
+        };
+        Ok(Started {
+            stream,
+            record,
+            model,
+            n,
+            logprobs,
+            prompts,
+            prompt_texts,
+        })
     }
 
     /// Checks `req` against its model, templates and tokenizes it ([`plan`]) and admits it

@@ -1,8 +1,6 @@
 //! Chat completions: the wire request translated into the facade's generation request, and
 //! the generation rendered back as `chat.completion.chunk` events or one `chat.completion`.
 
-use std::sync::Arc;
-
 use serde_json::{Value, json};
 
 use super::deliver::{Delivered, deliver};
@@ -14,7 +12,7 @@ use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::generation::record::RequestRecord;
 use crate::generation::{
-    GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, ToolChoice, Tools,
+    GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started, ToolChoice, Tools,
 };
 use crate::ids::new_id;
 use crate::openai::chat::{
@@ -121,20 +119,25 @@ pub(crate) async fn complete(
 ) -> Result<Reply, ApiError> {
     let id = new_id("chatcmpl-");
     let generation = generation_request(req)?;
-    let prepared = call
-        .generator
-        .prepare(call.caller, &generation, &id, call.started, true)
-        .await?;
-    let (n, logprobs, model) = (prepared.n, prepared.logprobs, Arc::clone(&prepared.model));
     let record = RequestRecord::new(
         id.clone(),
         "chat",
-        model.id.clone(),
+        req.model.clone(),
         req.user.clone(),
         req.stream.unwrap_or(false),
         call.started,
     );
-    let stream = prepared.start().inspect_err(|e| record.failed(e))?;
+    let Started {
+        stream,
+        record,
+        model,
+        n,
+        logprobs,
+        ..
+    } = call
+        .generator
+        .generate(call.caller, &generation, &id, record)
+        .await?;
     let renderer = ChunkRenderer::new(id.clone(), req, &model, n, logprobs.is_some());
     let (folded, head) = match deliver(stream, record, call.streams, n as usize, renderer).await? {
         Delivered::Streamed(events) => return Ok(Reply::Events { id, events }),

@@ -9,7 +9,9 @@ use super::{Call, Reply};
 use crate::clock::unix_now;
 use crate::error::ApiError;
 use crate::generation::record::RequestRecord;
-use crate::generation::{GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Tools};
+use crate::generation::{
+    GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started, Tools,
+};
 use crate::ids::new_id;
 use crate::openai::common::{CompletionLogprobs, Usage};
 use crate::openai::completions::{Completion, CompletionChoice, CompletionRequest};
@@ -120,26 +122,27 @@ pub(crate) fn generation_request(
 pub(crate) async fn complete(call: Call<'_>, req: &CompletionRequest) -> Result<Reply, ApiError> {
     let (generation, echo) = generation_request(req)?;
     let id = new_id("cmpl-");
-    let prepared = call
-        .generator
-        .prepare(call.caller, &generation, &id, call.started, true)
-        .await?;
-    let (n, logprobs, prompts) = (prepared.n, prepared.logprobs, prepared.prompts());
-    let model = std::sync::Arc::clone(&prepared.model);
-    let echoes = if echo {
-        prepared.prompt_texts.clone()
-    } else {
-        Vec::new()
-    };
     let record = RequestRecord::new(
         id.clone(),
         "completions",
-        model.id.clone(),
+        req.model.clone(),
         req.user.clone(),
         req.stream.unwrap_or(false),
         call.started,
     );
-    let stream = prepared.start().inspect_err(|e| record.failed(e))?;
+    let Started {
+        stream,
+        record,
+        model,
+        n,
+        logprobs,
+        prompts,
+        prompt_texts,
+    } = call
+        .generator
+        .generate(call.caller, &generation, &id, record)
+        .await?;
+    let echoes = if echo { prompt_texts } else { Vec::new() };
     let renderer = CompletionRenderer {
         id: id.clone(),
         created: unix_now(),

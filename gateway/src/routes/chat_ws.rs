@@ -17,9 +17,8 @@ use axum::response::Response;
 use serde_json::Value;
 
 use super::AppState;
-use super::websocket::{
-    Closed, Turns, Waiting, accept, error_event, forward, guarded, send, take_key,
-};
+use super::turn::{forward, guarded};
+use super::websocket::{Closed, Turns, Waiting, accept, error_event, send, take_key};
 use crate::error::ApiError;
 use crate::openai::chat::ChatCompletionRequest;
 use crate::protocols::chat;

@@ -13,7 +13,7 @@ use axum::http::header::{HOST, ORIGIN};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 
-use crate::config::CorsOrigins;
+use super::settings::CorsOrigins;
 use crate::error::ApiError;
 
 /// Response headers a browser client may read.

@@ -15,7 +15,9 @@ mod metrics;
 mod models;
 mod responses;
 mod responses_ws;
+pub mod settings;
 mod sse;
+mod turn;
 mod websocket;
 
 use std::sync::Arc;
@@ -28,7 +30,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 
-use crate::config::{Defaults, ServerConfig};
+use crate::engine_host::Defaults;
 use crate::engine_host::{ModelRegistry, ServedModel};
 use crate::error::ApiError;
 use crate::generation::{Generator, Timing};
@@ -36,6 +38,7 @@ use crate::observability::metrics as record;
 use crate::protocols::responses::{ResponseStore, Responses};
 use crate::protocols::{Call, StreamSettings};
 use crate::tenancy::{Caller, Tenancy};
+pub use settings::{CorsOrigins, ServerConfig};
 
 /// What every handler can reach.
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@ use super::extract::JsonBody;
 use super::sse::respond;
 use crate::error::ApiError;
 use crate::openai::responses::ResponsesRequest;
-use crate::protocols::responses::{api, compact as compaction};
+use crate::protocols::responses::{api, compact as compaction, operations};
 use crate::tenancy::Caller;
 
 /// Handles `POST /v1/responses`.
@@ -61,7 +61,7 @@ pub(super) async fn retrieve(
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let tenant = &caller.principal.tenant.name;
-    api::retrieve(&state.responses, state.streams(), tenant, &id, &query)
+    operations::retrieve(&state.responses, state.streams(), tenant, &id, &query)
         .await
         .map(respond)
 }
@@ -73,7 +73,7 @@ pub(super) async fn delete(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let tenant = &caller.principal.tenant.name;
-    api::delete(&state.responses, tenant, &id)
+    operations::delete(&state.responses, tenant, &id)
         .await
         .map(respond)
 }
@@ -86,7 +86,7 @@ pub(super) async fn input_items(
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let tenant = &caller.principal.tenant.name;
-    api::input_items(&state.responses, tenant, &id, &query)
+    operations::input_items(&state.responses, tenant, &id, &query)
         .await
         .map(respond)
 }
@@ -98,7 +98,7 @@ pub(super) async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let tenant = &caller.principal.tenant.name;
-    api::cancel(&state.responses, tenant, &id)
+    operations::cancel(&state.responses, tenant, &id)
         .await
         .map(respond)
 }

@@ -20,9 +20,8 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::websocket::{
-    Closed, Turns, Waiting, accept, error_event, forward, guarded, send, send_text, take_key,
-};
+use super::turn::{forward, guarded};
+use super::websocket::{Closed, Turns, Waiting, accept, error_event, send, send_text, take_key};
 use crate::clock::unix_now;
 use crate::error::ApiError;
 use crate::openai::responses::{ResponseUsage, ResponsesRequest};

@@ -1,7 +1,6 @@
 //! What the WebSocket endpoints share: the connection's bounds (a permit per connection, a time
 //! limit), turns taken one at a time with later messages waiting (bounded), error events that
-//! never close the socket, and forwarding a turn into frames while watching the socket, so a
-//! client that goes away cancels the engine's work (the response body is dropped).
+//! never close the socket,.
 //!
 //! Messages and frames are bounded by `server.max_body_bytes`, as HTTP bodies are (a larger
 //! message closes the socket with 1009 "message too big"), and the messages waiting for a
@@ -9,13 +8,7 @@
 //! carries an `Origin` the CORS allow-list does not name is refused (403), as the browser would
 //! refuse a cross-origin HTTP call: browsers do not apply CORS to WebSockets.
 //!
-//! A turn calls the same protocol function as its HTTP request and gets the same typed
-//! [`Reply`]: its events become frames one for one ([`messages`]), a failure after the start an
-//! error event with the failure's own status. So a turn meets the same validation, tenant limits
-//! and deadlines as HTTP. An `idempotency_key` in a message goes through the same idempotency
-//! service as an `Idempotency-Key` header (a repeated turn replays, joins or conflicts like a
-//! repeated POST): what it records is the turn's frames, one per line, so a replay sends the
-//! frames the first run sent.
+//! What one turn answers with, and how it reaches the socket, is in [`super::turn`].
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -23,13 +16,10 @@ use std::time::Instant;
 use axum::extract::ws::{CloseFrame, close_code};
 use axum::http::HeaderMap;
 
-use axum::body::Body;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
-use futures_core::Stream;
-use futures_util::{FutureExt, SinkExt, StreamExt};
 use serde_json::{Map, Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -37,8 +27,6 @@ use super::AppState;
 use crate::error::ApiError;
 use crate::idempotency::record;
 use crate::observability::metrics;
-use crate::protocols::Reply;
-use crate::protocols::render::Out;
 use crate::tenancy::Caller;
 use crate::tenancy::limits::LimitReport;
 
@@ -86,7 +74,7 @@ pub(super) const MAX_WAITING: usize = 16;
 pub(super) struct Waiting {
     queue: VecDeque<String>,
     bytes: usize,
-    max_bytes: usize,
+    pub(super) max_bytes: usize,
 }
 
 impl Waiting {
@@ -107,7 +95,7 @@ impl Waiting {
     }
 
     /// Keeps `text`, or says why it cannot.
-    fn push(&mut self, text: String) -> Result<(), ApiError> {
+    pub(super) fn push(&mut self, text: String) -> Result<(), ApiError> {
         if self.queue.len() >= MAX_WAITING || self.bytes + text.len() > self.max_bytes {
             return Err(ApiError::invalid(
                 "type",
@@ -247,7 +235,7 @@ pub(super) async fn session(
 
 /// Closes a socket whose client sent a message past `limit` bytes: an error event, then a close
 /// with 1009 (message too big).
-async fn too_big(socket: &mut WebSocket, limit: usize) {
+pub(super) async fn too_big(socket: &mut WebSocket, limit: usize) {
     let e = ApiError::PayloadTooLarge { limit };
     let _ = send(socket, &error_event(&e)).await;
     let close = CloseFrame {
@@ -280,223 +268,5 @@ pub(super) fn take_key(message: &mut Map<String, Value>) -> Result<Option<String
             "idempotency_key",
             "'idempotency_key' must be a string",
         )),
-    }
-}
-
-/// A turn's messages, as they come.
-pub(super) type Messages = std::pin::Pin<Box<dyn Stream<Item = String> + Send>>;
-
-/// What a turn answers with.
-pub(super) enum Answer {
-    /// Refused before it started: one error event.
-    Refused(ApiError),
-    /// Its messages.
-    Messages(Messages),
-}
-
-impl std::fmt::Debug for Answer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Refused(e) => f.debug_tuple("Refused").field(e).finish(),
-            Self::Messages(_) => f.write_str("Messages"),
-        }
-    }
-}
-
-/// A protocol's reply as a turn's messages: each event's JSON, `[DONE]` at the end only when
-/// `done_frame`, a failure as the protocol's own events or an error event with its status.
-pub(super) fn messages(reply: Reply, done_frame: bool) -> Messages {
-    match reply {
-        Reply::Json { body, .. } => {
-            let text = String::from_utf8_lossy(&body).into_owned();
-            Box::pin(futures_util::stream::iter([text]))
-        }
-        Reply::Events { events, .. } => {
-            Box::pin(events.flat_map(move |out| futures_util::stream::iter(texts(out, done_frame))))
-        }
-        // Background responses are refused on a socket; a log has no typed events.
-        Reply::Log { .. } => {
-            let e = ApiError::unsupported(
-                "background",
-                "background responses are not available over WebSocket",
-            );
-            Box::pin(futures_util::stream::iter([error_event(&e).to_string()]))
-        }
-    }
-}
-
-/// The messages one item of a stream makes.
-fn texts(out: Out, done_frame: bool) -> Vec<String> {
-    let text = |json: &[u8]| String::from_utf8_lossy(json).into_owned();
-    let done = || done_frame.then(|| "[DONE]".to_string());
-    match out {
-        Out::Chunk(chunk) => vec![text(&chunk.json)],
-        Out::KeepAlive => Vec::new(),
-        Out::Done => done().into_iter().collect(),
-        Out::Failed {
-            chunks: Some(chunks),
-            ..
-        } => chunks.iter().map(|c| text(&c.json)).chain(done()).collect(),
-        Out::Failed {
-            status,
-            error,
-            chunks: None,
-        } => vec![json!({"type": "error", "status": status.as_u16(), "error": error}).to_string()],
-    }
-}
-
-/// Runs a turn's `work` (the protocol call), under the idempotency key `key` when the message
-/// carried one and the gateway keeps keys (`body` is the request the key is bound to, `path`
-/// the endpoint). Without a key the messages go out as the protocol makes them; with one they
-/// are recorded as lines of a body, which a replay sends again.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn guarded<F, Fut>(
-    state: &AppState,
-    caller: &Caller,
-    path: &str,
-    key: Option<String>,
-    body: &Value,
-    deadline: Instant,
-    done_frame: bool,
-    work: F,
-) -> Answer
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<Reply, ApiError>> + Send + 'static,
-{
-    let (Some(key), Some(idempotency)) = (key, &state.tenancy.idempotency) else {
-        return match work().await {
-            Ok(reply) => Answer::Messages(messages(reply, done_frame)),
-            Err(e) => Answer::Refused(e),
-        };
-    };
-    let fingerprint = record::fingerprint("WEBSOCKET", path, body.to_string().as_bytes());
-    let tenant = &caller.principal.tenant.name;
-    let recorded = move || {
-        let ran = work();
-        async move {
-            match ran.await {
-                Ok(reply) => {
-                    let lines = messages(reply, done_frame).map(|mut text| {
-                        text.push('\n');
-                        Ok::<_, std::convert::Infallible>(text)
-                    });
-                    Body::from_stream(lines).into_response()
-                }
-                Err(e) => e.into_response(),
-            }
-        }
-    };
-    let response = idempotency
-        .guard(tenant, &key, &fingerprint, deadline, recorded)
-        .await;
-    replayed(response).await
-}
-
-/// Largest error body read from a refused turn.
-const MAX_ERROR_BODY: usize = 64 * 1024;
-
-/// The turn an idempotency record answers with: its error, or its messages (one per line).
-async fn replayed(response: Response) -> Answer {
-    let status = response.status();
-    if !status.is_success() {
-        let body = axum::body::to_bytes(response.into_body(), MAX_ERROR_BODY)
-            .await
-            .unwrap_or_default();
-        let error = serde_json::from_slice::<Value>(&body)
-            .ok()
-            .and_then(|mut v| v.get_mut("error").map(Value::take))
-            .unwrap_or_else(|| json!({"type": "server_error", "message": "the turn failed", "param": null, "code": null}));
-        let event = json!({"type": "error", "status": status.as_u16(), "error": error});
-        return Answer::Messages(Box::pin(futures_util::stream::iter([event.to_string()])));
-    }
-    let lines = futures_util::stream::unfold(
-        (
-            response.into_body().into_data_stream(),
-            Vec::<u8>::new(),
-            false,
-        ),
-        |(mut body, mut buffer, mut ended)| async move {
-            loop {
-                if let Some(end) = buffer.iter().position(|&b| b == b'\n') {
-                    let line: Vec<u8> = buffer.drain(..=end).collect();
-                    let text = String::from_utf8_lossy(&line[..end]).into_owned();
-                    return Some((text, (body, buffer, ended)));
-                }
-                if ended {
-                    return None;
-                }
-                match body.next().await {
-                    Some(Ok(bytes)) => buffer.extend_from_slice(&bytes),
-                    Some(Err(_)) => {
-                        let e = ApiError::Internal {
-                            detail: "a turn's stream failed".into(),
-                        };
-                        ended = true;
-                        buffer.clear();
-                        return Some((error_event(&e).to_string(), (body, buffer, ended)));
-                    }
-                    None => ended = true,
-                }
-            }
-        },
-    );
-    Answer::Messages(Box::pin(lines))
-}
-
-/// Sends a turn's answer over the socket: a refusal as one error event, else its messages.
-/// Messages that arrive meanwhile are kept (at most [`MAX_WAITING`]). Returns the last message
-/// sent (not `[DONE]`), or `Closed` when the socket goes away: dropping the messages then
-/// cancels the turn's work.
-pub(super) async fn forward(
-    socket: &mut WebSocket,
-    answer: Answer,
-    waiting: &mut Waiting,
-) -> Result<Option<String>, Closed> {
-    let mut messages = match answer {
-        Answer::Refused(e) => {
-            send(socket, &error_event(&e)).await?;
-            return Ok(None);
-        }
-        Answer::Messages(messages) => messages,
-    };
-    let mut last = None;
-    loop {
-        tokio::select! {
-            message = messages.next() => {
-                let mut next = Some(message);
-                // What the turn has ready is taken without waiting and sent with one flush.
-                let ended = loop {
-                    match next.take() {
-                        Some(Some(text)) => {
-                            if text != "[DONE]" {
-                                last = Some(text.clone());
-                            }
-                            socket.feed(Message::Text(text.into())).await.map_err(|_| Closed)?;
-                        }
-                        Some(None) => break true,
-                        None => break false,
-                    }
-                    next = messages.next().now_or_never();
-                };
-                socket.flush().await.map_err(|_| Closed)?;
-                if ended {
-                    return Ok(last);
-                }
-            }
-            received = socket.recv() => match frame(received) {
-                Frame::Gone => return Err(Closed),
-                Frame::TooBig => {
-                    too_big(socket, waiting.max_bytes).await;
-                    return Err(Closed);
-                }
-                Frame::Skip => {}
-                Frame::Text(text) => {
-                    if let Err(e) = waiting.push(text) {
-                        send(socket, &error_event(&e)).await?;
-                    }
-                }
-            },
-        }
     }
 }

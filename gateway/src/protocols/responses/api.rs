@@ -1,10 +1,10 @@
-//! The Responses API's requests: a turn (the conversation it continues, truncated when asked,
-//! translated into the facade's generation request and admitted), answered whole, streamed, or
-//! run in the background ([`super::runner`]); and the stored-response operations (retrieve,
-//! delete, cancel, input items).
+//! The Responses API's turns: the conversation a request continues, truncated when asked,
+//! translated into the facade's generation request, and answered whole, streamed, or run in the
+//! background ([`super::runner`]). The stored-response operations are in
+//! [`super::operations`].
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::time::Instant;
 
 use futures_util::FutureExt;
 use serde_json::{Value, json};
@@ -17,31 +17,51 @@ use crate::clock::unix_now;
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::generation::record::RequestRecord;
-use crate::generation::{Generator, Prepared, Prompt};
+use crate::generation::{GenerationRequest, Generator, Prompt, Started};
 use crate::ids::new_id;
 use crate::openai::chat::Tool;
-use crate::openai::responses::{InputItemList, ResponseObject, ResponseUsage, ResponsesRequest};
+use crate::openai::responses::{ResponseObject, ResponseUsage, ResponsesRequest};
 use crate::protocols::deliver::{Delivered, deliver};
 use crate::protocols::messages;
-use crate::protocols::{Call, Reply, StreamSettings};
+use crate::protocols::{Call, Reply};
 
-/// A Responses request validated, translated and admitted: ready to run.
+/// A Responses request validated and translated: ready for the facade.
 #[derive(Debug)]
 pub(crate) struct Turn {
     /// `resp_...`.
     pub id: String,
-    /// The response object before any output.
-    pub base: ResponseObject,
-    /// What to run.
-    pub prepared: Prepared,
-    /// The served model's id.
-    pub model_id: String,
+    /// What to generate.
+    pub generation: GenerationRequest,
+    /// The function tools offered.
+    pub tools: Vec<Tool>,
     /// Whether to store the response.
     pub keep: bool,
     /// The caller's tenant (stored responses are kept per tenant).
     pub tenant: String,
     /// The conversation so far: earlier turns' items, then this turn's input.
     pub items: Vec<Value>,
+}
+
+impl Turn {
+    /// The response object `req` makes before any output (`logprobs`: the alternatives per
+    /// token it returns, if any).
+    pub(crate) fn base(&self, req: &ResponsesRequest, logprobs: Option<u32>) -> ResponseObject {
+        let top = logprobs.unwrap_or(0);
+        in_progress(req, &self.id, unix_now(), &self.tools, self.keep, top)
+    }
+
+    /// The record of the turn `req` asked for, served by `model` (the name it asked for until
+    /// the facade knows the served model).
+    pub(crate) fn record(
+        &self,
+        req: &ResponsesRequest,
+        model: &str,
+        started: Instant,
+    ) -> RequestRecord {
+        let stream = req.stream.unwrap_or(false);
+        let (id, user) = (self.id.clone(), req.user.clone());
+        RequestRecord::new(id, "responses", model.to_string(), user, stream, started)
+    }
 }
 
 /// The conversation `req` makes: the items of the response it continues (the connection's
@@ -190,15 +210,13 @@ pub(crate) fn fit(
     [head, &rest[first..], tail].concat()
 }
 
-/// Validates `req`, finds the conversation it continues (in `last`, a WebSocket connection's
-/// previous response, else in the store), and admits it (waiting for its place in the model's
-/// queue when `wait`).
+/// Validates `req` and finds the conversation it continues (in `last`, a WebSocket
+/// connection's previous response, else in the store), truncated when it asks for that.
 pub(crate) async fn begin(
     call: Call<'_>,
     responses: &Responses,
     req: &ResponsesRequest,
     last: Option<&StoredResponse>,
-    wait: bool,
 ) -> Result<Turn, ApiError> {
     refuse_unsupported(req)?;
     let tenant = call.caller.principal.tenant.name.clone();
@@ -208,24 +226,10 @@ pub(crate) async fn begin(
     let tools = tools.unwrap_or_default();
     let shown = visible(call, req, &tools, &items)?;
     let generation = generation_request(req, &shown, &tools)?;
-    let id = new_id("resp_");
-    let prepared = call
-        .generator
-        .prepare(call.caller, &generation, &id, call.started, wait)
-        .await?;
-    let base = in_progress(
-        req,
-        &id,
-        unix_now(),
-        &tools,
-        keep,
-        prepared.logprobs.unwrap_or(0),
-    );
     Ok(Turn {
-        id,
-        base,
-        model_id: prepared.model.id.clone(),
-        prepared,
+        id: new_id("resp_"),
+        generation,
+        tools,
         keep,
         tenant,
         items,
@@ -241,24 +245,25 @@ pub(crate) async fn respond(
     req: &ResponsesRequest,
     last: Option<&StoredResponse>,
 ) -> Result<(Reply, Vec<Value>), ApiError> {
-    let background = req.background == Some(true);
-    let turn = begin(call, responses, req, last, !background).await?;
-    let record = RequestRecord::new(
-        turn.id.clone(),
-        "responses",
-        turn.model_id.clone(),
-        req.user.clone(),
-        req.stream.unwrap_or(false),
-        call.started,
-    );
-    if background {
-        responses.running.check_room()?;
-        let items = turn.items.clone();
-        let streamed = req.stream == Some(true);
-        let reply = runner::start(call, responses, turn, record, streamed).await?;
-        return Ok((reply, items));
+    let turn = begin(call, responses, req, last).await?;
+    if req.background == Some(true) {
+        return background(call, responses, req, turn).await;
     }
-    let stream = turn.prepared.start().inspect_err(|e| record.failed(e))?;
+    let Started {
+        stream,
+        record,
+        logprobs,
+        ..
+    } = call
+        .generator
+        .generate(
+            call.caller,
+            &turn.generation,
+            &turn.id,
+            turn.record(req, &req.model, call.started),
+        )
+        .await?;
+    let base = turn.base(req, logprobs);
     let on_done: Option<OnDone> = turn.keep.then(|| {
         let (store, tenant, input_items) = (
             responses.store.clone(),
@@ -276,16 +281,16 @@ pub(crate) async fn respond(
             );
         }) as OnDone
     });
-    let renderer = EventRenderer::new(turn.base.clone(), on_done);
+    let renderer = EventRenderer::new(base.clone(), on_done);
     let id = turn.id.clone();
     let folded = match deliver(stream, record, call.streams, 1, renderer).await? {
         Delivered::Streamed(events) => return Ok((Reply::Events { id, events }, turn.items)),
         Delivered::Folded { folded, .. } => folded,
     };
-    let (output, finished) = render::folded_output(&folded, render::wants_summary(&turn.base));
+    let (output, finished) = render::folded_output(&folded, render::wants_summary(&base));
     let t = folded.totals;
     let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, t.reasoning);
-    let response = render::finish(turn.base, output, finished, usage, unix_now());
+    let response = render::finish(base, output, finished, usage, unix_now());
     if turn.keep {
         let stored = StoredResponse {
             response: response.clone(),
@@ -296,34 +301,25 @@ pub(crate) async fn respond(
     Ok((Reply::json(Some(id), &response), turn.items))
 }
 
-/// `tenant`'s stored response `id`, or 404 `response_not_found`.
-async fn stored_or_404(
-    store: &ResponseStore,
-    tenant: &str,
-    id: &str,
-) -> Result<StoredResponse, ApiError> {
-    store
-        .load(tenant, id)
-        .await?
-        .ok_or_else(|| not_found(id, None))
-}
-
-/// `POST /v1/responses/{id}/cancel`: stops `tenant`'s background response that is still
-/// queued or running and stores it `cancelled`; a finished one is returned as it is.
-pub(crate) async fn cancel(
+/// A background turn: admitted without waiting for its place in the model's queue, then run
+/// on a task ([`runner`]).
+async fn background(
+    call: Call<'_>,
     responses: &Responses,
-    tenant: &str,
-    id: &str,
-) -> Result<Reply, ApiError> {
-    let stored = stored_or_404(&responses.store, tenant, id).await?;
-    if !stored.response.background {
-        return Err(ApiError::invalid(
-            "response_id",
-            "only background responses can be cancelled",
-        ));
-    }
-    let stored = runner::cancel(responses, tenant, stored).await?;
-    Ok(Reply::json(None, &stored.response))
+    req: &ResponsesRequest,
+    turn: Turn,
+) -> Result<(Reply, Vec<Value>), ApiError> {
+    let prepared = call
+        .generator
+        .prepare(call.caller, &turn.generation, &turn.id, call.started, false)
+        .await?;
+    let record = turn.record(req, &prepared.model.id, call.started);
+    responses.running.check_room()?;
+    let base = turn.base(req, prepared.logprobs);
+    let items = turn.items.clone();
+    let streamed = req.stream == Some(true);
+    let reply = runner::start(call, responses, turn, base, prepared, record, streamed).await?;
+    Ok((reply, items))
 }
 
 /// Stores a streamed response as its last event is sent: at once when the store answers at
@@ -337,117 +333,4 @@ pub(crate) fn save_soon(responses: ResponseStore, tenant: String, stored: Stored
     if (&mut save).now_or_never().is_none() {
         tokio::spawn(save);
     }
-}
-
-/// `GET /v1/responses/{id}`: `tenant`'s response, or with `stream=true` the event stream of
-/// a streamed background response (after `starting_after`, when given).
-pub(crate) async fn retrieve(
-    responses: &Responses,
-    streams: StreamSettings,
-    tenant: &str,
-    id: &str,
-    query: &HashMap<String, String>,
-) -> Result<Reply, ApiError> {
-    let stored = stored_or_404(&responses.store, tenant, id).await?;
-    let stream = match query.get("stream").map(String::as_str) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "stream",
-                format!("'stream' must be true or false, not '{other}'"),
-            ));
-        }
-    };
-    let starting_after = match query.get("starting_after") {
-        None => None,
-        Some(n) => Some(n.parse::<u64>().map_err(|_| {
-            ApiError::invalid(
-                "starting_after",
-                "'starting_after' must be a sequence number (an integer from 0)",
-            )
-        })?),
-    };
-    if stream {
-        return runner::resume(responses, streams, tenant, &stored, starting_after).await;
-    }
-    Ok(Reply::json(None, &stored.response))
-}
-
-/// `DELETE /v1/responses/{id}`: stops `tenant`'s response if it runs here, and forgets it.
-pub(crate) async fn delete(
-    responses: &Responses,
-    tenant: &str,
-    id: &str,
-) -> Result<Reply, ApiError> {
-    runner::stop(responses, tenant, id);
-    if !responses.store.delete(tenant, id).await? {
-        return Err(not_found(id, None));
-    }
-    Ok(Reply::json(
-        None,
-        &json!({"id": id, "object": "response.deleted", "deleted": true}),
-    ))
-}
-
-/// `GET /v1/responses/{id}/input_items`: `tenant`'s response's input items (`limit` 1..=100,
-/// default 20; `order` `desc` (default) or `asc`; `after` an item id).
-pub(crate) async fn input_items(
-    responses: &Responses,
-    tenant: &str,
-    id: &str,
-    query: &HashMap<String, String>,
-) -> Result<Reply, ApiError> {
-    let limit = match query.get("limit") {
-        Some(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=100).contains(n))
-            .ok_or_else(|| {
-                ApiError::invalid("limit", "'limit' must be an integer from 1 to 100")
-            })?,
-        None => 20,
-    };
-    let ascending = match query.get("order").map(String::as_str) {
-        None | Some("desc") => false,
-        Some("asc") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "order",
-                format!("'{other}' is not an order; expected asc or desc"),
-            ));
-        }
-    };
-    let stored = stored_or_404(&responses.store, tenant, id).await?;
-    let mut items = stored.input_items;
-    if !ascending {
-        items.reverse();
-    }
-    if let Some(after) = query.get("after") {
-        let at = items
-            .iter()
-            .position(|item| item.get("id").and_then(Value::as_str) == Some(after))
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    "after",
-                    format!("no input item '{after}' in response '{id}'"),
-                )
-            })?;
-        items.drain(..=at);
-    }
-    let has_more = items.len() > limit;
-    items.truncate(limit);
-    let id_of = |item: Option<&Value>| {
-        item.and_then(|i| i.get("id"))
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    };
-    let list = InputItemList {
-        object: "list",
-        first_id: id_of(items.first()),
-        last_id: id_of(items.last()),
-        has_more,
-        data: items,
-    };
-    Ok(Reply::json(None, &list))
 }

@@ -16,7 +16,7 @@ use super::api::{begin, conversation, fit, output_reserve};
 use super::{Responses, compaction};
 use crate::clock::unix_now;
 use crate::error::ApiError;
-use crate::generation::record::RequestRecord;
+use crate::generation::Started;
 use crate::ids::new_id;
 use crate::openai::responses::{ResponseInput, ResponseUsage, ResponsesRequest};
 use crate::pipeline::run::GenEvent;
@@ -80,17 +80,18 @@ pub(crate) async fn compact(
         metadata: None,
         ..req.clone()
     };
-    let turn = begin(call, responses, &summarise, None, true).await?;
-    let turn_model = turn.model_id.clone();
-    let record = RequestRecord::new(
-        turn.id.clone(),
-        "responses",
-        turn.model_id.clone(),
-        req.user.clone(),
-        false,
-        call.started,
-    );
-    let stream = turn.prepared.start().inspect_err(|e| record.failed(e))?;
+    let turn = begin(call, responses, &summarise, None).await?;
+    let record = turn.record(&summarise, &req.model, call.started);
+    let Started {
+        stream,
+        record,
+        model,
+        ..
+    } = call
+        .generator
+        .generate(call.caller, &turn.generation, &turn.id, record)
+        .await?;
+    let turn_model = model.id.clone();
     let Delivered::Folded { folded, record, .. } =
         deliver(stream, record, call.streams, 1, NoStream).await?
     else {

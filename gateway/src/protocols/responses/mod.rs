@@ -1,9 +1,9 @@
 //! The Responses API, all of it: input items and the conversation a turn continues
-//! ([`input`], [`truncate`]), translation into the facade's generation request ([`translate`]),
-//! turns and the stored-response operations ([`api`]), the event stream ([`render`]), stored
-//! responses ([`stored`]), background runs and their event logs ([`runner`], [`background`],
-//! [`events`]) and compaction ([`compact`], [`compaction`]). The routes hold only its
-//! handlers.
+//! ([`input`], [`truncate`]), translation into the facade's generation request
+//! ([`translate`]), turns ([`api`]), the stored-response operations ([`operations`]), the event
+//! stream ([`render`]), stored responses ([`stored`]), background runs and their event logs
+//! ([`runner`], [`background`], [`events`]) and compaction ([`compact`], [`compaction`]). The
+//! routes hold only its handlers.
 
 pub(crate) mod api;
 pub(crate) mod background;
@@ -11,6 +11,7 @@ pub(crate) mod compact;
 pub(crate) mod compaction;
 pub(crate) mod events;
 pub(crate) mod input;
+pub(crate) mod operations;
 pub(crate) mod render;
 pub(crate) mod runner;
 pub(crate) mod stored;

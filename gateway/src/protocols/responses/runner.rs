@@ -41,28 +41,30 @@ enum Work {
     Queued(Prepared),
 }
 
-/// Stores `turn`'s response (`queued` or `in_progress`), answers with it (or, when `streamed`,
+/// Stores `turn`'s response `base` (`queued` or `in_progress`), answers with it (or, when `streamed`,
 /// with its event stream), and runs the generation on a task.
 pub(super) async fn start(
     call: Call<'_>,
     responses: &Responses,
     turn: Turn,
+    base: ResponseObject,
+    prepared: Prepared,
     record: RequestRecord,
     streamed: bool,
 ) -> Result<Reply, ApiError> {
-    let queued = turn.prepared.is_waiting();
-    let prompt_tokens = turn.prepared.prompt_tokens();
+    let queued = prepared.is_waiting();
+    let prompt_tokens = prepared.prompt_tokens();
     let base = ResponseObject {
         status: if queued { "queued" } else { "in_progress" }.into(),
         // Usage so far: the prompt is known, nothing is generated yet.
         usage: Some(ResponseUsage::new(prompt_tokens, 0, 0, 0)),
-        ..turn.base
+        ..base
     };
     let work = if queued {
-        Work::Queued(turn.prepared)
+        Work::Queued(prepared)
     } else {
         // Started now, so an engine that refuses it answers this request.
-        Work::Started(turn.prepared.start().inspect_err(|e| record.failed(e))?)
+        Work::Started(prepared.start().inspect_err(|e| record.failed(e))?)
     };
     let (tenant, id) = (turn.tenant, base.id.clone());
     let stored = StoredResponse {

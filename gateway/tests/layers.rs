@@ -1,0 +1,147 @@
+//! The gateway's layers point down: no import cycle between its top-level modules, and only the
+//! layers above the HTTP routes (`config`, which composes every component's settings, and
+//! `server`, which serves them) import `routes`; only `server` and `cli` import `config`. Read
+//! from the sources as they stand; `docs/architecture.md` draws the layers.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level module a file belongs to (`routes` for `routes/chat.rs`).
+fn module_of(root: &Path, file: &Path) -> String {
+    let relative = file.strip_prefix(root).unwrap();
+    let first = relative.components().next().unwrap().as_os_str();
+    first.to_string_lossy().trim_end_matches(".rs").to_string()
+}
+
+/// The top-level modules the code of `text` (comments and unit tests left out) names through
+/// `crate::`, among `modules`.
+fn imports(text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+    let code = text.split("#[cfg(test)]").next().unwrap_or("");
+    let mut found = BTreeSet::new();
+    for line in code.lines() {
+        let line = line.trim_start();
+        if line.starts_with("//") {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            let names: Vec<&str> = match rest.strip_prefix('{') {
+                Some(group) => group
+                    .split('}')
+                    .next()
+                    .unwrap_or("")
+                    .split(',')
+                    .map(|n| n.trim().split("::").next().unwrap_or(""))
+                    .collect(),
+                None => vec![
+                    rest.split(|c: char| !c.is_alphanumeric() && c != '_')
+                        .next()
+                        .unwrap_or(""),
+                ],
+            };
+            for name in names {
+                if modules.contains(name) {
+                    found.insert(name.to_string());
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The gateway's top-level modules and what each imports.
+fn graph() -> BTreeMap<String, BTreeSet<String>> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    let modules: BTreeSet<String> = files
+        .iter()
+        .map(|f| module_of(&root, f))
+        .filter(|m| m != "lib" && m != "main")
+        .collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = modules
+        .iter()
+        .map(|m| (m.clone(), BTreeSet::new()))
+        .collect();
+    for file in &files {
+        let module = module_of(&root, file);
+        let Some(edges) = graph.get_mut(&module) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(file).unwrap();
+        edges.extend(
+            imports(&text, &modules)
+                .into_iter()
+                .filter(|m| *m != module),
+        );
+    }
+    graph
+}
+
+/// Whether `to` is reachable from `from`.
+fn reaches(graph: &BTreeMap<String, BTreeSet<String>>, from: &str, to: &str) -> bool {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![from.to_string()];
+    while let Some(m) = stack.pop() {
+        for next in &graph[&m] {
+            if next == to {
+                return true;
+            }
+            if seen.insert(next.clone()) {
+                stack.push(next.clone());
+            }
+        }
+    }
+    false
+}
+
+#[test]
+fn no_module_imports_the_layers_above_it() {
+    let graph = graph();
+    assert!(graph.len() > 10, "the sources were not found: {graph:?}");
+    for (module, edges) in &graph {
+        for top in ["routes", "config", "server", "cli"] {
+            let allowed = match top {
+                "routes" => ["config", "server"].as_slice(),
+                "config" => &["server", "cli"],
+                "server" => &["cli"],
+                _ => &[],
+            };
+            assert!(
+                !edges.contains(top) || allowed.contains(&module.as_str()),
+                "`{module}` imports `{top}`, a layer above it"
+            );
+        }
+    }
+}
+
+#[test]
+fn no_import_cycles_between_top_level_modules() {
+    let graph = graph();
+    let cycles: Vec<String> = graph
+        .iter()
+        .flat_map(|(module, edges)| {
+            let graph = &graph;
+            edges
+                .iter()
+                .filter(move |next| reaches(graph, next, module))
+                .map(move |next| format!("{module} -> {next}"))
+        })
+        .collect();
+    assert!(cycles.is_empty(), "import cycles through: {cycles:?}");
+}
