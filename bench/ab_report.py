@@ -64,7 +64,8 @@ def main(runs: Path, results: Path, seconds: str, rounds: str, base_rev: str, he
         f"# Gateway A/B: {head_rev} against {base_rev}",
         "",
         f"Measured {report['date']} on {report['cpu']} (2 cores shared by server and load tool), "
-        f"{seconds} s per run, {n} rounds interleaved (base, head, ...), medians over the rounds, "
+        f"{seconds} s per run, {n} rounds interleaved (base first in odd rounds, head first in even "
+        "ones), medians over the rounds, "
         "with `bench/run-ab.sh`. Turnpike serves the simulator engine at zero latency; the "
         "requests are run-gateway.sh's and run-responses.sh's (about 20 output tokens, "
         "`store: false`).",

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # A/B of the gateway's request path: the release gateway built from BASE (a git revision)
-# against the working tree's, on the same machine in the same run, rounds interleaved (base,
-# head, base, head, ...) so drift hits both alike. Each round drives the same loads as
+# against the working tree's, on the same machine in the same run, rounds interleaved so drift
+# hits both alike. Each round drives the same loads as
 # run-gateway.sh and run-responses.sh, Turnpike only: chat and Responses (store: false) plain
 # and streamed at 1 and 64 concurrent requests (oha), and Responses WebSocket turns at 1 and 64
 # connections (ws-turns). The report takes each cell's median over the rounds and the ratio
-# head / base (rates) and base / head (latency): 1.00x is no change.
+# head / base (rates) and base / head (latency): 1.00x is no change. Odd rounds run the base
+# first, even rounds the head, so neither always runs on a warmer machine.
 #
 # Writes bench/results/ab.json and bench/results/ab.md.
 #
@@ -14,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 base_rev="${1:?usage: bench/run-ab.sh BASE [SECONDS_PER_RUN] [ROUNDS]}"
 seconds="${2:-5}"
-rounds="${3:-3}"
+rounds="${3:-4}"
 source bench/lib.sh
 install_turnpike
 cargo build --release --quiet -p turnpike-bench --bin ws-turns
@@ -50,7 +51,9 @@ start_build() { # BIN SIM: Turnpike on port 4100 with this binary and simulator 
 }
 
 for round in $(seq 1 "$rounds"); do
-  for side in base head; do
+  order="base head"
+  [ $((round % 2)) -eq 0 ] && order="head base"
+  for side in $order; do
     if [ "$side" = base ]; then
       start_build "$ab/base/turnpike" "$PWD/$ab/base/libturnpike_sim.so"
     else

@@ -1,7 +1,7 @@
 //! Chat completions: the wire request translated into the facade's generation request, and
 //! the generation rendered back as `chat.completion.chunk` events or one `chat.completion`.
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::deliver::{Delivered, deliver};
 use super::messages;
@@ -12,7 +12,7 @@ use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::generation::record::RequestRecord;
 use crate::generation::{
-    GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started, ToolChoice, Tools,
+    GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started, Tools,
 };
 use crate::ids::new_id;
 use crate::openai::chat::{
@@ -86,7 +86,7 @@ pub(crate) fn generation_request(
         top_logprobs: req.top_logprobs.clone(),
         tools: Tools {
             names: offered.iter().map(|t| t.function.name.clone()).collect(),
-            choice: tool_choice(req.tool_choice.as_ref()),
+            choice: messages::tool_choice(req.tool_choice.as_ref()),
             parallel: req.parallel_tool_calls.unwrap_or(true),
         },
         output: match &req.response_format {
@@ -100,16 +100,6 @@ pub(crate) fn generation_request(
         metadata: req.metadata.clone(),
         names: ParamNames::CHAT.with_max_tokens(max_tokens_name),
     })
-}
-
-/// `tool_choice`: `auto` (or unset), `none`, or anything else, which forces a call.
-pub(crate) fn tool_choice(choice: Option<&Value>) -> ToolChoice {
-    match choice {
-        None | Some(Value::Null) => ToolChoice::Auto,
-        Some(Value::String(s)) if s == "none" => ToolChoice::None,
-        Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
-        Some(_) => ToolChoice::Forced,
-    }
 }
 
 /// Runs `req` and answers as `POST /v1/chat/completions` does: one completion, or a stream.

@@ -1,11 +1,13 @@
 //! OpenAI chat messages and function tools in the shape a chat template reads: roles as
 //! templates know them (`developer` as `system`), content as text, tool-call arguments parsed
-//! into objects. Chat and the Responses API (whose conversation becomes chat messages) both
-//! hand these to the facade as the neutral prompt.
+//! into objects; and `tool_choice`, which both protocols write alike. Chat and the Responses API
+//! (whose conversation becomes chat messages) both hand these to the facade as the neutral
+//! prompt.
 
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
+use crate::generation::ToolChoice;
 use crate::openai::chat::{ChatMessage, Content, ContentPart, Tool};
 
 /// The text of message content (text parts joined by newlines); other parts are refused.
@@ -135,4 +137,15 @@ pub(crate) fn template_tools(tools: &[Tool]) -> Result<Value, ApiError> {
     serde_json::to_value(tools).map_err(|e| ApiError::Internal {
         detail: format!("tools: {e}"),
     })
+}
+
+/// `tool_choice`: `auto` (or unset), `none`, or anything else (`required`, a named function),
+/// which would force a call.
+pub(crate) fn tool_choice(choice: Option<&Value>) -> ToolChoice {
+    match choice {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) if s == "none" => ToolChoice::None,
+        Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
+        Some(_) => ToolChoice::Forced,
+    }
 }

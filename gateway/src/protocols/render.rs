@@ -7,8 +7,8 @@
 //!
 //! The stream owns the generation: dropping it cancels the engine work.
 
-use std::borrow::Cow;
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -25,52 +25,59 @@ use crate::observability::metrics;
 use crate::openai::error::ErrorDetail;
 use crate::pipeline::run::GenEvent;
 
-/// One event of a streamed answer: its JSON, and the name SSE gives it (`event:`), if any.
+/// One event of a streamed answer: its JSON, and the name SSE gives it (`event:`), if any. It
+/// is serialised once, straight into its server-sent-event frame; the JSON alone (what a
+/// WebSocket message carries) is a view of the same bytes.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Chunk {
-    /// The SSE event name (the Responses API names each event by its type).
-    pub event: Option<Cow<'static, str>>,
-    /// The event's JSON.
-    pub json: Bytes,
+    /// `event: NAME\n` (when named), then `data: JSON\n\n`.
+    frame: Bytes,
+    /// Where the JSON lies in `frame`.
+    json: Range<usize>,
 }
 
 impl Chunk {
-    /// An unnamed event carrying `value`, serialised once.
+    /// An unnamed event carrying `value`.
     pub(crate) fn data(value: &impl serde::Serialize) -> Self {
-        Self {
-            event: None,
-            json: to_json(value),
-        }
+        Self::framed(None, value)
     }
 
-    /// An event named `event` carrying `value`.
-    pub(crate) fn named(
-        event: impl Into<Cow<'static, str>>,
-        value: &impl serde::Serialize,
-    ) -> Self {
-        Self {
-            event: Some(event.into()),
-            json: to_json(value),
-        }
+    /// An event named `event` (the Responses API names each event by its type) carrying
+    /// `value`.
+    pub(crate) fn named(event: &str, value: &impl serde::Serialize) -> Self {
+        Self::framed(Some(event), value)
     }
 
-    /// The event as server-sent-event bytes: `event: NAME` (when named) and `data: JSON`.
-    pub(crate) fn sse(&self) -> Bytes {
-        let mut frame = Vec::with_capacity(self.json.len() + 32);
-        if let Some(event) = &self.event {
+    fn framed(event: Option<&str>, value: &impl serde::Serialize) -> Self {
+        let mut frame = Vec::with_capacity(256);
+        if let Some(event) = event {
             frame.extend_from_slice(b"event: ");
             frame.extend_from_slice(event.as_bytes());
             frame.push(b'\n');
         }
         frame.extend_from_slice(b"data: ");
-        frame.extend_from_slice(&self.json);
+        let start = frame.len();
+        if serde_json::to_writer(&mut frame, value).is_err() {
+            frame.truncate(start);
+            frame.extend_from_slice(b"null");
+        }
+        let end = frame.len();
         frame.extend_from_slice(b"\n\n");
-        Bytes::from(frame)
+        Self {
+            frame: Bytes::from(frame),
+            json: start..end,
+        }
     }
-}
 
-fn to_json(value: &impl serde::Serialize) -> Bytes {
-    serde_json::to_vec(value).map_or_else(|_| Bytes::from_static(b"null"), Bytes::from)
+    /// The event's JSON.
+    pub(crate) fn json(&self) -> &[u8] {
+        &self.frame[self.json.clone()]
+    }
+
+    /// The event as server-sent-event bytes (shared, not copied).
+    pub(crate) fn sse(&self) -> Bytes {
+        self.frame.clone()
+    }
 }
 
 /// Turns generation events into a protocol's chunks.

@@ -234,7 +234,7 @@ async fn warm_up(
     let base = in_progress(req, &id, unix_now(), &[], store, 0);
     let mut renderer = EventRenderer::new(base.clone(), None);
     for chunk in renderer.opening_events() {
-        send_text(socket, String::from_utf8_lossy(&chunk.json).into_owned()).await?;
+        send_text(socket, String::from_utf8_lossy(chunk.json()).into_owned()).await?;
     }
     let done = render::finish(base, Vec::new(), None, ResponseUsage::default(), unix_now());
     send(

@@ -71,13 +71,17 @@ fn texts(out: Out, done_frame: bool) -> Vec<String> {
     let text = |json: &[u8]| String::from_utf8_lossy(json).into_owned();
     let done = || done_frame.then(|| "[DONE]".to_string());
     match out {
-        Out::Chunk(chunk) => vec![text(&chunk.json)],
+        Out::Chunk(chunk) => vec![text(chunk.json())],
         Out::KeepAlive => Vec::new(),
         Out::Done => done().into_iter().collect(),
         Out::Failed {
             chunks: Some(chunks),
             ..
-        } => chunks.iter().map(|c| text(&c.json)).chain(done()).collect(),
+        } => chunks
+            .iter()
+            .map(|c| text(c.json()))
+            .chain(done())
+            .collect(),
         Out::Failed {
             status,
             error,
@@ -239,5 +243,65 @@ pub(super) async fn forward(
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+
+    use super::*;
+    use crate::openai::error::ErrorDetail;
+    use crate::protocols::render::Chunk;
+
+    fn detail() -> ErrorDetail {
+        ApiError::Timeout(std::time::Duration::from_secs(1)).detail()
+    }
+
+    #[test]
+    fn each_item_of_a_stream_is_its_own_message() {
+        let chunk = Chunk::data(&json!({"n": 1}));
+        assert_eq!(texts(Out::Chunk(chunk.clone()), true), vec![r#"{"n":1}"#]);
+        assert!(texts(Out::KeepAlive, true).is_empty());
+        assert_eq!(texts(Out::Done, true), vec!["[DONE]"]);
+        assert!(texts(Out::Done, false).is_empty());
+        let failed = |chunks| Out::Failed {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            error: detail(),
+            chunks,
+        };
+        let event: Value = serde_json::from_str(&texts(failed(None), true)[0]).unwrap_or_default();
+        assert_eq!(
+            (event["type"].as_str(), event["status"].as_u64()),
+            (Some("error"), Some(504))
+        );
+        assert_eq!(event["error"]["code"], "timeout");
+        // A protocol's own failure events go as they are, then the end where the protocol
+        // sends one.
+        let own = texts(failed(Some(vec![chunk.clone()])), false);
+        assert_eq!(own, vec![r#"{"n":1}"#]);
+        let own = texts(failed(Some(vec![chunk])), true);
+        assert_eq!(own, vec![r#"{"n":1}"#, "[DONE]"]);
+    }
+
+    #[tokio::test]
+    async fn a_recorded_turn_replays_line_by_line_across_chunks() {
+        let parts = ["{\"a\":1}\n{\"b\"", ":2}\n[DONE]\n"];
+        let body = Body::from_stream(futures_util::stream::iter(
+            parts.map(|p| Ok::<_, std::convert::Infallible>(p.to_string())),
+        ));
+        let Answer::Messages(messages) = replayed(body.into_response()).await else {
+            panic!("a recorded turn is messages");
+        };
+        let all: Vec<String> = messages.collect().await;
+        assert_eq!(all, vec![r#"{"a":1}"#, r#"{"b":2}"#, "[DONE]"]);
+        let refused = replayed(ApiError::ModelNotFound("m".into()).into_response()).await;
+        let Answer::Messages(messages) = refused else {
+            panic!("a recorded refusal is one error event");
+        };
+        let all: Vec<String> = messages.collect().await;
+        let event: Value = serde_json::from_str(&all[0]).unwrap_or_default();
+        assert_eq!(event["status"], 404);
+        assert_eq!(event["error"]["code"], "model_not_found");
     }
 }

@@ -143,7 +143,7 @@ fn chunk(event: &Value) -> Chunk {
         .get("type")
         .and_then(Value::as_str)
         .unwrap_or("message");
-    Chunk::named(kind.to_string(), event)
+    Chunk::named(kind, event)
 }
 
 /// An event that carries the whole response (`response.created`, `.completed`, ...).

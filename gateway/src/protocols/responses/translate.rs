@@ -7,9 +7,7 @@ use serde_json::{Value, json};
 
 use super::input;
 use crate::error::ApiError;
-use crate::generation::{
-    GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, ToolChoice, Tools,
-};
+use crate::generation::{GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Tools};
 use crate::openai::chat::{FunctionDefinition, Tool};
 use crate::openai::responses::{ResponseObject, ResponsesRequest};
 use crate::protocols::messages;
@@ -48,17 +46,6 @@ pub(crate) fn chat_tools(tools: &[Value]) -> Result<Vec<Tool>, ApiError> {
             })
         })
         .collect()
-}
-
-/// `tool_choice`: `auto` (or unset), `none`, or anything else (`required`, a named function),
-/// which would force a call.
-pub(crate) fn tool_choice(choice: Option<&Value>) -> ToolChoice {
-    match choice {
-        None | Some(Value::Null) => ToolChoice::Auto,
-        Some(Value::String(s)) if s == "none" => ToolChoice::None,
-        Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
-        Some(_) => ToolChoice::Forced,
-    }
 }
 
 /// `text.format` as the output format.
@@ -133,7 +120,7 @@ pub(crate) fn generation_request(
         top_logprobs: req.top_logprobs.clone().filter(|_| wants_logprobs),
         tools: Tools {
             names: tools.iter().map(|t| t.function.name.clone()).collect(),
-            choice: tool_choice(req.tool_choice.as_ref()),
+            choice: messages::tool_choice(req.tool_choice.as_ref()),
             parallel: req.parallel_tool_calls.unwrap_or(true),
         },
         output: output_format(req.text.as_ref())?,
