@@ -2,6 +2,7 @@
 //! the project makes itself ([`make`]).
 
 pub mod config;
+pub mod gguf;
 mod layers;
 pub mod weights;
 
