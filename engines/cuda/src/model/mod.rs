@@ -1,5 +1,5 @@
-//! Model folders: the validated shape ([`config`]), the weights ([`weights`]), and the models
-//! the project makes itself ([`make`]).
+//! Model folders and GGUF files ([`gguf`]): the validated shape ([`config`]), the weights
+//! ([`weights`]), and the models the project makes itself ([`make`]).
 
 pub mod config;
 pub mod gguf;
@@ -31,6 +31,18 @@ pub enum ModelError {
     Unsupported(String),
 }
 
+impl From<gguf::GgufError> for ModelError {
+    fn from(e: gguf::GgufError) -> Self {
+        match e {
+            gguf::GgufError::Io { path, source } => Self::Io { path, source },
+            unsupported @ gguf::GgufError::Unsupported { .. } => {
+                Self::Unsupported(unsupported.to_string())
+            }
+            format @ gguf::GgufError::Format { .. } => Self::Config(format.to_string()),
+        }
+    }
+}
+
 impl ModelError {
     /// An I/O error on `path`.
     pub fn io(path: &Path, source: std::io::Error) -> Self {
@@ -55,11 +67,15 @@ pub struct ModelFolder {
 }
 
 impl ModelFolder {
-    /// Reads the folder's configuration (not its weights).
+    /// Reads the folder's configuration (not its weights); `path` may also be a GGUF file, whose
+    /// metadata is its configuration (a `tokenizer.json` beside it is its tokenizer).
     pub fn open(path: &Path) -> Result<Self, ModelError> {
+        if path.is_file() && gguf::Gguf::is_gguf(path) {
+            return Self::open_gguf(path);
+        }
         if !path.is_dir() {
             return Err(ModelError::Config(format!(
-                "{} is not a model folder",
+                "{} is neither a model folder (config.json and safetensors) nor a GGUF file",
                 path.display()
             )));
         }
@@ -75,6 +91,28 @@ impl ModelFolder {
         eos.dedup();
         eos.retain(|&t| (t as usize) < spec.vocab_size);
         let tokenizer = Some(path.join("tokenizer.json")).filter(|p| p.exists());
+        Ok(Self {
+            path: path.to_path_buf(),
+            spec,
+            eos_token_ids: eos,
+            tokenizer,
+        })
+    }
+}
+
+impl ModelFolder {
+    fn open_gguf(path: &Path) -> Result<Self, ModelError> {
+        let file = gguf::Gguf::open(path)?;
+        let config = gguf::model::config(&file)?;
+        let spec = ModelSpec::from_json(&config.to_string())?;
+        let mut eos = spec.eos_token_ids.clone();
+        eos.sort_unstable();
+        eos.dedup();
+        eos.retain(|&t| (t as usize) < spec.vocab_size);
+        let tokenizer = path
+            .parent()
+            .map(|dir| dir.join("tokenizer.json"))
+            .filter(|p| p.exists());
         Ok(Self {
             path: path.to_path_buf(),
             spec,

@@ -1,7 +1,9 @@
-//! Safetensors weights, single file or sharded (`model.safetensors.index.json`), memory-mapped.
+//! A model's weights, memory-mapped: safetensors (single file or sharded,
+//! `model.safetensors.index.json`) in a model folder, or one GGUF file.
 //!
-//! Tensors are read by name and converted to f32 on demand; the mapped files stay open only while
-//! the device copies what it needs.
+//! Tensors are read by their Hugging Face name and converted to f32 on demand (a GGUF tensor is
+//! dequantized, and its rotary layout restored; see [`super::gguf::model`]); the mapped files stay
+//! open only while the device copies what it needs.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -11,13 +13,17 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
 use super::ModelError;
+use super::gguf::Gguf;
+use super::gguf::model::{self, Layout};
 
-/// The weight files of a model folder, mapped.
+/// The weight files of a model, mapped.
 #[derive(Debug)]
 pub struct Weights {
     files: Vec<(PathBuf, Mmap)>,
     /// Tensor name -> index into `files`.
     index: HashMap<String, usize>,
+    /// The model's GGUF file, when it is one.
+    gguf: Option<Gguf>,
 }
 
 /// One tensor, converted to f32.
@@ -30,8 +36,17 @@ pub struct Tensor {
 }
 
 impl Weights {
-    /// Maps `model.safetensors`, or every shard named by `model.safetensors.index.json`.
+    /// Maps `model.safetensors`, or every shard named by `model.safetensors.index.json`; or,
+    /// when `folder` is a GGUF file, that file.
     pub fn open(folder: &Path) -> Result<Self, ModelError> {
+        if folder.is_file() && Gguf::is_gguf(folder) {
+            let gguf = Gguf::open(folder).map_err(ModelError::from)?;
+            return Ok(Self {
+                files: Vec::new(),
+                index: HashMap::new(),
+                gguf: Some(gguf),
+            });
+        }
         let index_path = folder.join("model.safetensors.index.json");
         let names: Vec<PathBuf> = if index_path.exists() {
             let text =
@@ -69,12 +84,21 @@ impl Weights {
             }
             files.push((path, map));
         }
-        Ok(Self { files, index })
+        Ok(Self {
+            files,
+            index,
+            gguf: None,
+        })
     }
 
     /// Whether the model has a tensor of this name.
     pub fn contains(&self, name: &str) -> bool {
-        self.index.contains_key(name)
+        match &self.gguf {
+            Some(file) => {
+                model::file_name(file, name).is_some_and(|(n, _)| file.tensor(&n).is_some())
+            }
+            None => self.index.contains_key(name),
+        }
     }
 
     /// Reads a tensor as f32, checking its shape.
@@ -91,6 +115,9 @@ impl Weights {
 
     /// Reads a tensor as f32 whatever its shape.
     pub fn read(&self, name: &str) -> Result<Tensor, ModelError> {
+        if let Some(file) = &self.gguf {
+            return read_gguf(file, name);
+        }
         let &file = self
             .index
             .get(name)
@@ -125,4 +152,25 @@ impl Weights {
 
 fn convert(bytes: &[u8], width: usize, one: impl Fn(&[u8]) -> f32) -> Vec<f32> {
     bytes.chunks_exact(width).map(one).collect()
+}
+
+/// The GGUF tensor that is the checkpoint's `name`, dequantized, in the checkpoint's layout.
+fn read_gguf(file: &Gguf, name: &str) -> Result<Tensor, ModelError> {
+    let missing = || ModelError::Config(format!("tensor `{name}` is missing"));
+    let (file_name, layout) = model::file_name(file, name).ok_or_else(missing)?;
+    let info = file.tensor(&file_name).ok_or_else(missing)?;
+    let mut data = file.dequantize(info).map_err(ModelError::from)?;
+    if let Layout::Interleaved(heads) = layout {
+        let rows = info.shape.first().copied().unwrap_or(0);
+        data = model::unpermute(&data, rows, heads).ok_or_else(|| {
+            ModelError::Config(format!(
+                "tensor `{file_name}` ({:?}) does not split into {heads} heads",
+                info.shape
+            ))
+        })?;
+    }
+    Ok(Tensor {
+        shape: info.shape.clone(),
+        data,
+    })
 }

@@ -12,6 +12,7 @@
 //! crates.io are young single-maintainer projects, and the engine needs only this much of it.
 //! Every length and offset read from the file is checked against the file before use.
 
+pub mod model;
 pub mod quant;
 
 use std::collections::BTreeMap;

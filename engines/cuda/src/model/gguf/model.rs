@@ -1,0 +1,177 @@
+//! A GGUF file as a model the engine serves: its `config.json` made from the metadata
+//! (`general.architecture` and the `<arch>.*` keys), and its tensors under the Hugging Face names
+//! the engine reads (`blk.0.attn_q.weight` is `model.layers.0.self_attn.q_proj.weight`).
+//!
+//! llama.cpp stores a `llama` model's query and key projections with the two halves of each
+//! head's rotary dimensions interleaved (its rotation pairs neighbours; Hugging Face's pairs
+//! halves); [`unpermute`] undoes that, so the engine computes exactly what it computes on the
+//! original checkpoint. A `qwen2` file keeps Hugging Face's order.
+
+use serde_json::{Value, json};
+
+use super::{Gguf, MetaValue};
+use crate::model::ModelError;
+
+/// The architectures this engine serves from a GGUF file, and the `model_type` each is.
+const ARCHITECTURES: [(&str, &str); 2] = [("llama", "llama"), ("qwen2", "qwen2")];
+
+/// The `config.json` the file's metadata describes.
+pub fn config(file: &Gguf) -> Result<Value, ModelError> {
+    let meta = |key: &str| file.metadata.get(key);
+    let arch = meta("general.architecture")
+        .and_then(MetaValue::as_str)
+        .unwrap_or("");
+    let Some((_, model_type)) = ARCHITECTURES.iter().find(|(a, _)| *a == arch) else {
+        return Err(ModelError::Unsupported(format!(
+            "GGUF architecture `{arch}` (this engine serves {})",
+            ARCHITECTURES.map(|(a, _)| a).join(", ")
+        )));
+    };
+    let int = |key: &str| meta(&format!("{arch}.{key}")).and_then(MetaValue::as_u64);
+    let float = |key: &str| meta(&format!("{arch}.{key}")).and_then(MetaValue::as_f64);
+    let need = |key: &str| {
+        int(key)
+            .ok_or_else(|| ModelError::Config(format!("GGUF metadata `{arch}.{key}` is missing")))
+    };
+    if file.tensor("rope_freqs.weight").is_some() {
+        return Err(ModelError::Unsupported(
+            "rotary frequency factors (`rope_freqs.weight`, Llama 3.1 scaling in GGUF)".into(),
+        ));
+    }
+    let rope_scaling = match meta(&format!("{arch}.rope.scaling.type")).and_then(MetaValue::as_str)
+    {
+        None | Some("none") => Value::Null,
+        Some("linear") => json!({"rope_type": "linear", "factor": float("rope.scaling.factor")}),
+        Some(other) => {
+            return Err(ModelError::Unsupported(format!(
+                "GGUF rope scaling `{other}`"
+            )));
+        }
+    };
+    let vocab = match meta("tokenizer.ggml.tokens") {
+        Some(MetaValue::Array(tokens)) => Some(tokens.len() as u64),
+        _ => int("vocab_size"),
+    }
+    .or_else(|| file.tensor("token_embd.weight").map(|t| t.shape[0] as u64));
+    let heads = need("attention.head_count")?;
+    let eos: Vec<u64> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
+        .iter()
+        .filter_map(|k| meta(k).and_then(MetaValue::as_u64))
+        .collect();
+    Ok(json!({
+        "model_type": model_type,
+        "hidden_size": need("embedding_length")?,
+        "intermediate_size": need("feed_forward_length")?,
+        "num_hidden_layers": need("block_count")?,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int("attention.head_count_kv").unwrap_or(heads),
+        "head_dim": int("attention.key_length"),
+        "vocab_size": vocab,
+        "rms_norm_eps": float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
+        "rope_theta": float("rope.freq_base").unwrap_or(10_000.0),
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": need("context_length")?,
+        "tie_word_embeddings": file.tensor("output.weight").is_none(),
+        "eos_token_id": eos,
+        "hidden_act": "silu",
+    }))
+}
+
+/// How a tensor is stored in the file relative to the Hugging Face checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// As is.
+    Same,
+    /// Rotary halves interleaved within each of this many heads.
+    Interleaved(usize),
+}
+
+/// The file's name for the Hugging Face tensor `name`, and how it is laid out.
+pub fn file_name(file: &Gguf, name: &str) -> Option<(String, Layout)> {
+    let meta = |key: &str| file.metadata.get(key).and_then(MetaValue::as_u64);
+    let arch = file
+        .metadata
+        .get("general.architecture")
+        .and_then(MetaValue::as_str)
+        .unwrap_or("");
+    let heads = meta(&format!("{arch}.attention.head_count")).unwrap_or(1) as usize;
+    let kv_heads = meta(&format!("{arch}.attention.head_count_kv")).map_or(heads, |n| n as usize);
+    let interleaved = |n| {
+        if arch == "llama" {
+            Layout::Interleaved(n)
+        } else {
+            Layout::Same
+        }
+    };
+    let fixed = match name {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(fixed) = fixed {
+        return Some((fixed.to_string(), Layout::Same));
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (short, layout) = match part {
+        "input_layernorm.weight" => ("attn_norm.weight", Layout::Same),
+        "self_attn.q_proj.weight" => ("attn_q.weight", interleaved(heads)),
+        "self_attn.k_proj.weight" => ("attn_k.weight", interleaved(kv_heads)),
+        "self_attn.v_proj.weight" => ("attn_v.weight", Layout::Same),
+        "self_attn.o_proj.weight" => ("attn_output.weight", Layout::Same),
+        "self_attn.q_proj.bias" => ("attn_q.bias", interleaved(heads)),
+        "self_attn.k_proj.bias" => ("attn_k.bias", interleaved(kv_heads)),
+        "self_attn.v_proj.bias" => ("attn_v.bias", Layout::Same),
+        "self_attn.o_proj.bias" => ("attn_output.bias", Layout::Same),
+        "post_attention_layernorm.weight" => ("ffn_norm.weight", Layout::Same),
+        "mlp.gate_proj.weight" => ("ffn_gate.weight", Layout::Same),
+        "mlp.up_proj.weight" => ("ffn_up.weight", Layout::Same),
+        "mlp.down_proj.weight" => ("ffn_down.weight", Layout::Same),
+        _ => return None,
+    };
+    Some((format!("blk.{layer}.{short}"), layout))
+}
+
+/// The rows of `values` (`rows` of them) back in Hugging Face's order: within each of `heads`
+/// heads, file row `2i + j` is checkpoint row `j·(head_dim / 2) + i`.
+pub fn unpermute(values: &[f32], rows: usize, heads: usize) -> Option<Vec<f32>> {
+    if heads == 0 || rows == 0 || !rows.is_multiple_of(heads) || !values.len().is_multiple_of(rows)
+    {
+        return None;
+    }
+    let head_dim = rows / heads;
+    if !head_dim.is_multiple_of(2) {
+        return None;
+    }
+    let width = values.len() / rows;
+    let half = head_dim / 2;
+    let mut out = vec![0.0f32; values.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let from = h * head_dim + 2 * i + j;
+                let to = h * head_dim + j * half + i;
+                out[to * width..(to + 1) * width]
+                    .copy_from_slice(&values[from * width..(from + 1) * width]);
+            }
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unpermuting_restores_the_halves_of_each_head() {
+        // Two heads of dimension 4, one column: file rows are (a0 b0 a1 b1) per head, where a
+        // is the first half and b the second.
+        let file = [0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0];
+        let hf = unpermute(&file, 8, 2).expect("shape");
+        assert_eq!(hf, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+        assert!(unpermute(&file, 8, 3).is_none());
+    }
+}
