@@ -199,6 +199,23 @@ def test_bodies_that_are_not_json_are_415(open_gateway, content_type):
     assert error_of(r)["code"] == "unsupported_media_type"
 
 
+def test_a_refusal_before_the_body_is_read_closes_the_connection(open_gateway):
+    # The unread rest of the body would be read as the next request: the response says
+    # `connection: close`, so a client opens a new connection instead of losing its next call.
+    with httpx.Client(timeout=10) as client:
+        big = client.post(f"{open_gateway.url}/chat/completions", content=b"x" * (5 << 20), headers={"Content-Type": "application/json"})
+        assert big.status_code == 413, big.text
+        assert big.headers["connection"] == "close"
+        # A refusal that could read the (small) body first keeps the connection.
+        text = client.post(f"{open_gateway.url}/chat/completions", content=b"{}", headers={"Content-Type": "text/plain"})
+        assert text.status_code == 415 and text.headers.get("connection") != "close"
+        # The same client goes on, on a fresh connection after the 413.
+        for _ in range(2):
+            ok = client.post(f"{open_gateway.url}/chat/completions", json=chat_body("chat", 3))
+            assert ok.status_code == 200, ok.text
+            assert ok.headers.get("connection") != "close"
+
+
 def test_json_bodies_with_parameters_and_empty_posts_pass(open_gateway):
     body = json.dumps(chat_body("chat", 3)).encode()
     for content_type in ("application/json", "application/json; charset=utf-8"):

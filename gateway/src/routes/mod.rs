@@ -180,7 +180,8 @@ async fn count_requests(request: Request, next: Next) -> Response {
 }
 
 /// Gives a request's body its deadline (`server.body_read_timeout`), counted from when its
-/// headers arrived; a request without a body is left alone.
+/// headers arrived, and closes the connection after a response given before the body was read
+/// to its end; a request without a body is left alone.
 async fn body_deadline(
     axum::extract::State(state): axum::extract::State<AppState>,
     request: Request,
@@ -191,8 +192,18 @@ async fn body_deadline(
         return next.run(request).await;
     }
     let timeout = state.server.body_read_timeout;
-    let request = request.map(|body| crate::body::with_deadline(body, timeout));
-    next.run(request).await
+    let (parts, body) = request.into_parts();
+    let (body, ended) = crate::body::with_deadline(body, timeout);
+    let mut response = next.run(Request::from_parts(parts, body)).await;
+    if !ended.ended() {
+        // A refusal before the whole body arrived: the rest of it would be read as the next
+        // request, so the connection closes, and says so, so a client does not reuse it.
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    response
 }
 
 async fn unknown_url(method: Method, uri: Uri) -> ApiError {
