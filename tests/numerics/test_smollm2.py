@@ -50,3 +50,29 @@ def test_the_engine_reads_the_file_as_transformers_does(reference):
         theirs = hf_greedy(model, prompt, 32)
         agree = np.mean(np.asarray(result["tokens"]) == np.asarray(theirs))
         assert result["tokens"] == theirs, f"{text!r}: {agree:.0%} of the 32 greedy tokens agree"
+
+
+def test_the_tokenizer_the_engine_writes_encodes_as_transformers_does(tmp_path):
+    import subprocess
+
+    from test_numerics import BIN
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    path = Path(GGUF)
+    subprocess.run([str(BIN.parent / "turnpike-gguf"), "tokenizer", str(path), str(tmp_path)], check=True, capture_output=True)
+    ours = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    config = __import__("json").loads((tmp_path / "tokenizer_config.json").read_text())
+    theirs = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert config["chat_template"] == theirs.chat_template
+    assert (config["bos_token"], config["eos_token"]) == ("<|im_start|>", "<|im_end|>")
+    for text in [
+        "Hello, how are you today?",
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n",
+        "  leading spaces and\ttabs\n\nnewlines",
+        "naïve café – “quotes” 日本語 🚀",
+        "Année 2024: 12345 items, 3.14159",
+    ]:
+        ids = ours.encode(text, add_special_tokens=False).ids
+        assert ids == theirs.encode(text, add_special_tokens=False), text
+        assert ours.decode(ids, skip_special_tokens=False) == text

@@ -5,15 +5,18 @@
 //! - `turnpike-gguf dequantize FILE [NAME ...]`: the named tensors (all without names) as f32
 //!   values, row-major, as JSON; a tensor of a type the engine does not load is an error that
 //!   names the type.
+//! - `turnpike-gguf tokenizer FILE FOLDER`: writes the `tokenizer.json` and
+//!   `tokenizer_config.json` the file's metadata makes (what the gateway reads as a model folder).
 //!
 //! The numerics tests hold the engine's reader and dequantizers to ggml's own Python package
 //! through this tool; operators can use it to see whether the engine loads a file.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use serde_json::{Map, Value, json};
+use turnpike_cuda::model::gguf::tokenizer::write_tokenizer;
 use turnpike_cuda::model::gguf::{Gguf, GgufError, MetaValue};
 
 fn meta(value: &MetaValue) -> Value {
@@ -59,12 +62,21 @@ fn main() -> ExitCode {
     let (Some(command), Some(path)) = (args.first(), args.get(1)) else {
         let _ = writeln!(
             std::io::stderr(),
-            "usage: turnpike-gguf info FILE | turnpike-gguf dequantize FILE [NAME ...]"
+            "usage: turnpike-gguf info FILE | dequantize FILE [NAME ...] | tokenizer FILE FOLDER"
         );
         return ExitCode::from(2);
     };
     let result = Gguf::open(Path::new(path)).and_then(|file| match command.as_str() {
         "info" => Ok(info(&file)),
+        "tokenizer" => {
+            let folder = args.get(2).map_or_else(|| Path::new("."), |f| Path::new(f));
+            write_tokenizer(&file, folder)
+                .map(|path| json!({"tokenizer": path}))
+                .map_err(|e| GgufError::Format {
+                    path: PathBuf::from(path),
+                    message: e.to_string(),
+                })
+        }
         _ => dequantize(&file, &args[2..]),
     });
     match result {

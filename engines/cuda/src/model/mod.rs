@@ -109,10 +109,16 @@ impl ModelFolder {
         eos.sort_unstable();
         eos.dedup();
         eos.retain(|&t| (t as usize) < spec.vocab_size);
-        let tokenizer = path
+        let beside = path
             .parent()
             .map(|dir| dir.join("tokenizer.json"))
             .filter(|p| p.exists());
+        // Else the file's own vocabulary, converted into a cache folder of its own; a tokenizer
+        // that cannot be converted leaves the model without one (the engine itself needs none).
+        let tokenizer = beside.or_else(|| {
+            let folder = gguf_cache_folder(path)?;
+            gguf::tokenizer::write_tokenizer(&file, &folder).ok()
+        });
         Ok(Self {
             path: path.to_path_buf(),
             spec,
@@ -120,4 +126,29 @@ impl ModelFolder {
             tokenizer,
         })
     }
+}
+
+/// The folder a GGUF file's converted tokenizer is kept in: under `TURNPIKE_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/turnpike`, else `~/.cache/turnpike`, named by the file's path, size and
+/// modification time (a changed file gets a new folder).
+fn gguf_cache_folder(path: &Path) -> Option<PathBuf> {
+    use sha2::{Digest, Sha256};
+    let root = std::env::var_os("TURNPIKE_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("turnpike")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/turnpike")))?;
+    let absolute = std::fs::canonicalize(path).ok()?;
+    let meta = std::fs::metadata(&absolute).ok()?;
+    let modified = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let mut hash = Sha256::new();
+    hash.update(absolute.as_os_str().as_encoded_bytes());
+    hash.update(meta.len().to_le_bytes());
+    hash.update(modified.to_le_bytes());
+    let digest = hash.finalize();
+    let name: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    Some(root.join("gguf").join(name))
 }

@@ -14,6 +14,7 @@
 
 pub mod model;
 pub mod quant;
+pub mod tokenizer;
 
 use std::collections::BTreeMap;
 use std::fs::File;

@@ -1,0 +1,152 @@
+//! The tokenizer and chat template a GGUF file carries in its metadata, as the two files of a
+//! Hugging Face model folder the gateway reads: `tokenizer.json` (the `tokenizers` format) and
+//! `tokenizer_config.json` (the chat template and its special tokens). The gateway owns
+//! tokenization and templates, so a GGUF file without a `tokenizer.json` beside it gets these,
+//! written to a folder the engine names in its model info.
+//!
+//! Byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`: GPT-2, SmolLM, Llama 3, Qwen2)
+//! are converted: the vocabulary, the merges, control and user-defined tokens as added tokens,
+//! and the pre-tokenizer `tokenizer.ggml.pre` names (split as llama.cpp splits for that name;
+//! GPT-2's split for a name it does not know). SentencePiece vocabularies are refused by name.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value, json};
+
+use super::{Gguf, MetaValue};
+use crate::model::ModelError;
+
+/// The split before byte-level BPE that Llama 3 uses: numbers in runs of up to three digits.
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// The split Qwen2 uses: as Llama 3's, with single digits.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// `tokenizer.ggml.token_type` of a control token, and of a user-defined one.
+const CONTROL: u64 = 3;
+const USER_DEFINED: u64 = 4;
+
+fn strings<'a>(file: &'a Gguf, key: &str) -> Result<Vec<&'a str>, ModelError> {
+    match file.metadata.get(key) {
+        Some(MetaValue::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| ModelError::Config(format!("GGUF `{key}` holds a non-string")))
+            })
+            .collect(),
+        _ => Err(ModelError::Config(format!(
+            "GGUF metadata `{key}` is missing"
+        ))),
+    }
+}
+
+/// The byte-level pre-tokenizer for llama.cpp's pre-tokenizer name `pre`.
+fn pre_tokenizer(pre: &str) -> Value {
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
+    match pre {
+        "smollm" | "starcoder" | "refact" => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
+        "llama-bpe" | "llama3" | "smaug-bpe" => {
+            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_SPLIT), byte_level(false)]})
+        }
+        "qwen2" => {
+            json!({"type": "Sequence", "pretokenizers": [split(QWEN2_SPLIT), byte_level(false)]})
+        }
+        _ => byte_level(true),
+    }
+}
+
+/// `tokenizer.json` and `tokenizer_config.json` for the file's tokenizer.
+pub fn tokenizer_files(file: &Gguf) -> Result<(Value, Value), ModelError> {
+    let meta = |key: &str| file.metadata.get(key);
+    let model = meta("tokenizer.ggml.model")
+        .and_then(MetaValue::as_str)
+        .unwrap_or("");
+    if model != "gpt2" {
+        return Err(ModelError::Unsupported(format!(
+            "GGUF tokenizer `{model}` (the engine converts byte-level BPE, `gpt2`; put the model's tokenizer.json beside the file)"
+        )));
+    }
+    let tokens = strings(file, "tokenizer.ggml.tokens")?;
+    let merges = strings(file, "tokenizer.ggml.merges")?;
+    let types: Vec<u64> = match meta("tokenizer.ggml.token_type") {
+        Some(MetaValue::Array(items)) => items.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
+        _ => Vec::new(),
+    };
+    let vocab: Map<String, Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| ((*t).to_string(), json!(id)))
+        .collect();
+    let added: Vec<Value> = tokens
+        .iter()
+        .enumerate()
+        .filter_map(|(id, t)| {
+            let kind = types.get(id).copied().unwrap_or(1);
+            (kind == CONTROL || kind == USER_DEFINED).then(|| {
+                json!({"id": id, "content": t, "single_word": false, "lstrip": false,
+                       "rstrip": false, "normalized": false, "special": kind == CONTROL})
+            })
+        })
+        .collect();
+    let pre = meta("tokenizer.ggml.pre")
+        .and_then(MetaValue::as_str)
+        .unwrap_or("default");
+    let merges: Vec<Value> = merges
+        .iter()
+        .map(|m| match m.split_once(' ') {
+            Some((a, b)) => json!([a, b]),
+            None => json!([m, ""]),
+        })
+        .collect();
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer(pre),
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": vocab, "merges": merges},
+    });
+    let token = |key: &str| {
+        meta(key)
+            .and_then(MetaValue::as_u64)
+            .and_then(|id| tokens.get(id as usize))
+            .map(|t| json!(t))
+            .unwrap_or(Value::Null)
+    };
+    let mut config = json!({
+        "bos_token": token("tokenizer.ggml.bos_token_id"),
+        "eos_token": token("tokenizer.ggml.eos_token_id"),
+        "add_bos_token": meta("tokenizer.ggml.add_bos_token") == Some(&MetaValue::Bool(true)),
+    });
+    if let Some(template) = meta("tokenizer.chat_template").and_then(MetaValue::as_str) {
+        config["chat_template"] = json!(template);
+    }
+    Ok((tokenizer, config))
+}
+
+/// Writes the file's `tokenizer.json` and `tokenizer_config.json` into `folder` (made if need
+/// be), unless they are there already from the same file, and returns the tokenizer's path.
+pub fn write_tokenizer(file: &Gguf, folder: &Path) -> Result<PathBuf, ModelError> {
+    let tokenizer_path = folder.join("tokenizer.json");
+    let config_path = folder.join("tokenizer_config.json");
+    let (tokenizer, config) = tokenizer_files(file)?;
+    std::fs::create_dir_all(folder).map_err(|e| ModelError::io(folder, e))?;
+    let write = |path: &Path, value: &Value| {
+        let text = serde_json::to_vec(value).map_err(|e| ModelError::Config(e.to_string()))?;
+        // Written whole under another name first, so a reader never sees half a file.
+        let partial = path.with_extension("json.partial");
+        std::fs::write(&partial, text).map_err(|e| ModelError::io(&partial, e))?;
+        std::fs::rename(&partial, path).map_err(|e| ModelError::io(path, e))
+    };
+    write(&tokenizer_path, &tokenizer)?;
+    write(&config_path, &config)?;
+    Ok(tokenizer_path)
+}

