@@ -5,12 +5,14 @@ the tokenizer and chat template its metadata carries, and the gateway serves the
 engine's id with them. Driven by the official `openai` SDK."""
 
 import os
+import re
+import subprocess
 from pathlib import Path
 
 import openai
 import pytest
 
-from conftest import ROOT
+from conftest import BIN, ROOT
 from tenancy_support import Gateway
 
 PLUGIN = Path(os.environ.get("TURNPIKE_CUDA", ROOT / "target/debug/libturnpike_cuda.so"))
@@ -61,3 +63,29 @@ def test_the_file_alone_is_a_served_model_that_answers(smollm2):
     )
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert text == answer
+
+
+def test_serve_model_takes_the_file_alone(tmp_path):
+    # `turnpike serve --model FILE`: no configuration at all, the name is the file's.
+    env = {**os.environ, "TURNPIKE_CACHE_DIR": str(tmp_path / "cache")}
+    process = subprocess.Popen(
+        [str(BIN), "serve", "--model", GGUF, "--listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "turnpike.log", "w"),
+        text=True,
+        env=env,
+    )
+    try:
+        line = process.stdout.readline()
+        found = re.search(r"http://(\S+)", line)
+        assert found, f"no address in {line!r}: {(tmp_path / 'turnpike.log').read_text()[-2000:]}"
+        client = openai.OpenAI(base_url=f"http://{found.group(1)}/v1", api_key="sk-unused", max_retries=0, timeout=300)
+        name = Path(GGUF).name.removesuffix(".gguf")
+        assert [m.id for m in client.models.list().data] == [name]
+        r = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=8, temperature=0
+        )
+        assert "Paris" in r.choices[0].message.content
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -65,6 +65,13 @@ pub struct ServeArgs {
     /// Listen address, overriding the configuration (port 0 picks a free port).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// Serve this model alone through the default engine: a `.gguf` file or a Hugging Face
+    /// model folder (replaces the configuration's engines and models).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The name clients call `--model` by (the file's or folder's name by default).
+    #[arg(long, requires = "model")]
+    pub name: Option<String>,
 }
 
 /// A plugin subcommand.
@@ -139,9 +146,10 @@ fn current_thread_runtime() -> Result<tokio::runtime::Runtime, CliError> {
 }
 
 fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), CliError> {
-    let mut config = match &args.config {
-        Some(path) => Config::load(path)?,
-        None => Config::builtin()?,
+    let mut config = match (&args.model, &args.config) {
+        (Some(model), file) => Config::with_model(file.as_deref(), model, args.name.as_deref())?,
+        (None, Some(path)) => Config::load(path)?,
+        (None, None) => Config::builtin()?,
     };
     if let Some(listen) = args.listen {
         config.listen = listen;

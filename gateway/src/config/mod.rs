@@ -100,6 +100,68 @@ impl Config {
         Self::from_toml(&text, path, &vars)
     }
 
+    /// The configuration of `file` (the built-in default's settings without one) serving only
+    /// `model`, a GGUF file or a Hugging Face model folder, through the default engine beside
+    /// the binary, as `name` (the file's or folder's name by default): what
+    /// `turnpike serve --model` runs. Its tokenizer and chat template are the folder's, or the
+    /// file's own (see the engine's README). Without `file`, as with the built-in default,
+    /// callers need no key.
+    pub fn with_model(
+        file: Option<&Path>,
+        model: &Path,
+        name: Option<&str>,
+    ) -> Result<Self, ConfigError> {
+        let path = file.unwrap_or(Path::new("<built-in>"));
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        let text = match file {
+            Some(file) => std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+                path: file.to_path_buf(),
+                source,
+            })?,
+            None => "[auth]\nmode = \"none\"\n".to_string(),
+        };
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let model = std::fs::canonicalize(model)
+            .map_err(|e| invalid(format!("--model {}: {e}", model.display())))?;
+        let name = match name {
+            Some(name) => name.to_string(),
+            None => model
+                .file_name()
+                .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| {
+                    invalid(format!("--model {}: name it with --name", model.display()))
+                })?,
+        };
+        let mut engine = toml::Table::new();
+        engine.insert("name".into(), "default".into());
+        let plugin = builtin::plugin_beside_binary("turnpike_cuda");
+        engine.insert(
+            "plugin".into(),
+            plugin.to_string_lossy().into_owned().into(),
+        );
+        let mut served = toml::Table::new();
+        served.insert("id".into(), name.into());
+        served.insert("path".into(), model.to_string_lossy().into_owned().into());
+        let mut engine_config = toml::Table::new();
+        engine_config.insert("models".into(), toml::Value::Array(vec![served.into()]));
+        engine.insert("config".into(), engine_config.into());
+        table.insert("engines".into(), toml::Value::Array(vec![engine.into()]));
+        // Every model the engine serves, under its own id, with its own tokenizer and template.
+        table.remove("models");
+        let vars = env::from_process().map_err(|message| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })?;
+        Self::from_table(table, path, &vars)
+    }
+
     /// Validates TOML text with overrides from `vars` (environment variables); `path` names
     /// the source in errors and anchors relative paths.
     pub fn from_toml(
@@ -107,11 +169,22 @@ impl Config {
         path: &Path,
         vars: &[(String, String)],
     ) -> Result<Self, ConfigError> {
+        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Self::from_table(table, path, vars)
+    }
+
+    fn from_table(
+        mut table: toml::Table,
+        path: &Path,
+        vars: &[(String, String)],
+    ) -> Result<Self, ConfigError> {
         let parse = |message: String| ConfigError::Parse {
             path: path.to_path_buf(),
             message,
         };
-        let mut table: toml::Table = toml::from_str(text).map_err(|e| parse(e.to_string()))?;
         let applied = env::apply(&mut table, vars).map_err(parse)?;
         env::expand_references(&mut table, &|name| std::env::var(name).ok()).map_err(parse)?;
         let raw: raw::RawConfig = table.try_into().map_err(|e: toml::de::Error| {
@@ -135,6 +208,40 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    #[test]
+    fn a_model_given_on_the_command_line_is_served_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model = dir.path().join("SmolLM2-135M-Instruct.Q4_1.gguf");
+        std::fs::write(&model, b"GGUF").expect("write");
+        let config = Config::with_model(None, &model, None).expect("config");
+        assert!(!config.tenancy.auth_required);
+        assert!(config.models.is_none());
+        let [engine] = config.engines.as_slice() else {
+            panic!("one engine: {:?}", config.engines);
+        };
+        assert!(engine.plugin.ends_with("libturnpike_cuda.so"));
+        let json: serde_json::Value = serde_json::from_str(&engine.config_json).expect("json");
+        assert_eq!(json["models"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
+        assert!(
+            json["models"][0]["path"]
+                .as_str()
+                .is_some_and(|p| p.ends_with(".gguf"))
+        );
+        // A file's settings stay; its engines and models give way.
+        let file = dir.path().join("turnpike.toml");
+        let text = "[server]\nlisten = \"127.0.0.1:9999\"\n[auth]\nmode = \"none\"\n[[engines]]\nname = \"sim\"\nplugin = \"x.so\"\n";
+        std::fs::write(&file, text).expect("write");
+        let config = Config::with_model(Some(&file), &model, Some("smol")).expect("config");
+        assert_eq!(config.listen.port(), 9999);
+        assert_eq!(config.engines.len(), 1);
+        assert!(config.engines[0].config_json.contains("\"smol\""));
+        let missing = Config::with_model(None, &dir.path().join("absent.gguf"), None);
+        assert!(
+            matches!(missing, Err(ConfigError::Invalid { .. })),
+            "{missing:?}"
+        );
+    }
 
     use super::*;
 
