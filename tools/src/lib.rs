@@ -9,6 +9,7 @@
 //! (`turnpike make-model`, the built-in default model, tests and benchmarks).
 
 pub mod model;
+pub mod smollm2;
 
 use std::path::{Path, PathBuf};
 

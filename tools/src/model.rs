@@ -465,7 +465,7 @@ fn write(path: &Path, text: &str) -> Result<(), MakeError> {
 
 /// Where presets are made on first use: the user's cache (`$XDG_CACHE_HOME`, else
 /// `~/.cache`), then the temporary folder.
-fn cache_bases() -> Vec<PathBuf> {
+pub(crate) fn cache_bases() -> Vec<PathBuf> {
     let user = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));

@@ -59,7 +59,8 @@ pub enum Command {
 /// Arguments of `serve`.
 #[derive(Debug, Default, Args)]
 pub struct ServeArgs {
-    /// TOML configuration file; without one, the built-in default (loopback, simulator engine).
+    /// TOML configuration file; without one, the built-in default (loopback, the default engine
+    /// serving SmolLM2-135M-Instruct, fetched on first start).
     #[arg(long, short)]
     pub config: Option<PathBuf>,
     /// Listen address, overriding the configuration (port 0 picks a free port).
@@ -149,7 +150,7 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let mut config = match (&args.model, &args.config) {
         (Some(model), file) => Config::with_model(file.as_deref(), model, args.name.as_deref())?,
         (None, Some(path)) => Config::load(path)?,
-        (None, None) => Config::builtin()?,
+        (None, None) => Config::builtin_default()?,
     };
     if let Some(listen) = args.listen {
         config.listen = listen;

