@@ -158,6 +158,20 @@ fn plugin_conformance_reports_each_check() {
     assert!(stderr.contains("conformance checks failed"), "{stderr}");
 }
 
+/// The address a starting `turnpike serve` announces on its first line of output.
+fn listening(child: &mut Child) -> SocketAddr {
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the listening line");
+    line.trim()
+        .strip_prefix("turnpike listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .parse()
+        .expect("address")
+}
+
 /// A `turnpike serve` process on a free port, stopped with SIGTERM when dropped.
 struct Gateway {
     child: Child,
@@ -180,17 +194,7 @@ impl Gateway {
             .stdout(Stdio::piped())
             .spawn()
             .expect("start turnpike");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let addr = line
-            .trim()
-            .strip_prefix("turnpike listening on http://")
-            .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-            .parse()
-            .expect("address");
+        let addr = listening(&mut child);
         Self { child, addr }
     }
 
@@ -329,17 +333,7 @@ fn without_python_the_built_in_default_serves_tiny_and_says_what_to_run() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start turnpike");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("read the listening line");
-    let addr: SocketAddr = line
-        .trim()
-        .strip_prefix("turnpike listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .parse()
-        .expect("address");
+    let addr = listening(&mut child);
     let models = request(addr, "GET", "/v1/models");
     assert_eq!(models.json()["data"][0]["id"], "tiny");
     let _ = child.kill();

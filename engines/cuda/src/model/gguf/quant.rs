@@ -203,6 +203,14 @@ fn scale_min(scales: &[u8], j: usize) -> (f32, f32) {
     (f32::from(sc), f32::from(m))
 }
 
+/// The scales and minimums of the two groups of 32 that make chunk `chunk` (of 64 values) of a
+/// Q4_K or Q5_K super-block with scale `d` and minimum scale `dmin`.
+fn group_scales(d: f32, dmin: f32, scales: &[u8], chunk: usize) -> [f32; 4] {
+    let (sc1, m1) = scale_min(scales, 2 * chunk);
+    let (sc2, m2) = scale_min(scales, 2 * chunk + 1);
+    [d * sc1, dmin * m1, d * sc2, dmin * m2]
+}
+
 fn q4_k(b: &[u8], out: &mut [f32]) {
     let (d, dmin) = (half16(b), half16(&b[2..]));
     let scales = &b[4..16];
@@ -212,9 +220,7 @@ fn q4_k(b: &[u8], out: &mut [f32]) {
         .zip(out.chunks_exact_mut(64))
         .enumerate()
     {
-        let (sc1, m1) = scale_min(scales, 2 * chunk);
-        let (sc2, m2) = scale_min(scales, 2 * chunk + 1);
-        let (d1, min1, d2, min2) = (d * sc1, dmin * m1, d * sc2, dmin * m2);
+        let [d1, min1, d2, min2] = group_scales(d, dmin, scales, chunk);
         let (low, high) = o.split_at_mut(32);
         for (l, &byte) in q.iter().enumerate() {
             low[l] = d1 * f32::from(byte & 0x0f) - min1;
@@ -233,9 +239,7 @@ fn q5_k(b: &[u8], out: &mut [f32]) {
         .zip(out.chunks_exact_mut(64))
         .enumerate()
     {
-        let (sc1, m1) = scale_min(scales, 2 * chunk);
-        let (sc2, m2) = scale_min(scales, 2 * chunk + 1);
-        let (d1, min1, d2, min2) = (d * sc1, dmin * m1, d * sc2, dmin * m2);
+        let [d1, min1, d2, min2] = group_scales(d, dmin, scales, chunk);
         let (bit1, bit2) = (1u8 << (2 * chunk), 2u8 << (2 * chunk));
         let (low, high) = o.split_at_mut(32);
         for (l, &byte) in q.iter().enumerate() {
