@@ -349,3 +349,32 @@ fn without_python_the_built_in_default_serves_tiny_and_says_what_to_run() {
         "{log}"
     );
 }
+
+#[test]
+fn serve_model_reads_a_hub_id_from_the_hub_cache() {
+    // `--model org/name` with the model in the Hugging Face cache (HF_HOME), offline.
+    let home = tempfile::tempdir().expect("tempdir");
+    let repo = home.path().join("hub/models--acme--tiny-chat");
+    let snapshot = repo.join("snapshots/0123abcd");
+    let made = turnpike(&[
+        "make-model",
+        "--preset",
+        "tiny",
+        "--out",
+        &path_arg(&snapshot),
+    ]);
+    assert!(made.status.success(), "{made:?}");
+    std::fs::create_dir_all(repo.join("refs")).expect("refs");
+    std::fs::write(repo.join("refs/main"), "0123abcd").expect("ref");
+    let gateway =
+        Gateway::start_with_env(&["--model", "acme/tiny-chat"], &[("HF_HOME", home.path())]);
+    let models = request(gateway.addr, "GET", "/v1/models");
+    assert_eq!(models.json()["data"][0]["id"], "tiny-chat");
+    drop(gateway);
+    // Not in the cache: one line that says how to download it.
+    let missing = one_line_failure(&["serve", "--model", "acme/absent"]);
+    assert!(
+        missing.contains("huggingface-cli download acme/absent"),
+        "{missing}"
+    );
+}

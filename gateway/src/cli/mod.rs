@@ -66,8 +66,9 @@ pub struct ServeArgs {
     /// Listen address, overriding the configuration (port 0 picks a free port).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Serve this model alone through the default engine: a `.gguf` file or a Hugging Face
-    /// model folder (replaces the configuration's engines and models).
+    /// Serve this model alone through the default engine: a `.gguf` file, a Hugging Face model
+    /// folder, or a Hub id in the Hub cache (`org/name[@revision][/FILE.gguf]`); replaces the
+    /// configuration's engines and models.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// The name clients call `--model` by (the file's or folder's name by default).

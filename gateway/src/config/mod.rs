@@ -7,6 +7,7 @@
 
 mod builtin;
 mod env;
+mod hub;
 mod raw;
 
 use std::net::SocketAddr;
@@ -127,8 +128,9 @@ impl Config {
     }
 
     /// The configuration of `file` (the built-in default's settings without one) serving only
-    /// `model`, a GGUF file or a Hugging Face model folder, through the default engine beside
-    /// the binary, as `name` (the file's or folder's name by default): what
+    /// `model`, a GGUF file or a Hugging Face model folder (a path, or a Hub id read from the
+    /// Hub cache: `org/name[@revision][/FILE.gguf]`), through the default engine beside the
+    /// binary, as `name` (the file's or folder's name by default): what
     /// `turnpike serve --model` runs. Its tokenizer and chat template are the folder's, or the
     /// file's own (see the engine's README). Without `file`, as with the built-in default,
     /// callers need no key.
@@ -153,17 +155,26 @@ impl Config {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        let model = std::fs::canonicalize(model)
-            .map_err(|e| invalid(format!("--model {}: {e}", model.display())))?;
+        // A path that exists is a path; else `org/name` is a Hub id, read from the Hub cache.
+        let spec = model.to_string_lossy().into_owned();
+        let (model, default_name) = match std::fs::canonicalize(model) {
+            Ok(path) => {
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+                (path, name)
+            }
+            Err(_) if hub::is_hub_id(&spec) => {
+                let path =
+                    hub::resolve(&spec).map_err(|e| invalid(format!("--model {spec}: {e}")))?;
+                (path, hub::model_name(&spec))
+            }
+            Err(e) => return Err(invalid(format!("--model {spec}: {e}"))),
+        };
         let name = match name {
             Some(name) => name.to_string(),
-            None => model
-                .file_name()
-                .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
+            None => default_name
+                .map(|n| n.trim_end_matches(".gguf").to_string())
                 .filter(|n| !n.is_empty())
-                .ok_or_else(|| {
-                    invalid(format!("--model {}: name it with --name", model.display()))
-                })?,
+                .ok_or_else(|| invalid(format!("--model {spec}: name it with --name")))?,
         };
         let mut engine = toml::Table::new();
         engine.insert("name".into(), "default".into());
