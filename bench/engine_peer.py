@@ -17,7 +17,12 @@ from transformers import AutoModelForCausalLM
 RUNS = 5
 torch.set_num_threads(os.cpu_count() or 1)
 model_dir, out = sys.argv[1], sys.argv[2]
-model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+if model_dir.endswith(".gguf"):
+    # transformers dequantizes a GGUF file to f32, as the engine does for now.
+    folder, name = os.path.split(os.path.abspath(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, attn_implementation="eager").eval()
+else:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
 rng = np.random.default_rng(7)
 
 
