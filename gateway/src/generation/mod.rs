@@ -56,10 +56,6 @@ pub struct Generator {
 pub struct Prepared {
     /// The model.
     pub model: Arc<ServedModel>,
-    /// Choices per prompt.
-    pub n: u32,
-    /// Alternatives per token, when log probabilities were asked for.
-    pub logprobs: Option<u32>,
     /// Each prompt's text (legacy prompts only; for `echo`).
     pub prompt_texts: Vec<String>,
     job: Job,
@@ -86,6 +82,17 @@ pub(crate) struct Started {
 }
 
 impl Prepared {
+    /// Choices per prompt.
+    pub fn n(&self) -> u32 {
+        self.job.params.n
+    }
+
+    /// Alternatives per token, when log probabilities were asked for.
+    pub fn logprobs(&self) -> Option<u32> {
+        let p = &self.job.params;
+        p.logprobs.then_some(p.top_logprobs)
+    }
+
     /// Prompts (one engine request each).
     pub fn prompts(&self) -> usize {
         self.job.prompts.len()
@@ -197,24 +204,16 @@ impl Generator {
         id: &str,
         mut record: RequestRecord,
     ) -> Result<Started, ApiError> {
-        let prepared = self.prepare(caller, req, id, record.started, true).await?;
+        let mut prepared = self.prepare(caller, req, id, record.started, true).await?;
         record.model.clone_from(&prepared.model.id);
-        let Prepared {
-            model,
-            n,
-            logprobs,
-            prompt_texts,
-            job,
-            admission,
-        } = prepared;
-        let prompts = job.prompts.len();
-        let stream = match run::start(job) {
-            Ok(stream) => Generation::new(stream, admission),
-            Err(e) => {
-                record.failed(&e);
-                return Err(e);
-            }
-        };
+        let (model, n, logprobs) = (
+            Arc::clone(&prepared.model),
+            prepared.n(),
+            prepared.logprobs(),
+        );
+        let prompts = prepared.prompts();
+        let prompt_texts = std::mem::take(&mut prepared.prompt_texts);
+        let stream = prepared.start().inspect_err(|e| record.failed(e))?;
         Ok(Started {
             stream,
             record,
@@ -259,8 +258,6 @@ impl Generator {
             .await?;
         Ok(Prepared {
             model,
-            n: plan.n,
-            logprobs: plan.logprobs,
             prompt_texts: plan.prompt_texts,
             job: plan.job,
             admission,

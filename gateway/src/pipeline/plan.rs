@@ -19,10 +19,6 @@ use crate::error::ApiError;
 pub(crate) struct Plan {
     /// What to run (its parameters still lack the tenant, set at admission).
     pub job: Job,
-    /// Choices per prompt.
-    pub n: u32,
-    /// Alternatives per token, when log probabilities were asked for.
-    pub logprobs: Option<u32>,
     /// Each prompt's text (legacy prompts only; for `echo`).
     pub prompt_texts: Vec<String>,
     /// The scheduling priority (`metadata.priority`).
@@ -113,7 +109,6 @@ pub(crate) fn plan(
     p.request_id = Some(id.to_string());
     let priority = params::priority(req.metadata.as_ref())?;
     p.priority = priority;
-    let n = p.n;
     Ok(Plan {
         job: Job {
             model: Arc::clone(model),
@@ -125,8 +120,6 @@ pub(crate) fn plan(
             tools,
             reasoning,
         },
-        n,
-        logprobs,
         prompt_texts,
         priority,
     })

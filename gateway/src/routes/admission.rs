@@ -105,17 +105,12 @@ async fn refuse(
     state: &AppState,
 ) -> Response {
     let limit = state.server.max_body_bytes;
-    let drained =
+    // A body too large or too slow to wait for stays unread: the body deadline layer, which
+    // sees that, closes the connection and says so.
+    let _ =
         tokio::time::timeout(DRAIN_TIME, axum::body::to_bytes(request.into_body(), limit)).await;
     let mut response = error.into_response();
     ratelimit_headers::apply(response.headers_mut(), report);
-    if !matches!(drained, Ok(Ok(_))) {
-        // The body is too large or too slow to wait for: say the connection ends here.
-        response.headers_mut().insert(
-            axum::http::header::CONNECTION,
-            axum::http::HeaderValue::from_static("close"),
-        );
-    }
     response
 }
 

@@ -12,17 +12,16 @@ use serde_json::{Value, json};
 use super::render::{self, EventRenderer, OnDone};
 use super::stored::{StoredResponse, not_found};
 use super::translate::{NAMES, chat_tools, generation_request, in_progress, refuse_unsupported};
-use super::{ResponseStore, Responses, input, runner, truncate};
+use super::{ResponseStore, Responses, input, runner, translate, truncate};
 use crate::clock::unix_now;
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::generation::record::RequestRecord;
-use crate::generation::{GenerationRequest, Generator, Prompt, Started};
+use crate::generation::{GenerationRequest, Generator, Started};
 use crate::ids::new_id;
 use crate::openai::chat::Tool;
 use crate::openai::responses::{ResponseObject, ResponseUsage, ResponsesRequest};
 use crate::protocols::deliver::{Delivered, deliver};
-use crate::protocols::messages;
 use crate::protocols::{Call, Reply};
 
 /// A Responses request validated and translated: ready for the facade.
@@ -120,17 +119,7 @@ fn prompt_length(
     tools: &[Tool],
     items: &[Value],
 ) -> Result<usize, ApiError> {
-    let messages =
-        messages::template_messages(&input::to_messages(req.instructions.as_deref(), items))?;
-    let tools = match tools {
-        [] => None,
-        tools => Some(messages::template_tools(tools)?),
-    };
-    let conversation = Prompt::Chat {
-        messages,
-        tools,
-        template_kwargs: req.chat_template_kwargs.clone(),
-    };
+    let conversation = translate::prompt(req, items, tools)?;
     generator.count_chat_prompt(model, &conversation, NAMES.prompt)
 }
 
@@ -315,7 +304,7 @@ async fn background(
         .await?;
     let record = turn.record(req, &prepared.model.id, call.started);
     responses.running.check_room()?;
-    let base = turn.base(req, prepared.logprobs);
+    let base = turn.base(req, prepared.logprobs());
     let items = turn.items.clone();
     let streamed = req.stream == Some(true);
     let reply = runner::start(call, responses, turn, base, prepared, record, streamed).await?;

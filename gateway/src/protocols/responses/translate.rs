@@ -77,6 +77,26 @@ pub(crate) const NAMES: ParamNames = ParamNames {
     reasoning_effort: "reasoning.effort",
 };
 
+/// The conversation `items` of `req` (its instructions first) and the `tools` offered, in the
+/// chat template's shape.
+pub(crate) fn prompt(
+    req: &ResponsesRequest,
+    items: &[Value],
+    tools: &[Tool],
+) -> Result<Prompt, ApiError> {
+    let messages =
+        messages::template_messages(&input::to_messages(req.instructions.as_deref(), items))?;
+    let tools = match tools {
+        [] => None,
+        tools => Some(messages::template_tools(tools)?),
+    };
+    Ok(Prompt::Chat {
+        messages,
+        tools,
+        template_kwargs: req.chat_template_kwargs.clone(),
+    })
+}
+
 /// `req` as the facade's generation request: the conversation `shown` (with the instructions
 /// first) for the chat template, `tools` offered, and the settings under the Responses API's
 /// own names.
@@ -85,12 +105,6 @@ pub(crate) fn generation_request(
     shown: &[Value],
     tools: &[Tool],
 ) -> Result<GenerationRequest, ApiError> {
-    let messages =
-        messages::template_messages(&input::to_messages(req.instructions.as_deref(), shown))?;
-    let template_tools = match tools {
-        [] => None,
-        tools => Some(messages::template_tools(tools)?),
-    };
     let wants_logprobs = req
         .include
         .iter()
@@ -98,11 +112,7 @@ pub(crate) fn generation_request(
         .any(|i| i == "message.output_text.logprobs");
     Ok(GenerationRequest {
         model: req.model.clone(),
-        prompt: Prompt::Chat {
-            messages,
-            tools: template_tools,
-            template_kwargs: req.chat_template_kwargs.clone(),
-        },
+        prompt: prompt(req, shown, tools)?,
         sampling: Sampling {
             temperature: req.temperature,
             top_p: req.top_p,
