@@ -18,7 +18,7 @@ RUNS = 5
 torch.set_num_threads(os.cpu_count() or 1)
 model_dir, out = sys.argv[1], sys.argv[2]
 if model_dir.endswith(".gguf"):
-    # transformers dequantizes a GGUF file to f32, as the engine does for now.
+    # transformers dequantizes a GGUF file to f32 (the engine keeps its quantized codes).
     folder, name = os.path.split(os.path.abspath(model_dir))
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, attn_implementation="eager").eval()
 else:

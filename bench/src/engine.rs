@@ -6,8 +6,10 @@
 //! prefix cache only hits where a measurement asks for it):
 //! - `prefill`: one 512-token prompt, one output token; prompt tokens per second;
 //! - `decode_1`: one 16-token prompt, 128 output tokens; output tokens per second of the run;
-//! - `decode_16`: 16 such requests at once; output tokens per second of the run;
-//! - `ttft_cold` / `ttft_prefix_hit`: a 512-token prompt, then the same prompt again.
+//! - `decode_8` / `decode_16`: 8 or 16 such requests at once; output tokens per second of the run;
+//! - `ttft_cold` / `ttft_prefix_hit`: a 512-token prompt, then the same prompt again;
+//! - `rss_after_load_mib` / `rss_peak_mib`: this process's resident memory once the model is
+//!   loaded, and its high-water mark (loading included) at the end.
 
 #![allow(clippy::print_stdout, clippy::expect_used, clippy::unwrap_used)]
 
@@ -37,9 +39,11 @@ fn main() {
     let mut prompts = Prompts(7);
     // Warm up: page in the weights, start the threads.
     rt.block_on(run(&engine, "bench", vec![prompts.next(64)], 4));
+    let rss_after_load = status_mib("VmRSS");
 
     let mut prefill = Vec::new();
     let mut decode_1 = Vec::new();
+    let mut decode_8 = Vec::new();
     let mut decode_16 = Vec::new();
     let mut cold = Vec::new();
     let mut warm = Vec::new();
@@ -48,6 +52,9 @@ fn main() {
         prefill.push(512.0 / t.end);
         let t = rt.block_on(run(&engine, "bench", vec![prompts.next(16)], 128));
         decode_1.push(t.tokens as f64 / t.end);
+        let batch = (0..8).map(|_| prompts.next(16)).collect();
+        let t = rt.block_on(run(&engine, "bench", batch, 128));
+        decode_8.push(t.tokens as f64 / t.end);
         let batch = (0..16).map(|_| prompts.next(16)).collect();
         let t = rt.block_on(run(&engine, "bench", batch, 128));
         decode_16.push(t.tokens as f64 / t.end);
@@ -57,16 +64,58 @@ fn main() {
         let t = rt.block_on(run(&engine, "bench", vec![prompt], 1));
         warm.push(t.earliest_first_token() * 1000.0);
     }
+    // Read before the bandwidth measurement, whose buffer would raise it.
+    let rss_peak = status_mib("VmHWM");
+    let bandwidth = read_bandwidth_gb_per_s();
     let results = json!({
         "runs": RUNS,
         "statistic": "median",
         "prefill_tokens_per_s": median(prefill),
         "decode_1_tokens_per_s": median(decode_1),
+        "decode_8_tokens_per_s": median(decode_8),
         "decode_16_tokens_per_s": median(decode_16),
         "ttft_cold_ms": median(cold),
         "ttft_prefix_hit_ms": median(warm),
+        "rss_after_load_mib": rss_after_load,
+        "rss_peak_mib": rss_peak,
+        "memory_read_gb_per_s": bandwidth,
         "stats": engine.stats().map(|s| serde_json::to_value(s).unwrap_or_default()).unwrap_or_default(),
     });
     std::fs::write(&out, serde_json::to_string_pretty(&results).expect("json")).expect("write");
     println!("{results}");
+}
+
+/// A memory figure of this process from `/proc/self/status`, in MiB (0 where unreadable).
+fn status_mib(field: &str) -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// This machine's memory read bandwidth with every core reading its part of a 512 MiB buffer
+/// (best of three), for the bytes a decode step reads against what the memory can deliver.
+fn read_bandwidth_gb_per_s() -> f64 {
+    let words: usize = 64 << 20;
+    let buffer: Vec<u64> = (0..words as u64).collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let start = std::time::Instant::now();
+        let total: u64 = std::thread::scope(|s| {
+            let parts: Vec<_> = buffer
+                .chunks(words.div_ceil(threads))
+                .map(|part| s.spawn(move || part.iter().fold(0u64, |a, &b| a.wrapping_add(b))))
+                .collect();
+            parts
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.max((words * 8) as f64 / start.elapsed().as_secs_f64() / 1e9);
+    }
+    best
 }

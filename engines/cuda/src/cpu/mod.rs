@@ -1,10 +1,15 @@
-//! The CPU device: the whole model in f32 on every core, the reference for correctness and the
-//! fallback where no GPU is present. Matrix products go through `matrixmultiply`, parallel work
-//! through the device's own `rayon` pool (a plugin never touches the host's global pool).
+//! The CPU device: the whole model on every core, each weight matrix in the precision it was
+//! shipped in (GGUF quantized types stay quantized) and every activation in f32; the reference
+//! for correctness and the fallback where no GPU is present. Matrix products run the device's
+//! own kernels ([`matmul`], picked per instruction set at run time), parallel work the device's
+//! own `rayon` pool (a plugin never touches the host's global pool).
 
+mod attention;
 mod forward;
 mod kv;
 mod linalg;
+mod matmul;
+mod simd;
 
 use crate::device::{Batch, Device, DeviceError};
 use crate::model::{CpuWeights, ModelError, ModelFolder, ModelSpec, Weights};
@@ -86,7 +91,7 @@ impl Device for CpuDevice {
                     rows.push(end - 1);
                 }
             }
-            Ok(forward::logits(spec, weights, &x, &rows))
+            forward::logits(spec, weights, &x, &rows)
         })
     }
 
@@ -115,7 +120,12 @@ impl Device for CpuDevice {
             let x = forward::hidden_states(spec, weights, inv_freq, &mut scratch, &chunks)?;
             let d = spec.hidden_size;
             let mut normed = vec![0.0f32; x.len()];
-            linalg::rms_norm(&x, &weights.norm, spec.rms_norm_eps, &mut normed);
+            linalg::rms_norm(
+                &x,
+                forward::vector(&weights.norm)?,
+                spec.rms_norm_eps,
+                &mut normed,
+            );
             let mut mean = vec![0.0f32; d];
             for row in normed.chunks_exact(d) {
                 for (m, v) in mean.iter_mut().zip(row) {

@@ -36,7 +36,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::cpu::inverse_frequencies;
 use crate::device::{Batch, Chunk, Device, DeviceError, SampleRequest};
-use crate::model::{LayeredWeights, ModelFolder, ModelSpec, Weights};
+use crate::model::{F32Reader, LayeredWeights, ModelFolder, ModelSpec, Weights};
 use crate::sampler::Sampled;
 use blas::Blas;
 use forward::{KvCache, Model, StepInputs};
@@ -146,7 +146,7 @@ impl CudaDevice {
         let blas = Blas::new(stream.cu_stream())?;
         let file =
             Weights::open(&folder.path).map_err(|e| DeviceError::Unavailable(e.to_string()))?;
-        let weights = LayeredWeights::load_with(&spec, &file, |values| {
+        let weights = LayeredWeights::load_with(&spec, &file, &F32Reader(&file), |values| {
             DeviceBuffer::from_host(&to_bf16(&values), "weights")
                 .map_err(|e| crate::model::ModelError::Config(e.to_string()))
         })

@@ -1,8 +1,10 @@
 //! The model's weights laid out for the devices: q, k and v fused into one matrix, gate and up
-//! into another, so each layer runs four matrix products. Every tensor is read as f32 and handed
-//! to a conversion as soon as it is read (the CPU keeps it; the GPU rounds it to bf16 and
-//! uploads it), so loading holds one tensor on the host at a time, not the model.
+//! into another, so each layer runs four matrix products. A [`TensorReader`] says how each
+//! tensor is read (the CPU keeps every matrix in its own precision, [`PackedReader`]; the GPU
+//! reads f32, [`F32Reader`], and rounds it to bf16 as it uploads it), and each is handed to a
+//! conversion as soon as it is read, so loading holds one tensor on the host at a time.
 
+use super::packed::Packed;
 use super::{ModelError, ModelSpec, Weights};
 
 /// One transformer block, each tensor as a `T`.
@@ -39,33 +41,90 @@ pub struct LayeredWeights<T> {
     pub lm_head: Option<T>,
 }
 
-/// The weights in f32 on the host.
-pub type CpuWeights = LayeredWeights<Vec<f32>>;
+/// The weights on the host, each matrix in its own precision and each vector in f32.
+pub type CpuWeights = LayeredWeights<Packed>;
+
+/// How a loader reads tensors: matrices in the representation it keeps, vectors (norms and
+/// biases) handed over in f32, and fused matrices stacked row-wise.
+pub trait TensorReader {
+    /// A tensor as this reader keeps it.
+    type Tensor;
+    /// The `rows × cols` matrix called `name`.
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Self::Tensor, ModelError>;
+    /// A vector of f32 values.
+    fn vector(&self, values: Vec<f32>) -> Self::Tensor;
+    /// Matrices of equal width, one under another.
+    fn stack(&self, parts: Vec<Self::Tensor>) -> Self::Tensor;
+}
+
+/// Reads every tensor as f32 (the GPU converts each to bf16 as it uploads it).
+#[derive(Debug)]
+pub struct F32Reader<'a>(pub &'a Weights);
+
+impl TensorReader for F32Reader<'_> {
+    type Tensor = Vec<f32>;
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, ModelError> {
+        self.0.get(name, &[rows, cols]).map(|t| t.data)
+    }
+
+    fn vector(&self, values: Vec<f32>) -> Vec<f32> {
+        values
+    }
+
+    fn stack(&self, parts: Vec<Vec<f32>>) -> Vec<f32> {
+        parts.concat()
+    }
+}
+
+/// Reads matrices in their own precision (quantized GGUF types stay quantized).
+#[derive(Debug)]
+pub struct PackedReader<'a>(pub &'a Weights);
+
+impl TensorReader for PackedReader<'_> {
+    type Tensor = Packed;
+
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Packed, ModelError> {
+        self.0.packed(name, &[rows, cols])
+    }
+
+    fn vector(&self, values: Vec<f32>) -> Packed {
+        Packed::f32(1, values.len(), values)
+    }
+
+    fn stack(&self, parts: Vec<Packed>) -> Packed {
+        Packed::stack(parts)
+    }
+}
 
 impl CpuWeights {
-    /// Reads every tensor in f32, checking shapes against `spec`.
+    /// Reads every matrix in its own precision, checking shapes against `spec`.
     pub fn load(spec: &ModelSpec, weights: &Weights) -> Result<Self, ModelError> {
-        Self::load_with(spec, weights, Ok)
+        Self::load_with(spec, weights, &PackedReader(weights), Ok)
     }
 }
 
 impl<T> LayeredWeights<T> {
-    /// Reads every tensor, checking shapes against `spec`, and turns each into a `T` with
-    /// `convert` as soon as it is read (fused tensors once whole).
-    pub fn load_with(
+    /// Reads every tensor through `reader`, checking shapes against `spec`, and turns each into
+    /// a `T` with `convert` as soon as it is read (fused tensors once whole).
+    pub fn load_with<R: TensorReader>(
         spec: &ModelSpec,
         weights: &Weights,
-        convert: impl Fn(Vec<f32>) -> Result<T, ModelError>,
+        reader: &R,
+        convert: impl Fn(R::Tensor) -> Result<T, ModelError>,
     ) -> Result<Self, ModelError> {
         let (d, f, v) = (spec.hidden_size, spec.intermediate_size, spec.vocab_size);
         let (q, kv) = (
             spec.num_heads * spec.head_dim,
             spec.num_kv_heads * spec.head_dim,
         );
-        let get = |name: &str, shape: &[usize]| weights.get(name, shape).map(|t| t.data);
+        let get = |name: &str, rows: usize, cols: usize| reader.matrix(name, rows, cols);
+        let vector = |name: &str, len: usize| -> Result<R::Tensor, ModelError> {
+            Ok(reader.vector(weights.get(name, &[len])?.data))
+        };
         let bias = |name: &str, rows: usize| -> Result<Option<Vec<f32>>, ModelError> {
             if weights.contains(name) {
-                get(name, &[rows]).map(Some)
+                weights.get(name, &[rows]).map(|t| Some(t.data))
             } else {
                 Ok(None)
             }
@@ -74,10 +133,11 @@ impl<T> LayeredWeights<T> {
         for l in 0..spec.num_layers {
             let p = format!("model.layers.{l}");
             let attn = |n: &str| format!("{p}.self_attn.{n}");
-            let mut qkv = get(&attn("q_proj.weight"), &[q, d])?;
-            qkv.extend(get(&attn("k_proj.weight"), &[kv, d])?);
-            qkv.extend(get(&attn("v_proj.weight"), &[kv, d])?);
-            let qkv = convert(qkv)?;
+            let qkv = convert(reader.stack(vec![
+                get(&attn("q_proj.weight"), q, d)?,
+                get(&attn("k_proj.weight"), kv, d)?,
+                get(&attn("v_proj.weight"), kv, d)?,
+            ]))?;
             let biases = [
                 bias(&attn("q_proj.bias"), q)?,
                 bias(&attn("k_proj.bias"), kv)?,
@@ -86,31 +146,35 @@ impl<T> LayeredWeights<T> {
             let qkv_bias = if biases.iter().any(Option::is_some) {
                 let sizes = [q, kv, kv];
                 Some(convert(
-                    biases
-                        .into_iter()
-                        .zip(sizes)
-                        .flat_map(|(b, n)| b.unwrap_or_else(|| vec![0.0; n]))
-                        .collect(),
+                    reader.vector(
+                        biases
+                            .into_iter()
+                            .zip(sizes)
+                            .flat_map(|(b, n)| b.unwrap_or_else(|| vec![0.0; n]))
+                            .collect(),
+                    ),
                 )?)
             } else {
                 None
             };
-            let mut gate_up = get(&format!("{p}.mlp.gate_proj.weight"), &[f, d])?;
-            gate_up.extend(get(&format!("{p}.mlp.up_proj.weight"), &[f, d])?);
-            let gate_up = convert(gate_up)?;
+            let gate_up = convert(reader.stack(vec![
+                get(&format!("{p}.mlp.gate_proj.weight"), f, d)?,
+                get(&format!("{p}.mlp.up_proj.weight"), f, d)?,
+            ]))?;
+            let o_bias = bias(&attn("o_proj.bias"), d)?.map(|b| convert(reader.vector(b)));
             layers.push(Layer {
-                attn_norm: convert(get(&format!("{p}.input_layernorm.weight"), &[d])?)?,
+                attn_norm: convert(vector(&format!("{p}.input_layernorm.weight"), d)?)?,
                 qkv,
                 qkv_bias,
-                o: convert(get(&attn("o_proj.weight"), &[d, q])?)?,
-                o_bias: bias(&attn("o_proj.bias"), d)?.map(&convert).transpose()?,
-                mlp_norm: convert(get(&format!("{p}.post_attention_layernorm.weight"), &[d])?)?,
+                o: convert(get(&attn("o_proj.weight"), d, q)?)?,
+                o_bias: o_bias.transpose()?,
+                mlp_norm: convert(vector(&format!("{p}.post_attention_layernorm.weight"), d)?)?,
                 gate_up,
-                down: convert(get(&format!("{p}.mlp.down_proj.weight"), &[d, f])?)?,
+                down: convert(get(&format!("{p}.mlp.down_proj.weight"), d, f)?)?,
             });
         }
         let lm_head = if weights.contains("lm_head.weight") && !spec.tie_word_embeddings {
-            Some(convert(get("lm_head.weight", &[v, d])?)?)
+            Some(convert(get("lm_head.weight", v, d)?)?)
         } else if spec.tie_word_embeddings {
             None
         } else {
@@ -119,9 +183,9 @@ impl<T> LayeredWeights<T> {
             ));
         };
         Ok(Self {
-            embed: convert(get("model.embed_tokens.weight", &[v, d])?)?,
+            embed: convert(get("model.embed_tokens.weight", v, d)?)?,
             layers,
-            norm: convert(get("model.norm.weight", &[d])?)?,
+            norm: convert(vector("model.norm.weight", d)?)?,
             lm_head,
         })
     }

@@ -4,12 +4,14 @@
 pub mod config;
 pub mod gguf;
 mod layers;
+pub mod packed;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
 
 pub use config::{ModelSpec, RopeScaling};
-pub use layers::{CpuWeights, Layer, LayeredWeights};
+pub use layers::{CpuWeights, F32Reader, Layer, LayeredWeights, PackedReader, TensorReader};
+pub use packed::Packed;
 pub use weights::{Tensor, Weights};
 
 /// Why a model folder cannot be served.

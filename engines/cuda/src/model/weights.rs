@@ -15,6 +15,7 @@ use safetensors::{Dtype, SafeTensors};
 use super::ModelError;
 use super::gguf::Gguf;
 use super::gguf::model::{self, Layout};
+use super::packed::{Codes, Packed};
 
 /// The weight files of a model, mapped.
 #[derive(Debug)]
@@ -113,11 +114,59 @@ impl Weights {
         Ok(tensor)
     }
 
-    /// Reads a tensor as f32 whatever its shape.
-    pub fn read(&self, name: &str) -> Result<Tensor, ModelError> {
+    /// Reads a matrix (`shape` is `[rows, cols]`) in its own precision, checking its shape.
+    pub fn packed(&self, name: &str, shape: &[usize]) -> Result<Packed, ModelError> {
+        let wrong = |got: &[usize]| {
+            ModelError::Config(format!(
+                "tensor `{name}` has shape {got:?}, expected {shape:?}"
+            ))
+        };
+        let &[rows, cols] = shape else {
+            return Err(wrong(&[]));
+        };
         if let Some(file) = &self.gguf {
-            return read_gguf(file, name);
+            let missing = || ModelError::Config(format!("tensor `{name}` is missing"));
+            let (file_name, layout) = model::file_name(file, name).ok_or_else(missing)?;
+            let info = file.tensor(&file_name).ok_or_else(missing)?;
+            if info.shape != shape {
+                return Err(wrong(&info.shape));
+            }
+            let matrix = file.pack(info).map_err(ModelError::from)?;
+            return Ok(match layout {
+                Layout::Same => matrix,
+                Layout::Interleaved(heads) => {
+                    let order = model::unpermuted_rows(rows, heads).ok_or_else(|| {
+                        ModelError::Config(format!(
+                            "tensor `{file_name}` ({shape:?}) does not split into {heads} heads"
+                        ))
+                    })?;
+                    matrix.with_rows(&order)
+                }
+            });
         }
+        let (path, tensors) = self.safetensors(name)?;
+        let view = tensors
+            .tensor(name)
+            .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
+        if view.shape() != shape {
+            return Err(wrong(view.shape()));
+        }
+        let halves = |bytes: &[u8]| {
+            bytes
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect()
+        };
+        let codes = match view.dtype() {
+            Dtype::BF16 => Codes::Bf16(halves(view.data())),
+            Dtype::F16 => Codes::F16(halves(view.data())),
+            _ => return Ok(Packed::f32(rows, cols, self.read(name)?.data)),
+        };
+        Ok(Packed { rows, cols, codes })
+    }
+
+    /// The safetensors file holding `name`, parsed.
+    fn safetensors(&self, name: &str) -> Result<(&Path, SafeTensors<'_>), ModelError> {
         let &file = self
             .index
             .get(name)
@@ -125,6 +174,15 @@ impl Weights {
         let (path, map) = &self.files[file];
         let tensors = SafeTensors::deserialize(map)
             .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
+        Ok((path, tensors))
+    }
+
+    /// Reads a tensor as f32 whatever its shape.
+    pub fn read(&self, name: &str) -> Result<Tensor, ModelError> {
+        if let Some(file) = &self.gguf {
+            return read_gguf(file, name);
+        }
+        let (path, tensors) = self.safetensors(name)?;
         let view = tensors
             .tensor(name)
             .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;

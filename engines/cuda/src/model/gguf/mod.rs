@@ -14,6 +14,7 @@
 
 pub mod model;
 pub mod quant;
+pub mod repack;
 pub mod tokenizer;
 
 use std::collections::BTreeMap;
@@ -21,6 +22,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
+
+use super::packed::Packed;
 
 pub use quant::{GgmlType, SUPPORTED};
 
@@ -265,6 +268,22 @@ impl Gguf {
             kind: tensor.kind.name(),
         })?;
         Ok(&self.map[tensor.start..tensor.start + len])
+    }
+
+    /// `tensor` as a matrix of its outermost dimension's rows, in its own precision.
+    pub fn pack(&self, tensor: &TensorInfo) -> Result<Packed, GgufError> {
+        let bytes = self.bytes(tensor)?;
+        let rows = tensor.shape.first().copied().unwrap_or(1);
+        let cols = tensor.values() / rows.max(1);
+        repack::pack(tensor.kind, bytes, rows, cols).ok_or_else(|| GgufError::Format {
+            path: self.path.clone(),
+            message: format!(
+                "tensor `{}` ({:?}, {}) does not split into rows of whole blocks",
+                tensor.name,
+                tensor.shape,
+                tensor.kind.name()
+            ),
+        })
     }
 
     /// `tensor`'s values as f32, row-major.

@@ -134,31 +134,43 @@ pub fn file_name(file: &Gguf, name: &str) -> Option<(String, Layout)> {
     Some((format!("blk.{layer}.{short}"), layout))
 }
 
-/// The rows of `values` (`rows` of them) back in Hugging Face's order: within each of `heads`
-/// heads, file row `2i + j` is checkpoint row `j·(head_dim / 2) + i`.
-pub fn unpermute(values: &[f32], rows: usize, heads: usize) -> Option<Vec<f32>> {
-    if heads == 0 || rows == 0 || !rows.is_multiple_of(heads) || !values.len().is_multiple_of(rows)
-    {
+/// Where each checkpoint row comes from in the file, for a tensor of `rows` rows in `heads`
+/// heads: within each head, file row `2i + j` is checkpoint row `j·(head_dim / 2) + i`.
+pub fn unpermuted_rows(rows: usize, heads: usize) -> Option<Vec<usize>> {
+    if heads == 0 || rows == 0 || !rows.is_multiple_of(heads) {
         return None;
     }
     let head_dim = rows / heads;
     if !head_dim.is_multiple_of(2) {
         return None;
     }
-    let width = values.len() / rows;
     let half = head_dim / 2;
-    let mut out = vec![0.0f32; values.len()];
+    let mut order = vec![0; rows];
     for h in 0..heads {
         for i in 0..half {
             for j in 0..2 {
-                let from = h * head_dim + 2 * i + j;
-                let to = h * head_dim + j * half + i;
-                out[to * width..(to + 1) * width]
-                    .copy_from_slice(&values[from * width..(from + 1) * width]);
+                order[h * head_dim + j * half + i] = h * head_dim + 2 * i + j;
             }
         }
     }
-    Some(out)
+    Some(order)
+}
+
+/// The rows of `values` (`rows` of them) back in Hugging Face's order (see
+/// [`unpermuted_rows`]).
+pub fn unpermute(values: &[f32], rows: usize, heads: usize) -> Option<Vec<f32>> {
+    if rows == 0 || !values.len().is_multiple_of(rows) {
+        return None;
+    }
+    let order = unpermuted_rows(rows, heads)?;
+    let width = values.len() / rows;
+    Some(
+        order
+            .iter()
+            .flat_map(|&from| &values[from * width..(from + 1) * width])
+            .copied()
+            .collect(),
+    )
 }
 
 #[cfg(test)]

@@ -205,7 +205,7 @@ fn scale_min(scales: &[u8], j: usize) -> (f32, f32) {
 
 /// The scales and minimums of the two groups of 32 that make chunk `chunk` (of 64 values) of a
 /// Q4_K or Q5_K super-block with scale `d` and minimum scale `dmin`.
-fn group_scales(d: f32, dmin: f32, scales: &[u8], chunk: usize) -> [f32; 4] {
+pub(super) fn group_scales(d: f32, dmin: f32, scales: &[u8], chunk: usize) -> [f32; 4] {
     let (sc1, m1) = scale_min(scales, 2 * chunk);
     let (sc2, m2) = scale_min(scales, 2 * chunk + 1);
     [d * sc1, dmin * m1, d * sc2, dmin * m2]

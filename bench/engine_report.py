@@ -1,0 +1,75 @@
+"""Writes bench/results/engine[-NAME].{json,md} from the runs of bench/run-engine.sh: Turnpike's
+default engine beside llama.cpp's `llama-server` (for a GGUF model) and Hugging Face
+transformers, on the same file, machine and run.
+
+Usage: python engine_report.py WORK_DIR MODEL_LABEL SUFFIX [GGUF]
+"""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+work, model_label, suffix = sys.argv[1], sys.argv[2], sys.argv[3]
+gguf = sys.argv[4] if len(sys.argv) > 4 else ""
+ours = json.load(open(f"{work}/turnpike.json"))
+peers = {"transformers": json.load(open(f"{work}/transformers.json"))}
+if os.path.exists(f"{work}/llama.json"):
+    peers = {"llama.cpp": json.load(open(f"{work}/llama.json")), **peers}
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+rows = [
+    ("prefill, 512-token prompt (tokens/s)", "prefill_tokens_per_s", True),
+    ("decode, 1 sequence (tokens/s)", "decode_1_tokens_per_s", True),
+    ("decode, 8 sequences (tokens/s)", "decode_8_tokens_per_s", True),
+    ("decode, 16 sequences (tokens/s)", "decode_16_tokens_per_s", True),
+    ("time to first token, 512 tokens, cold (ms)", "ttft_cold_ms", False),
+    ("time to first token, same prompt again (ms)", "ttft_prefix_hit_ms", False),
+    ("resident memory after load (MiB)", "rss_after_load_mib", False),
+    ("resident memory, peak (MiB)", "rss_peak_mib", False),
+]
+table = []
+for label, key, higher in rows:
+    row = {"measure": label, "turnpike": round(ours[key], 2) if key in ours else None}
+    for name, peer in peers.items():
+        theirs = peer.get(key)
+        row[name] = round(theirs, 2) if theirs is not None else None
+        if theirs and ours.get(key):
+            row[f"vs {name}"] = round(ours[key] / theirs if higher else theirs / ours[key], 2)
+    table.append(row)
+
+# Bytes one decode step reads: every weight as the CPU device keeps it (4-bit codes with an f32
+# scale and minimum per 32, 8-bit codes with an f32 scale per 32, f32 as is).
+packed_bytes = None
+if gguf:
+    tool = os.path.join(os.path.dirname(sys.argv[0]), "..", "target", "release", "turnpike-gguf")
+    info = json.loads(subprocess.run([tool, "info", gguf], capture_output=True, text=True, check=True).stdout)
+    per_value = {"F32": 4, "F16": 2, "BF16": 2, "Q4_0": 20 / 32, "Q4_1": 24 / 32, "Q4_K": 24 / 32,
+                 "Q8_0": 36 / 32, "Q5_K": 40 / 32, "Q6_K": 20 / 16}
+    packed_bytes = 0
+    for t in info["tensors"]:
+        n = 1
+        for d in t["shape"]:
+            n *= d
+        packed_bytes += n * per_value.get(t["type"], 4)
+doc = {"benchmark": "engine", "model": model_label, "cpu": cpu, "cores": os.cpu_count(),
+       "turnpike": ours, **peers, "table": table, "weight_bytes_per_decode_step": packed_bytes}
+json.dump(doc, open(f"bench/results/engine{suffix}.json", "w"), indent=2)
+names = list(peers)
+head = "| measure | Turnpike | " + " | ".join(f"{n} | vs {n}" for n in names) + " |"
+lines = [f"# Default engine (CPU device) vs {' and '.join(names)}", "",
+         f"{model_label}, {cpu}, {os.cpu_count()} cores; medians of {ours['runs']} runs, with `bench/run-engine.sh`. "
+         "A ratio > 1 means Turnpike is ahead (for times and memory: the peer's figure / Turnpike's).", "",
+         head, "|---|---:|" + "---:|---:|" * len(names)]
+fmt = lambda v: "–" if v is None else f"{v}"
+for r in table:
+    cells = " | ".join(f"{fmt(r.get(n))} | {fmt(r.get('vs ' + n))}{'x' if r.get('vs ' + n) else ''}" for n in names)
+    lines.append(f"| {r['measure']} | {fmt(r['turnpike'])} | {cells} |")
+if packed_bytes:
+    bw = ours.get("memory_read_gb_per_s", 0)
+    d1 = ours["decode_1_tokens_per_s"]
+    lines += ["", f"A decode step reads {packed_bytes / 1e6:.1f} MB of weights as the engine keeps them; "
+              f"at {d1:.1f} tokens/s that is {packed_bytes * d1 / 1e9:.2f} GB/s against {bw:.2f} GB/s "
+              f"measured read bandwidth ({100 * packed_bytes * d1 / 1e9 / bw:.0f}%)." if bw else ""]
+open(f"bench/results/engine{suffix}.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))

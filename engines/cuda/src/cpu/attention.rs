@@ -1,0 +1,321 @@
+//! Causal attention on the paged cache, one tile of a sequence's consecutive rows per task.
+//! Prefill tiles transpose each block of sixteen keys once and score every query of the tile
+//! against it sixteen keys at a time (no horizontal sums), then take one softmax per query and
+//! one pass over the values with the sums in registers. Decoding rows (a tile of one) score key
+//! by key instead, every query head that shares a key/value head (grouped-query attention)
+//! against the key as it is read. The loops run on [`super::simd`]'s lanes, compiled per
+//! instruction set; each task keeps its buffers across tiles.
+
+use rayon::prelude::*;
+
+use super::simd::{Isa, Kernel, Simd};
+
+/// The attention shape of a model.
+#[derive(Clone, Copy, Debug)]
+pub struct Heads {
+    /// Query heads.
+    pub query: usize,
+    /// Key/value heads.
+    pub kv: usize,
+    /// Values per head.
+    pub dim: usize,
+    /// `1 / sqrt(dim)`.
+    pub scale: f32,
+}
+
+/// One layer's cache, read-only.
+#[derive(Clone, Copy)]
+pub struct Cache<'a> {
+    /// Keys, `token_width` per cache slot.
+    pub keys: &'a [f32],
+    /// Values, laid out like the keys.
+    pub values: &'a [f32],
+}
+
+/// Consecutive rows of one sequence: rows `row..row + len` of the batch, at positions
+/// `pos..pos + len`; `offsets` are the cache offsets of positions `0..pos + len`.
+#[derive(Clone, Copy, Debug)]
+pub struct Tile<'a> {
+    /// The first row.
+    pub row: usize,
+    /// Rows.
+    pub len: usize,
+    /// The first row's position.
+    pub pos: usize,
+    /// Cache offsets of the sequence's positions so far.
+    pub offsets: &'a [usize],
+}
+
+/// Rows per tile: enough query vectors to pay for transposing each block of keys once.
+pub const TILE_ROWS: usize = 16;
+
+/// Below this many rows (decoding), each row is scored key by key instead: transposing keys
+/// for one or two queries costs more than it saves.
+const MIN_TILE: usize = 4;
+
+/// Attention of every tile (prefill chunks): `queries` holds each row's query heads at
+/// `stride` floats per row; writes `out` (rows × query heads × dim). Each block of sixteen
+/// keys is transposed once and scored against every query of the tile with no horizontal
+/// sums; then one softmax per query and one pass over the values per query with its sums in
+/// registers.
+pub fn attend_tiles(
+    cache: Cache<'_>,
+    heads: Heads,
+    tiles: &[Tile<'_>],
+    queries: &[f32],
+    stride: usize,
+    out: &mut [f32],
+) {
+    let isa = Isa::detected();
+    let width = heads.query * heads.dim;
+    let mut parts = Vec::with_capacity(tiles.len());
+    let mut rest = out;
+    for tile in tiles {
+        let (part, tail) = rest.split_at_mut(tile.len * width);
+        parts.push((*tile, part));
+        rest = tail;
+    }
+    parts.into_par_iter().for_each_init(
+        || (Vec::new(), Vec::new()),
+        |(scores, keys), (tile, out)| {
+            let queries = &queries[tile.row * stride..];
+            if tile.len >= MIN_TILE {
+                isa.run(TileKernel {
+                    cache,
+                    heads,
+                    tile,
+                    queries,
+                    stride,
+                    out,
+                    scores,
+                    keys,
+                });
+                return;
+            }
+            for (i, out) in out.chunks_exact_mut(width).enumerate() {
+                isa.run(Row {
+                    cache,
+                    heads,
+                    q: &queries[i * stride..i * stride + width],
+                    offsets: &tile.offsets[..=tile.pos + i],
+                    out,
+                    scores,
+                });
+            }
+        },
+    );
+}
+
+/// One tile as a [`Kernel`].
+struct TileKernel<'a> {
+    cache: Cache<'a>,
+    heads: Heads,
+    tile: Tile<'a>,
+    queries: &'a [f32],
+    stride: usize,
+    out: &'a mut [f32],
+    scores: &'a mut Vec<f32>,
+    keys: &'a mut Vec<f32>,
+}
+
+impl Kernel for TileKernel<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd, const T: usize, const C: usize>(self, s: S) {
+        let Heads {
+            query: nh,
+            kv: nkv,
+            dim: hd,
+            scale,
+        } = self.heads;
+        let Tile {
+            len, pos, offsets, ..
+        } = self.tile;
+        let group = nh / nkv;
+        let n = pos + len;
+        let vectors = len * group;
+        self.scores.clear();
+        self.scores.resize(vectors * n, 0.0);
+        self.keys.clear();
+        self.keys.resize(hd * 16, 0.0);
+        let width = nh * hd;
+        for g in 0..nkv {
+            for kb in (0..n).step_by(16) {
+                let count = 16.min(n - kb);
+                for (j, &o) in offsets[kb..kb + count].iter().enumerate() {
+                    let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
+                    for (d, &v) in key.iter().enumerate() {
+                        self.keys[d * 16 + j] = v;
+                    }
+                }
+                for v in 0..vectors {
+                    let (i, h) = (v / group, v % group);
+                    let at = i * self.stride + (g * group + h) * hd;
+                    let q = &self.queries[at..at + hd];
+                    let mut acc = [s.zero(); 4];
+                    for (d, &qd) in q.iter().enumerate() {
+                        let kt = lanes(self.keys, d * 16);
+                        acc[d % 4] = s.mul_add(s.splat(qd), s.load(kt), acc[d % 4]);
+                    }
+                    let mut sums = [0f32; 16];
+                    let total = s.add(s.add(acc[0], acc[1]), s.add(acc[2], acc[3]));
+                    s.store(total, &mut sums);
+                    let row = &mut self.scores[v * n + kb..v * n + kb + count];
+                    for (r, v) in row.iter_mut().zip(sums) {
+                        *r = v * scale;
+                    }
+                }
+            }
+            for v in 0..vectors {
+                let (i, h) = (v / group, v % group);
+                let visible = pos + i + 1;
+                let p = &mut self.scores[v * n..v * n + visible];
+                softmax(p);
+                let head = g * group + h;
+                let o = &mut self.out[i * width + head * hd..i * width + (head + 1) * hd];
+                let whole = hd / 16;
+                for c0 in (0..whole).step_by(4) {
+                    let w = 4.min(whole - c0);
+                    let mut acc = [s.zero(); 4];
+                    for (&pj, &off) in p.iter().zip(offsets) {
+                        let pv = s.splat(pj);
+                        let base = off + g * hd + c0 * 16;
+                        for (c, acc) in acc.iter_mut().enumerate().take(w) {
+                            *acc = s.mul_add(
+                                pv,
+                                s.load(lanes(self.cache.values, base + c * 16)),
+                                *acc,
+                            );
+                        }
+                    }
+                    for (c, acc) in acc.iter().enumerate().take(w) {
+                        let dst: &mut [f32; 16] =
+                            match (&mut o[(c0 + c) * 16..(c0 + c + 1) * 16]).try_into() {
+                                Ok(d) => d,
+                                Err(_) => unreachable!("sixteen items are an array of sixteen"),
+                            };
+                        s.store(*acc, dst);
+                    }
+                }
+                for (d, o) in o.iter_mut().enumerate().skip(16 * whole) {
+                    *o = p
+                        .iter()
+                        .zip(offsets)
+                        .map(|(&pj, &off)| pj * self.cache.values[off + g * hd + d])
+                        .sum();
+                }
+            }
+        }
+    }
+}
+
+/// Softmax in place.
+#[inline(always)]
+fn softmax(p: &mut [f32]) {
+    let max = p.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0.0f32;
+    for v in p.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    p.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// One query row as a [`Kernel`].
+struct Row<'a> {
+    cache: Cache<'a>,
+    heads: Heads,
+    q: &'a [f32],
+    offsets: &'a [usize],
+    out: &'a mut [f32],
+    scores: &'a mut Vec<f32>,
+}
+
+impl Kernel for Row<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd, const T: usize, const C: usize>(self, s: S) {
+        let Heads {
+            query: nh,
+            kv: nkv,
+            dim: hd,
+            scale,
+        } = self.heads;
+        let group = nh / nkv;
+        let n = self.offsets.len();
+        self.scores.clear();
+        self.scores.resize(group * n, 0.0);
+        for g in 0..nkv {
+            // Scores of the group's heads, head-major.
+            for (j, &o) in self.offsets.iter().enumerate() {
+                let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
+                for h in 0..group {
+                    let head = g * group + h;
+                    let q = &self.q[head * hd..(head + 1) * hd];
+                    self.scores[h * n + j] = dot(s, q, key) * scale;
+                }
+            }
+            for h in 0..group {
+                softmax(&mut self.scores[h * n..(h + 1) * n]);
+                let head = g * group + h;
+                self.out[head * hd..(head + 1) * hd].fill(0.0);
+            }
+            for (j, &o) in self.offsets.iter().enumerate() {
+                let value = &self.cache.values[o + g * hd..o + (g + 1) * hd];
+                for h in 0..group {
+                    let head = g * group + h;
+                    let p = self.scores[h * n + j];
+                    axpy(s, p, value, &mut self.out[head * hd..(head + 1) * hd]);
+                }
+            }
+        }
+    }
+}
+
+/// Sixteen items of `v` from `at` as an array.
+#[inline(always)]
+fn lanes(v: &[f32], at: usize) -> &[f32; 16] {
+    match v[at..at + 16].try_into() {
+        Ok(a) => a,
+        Err(_) => unreachable!("sixteen items are an array of sixteen"),
+    }
+}
+
+/// `a · b`.
+#[inline(always)]
+fn dot<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let whole = n / 16 * 16;
+    let mut acc = s.zero();
+    for i in (0..whole).step_by(16) {
+        acc = s.mul_add(s.load(lanes(a, i)), s.load(lanes(b, i)), acc);
+    }
+    let tail: f32 = a[whole..n]
+        .iter()
+        .zip(&b[whole..n])
+        .map(|(x, y)| x * y)
+        .sum();
+    s.sum(acc) + tail
+}
+
+/// `out += p · v`.
+#[inline(always)]
+fn axpy<S: Simd>(s: S, p: f32, v: &[f32], out: &mut [f32]) {
+    let n = v.len().min(out.len());
+    let whole = n / 16 * 16;
+    let ps = s.splat(p);
+    for i in (0..whole).step_by(16) {
+        let o: &mut [f32; 16] = match (&mut out[i..i + 16]).try_into() {
+            Ok(o) => o,
+            Err(_) => unreachable!("sixteen items are an array of sixteen"),
+        };
+        let acc = s.mul_add(ps, s.load(lanes(v, i)), s.load(o));
+        s.store(acc, o);
+    }
+    for (o, &v) in out[whole..n].iter_mut().zip(&v[whole..n]) {
+        *o += p * v;
+    }
+}

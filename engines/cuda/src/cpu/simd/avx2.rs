@@ -1,0 +1,145 @@
+//! Sixteen lanes as two AVX2 registers.
+
+use std::arch::x86_64::*;
+
+use super::Simd;
+
+/// A token that this CPU runs AVX2 with FMA and F16C.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx2(());
+
+impl Avx2 {
+    /// # Safety
+    /// The CPU must have the features above.
+    pub unsafe fn new() -> Self {
+        Self(())
+    }
+}
+
+// SAFETY (every `unsafe` block below): a value of `Avx2` exists only where the CPU has the
+// features its intrinsics need (see `Avx2::new`), and every pointer comes from a reference to
+// an array at least as wide as the intrinsic reads or writes at that offset.
+impl Simd for Avx2 {
+    type V = [__m256; 2];
+
+    #[inline(always)]
+    fn zero(self) -> [__m256; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { [_mm256_setzero_ps(); 2] }
+    }
+
+    #[inline(always)]
+    fn splat(self, v: f32) -> [__m256; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { [_mm256_set1_ps(v); 2] }
+    }
+
+    #[inline(always)]
+    fn load(self, src: &[f32; 16]) -> [__m256; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            [
+                _mm256_loadu_ps(src.as_ptr()),
+                _mm256_loadu_ps(src.as_ptr().add(8)),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    fn store(self, v: [__m256; 2], dst: &mut [f32; 16]) {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            _mm256_storeu_ps(dst.as_mut_ptr(), v[0]);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(8), v[1]);
+        }
+    }
+
+    #[inline(always)]
+    fn add(self, a: [__m256; 2], b: [__m256; 2]) -> [__m256; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { [_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1])] }
+    }
+
+    #[inline(always)]
+    fn mul_add(self, a: [__m256; 2], b: [__m256; 2], c: [__m256; 2]) -> [__m256; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            [
+                _mm256_fmadd_ps(a[0], b[0], c[0]),
+                _mm256_fmadd_ps(a[1], b[1], c[1]),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    fn mul_then_add(self, a: [__m256; 2], b: [__m256; 2], c: [__m256; 2]) -> [__m256; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            [
+                _mm256_add_ps(_mm256_mul_ps(a[0], b[0]), c[0]),
+                _mm256_add_ps(_mm256_mul_ps(a[1], b[1]), c[1]),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    fn sum(self, v: [__m256; 2]) -> f32 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            let s = _mm256_add_ps(v[0], v[1]);
+            let q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+            let d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+            _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)))
+        }
+    }
+
+    #[inline(always)]
+    fn nibbles(self, bytes: &[u8; 16], shift: u32, offset: i32) -> [__m256; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            let b = _mm_loadu_si128(bytes.as_ptr().cast());
+            let b = _mm_srl_epi16(b, _mm_cvtsi32_si128(shift as i32));
+            let b = _mm_and_si128(b, _mm_set1_epi8(15));
+            let off = _mm256_set1_epi32(offset);
+            let lo = _mm256_sub_epi32(_mm256_cvtepu8_epi32(b), off);
+            let hi = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(b)), off);
+            [_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi)]
+        }
+    }
+
+    #[inline(always)]
+    fn bytes(self, codes: &[i8; 16]) -> [__m256; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            let b = _mm_loadu_si128(codes.as_ptr().cast());
+            [
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(b))),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    fn bf16(self, bits: &[u16; 16]) -> [__m256; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            let lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(bits.as_ptr().cast()));
+            let hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(bits.as_ptr().add(8).cast()));
+            [
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(lo)),
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(hi)),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    fn f16(self, bits: &[u16; 16]) -> [__m256; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            [
+                _mm256_cvtph_ps(_mm_loadu_si128(bits.as_ptr().cast())),
+                _mm256_cvtph_ps(_mm_loadu_si128(bits.as_ptr().add(8).cast())),
+            ]
+        }
+    }
+}

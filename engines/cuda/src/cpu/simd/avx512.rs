@@ -1,0 +1,105 @@
+//! Sixteen lanes as one AVX-512 register.
+
+use std::arch::x86_64::*;
+
+use super::Simd;
+
+/// A token that this CPU runs AVX-512 (F, BW, VL) with AVX2, FMA and F16C.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx512(());
+
+impl Avx512 {
+    /// # Safety
+    /// The CPU must have the features above.
+    pub unsafe fn new() -> Self {
+        Self(())
+    }
+}
+
+// SAFETY (every `unsafe` block below): a value of `Avx512` exists only where the CPU has the
+// features its intrinsics need (see `Avx512::new`), and every pointer comes from a reference to
+// an array of exactly the width the intrinsic reads or writes.
+impl Simd for Avx512 {
+    type V = __m512;
+
+    #[inline(always)]
+    fn zero(self) -> __m512 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_setzero_ps() }
+    }
+
+    #[inline(always)]
+    fn splat(self, v: f32) -> __m512 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_set1_ps(v) }
+    }
+
+    #[inline(always)]
+    fn load(self, src: &[f32; 16]) -> __m512 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_loadu_ps(src.as_ptr()) }
+    }
+
+    #[inline(always)]
+    fn store(self, v: __m512, dst: &mut [f32; 16]) {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), v) }
+    }
+
+    #[inline(always)]
+    fn add(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_add_ps(a, b) }
+    }
+
+    #[inline(always)]
+    fn mul_add(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+
+    #[inline(always)]
+    fn mul_then_add(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_add_ps(_mm512_mul_ps(a, b), c) }
+    }
+
+    #[inline(always)]
+    fn sum(self, v: __m512) -> f32 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_reduce_add_ps(v) }
+    }
+
+    #[inline(always)]
+    fn nibbles(self, bytes: &[u8; 16], shift: u32, offset: i32) -> __m512 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            let b = _mm_loadu_si128(bytes.as_ptr().cast());
+            let b = _mm_srl_epi16(b, _mm_cvtsi32_si128(shift as i32));
+            let b = _mm_and_si128(b, _mm_set1_epi8(15));
+            let i = _mm512_sub_epi32(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(offset));
+            _mm512_cvtepi32_ps(i)
+        }
+    }
+
+    #[inline(always)]
+    fn bytes(self, codes: &[i8; 16]) -> __m512 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(codes.as_ptr().cast()))) }
+    }
+
+    #[inline(always)]
+    fn bf16(self, bits: &[u16; 16]) -> __m512 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            let wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(bits.as_ptr().cast()));
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(wide))
+        }
+    }
+
+    #[inline(always)]
+    fn f16(self, bits: &[u16; 16]) -> __m512 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(bits.as_ptr().cast())) }
+    }
+}

@@ -1,0 +1,163 @@
+//! The instruction sets the CPU kernels are compiled for, and the one this CPU runs: found once
+//! at run time (`is_x86_feature_detected!`), never assumed at build time, so one binary runs on
+//! every x86-64 machine and uses AVX-512 or AVX2 + FMA where they exist. `TURNPIKE_CPU_ISA`
+//! (`avx512`, `avx2`, `portable`) picks a narrower one, for tests and measurements.
+//!
+//! A kernel is written once over sixteen-lane vectors ([`Kernel::run`], generic over [`Simd`]
+//! and a tile size) and [`Isa::run`] compiles it into a function per instruction set
+//! (`#[target_feature]`) with that set's lanes: AVX-512 registers, pairs of AVX2 registers, or
+//! plain arrays.
+
+use std::sync::OnceLock;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod portable;
+
+/// Sixteen f32 lanes and the operations the kernels need, for one instruction set. A value of
+/// an implementing type is a token that this CPU runs that set: only [`Isa::run`] makes one,
+/// after checking, so the x86 implementations may use their instructions in safe methods.
+pub trait Simd: Copy {
+    /// Sixteen floats.
+    type V: Copy;
+    /// All zeros.
+    fn zero(self) -> Self::V;
+    /// `v` in every lane.
+    fn splat(self, v: f32) -> Self::V;
+    /// Sixteen floats from `src`.
+    fn load(self, src: &[f32; 16]) -> Self::V;
+    /// Stores into `dst`.
+    fn store(self, v: Self::V, dst: &mut [f32; 16]);
+    /// `a + b`.
+    fn add(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a · b + c`, fused where the CPU can.
+    fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `a · b` then `+ c`, two roundings (as ggml's dequantizers compute).
+    fn mul_then_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// The sum of the lanes.
+    fn sum(self, v: Self::V) -> f32;
+    /// The nibbles `(byte >> shift) & 15` of sixteen bytes less `offset`, as floats.
+    fn nibbles(self, bytes: &[u8; 16], shift: u32, offset: i32) -> Self::V;
+    /// Sixteen signed bytes as floats.
+    fn bytes(self, codes: &[i8; 16]) -> Self::V;
+    /// Sixteen bfloat16 bit patterns as floats.
+    fn bf16(self, bits: &[u16; 16]) -> Self::V;
+    /// Sixteen IEEE half bit patterns as floats.
+    fn f16(self, bits: &[u16; 16]) -> Self::V;
+}
+
+/// A kernel body, compiled per instruction set by [`Isa::run`]. Implementations mark `run`
+/// `#[inline(always)]` so it is compiled inside each instruction set's function.
+pub trait Kernel {
+    /// What it returns.
+    type Output;
+    /// The body: `S` is the instruction set's lanes, and `T` rows by `C` columns of sixteen
+    /// sums fit its registers (8 × 2 in AVX-512's 32 registers, 4 × 1 otherwise).
+    fn run<S: Simd, const T: usize, const C: usize>(self, simd: S) -> Self::Output;
+}
+
+/// An instruction set the kernels are built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512 (F, BW, VL) with FMA: 16 floats per register, 32 registers.
+    Avx512,
+    /// AVX2 with FMA: 8 floats per register, 16 registers.
+    Avx2,
+    /// Whatever the build targets (SSE2 on x86-64), with separate multiplies and adds.
+    Portable,
+}
+
+impl Isa {
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Avx512 => "avx512",
+            Self::Avx2 => "avx2",
+            Self::Portable => "portable",
+        }
+    }
+
+    /// Whether this CPU runs it.
+    pub fn supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            match self {
+                Self::Avx512 => {
+                    std::arch::is_x86_feature_detected!("avx512f")
+                        && std::arch::is_x86_feature_detected!("avx512bw")
+                        && std::arch::is_x86_feature_detected!("avx512vl")
+                        && std::arch::is_x86_feature_detected!("fma")
+                        && std::arch::is_x86_feature_detected!("avx2")
+                        && std::arch::is_x86_feature_detected!("f16c")
+                }
+                Self::Avx2 => {
+                    std::arch::is_x86_feature_detected!("avx2")
+                        && std::arch::is_x86_feature_detected!("fma")
+                        && std::arch::is_x86_feature_detected!("f16c")
+                }
+                Self::Portable => true,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Self::Portable
+        }
+    }
+
+    /// The widest this CPU runs, or the one `TURNPIKE_CPU_ISA` names if it runs that.
+    pub fn detected() -> Isa {
+        static ISA: OnceLock<Isa> = OnceLock::new();
+        *ISA.get_or_init(|| {
+            let wanted = std::env::var("TURNPIKE_CPU_ISA").ok();
+            let order = [Isa::Avx512, Isa::Avx2, Isa::Portable];
+            let pick = order
+                .into_iter()
+                .filter(|isa| wanted.as_deref().is_none_or(|w| w == isa.name()))
+                .find(|isa| isa.supported());
+            pick.unwrap_or(Isa::Portable)
+        })
+    }
+
+    /// Runs `kernel` compiled for this instruction set (the portable build where this CPU does
+    /// not run it).
+    pub fn run<K: Kernel>(self, kernel: K) -> K::Output {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `supported` checked the CPU has every feature `avx512` enables.
+            Self::Avx512 if self.supported() => unsafe { x86::avx512(kernel) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `supported` checked the CPU has AVX2 and FMA.
+            Self::Avx2 if self.supported() => unsafe { x86::avx2(kernel) },
+            _ => kernel.run::<portable::Portable, 4, 1>(portable::Portable),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::Kernel;
+    use super::avx2::Avx2;
+    use super::avx512::Avx512;
+
+    /// `kernel` for AVX-512: tiles of eight rows by two columns.
+    ///
+    /// # Safety
+    /// The CPU must have the features enabled here.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn avx512<K: Kernel>(kernel: K) -> K::Output {
+        // SAFETY: the caller checked the CPU has AVX-512 (F, BW, VL), AVX2, FMA and F16C.
+        kernel.run::<Avx512, 4, 2>(unsafe { Avx512::new() })
+    }
+
+    /// `kernel` for AVX2 + FMA: tiles of four rows (sixteen registers).
+    ///
+    /// # Safety
+    /// The CPU must have the features enabled here.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn avx2<K: Kernel>(kernel: K) -> K::Output {
+        // SAFETY: the caller checked the CPU has AVX2, FMA and F16C.
+        kernel.run::<Avx2, 4, 1>(unsafe { Avx2::new() })
+    }
+}

@@ -1,0 +1,75 @@
+//! Sixteen lanes as a plain array: what any target runs, with separate multiplies and adds
+//! (without FMA, a fused multiply-add would be a library call).
+
+use half::{bf16, f16};
+
+use super::Simd;
+
+/// The portable lanes.
+#[derive(Debug, Clone, Copy)]
+pub struct Portable;
+
+impl Simd for Portable {
+    type V = [f32; 16];
+
+    #[inline(always)]
+    fn zero(self) -> [f32; 16] {
+        [0.0; 16]
+    }
+
+    #[inline(always)]
+    fn splat(self, v: f32) -> [f32; 16] {
+        [v; 16]
+    }
+
+    #[inline(always)]
+    fn load(self, src: &[f32; 16]) -> [f32; 16] {
+        *src
+    }
+
+    #[inline(always)]
+    fn store(self, v: [f32; 16], dst: &mut [f32; 16]) {
+        *dst = v;
+    }
+
+    #[inline(always)]
+    fn add(self, a: [f32; 16], b: [f32; 16]) -> [f32; 16] {
+        std::array::from_fn(|i| a[i] + b[i])
+    }
+
+    #[inline(always)]
+    fn mul_add(self, a: [f32; 16], b: [f32; 16], c: [f32; 16]) -> [f32; 16] {
+        self.mul_then_add(a, b, c)
+    }
+
+    #[inline(always)]
+    fn mul_then_add(self, a: [f32; 16], b: [f32; 16], c: [f32; 16]) -> [f32; 16] {
+        std::array::from_fn(|i| a[i] * b[i] + c[i])
+    }
+
+    #[inline(always)]
+    fn sum(self, v: [f32; 16]) -> f32 {
+        let h: [f32; 8] = std::array::from_fn(|i| v[i] + v[i + 8]);
+        ((h[0] + h[4]) + (h[2] + h[6])) + ((h[1] + h[5]) + (h[3] + h[7]))
+    }
+
+    #[inline(always)]
+    fn nibbles(self, bytes: &[u8; 16], shift: u32, offset: i32) -> [f32; 16] {
+        std::array::from_fn(|i| (((i32::from(bytes[i]) >> shift) & 15) - offset) as f32)
+    }
+
+    #[inline(always)]
+    fn bytes(self, codes: &[i8; 16]) -> [f32; 16] {
+        std::array::from_fn(|i| f32::from(codes[i]))
+    }
+
+    #[inline(always)]
+    fn bf16(self, bits: &[u16; 16]) -> [f32; 16] {
+        std::array::from_fn(|i| bf16::from_bits(bits[i]).to_f32())
+    }
+
+    #[inline(always)]
+    fn f16(self, bits: &[u16; 16]) -> [f32; 16] {
+        std::array::from_fn(|i| f16::from_bits(bits[i]).to_f32())
+    }
+}
