@@ -41,7 +41,7 @@ def rss_kib(field):
     return 0
 
 
-def post(body, stream=False):
+def post(body):
     req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", json.dumps(body).encode(),
                                  {"content-type": "application/json"})
     return urllib.request.urlopen(req, timeout=600)

@@ -34,28 +34,88 @@ pub enum Codes {
     Bf16(Vec<u16>),
     /// IEEE half bit patterns.
     F16(Vec<u16>),
-    /// 4-bit codes in groups of 32.
+    /// 4-bit codes in groups of 32, two to a byte (16 bytes per group).
     Q4 {
         /// Subtracted from every code before scaling (8 for Q4_0, else 0).
         offset: u8,
-        /// One scale per group.
-        scale: Vec<f32>,
-        /// One minimum per group; empty when every minimum is zero.
-        min: Vec<f32>,
-        /// 16 bytes per group.
-        codes: Vec<u8>,
+        /// The groups.
+        groups: Groups<u8>,
     },
     /// Signed 8-bit codes in groups of `group`.
     Q8 {
         /// Values per group: 16 or 32.
         group: usize,
-        /// One scale per group.
-        scale: Vec<f32>,
-        /// One minimum per group; empty when every minimum is zero.
-        min: Vec<f32>,
-        /// One byte per value.
-        codes: Vec<i8>,
+        /// The groups.
+        groups: Groups<i8>,
     },
+}
+
+/// Codes in groups, each with a scale and a minimum, row-major.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Groups<T> {
+    /// One scale per group.
+    pub scale: Vec<f32>,
+    /// One minimum per group; empty when every minimum is zero.
+    pub min: Vec<f32>,
+    /// The codes.
+    pub codes: Vec<T>,
+}
+
+impl<T: Copy> Groups<T> {
+    /// Group `at`'s minimum.
+    #[inline(always)]
+    pub fn min_at(&self, at: usize) -> f32 {
+        if self.min.is_empty() {
+            0.0
+        } else {
+            self.min[at]
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.codes.len() * size_of::<T>() + (self.scale.len() + self.min.len()) * 4
+    }
+
+    /// The groups of rows `order`, with `groups` groups and `codes` codes per row.
+    fn rows(&self, order: &[usize], groups: usize, codes: usize) -> Self {
+        let min = if self.min.is_empty() {
+            Vec::new()
+        } else {
+            pick(&self.min, groups, order)
+        };
+        Self {
+            scale: pick(&self.scale, groups, order),
+            min,
+            codes: pick(&self.codes, codes, order),
+        }
+    }
+
+    /// These groups, then `other`'s (minimums spelled out where only one side has them).
+    fn append(mut self, mut other: Self) -> Self {
+        if self.min.is_empty() != other.min.is_empty() {
+            self.spell_out_mins();
+            other.spell_out_mins();
+        }
+        self.scale.extend(other.scale);
+        self.min.extend(other.min);
+        self.codes.extend(other.codes);
+        self
+    }
+
+    fn spell_out_mins(&mut self) {
+        if self.min.is_empty() {
+            self.min = vec![0.0; self.scale.len()];
+        }
+    }
+}
+
+/// Rows `order` of `v`, `per_row` items each.
+fn pick<T: Copy>(v: &[T], per_row: usize, order: &[usize]) -> Vec<T> {
+    order
+        .iter()
+        .flat_map(|&r| &v[r * per_row..(r + 1) * per_row])
+        .copied()
+        .collect()
 }
 
 /// Values per group of [`Codes::Q4`].
@@ -84,12 +144,8 @@ impl Packed {
         match &self.codes {
             Codes::F32(v) => v.len() * 4,
             Codes::Bf16(v) | Codes::F16(v) => v.len() * 2,
-            Codes::Q4 {
-                scale, min, codes, ..
-            } => codes.len() + (scale.len() + min.len()) * 4,
-            Codes::Q8 {
-                scale, min, codes, ..
-            } => codes.len() + (scale.len() + min.len()) * 4,
+            Codes::Q4 { groups, .. } => groups.bytes(),
+            Codes::Q8 { groups, .. } => groups.bytes(),
         }
     }
 
@@ -107,29 +163,25 @@ impl Packed {
     /// Writes row `row` as f32 into `out` (`cols` long).
     pub fn row_into(&self, row: usize, out: &mut [f32]) {
         let c = self.cols;
+        let range = row * c..(row + 1) * c;
         match &self.codes {
-            Codes::F32(v) => out.copy_from_slice(&v[row * c..(row + 1) * c]),
+            Codes::F32(v) => out.copy_from_slice(&v[range]),
             Codes::Bf16(v) => {
-                for (o, &b) in out.iter_mut().zip(&v[row * c..(row + 1) * c]) {
+                for (o, &b) in out.iter_mut().zip(&v[range]) {
                     *o = bf16::from_bits(b).to_f32();
                 }
             }
             Codes::F16(v) => {
-                for (o, &b) in out.iter_mut().zip(&v[row * c..(row + 1) * c]) {
+                for (o, &b) in out.iter_mut().zip(&v[range]) {
                     *o = f16::from_bits(b).to_f32();
                 }
             }
-            Codes::Q4 {
-                offset,
-                scale,
-                min,
-                codes,
-            } => {
-                let groups = c / Q4_GROUP;
+            Codes::Q4 { offset, groups } => {
+                let per_row = c / Q4_GROUP;
                 for (g, o) in out.chunks_exact_mut(Q4_GROUP).enumerate() {
-                    let at = row * groups + g;
-                    let (s, m) = (scale[at], min.get(at).copied().unwrap_or(0.0));
-                    let bytes = &codes[at * 16..(at + 1) * 16];
+                    let at = row * per_row + g;
+                    let (s, m) = (groups.scale[at], groups.min_at(at));
+                    let bytes = &groups.codes[at * 16..(at + 1) * 16];
                     let (low, high) = o.split_at_mut(16);
                     for (j, &b) in bytes.iter().enumerate() {
                         low[j] = f32::from(i16::from(b & 15) - i16::from(*offset)) * s + m;
@@ -137,17 +189,13 @@ impl Packed {
                     }
                 }
             }
-            Codes::Q8 {
-                group,
-                scale,
-                min,
-                codes,
-            } => {
-                let groups = c / group;
+            Codes::Q8 { group, groups } => {
+                let per_row = c / group;
                 for (g, o) in out.chunks_exact_mut(*group).enumerate() {
-                    let at = row * groups + g;
-                    let (s, m) = (scale[at], min.get(at).copied().unwrap_or(0.0));
-                    for (o, &q) in o.iter_mut().zip(&codes[at * group..(at + 1) * group]) {
+                    let at = row * per_row + g;
+                    let (s, m) = (groups.scale[at], groups.min_at(at));
+                    let codes = &groups.codes[at * group..(at + 1) * group];
+                    for (o, &q) in o.iter_mut().zip(codes) {
                         *o = f32::from(q) * s + m;
                     }
                 }
@@ -168,54 +216,19 @@ impl Packed {
 
     /// The same matrix with its rows in `order` (row `i` of the result is row `order[i]`).
     pub fn with_rows(&self, order: &[usize]) -> Self {
-        fn pick<T: Copy>(v: &[T], per_row: usize, order: &[usize]) -> Vec<T> {
-            order
-                .iter()
-                .flat_map(|&r| &v[r * per_row..(r + 1) * per_row])
-                .copied()
-                .collect()
-        }
         let c = self.cols;
         let codes = match &self.codes {
             Codes::F32(v) => Codes::F32(pick(v, c, order)),
             Codes::Bf16(v) => Codes::Bf16(pick(v, c, order)),
             Codes::F16(v) => Codes::F16(pick(v, c, order)),
-            Codes::Q4 {
-                offset,
-                scale,
-                min,
-                codes,
-            } => {
-                let groups = c / Q4_GROUP;
-                Codes::Q4 {
-                    offset: *offset,
-                    scale: pick(scale, groups, order),
-                    min: if min.is_empty() {
-                        Vec::new()
-                    } else {
-                        pick(min, groups, order)
-                    },
-                    codes: pick(codes, c / 2, order),
-                }
-            }
-            Codes::Q8 {
-                group,
-                scale,
-                min,
-                codes,
-            } => {
-                let groups = c / group;
-                Codes::Q8 {
-                    group: *group,
-                    scale: pick(scale, groups, order),
-                    min: if min.is_empty() {
-                        Vec::new()
-                    } else {
-                        pick(min, groups, order)
-                    },
-                    codes: pick(codes, c, order),
-                }
-            }
+            Codes::Q4 { offset, groups } => Codes::Q4 {
+                offset: *offset,
+                groups: groups.rows(order, c / Q4_GROUP, c / 2),
+            },
+            Codes::Q8 { group, groups } => Codes::Q8 {
+                group: *group,
+                groups: groups.rows(order, c / group, c),
+            },
         };
         Self {
             rows: order.len(),
@@ -229,209 +242,119 @@ impl Packed {
     /// value exactly (4-bit codes into 8-bit ones, groups of 32 into groups of 16, anything
     /// else into f32).
     pub fn stack(parts: Vec<Packed>) -> Packed {
-        let rows = parts.iter().map(|p| p.rows).sum();
-        let cols = parts.first().map_or(0, |p| p.cols);
         let mut parts = parts.into_iter();
-        let Some(first) = parts.next() else {
+        let Some(mut acc) = parts.next() else {
             return Packed::f32(0, 0, Vec::new());
         };
-        let mut acc = first;
         for next in parts {
-            let (a, b) = unify(acc, next);
-            acc = join(a, b);
+            acc = join(acc, next);
         }
-        debug_assert_eq!((acc.rows, acc.cols), (rows, cols));
         acc
     }
 
-    /// 8-bit codes in groups of `group` holding exactly the same values, where possible.
-    fn widen_to_q8(&self, group: usize) -> Option<Packed> {
-        let (scale, min, codes) = match &self.codes {
-            Codes::Q4 {
-                offset,
-                scale,
-                min,
-                codes,
-            } => {
+    /// The same values as 8-bit codes in groups of `group`, where that holds them exactly.
+    fn widen_to_q8(&self, group: usize) -> Option<Groups<i8>> {
+        let (from, groups) = match &self.codes {
+            Codes::Q4 { offset, groups } => {
                 let mut wide = Vec::with_capacity(self.rows * self.cols);
-                for g in codes.chunks_exact(16) {
+                for g in groups.codes.chunks_exact(16) {
                     wide.extend(g.iter().map(|b| (b & 15) as i8 - *offset as i8));
                     wide.extend(g.iter().map(|b| (b >> 4) as i8 - *offset as i8));
                 }
-                (scale.clone(), min.clone(), wide)
+                let groups = Groups {
+                    scale: groups.scale.clone(),
+                    min: groups.min.clone(),
+                    codes: wide,
+                };
+                (Q4_GROUP, groups)
             }
-            Codes::Q8 {
-                scale, min, codes, ..
-            } => (scale.clone(), min.clone(), codes.clone()),
+            Codes::Q8 { group, groups } => (*group, groups.clone()),
             _ => return None,
         };
-        let from = match &self.codes {
-            Codes::Q8 { group, .. } => *group,
-            _ => Q4_GROUP,
-        };
         if from == group {
-            return Some(self.with_codes(Codes::Q8 {
-                group,
-                scale,
-                min,
-                codes,
-            }));
+            return Some(groups);
         }
         if from != 2 * group {
             return None;
         }
-        let twice = |v: Vec<f32>| v.into_iter().flat_map(|s| [s, s]).collect::<Vec<_>>();
-        Some(self.with_codes(Codes::Q8 {
-            group,
-            scale: twice(scale),
-            min: twice(min),
-            codes,
-        }))
+        let twice = |v: Vec<f32>| v.into_iter().flat_map(|s| [s, s]).collect();
+        Some(Groups {
+            scale: twice(groups.scale),
+            min: twice(groups.min),
+            codes: groups.codes,
+        })
     }
 
-    fn with_codes(&self, codes: Codes) -> Packed {
-        Packed {
-            rows: self.rows,
-            cols: self.cols,
-            codes,
+    /// The group size of a quantized layout.
+    fn group(&self) -> Option<usize> {
+        match &self.codes {
+            Codes::Q8 { group, .. } => Some(*group),
+            Codes::Q4 { .. } => Some(Q4_GROUP),
+            _ => None,
         }
     }
 }
 
-/// The two matrices in one layout that holds both exactly.
-fn unify(a: Packed, b: Packed) -> (Packed, Packed) {
-    let same = match (&a.codes, &b.codes) {
-        (Codes::F32(_), Codes::F32(_))
-        | (Codes::Bf16(_), Codes::Bf16(_))
-        | (Codes::F16(_), Codes::F16(_)) => true,
-        (
-            Codes::Q4 {
-                offset: x, min: m, ..
-            },
-            Codes::Q4 {
-                offset: y, min: n, ..
-            },
-        ) => x == y && m.is_empty() == n.is_empty(),
-        (
-            Codes::Q8 {
-                group: x, min: m, ..
-            },
-            Codes::Q8 {
-                group: y, min: n, ..
-            },
-        ) => x == y && m.is_empty() == n.is_empty(),
-        _ => false,
-    };
-    if same {
-        return (a, b);
-    }
-    let group = |p: &Packed| match &p.codes {
-        Codes::Q8 { group, .. } => Some(*group),
-        Codes::Q4 { .. } => Some(Q4_GROUP),
-        _ => None,
-    };
-    if let (Some(x), Some(y)) = (group(&a), group(&b)) {
-        let g = x.min(y);
-        if let (Some(wa), Some(wb)) = (a.widen_to_q8(g), b.widen_to_q8(g)) {
-            return (with_mins(wa), with_mins(wb));
-        }
-    }
-    let f = |p: &Packed| Packed::f32(p.rows, p.cols, p.to_f32());
-    (f(&a), f(&b))
+/// `x`, then `y`.
+fn cat<T>(mut x: Vec<T>, y: Vec<T>) -> Vec<T> {
+    x.extend(y);
+    x
 }
 
-/// The same 8-bit matrix with its (zero) minimums spelled out, so it joins one that has some.
-fn with_mins(mut p: Packed) -> Packed {
-    if let Codes::Q8 { scale, min, .. } = &mut p.codes
-        && min.is_empty()
-    {
-        *min = vec![0.0; scale.len()];
-    }
-    p
-}
-
-/// Row-wise concatenation of two matrices in the same layout.
+/// `a`'s rows, then `b`'s, in one layout that holds both exactly.
 fn join(a: Packed, b: Packed) -> Packed {
     let rows = a.rows + b.rows;
     let cols = a.cols;
-    let cat = |mut x: Vec<f32>, y: Vec<f32>| {
-        x.extend(y);
-        x
-    };
     let codes = match (a.codes, b.codes) {
-        (Codes::F32(mut x), Codes::F32(y)) => {
-            x.extend(y);
-            Codes::F32(x)
-        }
-        (Codes::Bf16(mut x), Codes::Bf16(y)) => {
-            x.extend(y);
-            Codes::Bf16(x)
-        }
-        (Codes::F16(mut x), Codes::F16(y)) => {
-            x.extend(y);
-            Codes::F16(x)
-        }
+        (Codes::F32(x), Codes::F32(y)) => Codes::F32(cat(x, y)),
+        (Codes::Bf16(x), Codes::Bf16(y)) => Codes::Bf16(cat(x, y)),
+        (Codes::F16(x), Codes::F16(y)) => Codes::F16(cat(x, y)),
         (
+            Codes::Q4 { offset, groups: x },
             Codes::Q4 {
-                offset,
-                scale,
-                min,
-                mut codes,
+                offset: o,
+                groups: y,
             },
-            Codes::Q4 {
-                scale: s2,
-                min: m2,
-                codes: c2,
-                ..
-            },
-        ) => {
-            codes.extend(c2);
-            Codes::Q4 {
-                offset,
-                scale: cat(scale, s2),
-                min: cat(min, m2),
-                codes,
-            }
-        }
+        ) if offset == o => Codes::Q4 {
+            offset,
+            groups: x.append(y),
+        },
         (
+            Codes::Q8 { group, groups: x },
             Codes::Q8 {
-                group,
-                scale,
-                min,
-                mut codes,
+                group: g,
+                groups: y,
             },
-            Codes::Q8 {
-                scale: s2,
-                min: m2,
-                codes: c2,
-                ..
-            },
-        ) => {
-            codes.extend(c2);
-            Codes::Q8 {
-                group,
-                scale: cat(scale, s2),
-                min: cat(min, m2),
-                codes,
-            }
-        }
-        (x, y) => {
-            // `unify` never hands two layouts here; widen to f32 rather than fail.
-            let (pa, pb) = (
+        ) if group == g => Codes::Q8 {
+            group,
+            groups: x.append(y),
+        },
+        (a_codes, b_codes) => {
+            let (a, b) = (
                 Packed {
                     rows: a.rows,
                     cols,
-                    codes: x,
+                    codes: a_codes,
                 },
                 Packed {
                     rows: b.rows,
                     cols,
-                    codes: y,
+                    codes: b_codes,
                 },
             );
-            let mut v = pa.to_f32();
-            v.extend(pb.to_f32());
-            Codes::F32(v)
+            let wide = match (a.group(), b.group()) {
+                (Some(x), Some(y)) => {
+                    let group = x.min(y);
+                    a.widen_to_q8(group)
+                        .zip(b.widen_to_q8(group))
+                        .map(|(x, y)| Codes::Q8 {
+                            group,
+                            groups: x.append(y),
+                        })
+                }
+                _ => None,
+            };
+            wide.unwrap_or_else(|| Codes::F32(cat(a.to_f32(), b.to_f32())))
         }
     };
     Packed { rows, cols, codes }
@@ -449,13 +372,15 @@ mod tests {
             cols,
             codes: Codes::Q4 {
                 offset,
-                scale: (0..groups).map(|g| 0.5 + g as f32 / 8.0).collect(),
-                min: if with_min {
-                    (0..groups).map(|g| -(g as f32) / 4.0).collect()
-                } else {
-                    Vec::new()
+                groups: Groups {
+                    scale: (0..groups).map(|g| 0.5 + g as f32 / 8.0).collect(),
+                    min: if with_min {
+                        (0..groups).map(|g| -(g as f32) / 4.0).collect()
+                    } else {
+                        Vec::new()
+                    },
+                    codes: (0..groups * 16).map(|i| (i * 37 % 256) as u8).collect(),
                 },
-                codes: (0..groups * 16).map(|i| (i * 37 % 256) as u8).collect(),
             },
         }
     }

@@ -2,7 +2,7 @@
 //! and scaled in registers, so one loop ([`super::tile`]) serves every precision.
 
 use crate::cpu::simd::Simd;
-use crate::model::packed::{Codes, Packed, Q4_GROUP};
+use crate::model::packed::{Codes, Groups, Packed, Q4_GROUP};
 
 /// A matrix the kernels read sixteen values at a time.
 pub trait Rows: Sync {
@@ -65,36 +65,26 @@ impl<const BF16: bool> Rows for HalfRows<'_, BF16> {
 /// 4-bit codes in groups of 32.
 pub struct Q4Rows<'a> {
     pub offset: i32,
-    pub scale: &'a [f32],
-    pub min: &'a [f32],
-    pub codes: &'a [u8],
+    pub groups: &'a Groups<u8>,
     /// Groups of 32 per row.
-    pub groups: usize,
+    pub per_row: usize,
 }
 
 impl Rows for Q4Rows<'_> {
     #[inline(always)]
     fn load16<S: Simd>(&self, s: S, row: usize, g: usize) -> S::V {
-        let at = row * self.groups + g / 2;
-        let codes = s.nibbles(array(self.codes, 16 * at), 4 * (g & 1) as u32, self.offset);
-        let min = if self.min.is_empty() {
-            0.0
-        } else {
-            self.min[at]
-        };
-        s.mul_then_add(codes, s.splat(self.scale[at]), s.splat(min))
+        let at = row * self.per_row + g / 2;
+        let bytes = array(&self.groups.codes, 16 * at);
+        let codes = s.nibbles(bytes, 4 * (g & 1) as u32, self.offset);
+        let (scale, min) = (self.groups.scale[at], self.groups.min_at(at));
+        s.mul_then_add(codes, s.splat(scale), s.splat(min))
     }
 
     fn value(&self, row: usize, i: usize) -> f32 {
-        let at = row * self.groups + i / 32;
-        let byte = self.codes[16 * at + i % 16];
+        let at = row * self.per_row + i / 32;
+        let byte = self.groups.codes[16 * at + i % 16];
         let code = (i32::from(byte) >> (4 * ((i % 32) / 16))) & 15;
-        let min = if self.min.is_empty() {
-            0.0
-        } else {
-            self.min[at]
-        };
-        (code - self.offset) as f32 * self.scale[at] + min
+        (code - self.offset) as f32 * self.groups.scale[at] + self.groups.min_at(at)
     }
 }
 
@@ -102,9 +92,7 @@ impl Rows for Q4Rows<'_> {
 pub struct Q8Rows<'a> {
     /// log2 of the group size over 16 (0 for groups of 16, 1 for 32).
     pub shift: u32,
-    pub scale: &'a [f32],
-    pub min: &'a [f32],
-    pub codes: &'a [i8],
+    pub groups: &'a Groups<i8>,
     pub cols: usize,
 }
 
@@ -113,24 +101,15 @@ impl Rows for Q8Rows<'_> {
     fn load16<S: Simd>(&self, s: S, row: usize, g: usize) -> S::V {
         let at = row * self.cols + 16 * g;
         let group = at >> (4 + self.shift);
-        let codes = s.bytes(array(self.codes, at));
-        let min = if self.min.is_empty() {
-            0.0
-        } else {
-            self.min[group]
-        };
-        s.mul_then_add(codes, s.splat(self.scale[group]), s.splat(min))
+        let codes = s.bytes(array(&self.groups.codes, at));
+        let (scale, min) = (self.groups.scale[group], self.groups.min_at(group));
+        s.mul_then_add(codes, s.splat(scale), s.splat(min))
     }
 
     fn value(&self, row: usize, i: usize) -> f32 {
         let at = row * self.cols + i;
         let group = at >> (4 + self.shift);
-        let min = if self.min.is_empty() {
-            0.0
-        } else {
-            self.min[group]
-        };
-        f32::from(self.codes[at]) * self.scale[group] + min
+        f32::from(self.groups.codes[at]) * self.groups.scale[group] + self.groups.min_at(group)
     }
 }
 
@@ -151,28 +130,14 @@ impl<'a> View<'a> {
             Codes::F32(data) => Self::F32(F32Rows { data, cols }),
             Codes::Bf16(data) => Self::Bf16(HalfRows { data, cols }),
             Codes::F16(data) => Self::F16(HalfRows { data, cols }),
-            Codes::Q4 {
-                offset,
-                scale,
-                min,
-                codes,
-            } => Self::Q4(Q4Rows {
+            Codes::Q4 { offset, groups } => Self::Q4(Q4Rows {
                 offset: i32::from(*offset),
-                scale,
-                min,
-                codes,
-                groups: cols / Q4_GROUP,
+                groups,
+                per_row: cols / Q4_GROUP,
             }),
-            Codes::Q8 {
-                group,
-                scale,
-                min,
-                codes,
-            } => Self::Q8(Q8Rows {
+            Codes::Q8 { group, groups } => Self::Q8(Q8Rows {
                 shift: if *group == 32 { 1 } else { 0 },
-                scale,
-                min,
-                codes,
+                groups,
                 cols,
             }),
         }

@@ -1,6 +1,6 @@
 use super::*;
 use crate::cpu::simd::Isa;
-use crate::model::packed::Codes;
+use crate::model::packed::{Codes, Groups};
 
 fn values(n: usize, seed: usize) -> Vec<f32> {
     (0..n)
@@ -18,13 +18,15 @@ fn matrices(rows: usize) -> Vec<Packed> {
         cols: k,
         codes: Codes::Q4 {
             offset,
-            scale: values(groups, 2).iter().map(|s| s / 3.0 + 0.5).collect(),
-            min: if with_min {
-                values(groups, 3)
-            } else {
-                Vec::new()
+            groups: Groups {
+                scale: values(groups, 2).iter().map(|s| s / 3.0 + 0.5).collect(),
+                min: if with_min {
+                    values(groups, 3)
+                } else {
+                    Vec::new()
+                },
+                codes: (0..groups * 16).map(|i| (i * 59 % 256) as u8).collect(),
             },
-            codes: (0..groups * 16).map(|i| (i * 59 % 256) as u8).collect(),
         },
     };
     let q8 = |group: usize, with_min: bool| Packed {
@@ -32,13 +34,15 @@ fn matrices(rows: usize) -> Vec<Packed> {
         cols: k,
         codes: Codes::Q8 {
             group,
-            scale: values(rows * k / group, 4),
-            min: if with_min {
-                values(rows * k / group, 5)
-            } else {
-                Vec::new()
+            groups: Groups {
+                scale: values(rows * k / group, 4),
+                min: if with_min {
+                    values(rows * k / group, 5)
+                } else {
+                    Vec::new()
+                },
+                codes: (0..rows * k).map(|i| (i * 97 % 256) as u8 as i8).collect(),
             },
-            codes: (0..rows * k).map(|i| (i * 97 % 256) as u8 as i8).collect(),
         },
     };
     vec![

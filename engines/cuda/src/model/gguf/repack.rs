@@ -4,7 +4,7 @@
 use half::f16;
 
 use super::quant::GgmlType;
-use crate::model::packed::{Codes, Packed};
+use crate::model::packed::{Codes, Groups, Packed};
 
 /// The f16 at the start of `b`.
 fn half16(b: &[u8]) -> f32 {
@@ -29,60 +29,59 @@ pub fn pack(kind: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Option<Pa
         GgmlType::F16 => Codes::F16(blocks.map(|b| u16::from_le_bytes([b[0], b[1]])).collect()),
         GgmlType::Bf16 => Codes::Bf16(blocks.map(|b| u16::from_le_bytes([b[0], b[1]])).collect()),
         GgmlType::Q8_0 => {
-            let mut out = Q8::new(32, n, false);
+            let mut out = groups(32, n, false);
             for b in blocks {
                 out.scale.push(half16(b));
                 out.codes.extend(b[2..34].iter().map(|&q| q as i8));
             }
-            out.done()
+            Codes::Q8 {
+                group: 32,
+                groups: out,
+            }
         }
         GgmlType::Q4_0 | GgmlType::Q4_1 => {
             let q4_1 = kind == GgmlType::Q4_1;
-            let mut scale = Vec::with_capacity(n / 32);
-            let mut min = Vec::with_capacity(if q4_1 { n / 32 } else { 0 });
-            let mut codes = Vec::with_capacity(n / 2);
+            let mut out = groups(32, n, q4_1);
+            out.codes = Vec::with_capacity(n / 2);
             for b in blocks {
-                scale.push(half16(b));
+                out.scale.push(half16(b));
                 let at = if q4_1 {
-                    min.push(half16(&b[2..]));
+                    out.min.push(half16(&b[2..]));
                     4
                 } else {
                     2
                 };
-                codes.extend_from_slice(&b[at..at + 16]);
+                out.codes.extend_from_slice(&b[at..at + 16]);
             }
             Codes::Q4 {
                 offset: if q4_1 { 0 } else { 8 },
-                scale,
-                min,
-                codes,
+                groups: out,
             }
         }
         GgmlType::Q4K => {
-            let mut scale = Vec::with_capacity(n / 32);
-            let mut min = Vec::with_capacity(n / 32);
-            let mut codes = Vec::with_capacity(n / 2);
+            let mut out = groups(32, n, true);
+            out.codes = Vec::with_capacity(n / 2);
             for b in blocks {
                 let (d, dmin) = (half16(b), half16(&b[2..]));
                 let scales = &b[4..16];
                 for (chunk, q) in b[16..144].chunks_exact(32).enumerate() {
                     let [d1, m1, d2, m2] = super::quant::group_scales(d, dmin, scales, chunk);
-                    scale.extend([d1, d2]);
-                    min.extend([-m1, -m2]);
+                    out.scale.extend([d1, d2]);
+                    out.min.extend([-m1, -m2]);
                     let (a, z) = q.split_at(16);
-                    codes.extend(a.iter().zip(z).map(|(x, y)| (x & 15) | ((y & 15) << 4)));
-                    codes.extend(a.iter().zip(z).map(|(x, y)| (x >> 4) | (y & 0xf0)));
+                    let (low, high) = (a.iter().zip(z), a.iter().zip(z));
+                    out.codes
+                        .extend(low.map(|(x, y)| (x & 15) | ((y & 15) << 4)));
+                    out.codes.extend(high.map(|(x, y)| (x >> 4) | (y & 0xf0)));
                 }
             }
             Codes::Q4 {
                 offset: 0,
-                scale,
-                min,
-                codes,
+                groups: out,
             }
         }
         GgmlType::Q5K => {
-            let mut out = Q8::new(32, n, true);
+            let mut out = groups(32, n, true);
             for b in blocks {
                 let (d, dmin) = (half16(b), half16(&b[2..]));
                 let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
@@ -104,10 +103,13 @@ pub fn pack(kind: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Option<Pa
                     );
                 }
             }
-            out.done()
+            Codes::Q8 {
+                group: 32,
+                groups: out,
+            }
         }
         GgmlType::Q6K => {
-            let mut out = Q8::new(16, n, false);
+            let mut out = groups(16, n, false);
             for b in blocks {
                 let (ql, qh, scales) = (&b[..128], &b[128..192], &b[192..208]);
                 let d = half16(&b[208..]);
@@ -130,37 +132,22 @@ pub fn pack(kind: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Option<Pa
                 }
                 out.codes.extend_from_slice(&block);
             }
-            out.done()
+            Codes::Q8 {
+                group: 16,
+                groups: out,
+            }
         }
         GgmlType::Other(_) => return None,
     };
     Some(Packed { rows, cols, codes })
 }
 
-/// An 8-bit matrix under construction.
-struct Q8 {
-    group: usize,
-    scale: Vec<f32>,
-    min: Vec<f32>,
-    codes: Vec<i8>,
-}
-
-impl Q8 {
-    fn new(group: usize, values: usize, with_min: bool) -> Self {
-        Self {
-            group,
-            scale: Vec::with_capacity(values / group),
-            min: Vec::with_capacity(if with_min { values / group } else { 0 }),
-            codes: Vec::with_capacity(values),
-        }
-    }
-
-    fn done(self) -> Codes {
-        Codes::Q8 {
-            group: self.group,
-            scale: self.scale,
-            min: self.min,
-            codes: self.codes,
-        }
+/// Empty groups with room for `values` values in groups of `group` (minimums only when
+/// `with_min`); one code per value.
+fn groups<T>(group: usize, values: usize, with_min: bool) -> Groups<T> {
+    Groups {
+        scale: Vec::with_capacity(values / group),
+        min: Vec::with_capacity(if with_min { values / group } else { 0 }),
+        codes: Vec::with_capacity(values),
     }
 }
