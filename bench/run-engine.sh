@@ -7,7 +7,7 @@
 #   bench/run-engine.sh [MODEL NAME]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -p turnpike -p turnpike-cuda -p turnpike-bench --bins
+cargo build --release -p turnpike -p turnpike-cuda -p turnpike-bench
 py=${PYTHON:-target/py/numerics/bin/python}
 [ -x "$py" ] || { echo "run tests/run.sh once first (it makes the transformers venv)"; exit 1; }
 work=$(mktemp -d)

@@ -112,6 +112,18 @@ def test_after_a_prefix_cache_hit(model_dir, hf):
     assert err < TOLERANCE, f"after a prefix hit: relative error {err:.2e}"
 
 
+def test_a_repeated_prompt_reuses_its_partial_last_block(model_dir, hf):
+    # 37 tokens: two full blocks and 5 tokens of a third, which the first run fills with the
+    # tokens it generates. The second run takes all but the last prompt token from the cache,
+    # below the block, and computes that one token into a copy of the cached block.
+    [prompt] = prompts(5, [37])
+    first, again = engine(model_dir, [{"prompts": [prompt], "generate": 20}, {"prompts": [prompt]}], block_size=16)
+    assert first["results"][0]["cached_tokens"] == 0
+    assert again["results"][0]["cached_tokens"] == 36
+    err = rel_err(again["results"][0]["logits"], hf_last_logits(hf, prompt))
+    assert err < TOLERANCE, f"after reuse below the block: relative error {err:.2e}"
+
+
 def test_32_greedy_tokens_are_identical(model_dir, hf):
     batch = prompts(5, [12, 40])
     [run] = engine(model_dir, [{"prompts": batch, "generate": 32}], block_size=8)

@@ -174,13 +174,66 @@ impl BlockManager {
             found.hashes.push(key);
             parent = Some(key);
         }
-        self.hit_tokens += (found.blocks.len() * bs) as u64;
+        found.tokens = found.blocks.len() * bs;
+        self.hit_tokens += found.tokens as u64;
         found
+    }
+
+    /// [`match_prefix`](Self::match_prefix), and below the block: when every full block of
+    /// `tokens` matched and a partial block is left, a cached block that begins with exactly
+    /// those tokens after the same prefix (a block a finished sequence filled past them) is
+    /// retained and appended too, counted in `tokens` but not in `hashes`. The caller must copy
+    /// the last block before writing into it ([`copy_for_write`](Self::copy_for_write)).
+    pub fn match_reusable(&mut self, tokens: &[u32]) -> PrefixMatch {
+        let mut found = self.match_prefix(tokens);
+        let tail = &tokens[found.tokens.min(tokens.len())..];
+        if let Some(b) = self.tail_block(found.hashes.last().copied(), tail) {
+            self.retain(b);
+            found.blocks.push(b);
+            found.tokens += tail.len();
+        }
+        found
+    }
+
+    /// What [`match_reusable`](Self::match_reusable) would match now, changing nothing.
+    pub fn peek_reusable(&self, tokens: &[u32]) -> PrefixPeek {
+        let (mut peek, parent) = self.peek_chain(tokens);
+        let tail = &tokens[peek.tokens.min(tokens.len())..];
+        if let Some(b) = self.tail_block(parent, tail) {
+            peek.blocks += 1;
+            peek.tokens += tail.len();
+            if self.ref_count(b) == 0 {
+                peek.idle += 1;
+            }
+        }
+        peek
+    }
+
+    /// The cached block that begins with `tail` (shorter than a block) after the prefix whose
+    /// last block hash is `parent`.
+    fn tail_block(&self, parent: Option<u64>, tail: &[u32]) -> Option<BlockId> {
+        if tail.is_empty() || tail.len() >= self.block_size() {
+            return None;
+        }
+        self.index.lookup_start(parent?, tail)
+    }
+
+    /// Replaces the caller's reference to `b` with a fresh block holding a copy of its KV (the
+    /// copy to perform is returned): for writing into a block matched from the prefix cache.
+    pub fn copy_for_write(&mut self, b: BlockId) -> Result<BlockCopy, OutOfBlocks> {
+        let dst = self.allocate().ok_or(OutOfBlocks)?;
+        self.release(b);
+        Ok(BlockCopy { src: b, dst })
     }
 
     /// What [`match_prefix`](Self::match_prefix) would match now, without retaining anything
     /// or counting statistics.
     pub fn peek_prefix(&self, tokens: &[u32]) -> PrefixPeek {
+        self.peek_chain(tokens).0
+    }
+
+    /// [`peek_prefix`](Self::peek_prefix) and the hash of the last block it matched.
+    fn peek_chain(&self, tokens: &[u32]) -> (PrefixPeek, Option<u64>) {
         let mut peek = PrefixPeek::default();
         let mut parent = None;
         for chunk in tokens.chunks_exact(self.block_size()) {
@@ -188,12 +241,13 @@ impl BlockManager {
                 break;
             };
             peek.blocks += 1;
+            peek.tokens += chunk.len();
             if self.ref_count(b) == 0 {
                 peek.idle += 1;
             }
             parent = Some(key);
         }
-        peek
+        (peek, parent)
     }
 
     /// Records that the full block `b` (in use) now holds the KV of `tokens` after the prefix

@@ -33,8 +33,11 @@ pub type BlockId = u32;
 pub struct PrefixMatch {
     /// Matched blocks, in sequence order; each one was retained for the caller.
     pub blocks: Vec<BlockId>,
-    /// Chain hash of each matched block (the last one is the parent of the next block).
+    /// Chain hash of each matched full block (the last one is the parent of the next block).
     pub hashes: Vec<u64>,
+    /// Tokens the matched blocks hold for the caller: whole blocks, plus the start of a block
+    /// matched below the block ([`BlockManager::match_reusable`]).
+    pub tokens: usize,
 }
 
 /// Read-only preview of a prefix match ([`BlockManager::peek_prefix`]).
@@ -45,6 +48,8 @@ pub struct PrefixPeek {
     /// How many of those are cached with reference count 0: retaining them lowers
     /// [`BlockManager::available`] by this much.
     pub idle: usize,
+    /// Tokens those blocks would hold for the caller (see [`PrefixMatch::tokens`]).
+    pub tokens: usize,
 }
 
 /// A copy-on-write order: copy the KV contents of `src` into `dst`, then use `dst`.

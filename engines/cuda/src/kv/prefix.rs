@@ -103,6 +103,18 @@ impl PrefixIndex {
         }
     }
 
+    /// The holder of a child of `parent` whose tokens begin with `start` (a block that holds
+    /// `start` and more).
+    pub(super) fn lookup_start(&self, parent: u64, start: &[u32]) -> Option<BlockId> {
+        let children = &self.entries.get(&parent)?.children;
+        children.iter().find_map(|key| {
+            let e = self.entries.get(key)?;
+            (e.parent == Some(parent) && e.tokens.starts_with(start))
+                .then_some(e.holder)
+                .flatten()
+        })
+    }
+
     /// Whether `tag` still names a live entry.
     pub(super) fn is_live(&self, tag: Tag) -> bool {
         self.entries

@@ -266,3 +266,29 @@ fn dup_keeps_entry_alive_and_can_become_holder() {
     assert_eq!(bm.stats().free, 3);
     check_counts(&bm);
 }
+
+#[test]
+fn a_partial_last_block_matches_a_cached_block_that_begins_with_it() {
+    let mut bm = BlockManager::new(8, 4);
+    let (t, _) = fill(&mut bm, &[1, 2, 3, 4, 5, 6, 7, 8]);
+    release_all(&mut bm, &t);
+    // Full blocks, then 5, 6: the second cached block begins with them.
+    let prompt = [1, 2, 3, 4, 5, 6];
+    let peek = bm.peek_reusable(&prompt);
+    assert_eq!((peek.blocks, peek.idle, peek.tokens), (2, 2, 6));
+    let m = bm.match_reusable(&prompt);
+    assert_eq!(
+        (m.blocks.clone(), m.hashes.len(), m.tokens),
+        (t.clone(), 1, 6)
+    );
+    // Another continuation, or no full block before it, matches nothing below the block.
+    assert_eq!(bm.peek_reusable(&[1, 2, 3, 4, 5, 9]).tokens, 4);
+    assert_eq!(bm.peek_reusable(&[1, 2]).tokens, 0);
+    // Writing goes to a copy; the cached block returns to the cache untouched.
+    let copy = bm.copy_for_write(t[1]).unwrap();
+    assert_eq!(copy.src, t[1]);
+    assert_ne!(copy.dst, t[1]);
+    release_all(&mut bm, &[m.blocks[0], copy.dst]);
+    assert_eq!(bm.stats().cached, 2);
+    check_counts(&bm);
+}

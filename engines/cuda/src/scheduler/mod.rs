@@ -25,9 +25,11 @@
 //!    (so running prefills that together overflow the cache cannot deadlock).
 //! 4. **Admission** of waiting sequences follows, while budget remains and fewer than
 //!    `max_running` sequences run, unless this step preempted something (memory is short then).
-//!    A sequence is matched against the prefix cache over `tokens[..len - 1]` (so at least one
-//!    token is computed); the matched blocks start its table, they count as computed and are
-//!    reported as `cached_tokens`. Its chunk is `min(remaining, budget)` tokens, shrunk to the
+//!    A sequence is matched against the prefix cache over its tokens, below the block too (a
+//!    partial last block matches a cached block that begins with those tokens); the matched
+//!    blocks start its table and their tokens, all but the last token at most (its logits are
+//!    needed), count as computed and are reported as `cached_tokens`. When the first token to
+//!    compute falls in a matched block, that block is copied and the copy written. Its chunk is `min(remaining, budget)` tokens, shrunk to the
 //!    blocks that can be had; if nothing fits, admission stops for this step (admission never
 //!    preempts) and the block manager is left untouched.
 //! 5. **Waiting order:** higher priority first; within a priority, weighted fair queuing between

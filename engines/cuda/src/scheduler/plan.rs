@@ -170,6 +170,21 @@ impl Scheduler {
         plan.preempted.push(id);
     }
 
+    /// Gives back what an admission that cannot go on took: the blocks, the hashes, the tokens
+    /// counted as computed and the copies planned after the first `copies`.
+    fn unadmit(&mut self, id: SeqId, plan: &mut StepPlan, copies: usize) {
+        plan.copies.truncate(copies);
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        for &b in seq.table.iter().rev() {
+            self.blocks.release(b);
+        }
+        seq.table.clear();
+        seq.hashes.clear();
+        seq.computed = 0;
+    }
+
     /// Tries to admit the waiting sequence `id` with at most `budget` tokens. Returns the tokens
     /// planned; 0 means it was not admitted and nothing changed.
     fn admit(&mut self, id: SeqId, budget: usize, plan: &mut StepPlan) -> usize {
@@ -177,22 +192,40 @@ impl Scheduler {
         let Some(seq) = self.seqs.get(&id) else {
             return 0;
         };
-        let Some(prefix) = seq.tokens.len().checked_sub(1).map(|n| &seq.tokens[..n]) else {
+        // At least the last token is computed, for its logits.
+        let Some(last) = seq.tokens.len().checked_sub(1) else {
             return 0;
         };
-        let peek = self.blocks.peek_prefix(prefix);
+        let peek = self.blocks.peek_reusable(&seq.tokens);
         let available = self.blocks.available().saturating_sub(peek.idle);
-        let want = (seq.tokens.len() - peek.blocks * bs).min(budget);
+        let want = (seq.tokens.len() - peek.tokens.min(last)).min(budget);
         if want.min(available * bs) == 0 {
             return 0;
         }
-        let matched = self.blocks.match_prefix(prefix);
+        let copies = plan.copies.len();
+        let matched = self.blocks.match_reusable(&seq.tokens);
+        let reused = matched.tokens.min(last);
+        let writes_matched = reused < matched.blocks.len() * bs;
         let Some(seq) = self.seqs.get_mut(&id) else {
             return 0;
         };
-        seq.computed = matched.blocks.len() * bs;
+        seq.computed = reused;
         seq.table = matched.blocks;
         seq.hashes = matched.hashes;
+        // The first token to compute lands in the last matched block: that block is the prefix
+        // cache's, so the sequence writes into a copy of it.
+        if writes_matched && let Some(b) = seq.table.last_mut() {
+            match self.blocks.copy_for_write(*b) {
+                Ok(copy) => {
+                    *b = copy.dst;
+                    plan.copies.push(copy);
+                }
+                Err(_) => {
+                    self.unadmit(id, plan, copies);
+                    return 0;
+                }
+            }
+        }
         let cached = seq.computed;
         let want = seq.remaining().min(budget);
         let fit = self.grow(id, want, &mut plan.copies);
@@ -200,12 +233,7 @@ impl Scheduler {
             return 0;
         };
         if fit == 0 {
-            for &b in seq.table.iter().rev() {
-                self.blocks.release(b);
-            }
-            seq.table.clear();
-            seq.hashes.clear();
-            seq.computed = 0;
+            self.unadmit(id, plan, copies);
             return 0;
         }
         self.fair

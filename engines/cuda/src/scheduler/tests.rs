@@ -303,6 +303,34 @@ fn fork_shares_blocks_and_copies_on_first_write() {
 }
 
 #[test]
+fn a_repeated_prompt_reuses_its_partial_last_block() {
+    let mut s = Scheduler::new(config(64, 4, 4, 16));
+    let prompt: Vec<u32> = (1..=6).collect();
+    s.add(new_seq(1, prompt.clone(), 0, "t", 1)).unwrap();
+    let mut next = 0;
+    // The prompt, then two decodes: the second block fills (5, 6 and two generated tokens) and
+    // is registered.
+    for _ in 0..3 {
+        step(&mut s, &mut next);
+    }
+    s.remove(1);
+    s.add(new_seq(2, prompt, 0, "t", 1)).unwrap();
+    let plan = step(&mut s, &mut next);
+    let c = &plan.chunks[0];
+    assert_eq!(
+        (c.cached_tokens, c.start, c.tokens.len(), c.sample),
+        (5, 5, 1, true)
+    );
+    let [copy] = plan.copies.as_slice() else {
+        panic!("one copy, not {:?}", plan.copies);
+    };
+    assert_eq!(c.block_table, vec![c.block_table[0], copy.dst]);
+    // The cached block itself is left as it was, for the next match.
+    assert_ne!(copy.src, copy.dst);
+    assert_eq!(s.blocks.ref_count(copy.src), 0);
+}
+
+#[test]
 fn prefix_cache_hit_skips_computed_tokens() {
     let mut s = Scheduler::new(config(64, 4, 4, 16));
     let shared: Vec<u32> = (1..=8).collect();
@@ -322,13 +350,16 @@ fn prefix_cache_hit_skips_computed_tokens() {
         (c.cached_tokens, c.start, c.tokens.len(), c.sample),
         (8, 8, 2, true)
     );
-    // Exactly the shared 8 tokens: only the first block can match (the last token is computed).
+    // Exactly the shared 8 tokens: both blocks match and only the last token is computed, into
+    // a copy of the cached block that holds it.
     s.add(new_seq(3, shared, 0, "t", 1)).unwrap();
     let plan = step(&mut s, &mut next);
     let c = plan.chunks.iter().find(|c| c.seq == 3).unwrap();
-    assert_eq!((c.cached_tokens, c.start, c.tokens.len()), (4, 4, 4));
+    assert_eq!((c.cached_tokens, c.start, c.tokens.len()), (7, 7, 1));
+    assert_eq!(plan.copies.len(), 1);
+    assert_eq!(c.block_table.last(), Some(&plan.copies[0].dst));
     let kv = s.stats().kv;
-    assert_eq!(kv.prefix_hit_tokens, 12);
+    assert_eq!(kv.prefix_hit_tokens, 16);
     assert!(kv.prefix_hit_rate() > 0.5);
     // A later decode step reports no cached tokens.
     let plan = step(&mut s, &mut next);
