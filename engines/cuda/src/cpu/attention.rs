@@ -122,7 +122,7 @@ impl Kernel for TileKernel<'_> {
     type Output = ();
 
     #[inline(always)]
-    fn run<S: Simd, const T: usize, const C: usize>(self, s: S) {
+    fn run<S: Simd, const T: usize>(self, s: S) {
         let Heads {
             query: nh,
             kv: nkv,
@@ -237,7 +237,7 @@ impl Kernel for Row<'_> {
     type Output = ();
 
     #[inline(always)]
-    fn run<S: Simd, const T: usize, const C: usize>(self, s: S) {
+    fn run<S: Simd, const T: usize>(self, s: S) {
         let Heads {
             query: nh,
             kv: nkv,

@@ -9,6 +9,7 @@
 //! over the device's threads, so each thread streams its own weight rows once per step for
 //! the whole batch.
 
+mod panel;
 mod rows;
 mod tile;
 
@@ -69,11 +70,28 @@ fn split<W: Rows>(isa: Isa, w: &W, x: &[f32], k: usize, n: usize, out: &mut [f32
         return;
     }
     let threads = rayon::current_num_threads().max(1);
-    let chunk = n.div_ceil(threads * 4).next_multiple_of(8).max(8);
     let dst = SendOut(Out {
         ptr: out.as_mut_ptr(),
         n,
     });
+    if x.len() / k.max(1) >= panel::MIN_ROWS {
+        let chunk = n.div_ceil(threads * 4).next_multiple_of(panel::WIDTH);
+        (0..n.div_ceil(chunk))
+            .into_par_iter()
+            .for_each_init(Vec::new, |scratch, c| {
+                let cols = c * chunk..((c + 1) * chunk).min(n);
+                isa.run(Panel {
+                    w,
+                    x,
+                    k,
+                    cols,
+                    out: dst,
+                    scratch,
+                });
+            });
+        return;
+    }
+    let chunk = n.div_ceil(threads * 4).next_multiple_of(8).max(8);
     (0..n.div_ceil(chunk)).into_par_iter().for_each(|c| {
         let cols = c * chunk..((c + 1) * chunk).min(n);
         isa.run(Block {
@@ -84,6 +102,37 @@ fn split<W: Rows>(isa: Isa, w: &W, x: &[f32], k: usize, n: usize, out: &mut [f32
             out: dst,
         });
     });
+}
+
+/// One task's columns for many rows, through decoded panels, as a [`Kernel`].
+struct Panel<'a, W> {
+    w: &'a W,
+    x: &'a [f32],
+    k: usize,
+    cols: std::ops::Range<usize>,
+    out: SendOut,
+    scratch: &'a mut Vec<f32>,
+}
+
+impl<W: Rows> Kernel for Panel<'_, W> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd, const T: usize>(self, s: S) {
+        // SAFETY: `out` is m × n (checked in `linear_with`) and each task writes only its own
+        // columns.
+        unsafe {
+            panel::block::<W, S>(
+                s,
+                self.w,
+                self.x,
+                self.k,
+                self.cols,
+                self.out.get(),
+                self.scratch,
+            )
+        }
+    }
 }
 
 /// One task's columns, as a [`Kernel`].
@@ -99,10 +148,10 @@ impl<W: Rows> Kernel for Block<'_, W> {
     type Output = ();
 
     #[inline(always)]
-    fn run<S: Simd, const T: usize, const C: usize>(self, s: S) {
+    fn run<S: Simd, const T: usize>(self, s: S) {
         // SAFETY: `out` is m × n (checked in `linear_with`) and each task writes only its own
         // columns.
-        unsafe { tile::block::<W, S, T, C>(s, self.w, self.x, self.k, self.cols, self.out.get()) }
+        unsafe { tile::block::<W, S, T>(s, self.w, self.x, self.k, self.cols, self.out.get()) }
     }
 }
 

@@ -53,9 +53,9 @@ pub trait Simd: Copy {
 pub trait Kernel {
     /// What it returns.
     type Output;
-    /// The body: `S` is the instruction set's lanes, and `T` rows by `C` columns of sixteen
-    /// sums fit its registers (8 × 2 in AVX-512's 32 registers, 4 × 1 otherwise).
-    fn run<S: Simd, const T: usize, const C: usize>(self, simd: S) -> Self::Output;
+    /// The body: `S` is the instruction set's lanes, and `T` rows of sixteen sums fit its
+    /// registers with room to spare (eight in AVX-512's 32 registers, four otherwise).
+    fn run<S: Simd, const T: usize>(self, simd: S) -> Self::Output;
 }
 
 /// An instruction set the kernels are built for.
@@ -130,7 +130,7 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `supported` checked the CPU has AVX2 and FMA.
             Self::Avx2 if self.supported() => unsafe { x86::avx2(kernel) },
-            _ => kernel.run::<portable::Portable, 4, 1>(portable::Portable),
+            _ => kernel.run::<portable::Portable, 4>(portable::Portable),
         }
     }
 }
@@ -141,14 +141,14 @@ mod x86 {
     use super::avx2::Avx2;
     use super::avx512::Avx512;
 
-    /// `kernel` for AVX-512: tiles of eight rows by two columns.
+    /// `kernel` for AVX-512: tiles of eight rows.
     ///
     /// # Safety
     /// The CPU must have the features enabled here.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     pub unsafe fn avx512<K: Kernel>(kernel: K) -> K::Output {
         // SAFETY: the caller checked the CPU has AVX-512 (F, BW, VL), AVX2, FMA and F16C.
-        kernel.run::<Avx512, 4, 2>(unsafe { Avx512::new() })
+        kernel.run::<Avx512, 8>(unsafe { Avx512::new() })
     }
 
     /// `kernel` for AVX2 + FMA: tiles of four rows (sixteen registers).
@@ -158,6 +158,6 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn avx2<K: Kernel>(kernel: K) -> K::Output {
         // SAFETY: the caller checked the CPU has AVX2, FMA and F16C.
-        kernel.run::<Avx2, 4, 1>(unsafe { Avx2::new() })
+        kernel.run::<Avx2, 4>(unsafe { Avx2::new() })
     }
 }
