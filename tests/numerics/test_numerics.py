@@ -52,8 +52,14 @@ def prompts(seed: int, lengths):
     return [rng.integers(5, VOCAB, size=n).tolist() for n in lengths]
 
 
-def engine(path: Path, runs, block_size=16, max_batch_tokens=512):
-    request = {"model": str(path), "block_size": block_size, "max_batch_tokens": max_batch_tokens, "runs": runs}
+def engine(path: Path, runs, block_size=16, max_batch_tokens=512, activations="exact"):
+    request = {
+        "model": str(path),
+        "block_size": block_size,
+        "max_batch_tokens": max_batch_tokens,
+        "activations": activations,
+        "runs": runs,
+    }
     out = subprocess.run([str(REFERENCE)], input=json.dumps(request), capture_output=True, text=True, check=True)
     return json.loads(out.stdout)["runs"]
 

@@ -5,7 +5,8 @@
 //!
 //! Input (JSON on stdin):
 //! `{"model": DIR, "device": "cpu", "block_size": 16, "max_batch_tokens": 512,
-//! "num_blocks": 1024, "graphs": true, "runs": [{"prompts": [[ids]], "generate": 32}]}`. The runs share one KV cache, so a later run can hit the prefix cache of
+//! "num_blocks": 1024, "graphs": true, "activations": "exact", "runs": [{"prompts": [[ids]],
+//! "generate": 32}]}` (`activations`: the CPU's, `exact` unless `int8` is asked for). The runs share one KV cache, so a later run can hit the prefix cache of
 //! an earlier one. Output (JSON on stdout), per run and prompt: the logits at the prompt's last
 //! position, the greedy tokens after it with each one's lead over the runner-up logit, and the
 //! prompt tokens served from the prefix cache.
@@ -16,7 +17,7 @@ use std::process::ExitCode;
 
 use serde::Deserialize;
 use serde_json::json;
-use turnpike_cuda::cpu::CpuDevice;
+use turnpike_cuda::cpu::{Activations, CpuDevice};
 use turnpike_cuda::device::{Batch, Chunk, Device, planned_copies};
 use turnpike_cuda::gpu::{Capacity, CudaDevice, GpuKvBudget, GpuSettings, kv_bytes_per_block};
 use turnpike_cuda::model::ModelFolder;
@@ -35,6 +36,8 @@ struct Input {
     device: String,
     #[serde(default = "default_graphs")]
     graphs: bool,
+    #[serde(default = "default_activations")]
+    activations: Activations,
     runs: Vec<Run>,
 }
 
@@ -60,6 +63,9 @@ fn default_device() -> String {
 fn default_graphs() -> bool {
     true
 }
+fn default_activations() -> Activations {
+    Activations::Exact
+}
 
 const MAX_RUNNING: usize = 64;
 
@@ -68,8 +74,14 @@ fn open(input: &Input, folder: &ModelFolder) -> Result<Box<dyn Device>, String> 
     match input.device.as_str() {
         "cpu" => {
             let threads = std::thread::available_parallelism().map_or(1, Into::into);
-            let device = CpuDevice::load(folder, input.num_blocks, input.block_size, threads)
-                .map_err(|e| e.to_string())?;
+            let device = CpuDevice::load(
+                folder,
+                input.num_blocks,
+                input.block_size,
+                threads,
+                input.activations,
+            )
+            .map_err(|e| e.to_string())?;
             Ok(Box::new(device))
         }
         "cuda" => {

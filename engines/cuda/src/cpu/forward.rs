@@ -6,9 +6,12 @@ use rayon::prelude::*;
 use super::attention::{Cache, Heads, TILE_ROWS, Tile, attend_tiles};
 use super::kv::KvStore;
 use super::linalg::{add_into, rms_norm, rope, silu_gate};
-use super::matmul::linear;
+use super::matmul::{Matrix, linear};
 use crate::device::{Chunk, DeviceError};
-use crate::model::{CpuWeights, Packed};
+use crate::model::{LayeredWeights, Packed};
+
+/// The model's weights as the CPU multiplies them.
+pub type DeviceWeights = LayeredWeights<Matrix>;
 use crate::model::{ModelSpec, RopeScaling};
 
 /// Rotary inverse frequencies, computed in f32 the way `transformers` does, with scaling.
@@ -104,7 +107,7 @@ impl Rows {
 /// final norm. Keys and values of every row are written to `kv`.
 pub fn hidden_states(
     spec: &ModelSpec,
-    w: &CpuWeights,
+    w: &DeviceWeights,
     inv_freq: &[f32],
     kv: &mut KvStore,
     chunks: &[Chunk<'_>],
@@ -125,12 +128,12 @@ pub fn hidden_states(
     let mut x = vec![0.0f32; t * d];
     let tokens = chunks.iter().flat_map(|c| c.tokens);
     for (&tok, row) in tokens.zip(x.chunks_exact_mut(d)) {
-        if tok as usize >= w.embed.rows {
+        if tok as usize >= w.embed.packed.rows {
             return Err(DeviceError::InvalidBatch(format!(
                 "token {tok} is outside the vocabulary"
             )));
         }
-        w.embed.row_into(tok as usize, row);
+        w.embed.packed.row_into(tok as usize, row);
     }
     // cos/sin per row, shared by every layer; angles in f32 as `transformers` computes them.
     let half = hd / 2;
@@ -158,8 +161,17 @@ pub fn hidden_states(
         scale: 1.0 / (hd as f32).sqrt(),
     };
     for (l, layer) in w.layers.iter().enumerate() {
-        rms_norm(&x, vector(&layer.attn_norm)?, spec.rms_norm_eps, &mut h);
-        let qkv_bias = layer.qkv_bias.as_ref().map(vector).transpose()?;
+        rms_norm(
+            &x,
+            vector(&layer.attn_norm.packed)?,
+            spec.rms_norm_eps,
+            &mut h,
+        );
+        let qkv_bias = layer
+            .qkv_bias
+            .as_ref()
+            .map(|b| vector(&b.packed))
+            .transpose()?;
         linear(&h, &layer.qkv, qkv_bias, &mut qkv);
         qkv.par_chunks_mut(qkv_w).enumerate().for_each(|(r, row)| {
             let (c, s) = (
@@ -185,10 +197,19 @@ pub fn hidden_states(
             qkv_w,
             &mut attn,
         );
-        let o_bias = layer.o_bias.as_ref().map(vector).transpose()?;
+        let o_bias = layer
+            .o_bias
+            .as_ref()
+            .map(|b| vector(&b.packed))
+            .transpose()?;
         linear(&attn, &layer.o, o_bias, &mut proj);
         add_into(&mut x, &proj);
-        rms_norm(&x, vector(&layer.mlp_norm)?, spec.rms_norm_eps, &mut h);
+        rms_norm(
+            &x,
+            vector(&layer.mlp_norm.packed)?,
+            spec.rms_norm_eps,
+            &mut h,
+        );
         linear(&h, &layer.gate_up, None, &mut gate_up);
         silu_gate(&gate_up, f, &mut act);
         linear(&act, &layer.down, None, &mut proj);
@@ -200,7 +221,7 @@ pub fn hidden_states(
 /// Final norm and output projection of chosen rows of the residual stream.
 pub fn logits(
     spec: &ModelSpec,
-    w: &CpuWeights,
+    w: &DeviceWeights,
     x: &[f32],
     rows: &[usize],
 ) -> Result<Vec<f32>, DeviceError> {
@@ -210,7 +231,12 @@ pub fn logits(
         picked.extend_from_slice(&x[r * d..(r + 1) * d]);
     }
     let mut normed = vec![0.0f32; picked.len()];
-    rms_norm(&picked, vector(&w.norm)?, spec.rms_norm_eps, &mut normed);
+    rms_norm(
+        &picked,
+        vector(&w.norm.packed)?,
+        spec.rms_norm_eps,
+        &mut normed,
+    );
     let mut out = vec![0.0f32; rows.len() * spec.vocab_size];
     linear(&normed, w.output(), None, &mut out);
     Ok(out)

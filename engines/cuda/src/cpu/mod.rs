@@ -1,6 +1,8 @@
 //! The CPU device: the whole model on every core, each weight matrix in the precision it was
-//! shipped in (GGUF quantized types stay quantized) and every activation in f32; the reference
-//! for correctness and the fallback where no GPU is present. Matrix products run the device's
+//! shipped in (GGUF quantized types stay quantized) and every activation in f32, except the
+//! inputs of decoding steps' products with 4- and 8-bit weights, which are rounded to bytes
+//! unless [`Activations::Exact`] is asked for; the reference for correctness and the fallback
+//! where no GPU is present. Matrix products run the device's
 //! own kernels ([`matmul`], picked per instruction set at run time), parallel work the device's
 //! own `rayon` pool (a plugin never touches the host's global pool).
 
@@ -12,16 +14,19 @@ mod matmul;
 mod simd;
 
 use crate::device::{Batch, Device, DeviceError};
-use crate::model::{CpuWeights, ModelError, ModelFolder, ModelSpec, Weights};
+use crate::model::{LayeredWeights, ModelError, ModelFolder, ModelSpec, PackedReader, Weights};
 
+use forward::DeviceWeights;
 pub use forward::inverse_frequencies;
 use kv::KvStore;
+pub use matmul::Activations;
+use matmul::Matrix;
 
 /// A model loaded for the CPU with its KV cache.
 #[derive(Debug)]
 pub struct CpuDevice {
     spec: ModelSpec,
-    weights: CpuWeights,
+    weights: DeviceWeights,
     inv_freq: Vec<f32>,
     kv: KvStore,
     pool: rayon::ThreadPool,
@@ -34,9 +39,13 @@ impl CpuDevice {
         num_blocks: u32,
         block_size: u32,
         threads: usize,
+        inputs: Activations,
     ) -> Result<Self, ModelError> {
         let spec = folder.spec.clone();
-        let weights = CpuWeights::load(&spec, &Weights::open(&folder.path)?)?;
+        let opened = Weights::open(&folder.path)?;
+        let weights = LayeredWeights::load_with(&spec, &opened, &PackedReader(&opened), |p| {
+            Ok(Matrix::new(p, inputs))
+        })?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("turnpike-cpu-{i}"))
@@ -122,7 +131,7 @@ impl Device for CpuDevice {
             let mut normed = vec![0.0f32; x.len()];
             linalg::rms_norm(
                 &x,
-                forward::vector(&weights.norm)?,
+                forward::vector(&weights.norm.packed)?,
                 spec.rms_norm_eps,
                 &mut normed,
             );

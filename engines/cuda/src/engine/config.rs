@@ -55,6 +55,8 @@ pub struct ModelSettings {
     pub max_context: Option<usize>,
     /// CPU threads; every core when absent.
     pub threads: Option<usize>,
+    /// The CPU's inputs to products with 4- and 8-bit weights.
+    pub cpu_activations: crate::cpu::Activations,
     /// Which GPU (CUDA device ordinal).
     pub gpu: usize,
     /// Capture decode steps into CUDA graphs.
@@ -105,6 +107,8 @@ struct RawModel {
     max_context: Option<usize>,
     #[serde(default)]
     threads: Option<usize>,
+    #[serde(default)]
+    cpu_activations: Option<crate::cpu::Activations>,
     #[serde(default)]
     gpu: Option<usize>,
     #[serde(default)]
@@ -186,6 +190,7 @@ impl RawModel {
             max_n,
             max_context: self.max_context,
             threads: self.threads,
+            cpu_activations: self.cpu_activations.unwrap_or_default(),
             gpu: self.gpu.unwrap_or(0),
             cuda_graphs: self.cuda_graphs.unwrap_or(true),
         })

@@ -87,8 +87,14 @@ fn open_device(
         .threads
         .or_else(|| std::thread::available_parallelism().ok().map(Into::into))
         .unwrap_or(1);
-    let device = crate::cpu::CpuDevice::load(folder, blocks, settings.block_size, threads)
-        .map_err(|e| fail(e.to_string()))?;
+    let device = crate::cpu::CpuDevice::load(
+        folder,
+        blocks,
+        settings.block_size,
+        threads,
+        settings.cpu_activations,
+    )
+    .map_err(|e| fail(e.to_string()))?;
     Ok(Box::new(device))
 }
 

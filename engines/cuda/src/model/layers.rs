@@ -41,9 +41,6 @@ pub struct LayeredWeights<T> {
     pub lm_head: Option<T>,
 }
 
-/// The weights on the host, each matrix in its own precision and each vector in f32.
-pub type CpuWeights = LayeredWeights<Packed>;
-
 /// How a loader reads tensors: matrices in the representation it keeps, vectors (norms and
 /// biases) handed over in f32, and fused matrices stacked row-wise.
 pub trait TensorReader {
@@ -94,13 +91,6 @@ impl TensorReader for PackedReader<'_> {
 
     fn stack(&self, parts: Vec<Packed>) -> Packed {
         Packed::stack(parts)
-    }
-}
-
-impl CpuWeights {
-    /// Reads every matrix in its own precision, checking shapes against `spec`.
-    pub fn load(spec: &ModelSpec, weights: &Weights) -> Result<Self, ModelError> {
-        Self::load_with(spec, weights, &PackedReader(weights), Ok)
     }
 }
 

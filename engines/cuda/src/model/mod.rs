@@ -10,7 +10,7 @@ pub mod weights;
 use std::path::{Path, PathBuf};
 
 pub use config::{ModelSpec, RopeScaling};
-pub use layers::{CpuWeights, F32Reader, Layer, LayeredWeights, PackedReader, TensorReader};
+pub use layers::{F32Reader, Layer, LayeredWeights, PackedReader, TensorReader};
 pub use packed::Packed;
 pub use weights::{Tensor, Weights};
 

@@ -7,8 +7,10 @@
 //! tile of input rows, and never written back. One loop ([`tile`]) serves every layout
 //! ([`rows`]) and is compiled per instruction set ([`super::simd`]). Work is split by output columns
 //! over the device's threads, so each thread streams its own weight rows once per step for
-//! the whole batch.
+//! the whole batch. Decoding batches against 4- and 8-bit weights may round their inputs to
+//! bytes ([`Activations::Int8`], [`int8`]) to multiply four bytes per lane per instruction.
 
+mod int8;
 mod panel;
 mod rows;
 mod tile;
@@ -34,26 +36,61 @@ impl SendOut {
     }
 }
 
+/// What the inputs of a product against 4- and 8-bit weights are (the engine setting
+/// `cpu_activations`: `"int8"` or `"exact"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activations {
+    /// f32, against every weight decoded to f32: the sums a reference that dequantizes the
+    /// weights computes, to rounding order.
+    Exact,
+    /// Rounded to bytes in groups in decoding batches (fewer than [`panel::MIN_ROWS`] rows),
+    /// as ggml does ([`int8`]); prefill stays exact.
+    #[default]
+    Int8,
+}
+
+/// A weight matrix as the CPU multiplies it: its values as shipped, and under
+/// [`Activations::Int8`] 4- and 8-bit codes also laid out for the byte kernels.
+#[derive(Debug)]
+pub struct Matrix {
+    /// The values as shipped (what prefill, lookups and norms read).
+    pub packed: Packed,
+    tiles: Option<int8::Tiles>,
+}
+
+impl Matrix {
+    /// `packed`, with the byte kernels' layout where `inputs` asks for it.
+    pub fn new(packed: Packed, inputs: Activations) -> Self {
+        let tiles = match inputs {
+            Activations::Int8 => int8::Tiles::new(&packed),
+            Activations::Exact => None,
+        };
+        Self { packed, tiles }
+    }
+}
+
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`, on the current rayon pool.
 ///
 /// # Panics
 /// When the shapes do not agree (a bug in the caller, never input-dependent).
-pub fn linear(x: &[f32], w: &Packed, bias: Option<&[f32]>, out: &mut [f32]) {
+pub fn linear(x: &[f32], w: &Matrix, bias: Option<&[f32]>, out: &mut [f32]) {
     linear_with(Isa::detected(), x, w, bias, out);
 }
 
 /// [`linear`] compiled for `isa` (the portable loop where this CPU does not run it).
-pub fn linear_with(isa: Isa, x: &[f32], w: &Packed, bias: Option<&[f32]>, out: &mut [f32]) {
-    let (n, k) = (w.rows, w.cols);
+pub fn linear_with(isa: Isa, x: &[f32], w: &Matrix, bias: Option<&[f32]>, out: &mut [f32]) {
+    let (n, k) = (w.packed.rows, w.packed.cols);
     let m = x.len().checked_div(k).unwrap_or(0);
     assert_eq!(x.len(), m * k, "input shape");
     assert_eq!(out.len(), m * n, "output shape");
-    match View::of(w) {
-        View::F32(r) => split(isa, &r, x, k, n, out),
-        View::Bf16(r) => split(isa, &r, x, k, n, out),
-        View::F16(r) => split(isa, &r, x, k, n, out),
-        View::Q4(r) => split(isa, &r, x, k, n, out),
-        View::Q8(r) => split(isa, &r, x, k, n, out),
+    match (&w.tiles, View::of(&w.packed)) {
+        (Some(tiles), _) if m < panel::MIN_ROWS => split_int8(isa, tiles, x, out),
+        (_, View::F32(r)) => split(isa, &r, x, k, n, out),
+        (_, View::Bf16(r)) => split(isa, &r, x, k, n, out),
+        (_, View::F16(r)) => split(isa, &r, x, k, n, out),
+        (_, View::Q4(r)) => split(isa, &r, x, k, n, out),
+        (_, View::Q8(r)) => split(isa, &r, x, k, n, out),
     }
     if let Some(bias) = bias {
         for o in out.chunks_exact_mut(n) {
@@ -102,6 +139,49 @@ fn split<W: Rows>(isa: Isa, w: &W, x: &[f32], k: usize, n: usize, out: &mut [f32
             out: dst,
         });
     });
+}
+
+/// [`split`] for inputs rounded to bytes: tasks of whole tiles.
+fn split_int8(isa: Isa, w: &int8::Tiles, x: &[f32], out: &mut [f32]) {
+    let n = w.rows();
+    if n == 0 || out.is_empty() {
+        return;
+    }
+    let x = w.inputs(x);
+    let threads = rayon::current_num_threads().max(1);
+    let dst = SendOut(Out {
+        ptr: out.as_mut_ptr(),
+        n,
+    });
+    let tiles = n.div_ceil(16);
+    let chunk = tiles.div_ceil(threads * 4);
+    (0..tiles.div_ceil(chunk)).into_par_iter().for_each(|c| {
+        isa.run(Int8Block {
+            w,
+            x: &x,
+            tiles: c * chunk..((c + 1) * chunk).min(tiles),
+            out: dst,
+        });
+    });
+}
+
+/// One task's tiles with inputs rounded to bytes, as a [`Kernel`].
+struct Int8Block<'a> {
+    w: &'a int8::Tiles,
+    x: &'a int8::Inputs,
+    tiles: std::ops::Range<usize>,
+    out: SendOut,
+}
+
+impl Kernel for Int8Block<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd, const T: usize>(self, s: S) {
+        // SAFETY: `out` is m × n (checked in `linear_with`) and each task writes only its own
+        // tiles' columns.
+        unsafe { int8::block::<S, T>(s, self.w, self.x, self.tiles, self.out.get()) }
+    }
 }
 
 /// One task's columns for many rows, through decoded panels, as a [`Kernel`].

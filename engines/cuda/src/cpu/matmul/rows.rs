@@ -15,7 +15,7 @@ pub trait Rows: Sync {
 
 /// `N` items of `v` from `at` as an array (the callers' shapes keep it in bounds).
 #[inline(always)]
-fn array<T, const N: usize>(v: &[T], at: usize) -> &[T; N] {
+pub(super) fn array<T, const N: usize>(v: &[T], at: usize) -> &[T; N] {
     match v[at..at + N].try_into() {
         Ok(a) => a,
         Err(_) => unreachable!("a slice of N items is an array of N"),

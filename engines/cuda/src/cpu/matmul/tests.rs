@@ -8,8 +8,8 @@ fn values(n: usize, seed: usize) -> Vec<f32> {
         .collect()
 }
 
-fn matrices(rows: usize) -> Vec<Packed> {
-    let (k, tail) = (64, 37);
+fn matrices(rows: usize, k: usize) -> Vec<Packed> {
+    let tail = 37;
     let groups = rows * k / 32;
     let bits = |v: &[f32], f: fn(f32) -> u16| v.iter().map(|&x| f(x)).collect::<Vec<u16>>();
     let float = values(rows * tail, 1);
@@ -64,38 +64,145 @@ fn matrices(rows: usize) -> Vec<Packed> {
     ]
 }
 
+/// Each input rounded as [`int8::Inputs`] rounds it: to a multiple of its group's largest
+/// magnitude / 127, in the weights' groups.
+fn rounded(x: &[f32], k: usize, size: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks_exact(k) {
+        for group in row.chunks(size) {
+            let largest = group.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let step = largest / 127.0;
+            out.extend(group.iter().map(|&v| {
+                if largest > 0.0 {
+                    (v * (127.0 / largest)).round() * step
+                } else {
+                    0.0
+                }
+            }));
+        }
+    }
+    out
+}
+
+/// The minimum of the weight group holding value `j` of row `c` (zero without minimums).
+fn min_of(w: &Packed, c: usize, j: usize) -> f32 {
+    match &w.codes {
+        Codes::Q4 { groups, .. } => groups.min_at((c * w.cols + j) / 32),
+        Codes::Q8 { group, groups } => groups.min_at((c * w.cols + j) / group),
+        _ => 0.0,
+    }
+}
+
+/// `x · wᵀ + bias` in f64 from the weights' values, and the sum of the terms' magnitudes
+/// (what f32 rounding scales with); with `bytes`, the inputs rounded as the int8 kernels round
+/// them, except against the weights' minimums (which meet exact sums).
+fn naive(x: &[f32], w: &Packed, bias: &[f32], bytes: bool) -> Vec<(f32, f32)> {
+    let (n, k) = (w.rows, w.cols);
+    let m = x.len() / k;
+    let dense = w.to_f32();
+    let size = match &w.codes {
+        Codes::Q8 { group, .. } => *group,
+        _ => 32,
+    };
+    let near = if bytes {
+        rounded(x, k, size)
+    } else {
+        x.to_vec()
+    };
+    (0..m * n)
+        .map(|i| {
+            let (r, c) = (i / n, i % n);
+            let (mut dot, mut size) = (0f64, 0f64);
+            for j in 0..k {
+                let (v, exact, near) = (dense[c * k + j], x[r * k + j], near[r * k + j]);
+                let min = min_of(w, c, j);
+                dot += f64::from(v - min) * f64::from(near) + f64::from(min) * f64::from(exact);
+                size += f64::from(v).abs() * f64::from(exact).abs();
+            }
+            (dot as f32 + bias[c], size as f32)
+        })
+        .collect()
+}
+
 #[test]
 fn every_layout_and_instruction_set_matches_a_naive_product() {
     let n = 29;
     let bias = values(n, 6);
-    for w in matrices(n) {
-        let k = w.cols;
-        let dense = w.to_f32();
-        for m in [1, 2, 3, 5, 9, 17, 33, 41] {
-            let x = values(m * k, m);
-            let want: Vec<f32> = (0..m * n)
-                .map(|i| {
-                    let (r, c) = (i / n, i % n);
-                    let dot: f64 = (0..k)
-                        .map(|j| f64::from(x[r * k + j]) * f64::from(dense[c * k + j]))
-                        .sum();
-                    dot as f32 + bias[c]
-                })
-                .collect();
-            for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
-                if !isa.supported() {
-                    continue;
-                }
-                let mut out = vec![0.0; m * n];
-                linear_with(isa, &x, &w, Some(&bias), &mut out);
-                for (i, (got, want)) in out.iter().zip(&want).enumerate() {
-                    assert!(
-                        (got - want).abs() < 1e-4 * (1.0 + want.abs()),
-                        "{} m={m} {isa:?} [{i}]: {got} vs {want}",
-                        w.kind()
-                    );
+    for k in [64, 288] {
+        for w in matrices(n, k) {
+            let k = w.cols;
+            for m in [1, 2, 3, 5, 9, 17, 33, 41] {
+                let x = values(m * k, m);
+                for inputs in [Activations::Exact, Activations::Int8] {
+                    let matrix = Matrix::new(w.clone(), inputs);
+                    let quantized = matches!(w.codes, Codes::Q4 { .. } | Codes::Q8 { .. });
+                    let bytes = inputs == Activations::Int8 && quantized && m < panel::MIN_ROWS;
+                    let want = naive(&x, &w, &bias, bytes);
+                    for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
+                        if !isa.supported() {
+                            continue;
+                        }
+                        let mut out = vec![0.0; m * n];
+                        linear_with(isa, &x, &matrix, Some(&bias), &mut out);
+                        for (i, (got, &(want, size))) in out.iter().zip(&want).enumerate() {
+                            assert!(
+                                (got - want).abs() < 1e-4 * (1.0 + want.abs()) + 1e-6 * size,
+                                "{} k={k} m={m} {inputs:?} {isa:?} [{i}]: {got} vs {want}",
+                                w.kind()
+                            );
+                        }
+                    }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn rounded_inputs_stay_close_to_the_exact_product() {
+    // The bound a user can expect: each input moves by at most half a step (its group's
+    // largest magnitude / 254), so a dot product moves by at most Σ|w|·step/2.
+    let n = 29;
+    let bias = vec![0.0; n];
+    for w in matrices(n, 288) {
+        if !matches!(w.codes, Codes::Q4 { .. } | Codes::Q8 { .. }) {
+            continue;
+        }
+        let k = w.cols;
+        let dense = w.to_f32();
+        let x = values(4 * k, 7);
+        let mut exact = vec![0.0; 4 * n];
+        let mut bytes = vec![0.0; 4 * n];
+        let size = match &w.codes {
+            Codes::Q8 { group, .. } => *group,
+            _ => 32,
+        };
+        linear(
+            &x,
+            &Matrix::new(w.clone(), Activations::Exact),
+            None,
+            &mut exact,
+        );
+        linear(
+            &x,
+            &Matrix::new(w.clone(), Activations::Int8),
+            Some(&bias),
+            &mut bytes,
+        );
+        for (i, (e, b)) in exact.iter().zip(&bytes).enumerate() {
+            let (r, c) = (i / n, i % n);
+            let bound: f32 = (0..k)
+                .map(|j| {
+                    let first = r * k + j / size * size;
+                    let group = &x[first..first + size];
+                    let largest = group.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    (dense[c * k + j] - min_of(&w, c, j)).abs() * largest / 254.0
+                })
+                .sum();
+            assert!(
+                (e - b).abs() <= bound * 1.001 + 1e-5,
+                "[{i}] {e} vs {b} (bound {bound})"
+            );
         }
     }
 }

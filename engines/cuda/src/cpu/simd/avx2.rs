@@ -142,4 +142,97 @@ impl Simd for Avx2 {
             ]
         }
     }
+
+    type B = [__m256i; 2];
+    type I = [__m256i; 2];
+
+    #[inline(always)]
+    fn bytes64(self, src: &[u8; 64]) -> [__m256i; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            [
+                _mm256_loadu_si256(src.as_ptr().cast()),
+                _mm256_loadu_si256(src.as_ptr().add(32).cast()),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    fn low_nibbles(self, b: [__m256i; 2]) -> [__m256i; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            let m = _mm256_set1_epi8(15);
+            [_mm256_and_si256(b[0], m), _mm256_and_si256(b[1], m)]
+        }
+    }
+
+    #[inline(always)]
+    fn high_nibbles(self, b: [__m256i; 2]) -> [__m256i; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            let m = _mm256_set1_epi8(15);
+            [
+                _mm256_and_si256(_mm256_srli_epi16::<4>(b[0]), m),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(b[1]), m),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    fn dot_unsigned(self, acc: [__m256i; 2], u: [__m256i; 2], s: [__m256i; 2]) -> [__m256i; 2] {
+        // Pairs of products in i16 (at most 2 · 127 · 128, no saturation), then pairs of those.
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            let low = _mm256_madd_epi16(_mm256_maddubs_epi16(u[0], s[0]), ones);
+            let high = _mm256_madd_epi16(_mm256_maddubs_epi16(u[1], s[1]), ones);
+            [
+                _mm256_add_epi32(acc[0], low),
+                _mm256_add_epi32(acc[1], high),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    fn dot_signed(self, acc: [__m256i; 2], a: [__m256i; 2], b: [__m256i; 2]) -> [__m256i; 2] {
+        // |a| as unsigned bytes times b with a's sign: the same products, in the unsigned form.
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            self.dot_unsigned(
+                acc,
+                [_mm256_sign_epi8(a[0], a[0]), _mm256_sign_epi8(a[1], a[1])],
+                [_mm256_sign_epi8(b[0], a[0]), _mm256_sign_epi8(b[1], a[1])],
+            )
+        }
+    }
+
+    #[inline(always)]
+    fn int_zero(self) -> [__m256i; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { [_mm256_setzero_si256(); 2] }
+    }
+
+    #[inline(always)]
+    fn int_to_float(self, v: [__m256i; 2]) -> [__m256; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { [_mm256_cvtepi32_ps(v[0]), _mm256_cvtepi32_ps(v[1])] }
+    }
+
+    #[inline(always)]
+    fn mul(self, a: [__m256; 2], b: [__m256; 2]) -> [__m256; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { [_mm256_mul_ps(a[0], b[0]), _mm256_mul_ps(a[1], b[1])] }
+    }
+
+    #[inline(always)]
+    fn int_splat(self, v: i32) -> [__m256i; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { [_mm256_set1_epi32(v); 2] }
+    }
+
+    #[inline(always)]
+    fn broadcast4(self, v: &[i8; 4]) -> [__m256i; 2] {
+        // SAFETY: see above; the four bytes are read as one unaligned i32.
+        unsafe { [_mm256_set1_epi32(v.as_ptr().cast::<i32>().read_unaligned()); 2] }
+    }
 }

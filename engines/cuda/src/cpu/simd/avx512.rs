@@ -4,7 +4,7 @@ use std::arch::x86_64::*;
 
 use super::Simd;
 
-/// A token that this CPU runs AVX-512 (F, BW, VL) with AVX2, FMA and F16C.
+/// A token that this CPU runs AVX-512 (F, BW, VL, VNNI) with AVX2, FMA and F16C.
 #[derive(Debug, Clone, Copy)]
 pub struct Avx512(());
 
@@ -101,5 +101,73 @@ impl Simd for Avx512 {
     fn f16(self, bits: &[u16; 16]) -> __m512 {
         // SAFETY: see above (the token proves the features; arrays bound the pointers).
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(bits.as_ptr().cast())) }
+    }
+
+    type B = __m512i;
+    type I = __m512i;
+
+    #[inline(always)]
+    fn bytes64(self, src: &[u8; 64]) -> __m512i {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_loadu_si512(src.as_ptr().cast()) }
+    }
+
+    #[inline(always)]
+    fn low_nibbles(self, b: __m512i) -> __m512i {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_and_si512(b, _mm512_set1_epi8(15)) }
+    }
+
+    #[inline(always)]
+    fn high_nibbles(self, b: __m512i) -> __m512i {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_and_si512(_mm512_srli_epi16::<4>(b), _mm512_set1_epi8(15)) }
+    }
+
+    #[inline(always)]
+    fn dot_unsigned(self, acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_dpbusd_epi32(acc, u, s) }
+    }
+
+    #[inline(always)]
+    fn dot_signed(self, acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+        // |a| as unsigned bytes times b with a's sign: the same products, in vpdpbusd's form.
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            let negative = _mm512_movepi8_mask(a);
+            let signed = _mm512_mask_sub_epi8(b, negative, _mm512_setzero_si512(), b);
+            _mm512_dpbusd_epi32(acc, _mm512_abs_epi8(a), signed)
+        }
+    }
+
+    #[inline(always)]
+    fn int_zero(self) -> __m512i {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_setzero_si512() }
+    }
+
+    #[inline(always)]
+    fn int_to_float(self, v: __m512i) -> __m512 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_cvtepi32_ps(v) }
+    }
+
+    #[inline(always)]
+    fn mul(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+
+    #[inline(always)]
+    fn int_splat(self, v: i32) -> __m512i {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_set1_epi32(v) }
+    }
+
+    #[inline(always)]
+    fn broadcast4(self, v: &[i8; 4]) -> __m512i {
+        // SAFETY: see above; the four bytes are read as one unaligned i32.
+        unsafe { _mm512_set1_epi32(v.as_ptr().cast::<i32>().read_unaligned()) }
     }
 }

@@ -3,6 +3,10 @@
 //! every x86-64 machine and uses AVX-512 or AVX2 + FMA where they exist. `TURNPIKE_CPU_ISA`
 //! (`avx512`, `avx2`, `portable`) picks a narrower one, for tests and measurements.
 //!
+//! Besides float lanes, a set has byte lanes for products of 8-bit inputs with 4- and 8-bit
+//! weights: four byte products summed into each i32 lane (AVX-512 VNNI's `vpdpbusd`, AVX2's
+//! `vpmaddubsw` + `vpmaddwd`, plain loops elsewhere), as ggml's quantized dot products do.
+//!
 //! A kernel is written once over sixteen-lane vectors ([`Kernel::run`], generic over [`Simd`]
 //! and a tile size) and [`Isa::run`] compiles it into a function per instruction set
 //! (`#[target_feature]`) with that set's lanes: AVX-512 registers, pairs of AVX2 registers, or
@@ -46,6 +50,32 @@ pub trait Simd: Copy {
     fn bf16(self, bits: &[u16; 16]) -> Self::V;
     /// Sixteen IEEE half bit patterns as floats.
     fn f16(self, bits: &[u16; 16]) -> Self::V;
+
+    /// Sixty-four bytes.
+    type B: Copy;
+    /// Sixteen i32 lanes.
+    type I: Copy;
+    /// Sixty-four bytes from `src`.
+    fn bytes64(self, src: &[u8; 64]) -> Self::B;
+    /// Each byte's low nibble.
+    fn low_nibbles(self, b: Self::B) -> Self::B;
+    /// Each byte's high nibble.
+    fn high_nibbles(self, b: Self::B) -> Self::B;
+    /// `acc` plus, in lane `i`, the sum of `u[4i + j] · s[4i + j]` over `j < 4`, with `u`
+    /// unsigned bytes at most 127 and `s` signed.
+    fn dot_unsigned(self, acc: Self::I, u: Self::B, s: Self::B) -> Self::I;
+    /// As [`Simd::dot_unsigned`] with both signed; no byte of `b` may be -128.
+    fn dot_signed(self, acc: Self::I, a: Self::B, b: Self::B) -> Self::I;
+    /// All-zero i32 lanes.
+    fn int_zero(self) -> Self::I;
+    /// `v` in every i32 lane.
+    fn int_splat(self, v: i32) -> Self::I;
+    /// Four signed bytes in every i32 lane.
+    fn broadcast4(self, v: &[i8; 4]) -> Self::B;
+    /// i32 lanes as floats.
+    fn int_to_float(self, v: Self::I) -> Self::V;
+    /// `a · b`.
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V;
 }
 
 /// A kernel body, compiled per instruction set by [`Isa::run`]. Implementations mark `run`
@@ -61,7 +91,7 @@ pub trait Kernel {
 /// An instruction set the kernels are built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512 (F, BW, VL) with FMA: 16 floats per register, 32 registers.
+    /// AVX-512 (F, BW, VL, VNNI) with FMA: 16 floats per register, 32 registers.
     Avx512,
     /// AVX2 with FMA: 8 floats per register, 16 registers.
     Avx2,
@@ -87,6 +117,7 @@ impl Isa {
                 Self::Avx512 => {
                     std::arch::is_x86_feature_detected!("avx512f")
                         && std::arch::is_x86_feature_detected!("avx512bw")
+                        && std::arch::is_x86_feature_detected!("avx512vnni")
                         && std::arch::is_x86_feature_detected!("avx512vl")
                         && std::arch::is_x86_feature_detected!("fma")
                         && std::arch::is_x86_feature_detected!("avx2")
@@ -145,9 +176,9 @@ mod x86 {
     ///
     /// # Safety
     /// The CPU must have the features enabled here.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn avx512<K: Kernel>(kernel: K) -> K::Output {
-        // SAFETY: the caller checked the CPU has AVX-512 (F, BW, VL), AVX2, FMA and F16C.
+        // SAFETY: the caller checked the CPU has AVX-512 (F, BW, VL, VNNI), AVX2, FMA and F16C.
         kernel.run::<Avx512, 8>(unsafe { Avx512::new() })
     }
 

@@ -72,4 +72,69 @@ impl Simd for Portable {
     fn f16(self, bits: &[u16; 16]) -> [f32; 16] {
         std::array::from_fn(|i| f16::from_bits(bits[i]).to_f32())
     }
+
+    type B = [u8; 64];
+    type I = [i32; 16];
+
+    #[inline(always)]
+    fn bytes64(self, src: &[u8; 64]) -> [u8; 64] {
+        *src
+    }
+
+    #[inline(always)]
+    fn low_nibbles(self, b: [u8; 64]) -> [u8; 64] {
+        b.map(|b| b & 15)
+    }
+
+    #[inline(always)]
+    fn high_nibbles(self, b: [u8; 64]) -> [u8; 64] {
+        b.map(|b| b >> 4)
+    }
+
+    #[inline(always)]
+    fn dot_unsigned(self, acc: [i32; 16], u: [u8; 64], s: [u8; 64]) -> [i32; 16] {
+        let mut out = acc;
+        for (i, o) in out.iter_mut().enumerate() {
+            for j in 4 * i..4 * i + 4 {
+                *o += i32::from(u[j]) * i32::from(s[j] as i8);
+            }
+        }
+        out
+    }
+
+    #[inline(always)]
+    fn dot_signed(self, acc: [i32; 16], a: [u8; 64], b: [u8; 64]) -> [i32; 16] {
+        let mut out = acc;
+        for (i, o) in out.iter_mut().enumerate() {
+            for j in 4 * i..4 * i + 4 {
+                *o += i32::from(a[j] as i8) * i32::from(b[j] as i8);
+            }
+        }
+        out
+    }
+
+    #[inline(always)]
+    fn int_zero(self) -> [i32; 16] {
+        [0; 16]
+    }
+
+    #[inline(always)]
+    fn int_to_float(self, v: [i32; 16]) -> [f32; 16] {
+        v.map(|v| v as f32)
+    }
+
+    #[inline(always)]
+    fn mul(self, a: [f32; 16], b: [f32; 16]) -> [f32; 16] {
+        std::array::from_fn(|i| a[i] * b[i])
+    }
+
+    #[inline(always)]
+    fn int_splat(self, v: i32) -> [i32; 16] {
+        [v; 16]
+    }
+
+    #[inline(always)]
+    fn broadcast4(self, v: &[i8; 4]) -> [u8; 64] {
+        std::array::from_fn(|i| v[i % 4] as u8)
+    }
 }

@@ -1,0 +1,326 @@
+//! Decoding batches against 4- and 8-bit weights with 8-bit inputs, as ggml multiplies its
+//! quantized types: each input row is rounded once per product to signed bytes in the weights'
+//! groups (one f32 scale per group, [`Inputs`]), and four weight bytes meet four input bytes in
+//! one i32 lane ([`Simd::dot_unsigned`], [`Simd::dot_signed`]): four times the products per
+//! instruction of the float path, and codes are never turned into floats.
+//!
+//! The weights are laid out once, at load, for this loop ([`Tiles`]): sixteen output columns
+//! side by side, each i32 lane one column, so a register of codes meets four input bytes
+//! broadcast to every lane, the sums need no horizontal reduction, and the float work (scales,
+//! minimums) is done once per group of 16 columns × 32 values per input row.
+//!
+//! The cost is the inputs' rounding: each input moves by at most half a step of its group
+//! (the group's largest magnitude / 254), well under the weights' own quantization error.
+//! [`super::Activations::Exact`] keeps f32 inputs where bit-for-bit agreement with a reference
+//! matters.
+
+use super::rows::array;
+use super::tile::Out;
+use crate::cpu::simd::Simd;
+use crate::model::packed::{Codes, Groups, Packed};
+
+/// Output columns per tile: one per i32 lane.
+const WIDTH: usize = 16;
+
+/// What the codes stand for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// 4-bit codes, `code - offset`, in groups of 32; byte `j` of a group holds value `j` in
+    /// its low nibble and `j + 16` in its high one.
+    Q4 { offset: i32 },
+    /// Signed 8-bit codes.
+    Q8,
+}
+
+/// A 4- or 8-bit matrix laid out for the byte kernels: tiles of 16 rows (output columns), and
+/// in each tile, group by group, blocks of 64 bytes holding four code bytes of each of the 16
+/// rows (block `q`: bytes `4q..4q + 4` of each row's group, row after row), then the group's
+/// 16 scales and minimums.
+#[derive(Debug)]
+pub struct Tiles {
+    rows: usize,
+    cols: usize,
+    group: usize,
+    kind: Kind,
+    codes: Vec<u8>,
+    scale: Vec<f32>,
+    /// Empty where the weights have no minimum.
+    min: Vec<f32>,
+}
+
+impl Tiles {
+    /// `w` laid out in tiles, or `None` for float layouts.
+    pub fn new(w: &Packed) -> Option<Self> {
+        match &w.codes {
+            Codes::Q4 { offset, groups } => Some(Self::build(
+                w,
+                32,
+                Kind::Q4 {
+                    offset: i32::from(*offset),
+                },
+                &groups.codes,
+                groups,
+            )),
+            Codes::Q8 { group, groups } => {
+                let codes: Vec<u8> = groups.codes.iter().map(|&c| c as u8).collect();
+                Some(Self::build(w, *group, Kind::Q8, &codes, groups))
+            }
+            _ => None,
+        }
+    }
+
+    fn build<T: Copy>(
+        w: &Packed,
+        group: usize,
+        kind: Kind,
+        codes: &[u8],
+        groups: &Groups<T>,
+    ) -> Self {
+        let per = Self::bytes_per(kind, group);
+        let count = w.cols / group;
+        let tiles = w.rows.div_ceil(WIDTH);
+        let mut out = Self {
+            rows: w.rows,
+            cols: w.cols,
+            group,
+            kind,
+            codes: vec![0; tiles * count * WIDTH * per],
+            scale: vec![0.0; tiles * count * WIDTH],
+            min: vec![
+                0.0;
+                if groups.min.is_empty() {
+                    0
+                } else {
+                    tiles * count * WIDTH
+                }
+            ],
+        };
+        for row in 0..w.rows {
+            let (t, lane) = (row / WIDTH, row % WIDTH);
+            for g in 0..count {
+                let at = t * count + g;
+                let src = &codes[(row * count + g) * per..][..per];
+                for (q, four) in src.chunks_exact(4).enumerate() {
+                    let dst = (at * per / 4 + q) * 4 * WIDTH + 4 * lane;
+                    out.codes[dst..dst + 4].copy_from_slice(four);
+                }
+                out.scale[at * WIDTH + lane] = groups.scale[row * count + g];
+                if !out.min.is_empty() {
+                    out.min[at * WIDTH + lane] = groups.min_at(row * count + g);
+                }
+            }
+        }
+        out
+    }
+
+    /// Code bytes per row per group.
+    fn bytes_per(kind: Kind, group: usize) -> usize {
+        match kind {
+            Kind::Q4 { .. } => group / 2,
+            Kind::Q8 => group,
+        }
+    }
+
+    /// Output columns.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input rows rounded for these weights.
+    pub fn inputs(&self, x: &[f32]) -> Inputs {
+        let offset = match self.kind {
+            Kind::Q4 { offset } => offset,
+            Kind::Q8 => 0,
+        };
+        Inputs::quantize(x, self.cols, self.group, offset, !self.min.is_empty())
+    }
+}
+
+/// Input rows rounded to bytes in groups.
+pub struct Inputs {
+    rows: usize,
+    /// `rows × k` codes.
+    codes: Vec<i8>,
+    /// `rows × groups`: each group's step.
+    scale: Vec<f32>,
+    /// `rows × groups`: `-offset ×` the group's codes summed; empty for no offset.
+    start: Vec<i32>,
+    /// `rows × groups`: the group's exact inputs summed; empty unless asked for.
+    sum: Vec<f32>,
+}
+
+impl Inputs {
+    /// `x` (rows of `k`, a multiple of `group`) for weights whose codes stand for
+    /// `code - offset`, with the exact sums a weight minimum needs when `sums`.
+    fn quantize(x: &[f32], k: usize, group: usize, offset: i32, sums: bool) -> Self {
+        let rows = x.len().checked_div(k).unwrap_or(0);
+        let count = rows * (k / group);
+        let mut inputs = Self {
+            rows,
+            codes: vec![0; rows * k],
+            scale: vec![0.0; count],
+            start: vec![0; if offset != 0 { count } else { 0 }],
+            sum: vec![0.0; if sums { count } else { 0 }],
+        };
+        let groups = x
+            .chunks_exact(group)
+            .zip(inputs.codes.chunks_exact_mut(group));
+        for (g, (values, codes)) in groups.enumerate() {
+            let largest = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let (step, inverse) = if largest > 0.0 {
+                (largest / 127.0, 127.0 / largest)
+            } else {
+                (0.0, 0.0)
+            };
+            let mut total = 0i32;
+            for (c, &v) in codes.iter_mut().zip(values) {
+                // Half away from zero, as ggml rounds; |v · inverse| <= 127 (+ rounding).
+                *c = (v * inverse + 0.5f32.copysign(v)).clamp(-127.0, 127.0) as i8;
+                total += i32::from(*c);
+            }
+            inputs.scale[g] = step;
+            if offset != 0 {
+                inputs.start[g] = -offset * total;
+            }
+            if sums {
+                inputs.sum[g] = values.iter().sum();
+            }
+        }
+        inputs
+    }
+}
+
+/// Rows `r0..r0 + R` of `x` against tile `t` of `w`: sixteen columns per row.
+#[inline(always)]
+fn tile_rows<S: Simd, const R: usize, const Q4: bool, const MIN: bool, const OFFSET: bool>(
+    s: S,
+    w: &Tiles,
+    x: &Inputs,
+    r0: usize,
+    t: usize,
+) -> [S::V; R] {
+    let (k, group) = (w.cols, w.group);
+    let count = k / group;
+    let per = Tiles::bytes_per(w.kind, group);
+    let xs = &x.codes[r0 * k..(r0 + R) * k];
+    let xp = xs.as_ptr();
+    let scales = &x.scale[r0 * count..(r0 + R) * count];
+    let mut acc = [s.zero(); R];
+    for g in 0..count {
+        let at = t * count + g;
+        let codes = &w.codes[at * WIDTH * per..(at + 1) * WIDTH * per];
+        let mut ints = [s.int_zero(); R];
+        if OFFSET {
+            for (r, ints) in ints.iter_mut().enumerate() {
+                *ints = s.int_splat(x.start[(r0 + r) * count + g]);
+            }
+        }
+        for q in 0..per / 4 {
+            let bytes = s.bytes64(array(codes, 64 * q));
+            if Q4 {
+                let (low, high) = (s.low_nibbles(bytes), s.high_nibbles(bytes));
+                for (r, ints) in ints.iter_mut().enumerate() {
+                    // SAFETY: r < R and g·32 + 16 + 4q + 4 <= k (q < 4), inside the R rows of
+                    // `xs`; `[i8; 4]` has i8's alignment.
+                    let (lo, hi) = unsafe {
+                        let at = xp.add(r * k + g * group + 4 * q);
+                        (&*at.cast::<[i8; 4]>(), &*at.add(16).cast::<[i8; 4]>())
+                    };
+                    *ints = s.dot_unsigned(*ints, low, s.broadcast4(lo));
+                    *ints = s.dot_unsigned(*ints, high, s.broadcast4(hi));
+                }
+            } else {
+                for (r, ints) in ints.iter_mut().enumerate() {
+                    // SAFETY: r < R and g·group + 4q + 4 <= k, inside the R rows of `xs`.
+                    let four = unsafe { &*xp.add(r * k + g * group + 4 * q).cast::<[i8; 4]>() };
+                    *ints = s.dot_signed(*ints, bytes, s.broadcast4(four));
+                }
+            }
+        }
+        let scale = s.load(array(&w.scale, at * WIDTH));
+        let min = if MIN {
+            s.load(array(&w.min, at * WIDTH))
+        } else {
+            s.zero()
+        };
+        for (r, (acc, ints)) in acc.iter_mut().zip(ints).enumerate() {
+            let step = s.mul(scale, s.splat(scales[r * count + g]));
+            *acc = s.mul_add(s.int_to_float(ints), step, *acc);
+            if MIN {
+                *acc = s.mul_add(min, s.splat(x.sum[(r0 + r) * count + g]), *acc);
+            }
+        }
+    }
+    acc
+}
+
+/// Every row of `x` against tiles `tiles` of `w`, writing `out`: rows in tiles of `T` (then
+/// 4, 2, 1).
+///
+/// # Safety
+/// `out.ptr` must point at `x.rows × out.n` writable floats (`out.n` = `w.rows()`), and no
+/// other thread may write the columns of those tiles meanwhile.
+#[inline(always)]
+pub unsafe fn block<S: Simd, const T: usize>(
+    s: S,
+    w: &Tiles,
+    x: &Inputs,
+    tiles: std::ops::Range<usize>,
+    out: Out,
+) {
+    let mut r0 = 0;
+    while r0 + T <= x.rows {
+        // SAFETY: the rows lie below x.rows and the tiles are the caller's.
+        unsafe { run::<S, T>(s, w, x, r0, tiles.clone(), out) };
+        r0 += T;
+    }
+    while r0 + 4 <= x.rows {
+        // SAFETY: as above.
+        unsafe { run::<S, 4>(s, w, x, r0, tiles.clone(), out) };
+        r0 += 4;
+    }
+    while r0 + 2 <= x.rows {
+        // SAFETY: as above.
+        unsafe { run::<S, 2>(s, w, x, r0, tiles.clone(), out) };
+        r0 += 2;
+    }
+    if r0 < x.rows {
+        // SAFETY: as above.
+        unsafe { run::<S, 1>(s, w, x, r0, tiles, out) };
+    }
+}
+
+/// # Safety
+/// As [`block`], for rows `r0..r0 + R`.
+#[inline(always)]
+unsafe fn run<S: Simd, const R: usize>(
+    s: S,
+    w: &Tiles,
+    x: &Inputs,
+    r0: usize,
+    tiles: std::ops::Range<usize>,
+    out: Out,
+) {
+    let min = !w.min.is_empty();
+    for t in tiles {
+        let acc = match (w.kind, min) {
+            (Kind::Q4 { offset: 0 }, false) => {
+                tile_rows::<S, R, true, false, false>(s, w, x, r0, t)
+            }
+            (Kind::Q4 { offset: 0 }, true) => tile_rows::<S, R, true, true, false>(s, w, x, r0, t),
+            (Kind::Q4 { .. }, false) => tile_rows::<S, R, true, false, true>(s, w, x, r0, t),
+            (Kind::Q4 { .. }, true) => tile_rows::<S, R, true, true, true>(s, w, x, r0, t),
+            (Kind::Q8, false) => tile_rows::<S, R, false, false, false>(s, w, x, r0, t),
+            (Kind::Q8, true) => tile_rows::<S, R, false, true, false>(s, w, x, r0, t),
+        };
+        let (first, count) = (t * WIDTH, (w.rows - t * WIDTH).min(WIDTH));
+        for (r, acc) in acc.into_iter().enumerate() {
+            let mut lanes = [0f32; WIDTH];
+            s.store(acc, &mut lanes);
+            // SAFETY: the caller owns columns first..first + count of rows r0..r0 + R.
+            let dst = unsafe { out.ptr.add((r0 + r) * out.n + first) };
+            // SAFETY: as above; `lanes` is a local array, never overlapping `out`.
+            unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, count) };
+        }
+    }
+}
