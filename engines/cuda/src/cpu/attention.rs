@@ -68,42 +68,72 @@ pub fn attend_tiles(
 ) {
     let isa = Isa::detected();
     let width = heads.query * heads.dim;
-    let mut parts = Vec::with_capacity(tiles.len());
+    let per_group = width / heads.kv.max(1);
+    let mut work = Vec::with_capacity(tiles.len());
     let mut rest = out;
     for tile in tiles {
         let (part, tail) = rest.split_at_mut(tile.len * width);
-        parts.push((*tile, part));
         rest = tail;
-    }
-    parts.into_par_iter().for_each_init(
-        || (Vec::new(), Vec::new()),
-        |(scores, keys), (tile, out)| {
-            let queries = &queries[tile.row * stride..];
-            if tile.len >= MIN_TILE {
-                isa.run(TileKernel {
-                    cache,
-                    heads,
-                    tile,
-                    queries,
-                    stride,
-                    out,
-                    scores,
-                    keys,
-                });
-                return;
-            }
-            for (i, out) in out.chunks_exact_mut(width).enumerate() {
-                isa.run(Row {
-                    cache,
-                    heads,
-                    q: &queries[i * stride..i * stride + width],
+        if tile.len >= MIN_TILE {
+            work.push(Work::Tile(*tile, part));
+            continue;
+        }
+        // Decoding rows: one task per row and key/value head, so a lone sequence's attention
+        // still spreads over the cores.
+        for (i, row) in part.chunks_exact_mut(width).enumerate() {
+            let at = (tile.row + i) * stride;
+            for (group, out) in row.chunks_exact_mut(per_group).enumerate() {
+                work.push(Work::Group {
+                    q: &queries[at + group * per_group..at + (group + 1) * per_group],
                     offsets: &tile.offsets[..=tile.pos + i],
+                    group,
                     out,
-                    scores,
                 });
             }
+        }
+    }
+    work.into_par_iter().for_each_init(
+        || (Vec::new(), Vec::new()),
+        |(scores, keys), work| match work {
+            Work::Tile(tile, out) => isa.run(TileKernel {
+                cache,
+                heads,
+                tile,
+                queries: &queries[tile.row * stride..],
+                stride,
+                out,
+                scores,
+                keys,
+            }),
+            Work::Group {
+                q,
+                offsets,
+                group,
+                out,
+            } => isa.run(Row {
+                cache,
+                heads,
+                q,
+                offsets,
+                group,
+                out,
+                scores,
+            }),
         },
     );
+}
+
+/// A task of [`attend_tiles`].
+enum Work<'a> {
+    /// A prefill tile and its rows of the output.
+    Tile(Tile<'a>, &'a mut [f32]),
+    /// One key/value head of one decoding row: its query heads `q` and their output.
+    Group {
+        q: &'a [f32],
+        offsets: &'a [usize],
+        group: usize,
+        out: &'a mut [f32],
+    },
 }
 
 /// One tile as a [`Kernel`].
@@ -223,12 +253,14 @@ fn softmax(p: &mut [f32]) {
     p.iter_mut().for_each(|v| *v *= inv);
 }
 
-/// One query row as a [`Kernel`].
+/// The query heads of one key/value head of one row, as a [`Kernel`]: `q` and `out` hold
+/// those heads only.
 struct Row<'a> {
     cache: Cache<'a>,
     heads: Heads,
     q: &'a [f32],
     offsets: &'a [usize],
+    group: usize,
     out: &'a mut [f32],
     scores: &'a mut Vec<f32>,
 }
@@ -244,32 +276,27 @@ impl Kernel for Row<'_> {
             dim: hd,
             scale,
         } = self.heads;
-        let group = nh / nkv;
+        let (heads, g) = (nh / nkv, self.group);
         let n = self.offsets.len();
         self.scores.clear();
-        self.scores.resize(group * n, 0.0);
-        for g in 0..nkv {
-            // Scores of the group's heads, head-major.
-            for (j, &o) in self.offsets.iter().enumerate() {
-                let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
-                for h in 0..group {
-                    let head = g * group + h;
-                    let q = &self.q[head * hd..(head + 1) * hd];
-                    self.scores[h * n + j] = dot(s, q, key) * scale;
-                }
+        self.scores.resize(heads * n, 0.0);
+        // Scores of the group's heads, head-major.
+        for (j, &o) in self.offsets.iter().enumerate() {
+            let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
+            for h in 0..heads {
+                let q = &self.q[h * hd..(h + 1) * hd];
+                self.scores[h * n + j] = dot(s, q, key) * scale;
             }
-            for h in 0..group {
-                softmax(&mut self.scores[h * n..(h + 1) * n]);
-                let head = g * group + h;
-                self.out[head * hd..(head + 1) * hd].fill(0.0);
-            }
-            for (j, &o) in self.offsets.iter().enumerate() {
-                let value = &self.cache.values[o + g * hd..o + (g + 1) * hd];
-                for h in 0..group {
-                    let head = g * group + h;
-                    let p = self.scores[h * n + j];
-                    axpy(s, p, value, &mut self.out[head * hd..(head + 1) * hd]);
-                }
+        }
+        for h in 0..heads {
+            softmax(&mut self.scores[h * n..(h + 1) * n]);
+        }
+        self.out.fill(0.0);
+        for (j, &o) in self.offsets.iter().enumerate() {
+            let value = &self.cache.values[o + g * hd..o + (g + 1) * hd];
+            for h in 0..heads {
+                let p = self.scores[h * n + j];
+                axpy(s, p, value, &mut self.out[h * hd..(h + 1) * hd]);
             }
         }
     }

@@ -1,6 +1,6 @@
 //! The CPU device: the whole model on every core, each weight matrix in the precision it was
 //! shipped in (GGUF quantized types stay quantized) and every activation in f32, except the
-//! inputs of decoding steps' products with 4- and 8-bit weights, which are rounded to bytes
+//! inputs of decoding steps' products with 4- and 8-bit layer weights, which are rounded to bytes
 //! unless [`Activations::Exact`] is asked for; the reference for correctness and the fallback
 //! where no GPU is present. Matrix products run the device's
 //! own kernels ([`matmul`], picked per instruction set at run time), parallel work the device's
@@ -43,9 +43,15 @@ impl CpuDevice {
     ) -> Result<Self, ModelError> {
         let spec = folder.spec.clone();
         let opened = Weights::open(&folder.path)?;
-        let weights = LayeredWeights::load_with(&spec, &opened, &PackedReader(&opened), |p| {
+        let mut weights = LayeredWeights::load_with(&spec, &opened, &PackedReader(&opened), |p| {
             Ok(Matrix::new(p, inputs))
         })?;
+        // The output projection keeps f32 inputs: rounding them moves near-tied logits, which
+        // decides tokens, for a fifth of a small model's products at most.
+        match weights.lm_head.as_mut() {
+            Some(head) => head.exact_inputs(),
+            None => weights.embed.exact_inputs(),
+        }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("turnpike-cpu-{i}"))

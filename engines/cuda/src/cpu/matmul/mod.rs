@@ -68,6 +68,12 @@ impl Matrix {
         };
         Self { packed, tiles }
     }
+
+    /// Keeps this matrix's inputs f32 whatever the setting (the output projection: the
+    /// logits that pick each token are worth the exact sums).
+    pub fn exact_inputs(&mut self) {
+        self.tiles = None;
+    }
 }
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`, on the current rayon pool.
