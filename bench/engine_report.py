@@ -26,6 +26,7 @@ rows = [
     ("time to first token, 512 tokens, cold (ms)", "ttft_cold_ms", False),
     ("time to first token, same prompt again (ms)", "ttft_prefix_hit_ms", False),
     ("resident memory after load (MiB)", "rss_after_load_mib", False),
+    ("resident memory, peak while loading (MiB)", "rss_load_peak_mib", False),
     ("resident memory, peak (MiB)", "rss_peak_mib", False),
 ]
 table = []

@@ -94,6 +94,7 @@ try:
         except OSError:
             time.sleep(0.1)
     rss_after_load = rss_kib("VmRSS")
+    rss_load_peak = rss_kib("VmHWM")
     complete(prompt(64), 4)
     prefill, d1, d8, d16, cold, warm = [], [], [], [], [], []
     for _ in range(RUNS):
@@ -117,6 +118,7 @@ try:
         "ttft_cold_ms": statistics.median(cold),
         "ttft_prefix_hit_ms": statistics.median(warm),
         "rss_after_load_mib": rss_after_load / 1024,
+        "rss_load_peak_mib": rss_load_peak / 1024,
         "rss_peak_mib": rss_kib("VmHWM") / 1024,
     }
 finally:

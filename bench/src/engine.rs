@@ -8,8 +8,9 @@
 //! - `decode_1`: one 16-token prompt, 128 output tokens; output tokens per second of the run;
 //! - `decode_8` / `decode_16`: 8 or 16 such requests at once; output tokens per second of the run;
 //! - `ttft_cold` / `ttft_prefix_hit`: a 512-token prompt, then the same prompt again;
-//! - `rss_after_load_mib` / `rss_peak_mib`: this process's resident memory once the model is
-//!   loaded, and its high-water mark (loading included) at the end.
+//! - `rss_after_load_mib` / `rss_load_peak_mib` / `rss_peak_mib`: this process's resident
+//!   memory once the model is loaded, its high-water mark then (loading's peak), and its
+//!   high-water mark at the end.
 
 #![allow(clippy::print_stdout, clippy::expect_used, clippy::unwrap_used)]
 
@@ -40,6 +41,7 @@ fn main() {
     // Warm up: page in the weights, start the threads.
     rt.block_on(run(&engine, "bench", vec![prompts.next(64)], 4));
     let rss_after_load = status_mib("VmRSS");
+    let rss_load_peak = status_mib("VmHWM");
 
     let mut prefill = Vec::new();
     let mut decode_1 = Vec::new();
@@ -77,6 +79,7 @@ fn main() {
         "ttft_cold_ms": median(cold),
         "ttft_prefix_hit_ms": median(warm),
         "rss_after_load_mib": rss_after_load,
+        "rss_load_peak_mib": rss_load_peak,
         "rss_peak_mib": rss_peak,
         "memory_read_gb_per_s": bandwidth,
         "stats": engine.stats().map(|s| serde_json::to_value(s).unwrap_or_default()).unwrap_or_default(),

@@ -44,13 +44,21 @@ impl CpuDevice {
         let spec = folder.spec.clone();
         let opened = Weights::open(&folder.path)?;
         let mut weights = LayeredWeights::load_with(&spec, &opened, &PackedReader(&opened), |p| {
-            Ok(Matrix::new(p, inputs))
+            Ok(Matrix::new(p))
         })?;
-        // The output projection keeps f32 inputs: rounding them moves near-tied logits, which
-        // decides tokens, for a fifth of a small model's products at most.
-        match weights.lm_head.as_mut() {
-            Some(head) => head.exact_inputs(),
-            None => weights.embed.exact_inputs(),
+        drop(opened);
+        // The layers' products may round their inputs; the output projection keeps f32
+        // inputs: rounding them moves near-tied logits, which decide tokens, and it is a fifth
+        // of a small model's products at most.
+        for layer in &mut weights.layers {
+            for matrix in [
+                &mut layer.qkv,
+                &mut layer.o,
+                &mut layer.gate_up,
+                &mut layer.down,
+            ] {
+                matrix.round_inputs(inputs);
+            }
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

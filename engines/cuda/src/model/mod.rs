@@ -5,6 +5,7 @@ pub mod config;
 pub mod gguf;
 mod layers;
 pub mod packed;
+mod pages;
 pub mod weights;
 
 use std::path::{Path, PathBuf};

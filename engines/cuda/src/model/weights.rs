@@ -144,7 +144,7 @@ impl Weights {
                 }
             });
         }
-        let (path, tensors) = self.safetensors(name)?;
+        let (path, tensors, map) = self.safetensors(name)?;
         let view = tensors
             .tensor(name)
             .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
@@ -162,11 +162,12 @@ impl Weights {
             Dtype::F16 => Codes::F16(halves(view.data())),
             _ => return Ok(Packed::f32(rows, cols, self.read(name)?.data)),
         };
+        super::pages::release(map, view.data());
         Ok(Packed { rows, cols, codes })
     }
 
-    /// The safetensors file holding `name`, parsed.
-    fn safetensors(&self, name: &str) -> Result<(&Path, SafeTensors<'_>), ModelError> {
+    /// The safetensors file holding `name`, parsed, and its map.
+    fn safetensors(&self, name: &str) -> Result<(&Path, SafeTensors<'_>, &Mmap), ModelError> {
         let &file = self
             .index
             .get(name)
@@ -174,7 +175,7 @@ impl Weights {
         let (path, map) = &self.files[file];
         let tensors = SafeTensors::deserialize(map)
             .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
-        Ok((path, tensors))
+        Ok((path, tensors, map))
     }
 
     /// Reads a tensor as f32 whatever its shape.
@@ -182,7 +183,7 @@ impl Weights {
         if let Some(file) = &self.gguf {
             return read_gguf(file, name);
         }
-        let (path, tensors) = self.safetensors(name)?;
+        let (path, tensors, map) = self.safetensors(name)?;
         let view = tensors
             .tensor(name)
             .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
@@ -201,6 +202,7 @@ impl Weights {
                 )));
             }
         };
+        super::pages::release(map, bytes);
         Ok(Tensor {
             shape: view.shape().to_vec(),
             data,

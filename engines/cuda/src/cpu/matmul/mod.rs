@@ -60,19 +60,20 @@ pub struct Matrix {
 }
 
 impl Matrix {
-    /// `packed`, with the byte kernels' layout where `inputs` asks for it.
-    pub fn new(packed: Packed, inputs: Activations) -> Self {
-        let tiles = match inputs {
-            Activations::Int8 => int8::Tiles::new(&packed),
-            Activations::Exact => None,
-        };
-        Self { packed, tiles }
+    /// `packed`, multiplied with f32 inputs.
+    pub fn new(packed: Packed) -> Self {
+        Self {
+            packed,
+            tiles: None,
+        }
     }
 
-    /// Keeps this matrix's inputs f32 whatever the setting (the output projection: the
-    /// logits that pick each token are worth the exact sums).
-    pub fn exact_inputs(&mut self) {
-        self.tiles = None;
+    /// Lays 4- and 8-bit codes out for the byte kernels where `inputs` asks for it, so
+    /// decoding steps round their inputs to bytes.
+    pub fn round_inputs(&mut self, inputs: Activations) {
+        if inputs == Activations::Int8 {
+            self.tiles = int8::Tiles::new(&self.packed);
+        }
     }
 }
 

@@ -134,7 +134,8 @@ fn every_layout_and_instruction_set_matches_a_naive_product() {
             for m in [1, 2, 3, 5, 9, 17, 33, 41] {
                 let x = values(m * k, m);
                 for inputs in [Activations::Exact, Activations::Int8] {
-                    let matrix = Matrix::new(w.clone(), inputs);
+                    let mut matrix = Matrix::new(w.clone());
+                    matrix.round_inputs(inputs);
                     let quantized = matches!(w.codes, Codes::Q4 { .. } | Codes::Q8 { .. });
                     let bytes = inputs == Activations::Int8 && quantized && m < panel::MIN_ROWS;
                     let want = naive(&x, &w, &bias, bytes);
@@ -177,18 +178,10 @@ fn rounded_inputs_stay_close_to_the_exact_product() {
             Codes::Q8 { group, .. } => *group,
             _ => 32,
         };
-        linear(
-            &x,
-            &Matrix::new(w.clone(), Activations::Exact),
-            None,
-            &mut exact,
-        );
-        linear(
-            &x,
-            &Matrix::new(w.clone(), Activations::Int8),
-            Some(&bias),
-            &mut bytes,
-        );
+        let mut rounded = Matrix::new(w.clone());
+        rounded.round_inputs(Activations::Int8);
+        linear(&x, &Matrix::new(w.clone()), None, &mut exact);
+        linear(&x, &rounded, Some(&bias), &mut bytes);
         for (i, (e, b)) in exact.iter().zip(&bytes).enumerate() {
             let (r, c) = (i / n, i % n);
             let bound: f32 = (0..k)

@@ -270,12 +270,15 @@ impl Gguf {
         Ok(&self.map[tensor.start..tensor.start + len])
     }
 
-    /// `tensor` as a matrix of its outermost dimension's rows, in its own precision.
+    /// `tensor` as a matrix of its outermost dimension's rows, in its own precision (its
+    /// pages of the file are then given back: a loader reads each tensor once).
     pub fn pack(&self, tensor: &TensorInfo) -> Result<Packed, GgufError> {
         let bytes = self.bytes(tensor)?;
         let rows = tensor.shape.first().copied().unwrap_or(1);
         let cols = tensor.values() / rows.max(1);
-        repack::pack(tensor.kind, bytes, rows, cols).ok_or_else(|| GgufError::Format {
+        let packed = repack::pack(tensor.kind, bytes, rows, cols);
+        super::pages::release(&self.map, bytes);
+        packed.ok_or_else(|| GgufError::Format {
             path: self.path.clone(),
             message: format!(
                 "tensor `{}` ({:?}, {}) does not split into rows of whole blocks",
@@ -286,11 +289,13 @@ impl Gguf {
         })
     }
 
-    /// `tensor`'s values as f32, row-major.
+    /// `tensor`'s values as f32, row-major (its pages of the file then given back).
     pub fn dequantize(&self, tensor: &TensorInfo) -> Result<Vec<f32>, GgufError> {
         let bytes = self.bytes(tensor)?;
         let mut out = vec![0.0f32; tensor.values()];
-        if !quant::dequantize(tensor.kind, bytes, &mut out) {
+        let whole = quant::dequantize(tensor.kind, bytes, &mut out);
+        super::pages::release(&self.map, bytes);
+        if !whole {
             return Err(GgufError::Format {
                 path: self.path.clone(),
                 message: format!("tensor `{}` does not hold whole blocks", tensor.name),
