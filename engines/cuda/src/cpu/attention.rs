@@ -8,6 +8,7 @@
 
 use rayon::prelude::*;
 
+use super::kv::{Cache, KvValue};
 use super::simd::{Isa, Kernel, Simd};
 
 /// The attention shape of a model.
@@ -21,15 +22,6 @@ pub struct Heads {
     pub dim: usize,
     /// `1 / sqrt(dim)`.
     pub scale: f32,
-}
-
-/// One layer's cache, read-only.
-#[derive(Clone, Copy)]
-pub struct Cache<'a> {
-    /// Keys, `token_width` per cache slot.
-    pub keys: &'a [f32],
-    /// Values, laid out like the keys.
-    pub values: &'a [f32],
 }
 
 /// Consecutive rows of one sequence: rows `row..row + len` of the batch, at positions
@@ -58,8 +50,8 @@ const MIN_TILE: usize = 4;
 /// keys is transposed once and scored against every query of the tile with no horizontal
 /// sums; then one softmax per query and one pass over the values per query with its sums in
 /// registers.
-pub fn attend_tiles(
-    cache: Cache<'_>,
+pub fn attend_tiles<V: KvValue>(
+    cache: Cache<'_, V>,
     heads: Heads,
     tiles: &[Tile<'_>],
     queries: &[f32],
@@ -137,8 +129,8 @@ enum Work<'a> {
 }
 
 /// One tile as a [`Kernel`].
-struct TileKernel<'a> {
-    cache: Cache<'a>,
+struct TileKernel<'a, V> {
+    cache: Cache<'a, V>,
     heads: Heads,
     tile: Tile<'a>,
     queries: &'a [f32],
@@ -148,7 +140,7 @@ struct TileKernel<'a> {
     keys: &'a mut Vec<f32>,
 }
 
-impl Kernel for TileKernel<'_> {
+impl<V: KvValue> Kernel for TileKernel<'_, V> {
     type Output = ();
 
     #[inline(always)]
@@ -175,8 +167,15 @@ impl Kernel for TileKernel<'_> {
                 let count = 16.min(n - kb);
                 for (j, &o) in offsets[kb..kb + count].iter().enumerate() {
                     let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
-                    for (d, &v) in key.iter().enumerate() {
-                        self.keys[d * 16 + j] = v;
+                    let mut wide = [0f32; 16];
+                    for c in 0..hd / 16 {
+                        s.store(V::load16(s, lanes(key, 16 * c)), &mut wide);
+                        for (i, &v) in wide.iter().enumerate() {
+                            self.keys[(16 * c + i) * 16 + j] = v;
+                        }
+                    }
+                    for (d, v) in key.iter().enumerate().skip(hd / 16 * 16) {
+                        self.keys[d * 16 + j] = v.get();
                     }
                 }
                 for v in 0..vectors {
@@ -214,7 +213,7 @@ impl Kernel for TileKernel<'_> {
                         for (c, acc) in acc.iter_mut().enumerate().take(w) {
                             *acc = s.mul_add(
                                 pv,
-                                s.load(lanes(self.cache.values, base + c * 16)),
+                                V::load16(s, lanes(self.cache.values, base + c * 16)),
                                 *acc,
                             );
                         }
@@ -232,7 +231,7 @@ impl Kernel for TileKernel<'_> {
                     *o = p
                         .iter()
                         .zip(offsets)
-                        .map(|(&pj, &off)| pj * self.cache.values[off + g * hd + d])
+                        .map(|(&pj, &off)| pj * self.cache.values[off + g * hd + d].get())
                         .sum();
                 }
             }
@@ -255,8 +254,8 @@ fn softmax(p: &mut [f32]) {
 
 /// The query heads of one key/value head of one row, as a [`Kernel`]: `q` and `out` hold
 /// those heads only.
-struct Row<'a> {
-    cache: Cache<'a>,
+struct Row<'a, V> {
+    cache: Cache<'a, V>,
     heads: Heads,
     q: &'a [f32],
     offsets: &'a [usize],
@@ -265,7 +264,7 @@ struct Row<'a> {
     scores: &'a mut Vec<f32>,
 }
 
-impl Kernel for Row<'_> {
+impl<V: KvValue> Kernel for Row<'_, V> {
     type Output = ();
 
     #[inline(always)]
@@ -304,7 +303,7 @@ impl Kernel for Row<'_> {
 
 /// Sixteen items of `v` from `at` as an array.
 #[inline(always)]
-fn lanes(v: &[f32], at: usize) -> &[f32; 16] {
+fn lanes<T>(v: &[T], at: usize) -> &[T; 16] {
     match v[at..at + 16].try_into() {
         Ok(a) => a,
         Err(_) => unreachable!("sixteen items are an array of sixteen"),
@@ -313,24 +312,24 @@ fn lanes(v: &[f32], at: usize) -> &[f32; 16] {
 
 /// `a · b`.
 #[inline(always)]
-fn dot<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
+fn dot<S: Simd, V: KvValue>(s: S, a: &[f32], b: &[V]) -> f32 {
     let n = a.len().min(b.len());
     let whole = n / 16 * 16;
     let mut acc = s.zero();
     for i in (0..whole).step_by(16) {
-        acc = s.mul_add(s.load(lanes(a, i)), s.load(lanes(b, i)), acc);
+        acc = s.mul_add(s.load(lanes(a, i)), V::load16(s, lanes(b, i)), acc);
     }
     let tail: f32 = a[whole..n]
         .iter()
         .zip(&b[whole..n])
-        .map(|(x, y)| x * y)
+        .map(|(x, y)| x * y.get())
         .sum();
     s.sum(acc) + tail
 }
 
 /// `out += p · v`.
 #[inline(always)]
-fn axpy<S: Simd>(s: S, p: f32, v: &[f32], out: &mut [f32]) {
+fn axpy<S: Simd, V: KvValue>(s: S, p: f32, v: &[V], out: &mut [f32]) {
     let n = v.len().min(out.len());
     let whole = n / 16 * 16;
     let ps = s.splat(p);
@@ -339,10 +338,10 @@ fn axpy<S: Simd>(s: S, p: f32, v: &[f32], out: &mut [f32]) {
             Ok(o) => o,
             Err(_) => unreachable!("sixteen items are an array of sixteen"),
         };
-        let acc = s.mul_add(ps, s.load(lanes(v, i)), s.load(o));
+        let acc = s.mul_add(ps, V::load16(s, lanes(v, i)), s.load(o));
         s.store(acc, o);
     }
     for (o, &v) in out[whole..n].iter_mut().zip(&v[whole..n]) {
-        *o += p * v;
+        *o += p * v.get();
     }
 }

@@ -3,8 +3,8 @@
 
 use rayon::prelude::*;
 
-use super::attention::{Cache, Heads, TILE_ROWS, Tile, attend_tiles};
-use super::kv::KvStore;
+use super::attention::{Heads, TILE_ROWS, Tile, attend_tiles};
+use super::kv::{KvStore, LayerCache};
 use super::linalg::{add_into, rms_norm, rope, silu_gate};
 use super::matmul::{Matrix, linear};
 use crate::device::{Chunk, DeviceError};
@@ -180,23 +180,14 @@ pub fn hidden_states(
             );
             rope(&mut row[..qw + kvw], c, s);
         });
-        {
-            let (keys, values) = kv.layer_mut(l);
-            for (r, &slot) in slots.iter().enumerate() {
-                let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
-                keys[slot..slot + kvw].copy_from_slice(&row[qw..qw + kvw]);
-                values[slot..slot + kvw].copy_from_slice(&row[qw + kvw..]);
-            }
+        for (r, &slot) in slots.iter().enumerate() {
+            let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
+            kv.write(l, slot, &row[qw..qw + kvw], &row[qw + kvw..]);
         }
-        let (keys, values) = kv.layer(l);
-        attend_tiles(
-            Cache { keys, values },
-            heads,
-            &tiles,
-            &qkv,
-            qkv_w,
-            &mut attn,
-        );
+        match kv.layer(l) {
+            LayerCache::F32(cache) => attend_tiles(cache, heads, &tiles, &qkv, qkv_w, &mut attn),
+            LayerCache::F16(cache) => attend_tiles(cache, heads, &tiles, &qkv, qkv_w, &mut attn),
+        }
         let o_bias = layer
             .o_bias
             .as_ref()

@@ -1,7 +1,7 @@
 //! The CPU device: the whole model on every core, each weight matrix in the precision it was
 //! shipped in (GGUF quantized types stay quantized) and every activation in f32, except the
-//! inputs of decoding steps' products with 4- and 8-bit layer weights, which are rounded to bytes
-//! unless [`Activations::Exact`] is asked for; the reference for correctness and the fallback
+//! inputs of decoding steps' products with 4- and 8-bit layer weights, which are rounded to
+//! bytes, and the KV cache, held in halves, unless [`Activations::Exact`] is asked for; the reference for correctness and the fallback
 //! where no GPU is present. Matrix products run the device's
 //! own kernels ([`matmul`], picked per instruction set at run time), parallel work the device's
 //! own `rayon` pool (a plugin never touches the host's global pool).
@@ -70,6 +70,7 @@ impl CpuDevice {
             num_blocks as usize,
             block_size as usize,
             spec.num_kv_heads * spec.head_dim,
+            inputs == Activations::Int8,
         );
         Ok(Self {
             inv_freq: inverse_frequencies(&spec),
@@ -124,7 +125,13 @@ impl Device for CpuDevice {
         }
         let block = self.kv.block_size;
         let blocks = tokens.len().div_ceil(block);
-        let mut scratch = KvStore::new(self.spec.num_layers, blocks, block, self.kv.token_width);
+        let mut scratch = KvStore::new(
+            self.spec.num_layers,
+            blocks,
+            block,
+            self.kv.token_width,
+            self.kv.halves(),
+        );
         let table: Vec<u32> = (0..blocks as u32).collect();
         let chunks = [crate::device::Chunk {
             tokens,

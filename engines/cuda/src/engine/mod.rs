@@ -42,14 +42,19 @@ pub struct ModelRuntime {
 
 /// Blocks the KV budget allows for this model.
 fn kv_blocks(settings: &ModelSettings, folder: &ModelFolder, max_context: usize) -> u32 {
-    let per_block = (folder.spec.kv_bytes_per_token() * settings.block_size as usize) as u64;
+    // The CPU holds the cache in halves unless its inputs are exact (see `cpu::kv`).
+    let value = match settings.cpu_activations {
+        crate::cpu::Activations::Int8 => 2,
+        crate::cpu::Activations::Exact => 4,
+    };
+    let per_token = (folder.spec.kv_values_per_token() * value) as u64;
+    let per_block = per_token * u64::from(settings.block_size);
     let available = available_memory().unwrap_or(8 << 30);
     let bytes = match settings.kv_cache {
         KvBudget::Bytes(b) => b,
         KvBudget::Fraction(f) => (available as f64 * f) as u64,
         KvBudget::Auto => {
-            let wanted = (settings.max_running * max_context) as u64
-                * folder.spec.kv_bytes_per_token() as u64;
+            let wanted = (settings.max_running * max_context) as u64 * per_token;
             wanted.min(available / 4)
         }
     };

@@ -214,9 +214,9 @@ impl ModelSpec {
         })
     }
 
-    /// Bytes of key and value cache per token, in f32.
-    pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.num_layers * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
+    /// Key and value cache entries per token (every layer).
+    pub fn kv_values_per_token(&self) -> usize {
+        2 * self.num_layers * self.num_kv_heads * self.head_dim
     }
 }
 

@@ -145,13 +145,17 @@ pub struct Inputs {
     scale: Vec<f32>,
     /// `rows × groups`: `-offset ×` the group's codes summed; empty for no offset.
     start: Vec<i32>,
-    /// `rows × groups`: the group's exact inputs summed; empty unless asked for.
+    /// `rows × groups`: the group's rounded inputs summed (step × codes summed, for the
+    /// weights' minimum); empty unless asked for.
     sum: Vec<f32>,
 }
 
 impl Inputs {
     /// `x` (rows of `k`, a multiple of `group`) for weights whose codes stand for
-    /// `code - offset`, with the exact sums a weight minimum needs when `sums`.
+    /// `code - offset`, with the sums a weight minimum needs when `sums`. The minimum meets
+    /// the rounded inputs, like the rest of the weight: the weight's rounding errors then
+    /// cancel around its centre, where against exact sums the codes (all of one sign) would
+    /// add them up.
     fn quantize(x: &[f32], k: usize, group: usize, offset: i32, sums: bool) -> Self {
         let rows = x.len().checked_div(k).unwrap_or(0);
         let count = rows * (k / group);
@@ -183,7 +187,7 @@ impl Inputs {
                 inputs.start[g] = -offset * total;
             }
             if sums {
-                inputs.sum[g] = values.iter().sum();
+                inputs.sum[g] = step * total as f32;
             }
         }
         inputs

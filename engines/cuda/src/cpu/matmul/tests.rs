@@ -84,18 +84,9 @@ fn rounded(x: &[f32], k: usize, size: usize) -> Vec<f32> {
     out
 }
 
-/// The minimum of the weight group holding value `j` of row `c` (zero without minimums).
-fn min_of(w: &Packed, c: usize, j: usize) -> f32 {
-    match &w.codes {
-        Codes::Q4 { groups, .. } => groups.min_at((c * w.cols + j) / 32),
-        Codes::Q8 { group, groups } => groups.min_at((c * w.cols + j) / group),
-        _ => 0.0,
-    }
-}
-
 /// `x · wᵀ + bias` in f64 from the weights' values, and the sum of the terms' magnitudes
 /// (what f32 rounding scales with); with `bytes`, the inputs rounded as the int8 kernels round
-/// them, except against the weights' minimums (which meet exact sums).
+/// them.
 fn naive(x: &[f32], w: &Packed, bias: &[f32], bytes: bool) -> Vec<(f32, f32)> {
     let (n, k) = (w.rows, w.cols);
     let m = x.len() / k;
@@ -115,8 +106,7 @@ fn naive(x: &[f32], w: &Packed, bias: &[f32], bytes: bool) -> Vec<(f32, f32)> {
             let (mut dot, mut size) = (0f64, 0f64);
             for j in 0..k {
                 let (v, exact, near) = (dense[c * k + j], x[r * k + j], near[r * k + j]);
-                let min = min_of(w, c, j);
-                dot += f64::from(v - min) * f64::from(near) + f64::from(min) * f64::from(exact);
+                dot += f64::from(v) * f64::from(near);
                 size += f64::from(v).abs() * f64::from(exact).abs();
             }
             (dot as f32 + bias[c], size as f32)
@@ -189,7 +179,7 @@ fn rounded_inputs_stay_close_to_the_exact_product() {
                     let first = r * k + j / size * size;
                     let group = &x[first..first + size];
                     let largest = group.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    (dense[c * k + j] - min_of(&w, c, j)).abs() * largest / 254.0
+                    dense[c * k + j].abs() * largest / 254.0
                 })
                 .sum();
             assert!(
