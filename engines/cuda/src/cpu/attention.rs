@@ -279,7 +279,63 @@ impl<V: KvValue> Kernel for Row<'_, V> {
         let n = self.offsets.len();
         self.scores.clear();
         self.scores.resize(heads * n, 0.0);
-        // Scores of the group's heads, head-major.
+        if heads > MAX_SHARED || hd % 16 != 0 {
+            self.one_head_at_a_time(s);
+            return;
+        }
+        // Scores of the group's heads, head-major: each key widened once for every head.
+        for (j, &o) in self.offsets.iter().enumerate() {
+            let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
+            let mut acc = [s.zero(); MAX_SHARED];
+            for c in 0..hd / 16 {
+                let k = V::load16(s, lanes(key, 16 * c));
+                for (h, acc) in acc.iter_mut().enumerate().take(heads) {
+                    *acc = s.mul_add(s.load(lanes(self.q, h * hd + 16 * c)), k, *acc);
+                }
+            }
+            for (h, acc) in acc.iter().enumerate().take(heads) {
+                self.scores[h * n + j] = s.sum(*acc) * scale;
+            }
+        }
+        for h in 0..heads {
+            softmax(&mut self.scores[h * n..(h + 1) * n]);
+        }
+        // Sixteen values of every head at a time, summed in registers over the positions.
+        for c in 0..hd / 16 {
+            let mut acc = [s.zero(); MAX_SHARED];
+            for (j, &o) in self.offsets.iter().enumerate() {
+                let v = V::load16(s, lanes(self.cache.values, o + g * hd + 16 * c));
+                for (h, acc) in acc.iter_mut().enumerate().take(heads) {
+                    *acc = s.mul_add(s.splat(self.scores[h * n + j]), v, *acc);
+                }
+            }
+            for (h, acc) in acc.iter().enumerate().take(heads) {
+                let at = h * hd + 16 * c;
+                let dst: &mut [f32; 16] = match (&mut self.out[at..at + 16]).try_into() {
+                    Ok(d) => d,
+                    Err(_) => unreachable!("sixteen items are an array of sixteen"),
+                };
+                s.store(*acc, dst);
+            }
+        }
+    }
+}
+
+/// Query heads sharing one key/value head that [`Row`] scores together.
+const MAX_SHARED: usize = 8;
+
+impl<V: KvValue> Row<'_, V> {
+    /// [`Row`] for other shapes: one head and one key at a time.
+    #[inline(always)]
+    fn one_head_at_a_time<S: Simd>(self, s: S) {
+        let Heads {
+            query: nh,
+            kv: nkv,
+            dim: hd,
+            scale,
+        } = self.heads;
+        let (heads, g) = (nh / nkv, self.group);
+        let n = self.offsets.len();
         for (j, &o) in self.offsets.iter().enumerate() {
             let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
             for h in 0..heads {
@@ -345,3 +401,7 @@ fn axpy<S: Simd, V: KvValue>(s: S, p: f32, v: &[V], out: &mut [f32]) {
         *o += p * v.get();
     }
 }
+
+#[cfg(test)]
+#[path = "attention_tests.rs"]
+mod tests;

@@ -1,0 +1,82 @@
+use half::f16;
+
+use super::*;
+use crate::cpu::kv::KvValue;
+
+fn values(n: usize, seed: usize) -> Vec<f32> {
+    // Multiples of 1/64 in [-1, 1]: exact in halves, so both caches hold the same numbers.
+    (0..n)
+        .map(|i| ((i * 37 + seed * 11) % 129) as f32 / 64.0 - 1.0)
+        .collect()
+}
+
+/// Attention of one query row over `positions` cached tokens, in f64.
+fn naive(heads: Heads, q: &[f32], keys: &[f32], vals: &[f32], positions: usize) -> Vec<f32> {
+    let (hd, group) = (heads.dim, heads.query / heads.kv);
+    let width = heads.kv * hd;
+    let mut out = vec![0.0; heads.query * hd];
+    for h in 0..heads.query {
+        let g = h / group;
+        let scores: Vec<f64> = (0..positions)
+            .map(|p| {
+                (0..hd)
+                    .map(|d| f64::from(q[h * hd + d]) * f64::from(keys[p * width + g * hd + d]))
+                    .sum::<f64>()
+                    * f64::from(heads.scale)
+            })
+            .collect();
+        let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        for d in 0..hd {
+            let v: f64 = (0..positions)
+                .map(|p| weights[p] / total * f64::from(vals[p * width + g * hd + d]))
+                .sum();
+            out[h * hd + d] = v as f32;
+        }
+    }
+    out
+}
+
+fn decode_row<V: KvValue>(heads: Heads, q: &[f32], keys: &[V], vals: &[V], n: usize) -> Vec<f32> {
+    let width = heads.kv * heads.dim;
+    let offsets: Vec<usize> = (0..n).map(|p| p * width).collect();
+    let tile = Tile {
+        row: 0,
+        len: 1,
+        pos: n - 1,
+        offsets: &offsets,
+    };
+    let mut out = vec![0.0; heads.query * heads.dim];
+    let cache = Cache { keys, values: vals };
+    attend_tiles(cache, heads, &[tile], q, q.len(), &mut out);
+    out
+}
+
+#[test]
+fn a_decoding_row_attends_as_a_naive_softmax_does_in_either_cache() {
+    // Heads sharing a key/value head scored together (group 3, 64 wide), and the shapes that
+    // take one head at a time (group 9; 24 wide).
+    for (query, kv, dim) in [(6, 2, 64), (18, 2, 64), (4, 2, 24)] {
+        let heads = Heads {
+            query,
+            kv,
+            dim,
+            scale: 1.0 / (dim as f32).sqrt(),
+        };
+        let n = 37;
+        let (keys, vals) = (values(n * kv * dim, 1), values(n * kv * dim, 2));
+        let q = values(query * dim, 3);
+        let want = naive(heads, &q, &keys, &vals, n);
+        let halves = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
+        let got = [
+            decode_row(heads, &q, &keys, &vals, n),
+            decode_row(heads, &q, &halves(&keys), &halves(&vals), n),
+        ];
+        for out in got {
+            for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+                assert!((a - b).abs() < 1e-5, "{query}/{kv}×{dim} [{i}]: {a} vs {b}");
+            }
+        }
+    }
+}
