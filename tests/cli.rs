@@ -14,9 +14,14 @@ use turnpike_tests::{
 };
 
 fn turnpike(args: &[&str]) -> Output {
+    turnpike_with_env(args, &[])
+}
+
+fn turnpike_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(turnpike_bin())
         .args(args)
         .env("RUST_LOG", "off")
+        .envs(env.iter().copied())
         .output()
         .expect("run turnpike")
 }
@@ -55,7 +60,11 @@ fn fixture(variant: &str) -> PathBuf {
 
 /// Runs `plugin check` expecting failure: exit 1 and exactly one line on stderr.
 fn one_line_failure(args: &[&str]) -> String {
-    let out = turnpike(args);
+    one_line_failure_with_env(args, &[])
+}
+
+fn one_line_failure_with_env(args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = turnpike_with_env(args, env);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
     assert_eq!(
@@ -371,10 +380,16 @@ fn serve_model_reads_a_hub_id_from_the_hub_cache() {
     let models = request(gateway.addr, "GET", "/v1/models");
     assert_eq!(models.json()["data"][0]["id"], "tiny-chat");
     drop(gateway);
-    // Not in the cache: one line that says how to download it.
-    let missing = one_line_failure(&["serve", "--model", "acme/absent"]);
+    // Not in the cache, offline (else it would be downloaded): one line that says how to
+    // download it.
+    let home = path_arg(home.path());
+    let missing = one_line_failure_with_env(
+        &["serve", "--model", "acme/absent"],
+        &[("HF_HOME", &home), ("HF_HUB_OFFLINE", "1")],
+    );
     assert!(
-        missing.contains("huggingface-cli download acme/absent"),
+        missing.contains("huggingface-cli download acme/absent")
+            && missing.contains("HF_HUB_OFFLINE"),
         "{missing}"
     );
 }
