@@ -19,6 +19,8 @@ pub struct Chunk<'a> {
     pub block_table: &'a [u32],
     /// Return the logits of this chunk's last token.
     pub logits: bool,
+    /// The tokens were generated, none is a prompt's (see [`PlannedChunk::generated`]).
+    pub generated: bool,
 }
 
 impl<'a> Chunk<'a> {
@@ -29,6 +31,7 @@ impl<'a> Chunk<'a> {
             start: chunk.start,
             block_table: &chunk.block_table,
             logits: chunk.sample,
+            generated: chunk.generated,
         }
     }
 }

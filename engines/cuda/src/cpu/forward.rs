@@ -147,6 +147,13 @@ pub fn hidden_states(
         }
     }
 
+    // Rows of the leading decoding chunks may round their products' inputs (see
+    // `matmul::Activations`); prompt rows never do.
+    let rounded: usize = chunks
+        .iter()
+        .take_while(|c| c.generated)
+        .map(|c| c.tokens.len())
+        .sum();
     let tiles = rows.tiles(chunks);
     let mut h = vec![0.0f32; t * d];
     let mut qkv = vec![0.0f32; t * qkv_w];
@@ -172,7 +179,7 @@ pub fn hidden_states(
             .as_ref()
             .map(|b| vector(&b.packed))
             .transpose()?;
-        linear(&h, &layer.qkv, qkv_bias, &mut qkv);
+        linear(&h, rounded, &layer.qkv, qkv_bias, &mut qkv);
         qkv.par_chunks_mut(qkv_w).enumerate().for_each(|(r, row)| {
             let (c, s) = (
                 &cos[r * half..(r + 1) * half],
@@ -193,7 +200,7 @@ pub fn hidden_states(
             .as_ref()
             .map(|b| vector(&b.packed))
             .transpose()?;
-        linear(&attn, &layer.o, o_bias, &mut proj);
+        linear(&attn, rounded, &layer.o, o_bias, &mut proj);
         add_into(&mut x, &proj);
         rms_norm(
             &x,
@@ -201,9 +208,9 @@ pub fn hidden_states(
             spec.rms_norm_eps,
             &mut h,
         );
-        linear(&h, &layer.gate_up, None, &mut gate_up);
+        linear(&h, rounded, &layer.gate_up, None, &mut gate_up);
         silu_gate(&gate_up, f, &mut act);
-        linear(&act, &layer.down, None, &mut proj);
+        linear(&act, rounded, &layer.down, None, &mut proj);
         add_into(&mut x, &proj);
     }
     Ok(x)
@@ -229,7 +236,7 @@ pub fn logits(
         &mut normed,
     );
     let mut out = vec![0.0f32; rows.len() * spec.vocab_size];
-    linear(&normed, w.output(), None, &mut out);
+    linear(&normed, 0, w.output(), None, &mut out);
     Ok(out)
 }
 

@@ -1,6 +1,6 @@
 //! The CPU device: the whole model on every core, each weight matrix in the precision it was
 //! shipped in (GGUF quantized types stay quantized) and every activation in f32, except the
-//! inputs of decoding steps' products with 4- and 8-bit layer weights, which are rounded to
+//! inputs of products with 4- and 8-bit layer weights, which are rounded to
 //! bytes, and the KV cache, held in halves, unless [`Activations::Exact`] is asked for; the reference for correctness and the fallback
 //! where no GPU is present. Matrix products run the device's
 //! own kernels ([`matmul`], picked per instruction set at run time), parallel work the device's
@@ -138,6 +138,7 @@ impl Device for CpuDevice {
             start: 0,
             block_table: &table,
             logits: false,
+            generated: false,
         }];
         let Self {
             spec,

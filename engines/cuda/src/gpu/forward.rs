@@ -431,12 +431,14 @@ mod tests {
                 start: 2,
                 block_table: &tables[0],
                 logits: true,
+                generated: false,
             },
             Chunk {
                 tokens: &decode,
                 start: 9,
                 block_table: &tables[1],
                 logits: true,
+                generated: false,
             },
         ];
         let mut s = StepInputs::layout(&chunks, 4, 8, 4).unwrap_or_default();
@@ -462,6 +464,7 @@ mod tests {
             start: 6,
             block_table: &tables[0],
             logits: false,
+            generated: false,
         }];
         assert!(
             StepInputs::layout(&short, 4, 8, 4).is_err(),
@@ -472,6 +475,7 @@ mod tests {
             start: 0,
             block_table: &[9],
             logits: false,
+            generated: false,
         }];
         assert!(
             StepInputs::layout(&outside, 4, 8, 4).is_err(),

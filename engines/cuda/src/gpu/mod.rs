@@ -332,6 +332,7 @@ impl Device for CudaDevice {
                 start: i * step,
                 block_table: &table,
                 logits: false,
+                generated: false,
             };
             let inputs = StepInputs::layout(
                 &[chunk],

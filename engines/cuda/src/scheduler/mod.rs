@@ -199,6 +199,10 @@ pub struct PlannedChunk {
     /// Prompt tokens found in the prefix cache when the sequence was (re)admitted in this step,
     /// else 0.
     pub cached_tokens: usize,
+    /// Every token of the chunk was generated (a decoding step), none is the prompt's: a
+    /// device may compute such chunks in lower precision and still give a prompt the same
+    /// logits whether a prefix-cache hit recomputes only its end or not.
+    pub generated: bool,
 }
 
 /// Counters of a [`Scheduler`].
@@ -275,6 +279,7 @@ impl Scheduler {
         self.seqs.insert(
             seq.id,
             Sequence {
+                prompt: seq.tokens.len(),
                 tokens: seq.tokens,
                 computed: 0,
                 table: Vec::new(),

@@ -147,6 +147,7 @@ impl Scheduler {
             block_table: seq.table.clone(),
             sample: end == seq.tokens.len(),
             cached_tokens,
+            generated: start >= seq.prompt,
         });
         self.fair.charge(&seq.tenant, end - start, seq.weight);
     }

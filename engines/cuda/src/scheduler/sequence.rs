@@ -7,6 +7,8 @@ use crate::kv::BlockId;
 pub(super) struct Sequence {
     /// Prompt followed by the appended (generated) tokens.
     pub(super) tokens: Vec<u32>,
+    /// Length of the prompt: tokens from here on were generated.
+    pub(super) prompt: usize,
     /// Leading tokens whose KV is computed.
     pub(super) computed: usize,
     /// Blocks holding positions `[i * block_size, (i + 1) * block_size)`.

@@ -309,17 +309,25 @@ fn a_repeated_prompt_reuses_its_partial_last_block() {
     s.add(new_seq(1, prompt.clone(), 0, "t", 1)).unwrap();
     let mut next = 0;
     // The prompt, then two decodes: the second block fills (5, 6 and two generated tokens) and
-    // is registered.
-    for _ in 0..3 {
-        step(&mut s, &mut next);
-    }
+    // is registered. Only the decodes' chunks are generated tokens.
+    let generated: Vec<bool> = (0..3)
+        .map(|_| step(&mut s, &mut next).chunks[0].generated)
+        .collect();
+    assert_eq!(generated, [false, true, true]);
     s.remove(1);
     s.add(new_seq(2, prompt, 0, "t", 1)).unwrap();
     let plan = step(&mut s, &mut next);
     let c = &plan.chunks[0];
+    // One token left to compute, as a decode would be, but it is the prompt's own.
     assert_eq!(
-        (c.cached_tokens, c.start, c.tokens.len(), c.sample),
-        (5, 5, 1, true)
+        (
+            c.cached_tokens,
+            c.start,
+            c.tokens.len(),
+            c.sample,
+            c.generated
+        ),
+        (5, 5, 1, true, false)
     );
     let [copy] = plan.copies.as_slice() else {
         panic!("one copy, not {:?}", plan.copies);

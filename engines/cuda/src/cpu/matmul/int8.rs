@@ -1,4 +1,4 @@
-//! Decoding batches against 4- and 8-bit weights with 8-bit inputs, as ggml multiplies its
+//! Products of 4- and 8-bit weights with 8-bit inputs, as ggml multiplies its
 //! quantized types: each input row is rounded once per product to signed bytes in the weights'
 //! groups (one f32 scale per group, [`Inputs`]), and four weight bytes meet four input bytes in
 //! one i32 lane ([`Simd::dot_unsigned`], [`Simd::dot_signed`]): four times the products per

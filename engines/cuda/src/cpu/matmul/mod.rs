@@ -7,7 +7,7 @@
 //! tile of input rows, and never written back. One loop ([`tile`]) serves every layout
 //! ([`rows`]) and is compiled per instruction set ([`super::simd`]). Work is split by output columns
 //! over the device's threads, so each thread streams its own weight rows once per step for
-//! the whole batch. Decoding batches against 4- and 8-bit weights may round their inputs to
+//! the whole batch. Products with 4- and 8-bit weights may round their inputs to
 //! bytes ([`Activations::Int8`], [`int8`]) to multiply four bytes per lane per instruction.
 
 mod int8;
@@ -44,8 +44,9 @@ pub enum Activations {
     /// f32, against every weight decoded to f32: the sums a reference that dequantizes the
     /// weights computes, to rounding order.
     Exact,
-    /// Rounded to bytes in groups in decoding batches (fewer than [`panel::MIN_ROWS`] rows),
-    /// as ggml does ([`int8`]); prefill stays exact.
+    /// Rounded to bytes in groups, as ggml does ([`int8`]), in decoding steps; prompts keep
+    /// them f32, so a prompt's logits are the same whether a prefix-cache hit recomputes only
+    /// its last position or not.
     #[default]
     Int8,
 }
@@ -69,7 +70,7 @@ impl Matrix {
     }
 
     /// Lays 4- and 8-bit codes out for the byte kernels where `inputs` asks for it, so
-    /// decoding steps round their inputs to bytes.
+    /// decoding steps' products round their inputs to bytes.
     pub fn round_inputs(&mut self, inputs: Activations) {
         if inputs == Activations::Int8 {
             self.tiles = int8::Tiles::new(&self.packed);
@@ -77,27 +78,43 @@ impl Matrix {
     }
 }
 
-/// `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`, on the current rayon pool.
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`, on the current rayon pool; the first
+/// `rounded` rows round their inputs to bytes where `w` is laid out for that (decoding steps),
+/// the others keep them f32 (prompts).
 ///
 /// # Panics
 /// When the shapes do not agree (a bug in the caller, never input-dependent).
-pub fn linear(x: &[f32], w: &Matrix, bias: Option<&[f32]>, out: &mut [f32]) {
-    linear_with(Isa::detected(), x, w, bias, out);
+pub fn linear(x: &[f32], rounded: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [f32]) {
+    linear_with(Isa::detected(), x, rounded, w, bias, out);
 }
 
 /// [`linear`] compiled for `isa` (the portable loop where this CPU does not run it).
-pub fn linear_with(isa: Isa, x: &[f32], w: &Matrix, bias: Option<&[f32]>, out: &mut [f32]) {
+pub fn linear_with(
+    isa: Isa,
+    x: &[f32],
+    rounded: usize,
+    w: &Matrix,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
     let (n, k) = (w.packed.rows, w.packed.cols);
     let m = x.len().checked_div(k).unwrap_or(0);
     assert_eq!(x.len(), m * k, "input shape");
     assert_eq!(out.len(), m * n, "output shape");
-    match (&w.tiles, View::of(&w.packed)) {
-        (Some(tiles), _) if m < panel::MIN_ROWS => split_int8(isa, tiles, x, out),
-        (_, View::F32(r)) => split(isa, &r, x, k, n, out),
-        (_, View::Bf16(r)) => split(isa, &r, x, k, n, out),
-        (_, View::F16(r)) => split(isa, &r, x, k, n, out),
-        (_, View::Q4(r)) => split(isa, &r, x, k, n, out),
-        (_, View::Q8(r)) => split(isa, &r, x, k, n, out),
+    let rounded = if w.tiles.is_some() { rounded.min(m) } else { 0 };
+    let (bytes, exact) = x.split_at(rounded * k);
+    let (bytes_out, exact_out) = out.split_at_mut(rounded * n);
+    if let Some(tiles) = &w.tiles
+        && rounded > 0
+    {
+        split_int8(isa, tiles, bytes, bytes_out);
+    }
+    match View::of(&w.packed) {
+        View::F32(r) => split(isa, &r, exact, k, n, exact_out),
+        View::Bf16(r) => split(isa, &r, exact, k, n, exact_out),
+        View::F16(r) => split(isa, &r, exact, k, n, exact_out),
+        View::Q4(r) => split(isa, &r, exact, k, n, exact_out),
+        View::Q8(r) => split(isa, &r, exact, k, n, exact_out),
     }
     if let Some(bias) = bias {
         for o in out.chunks_exact_mut(n) {
