@@ -8,6 +8,9 @@
 //! - `decode_1`: one 16-token prompt, 128 output tokens; output tokens per second of the run;
 //! - `decode_8` / `decode_16`: 8 or 16 such requests at once; output tokens per second of the run;
 //! - `ttft_cold` / `ttft_prefix_hit`: a 512-token prompt, then the same prompt again;
+//! - `decode_1_json` / `decode_16_json`: as `decode_1` / `decode_16` under a JSON Schema grammar
+//!   (a long array of records, so the grammar decides most tokens), and `grammar`: mask time
+//!   per token and compile time per schema, measured on the engine's grammar module directly;
 //! - `rss_after_load_mib` / `rss_load_peak_mib` / `rss_peak_mib`: this process's resident
 //!   memory once the model is loaded, its high-water mark then (loading's peak), and its
 //!   high-water mark at the end.
@@ -21,7 +24,10 @@ use serde_json::json;
 #[path = "engine_run.rs"]
 mod engine_run;
 
-use engine_run::{Prompts, Setup, median, run, setup};
+mod grammar_timing;
+
+use engine_run::{Prompts, Setup, median, params, run, run_with, setup};
+use turnpike_engine_api::docs::Grammar;
 
 const RUNS: usize = 5;
 
@@ -49,6 +55,15 @@ fn main() {
     let mut decode_16 = Vec::new();
     let mut cold = Vec::new();
     let mut warm = Vec::new();
+    let mut decode_1_json = Vec::new();
+    let mut decode_16_json = Vec::new();
+    let json = {
+        let mut p = params(128);
+        p.grammar = Some(Grammar::JsonSchema {
+            schema: grammar_timing::bench_schema(),
+        });
+        p
+    };
     for _ in 0..RUNS {
         let t = rt.block_on(run(&engine, "bench", vec![prompts.next(512)], 1));
         prefill.push(512.0 / t.end);
@@ -68,6 +83,20 @@ fn main() {
     }
     // Read before the bandwidth measurement, whose buffer would raise it.
     let rss_peak = status_mib("VmHWM");
+    // Under a grammar, after the peak is read: the peers run no such workload (their cached
+    // blocks would not count against them).
+    for _ in 0..RUNS {
+        let t = rt.block_on(run_with(
+            &engine,
+            "bench",
+            vec![prompts.next(16)],
+            json.clone(),
+        ));
+        decode_1_json.push(t.tokens as f64 / t.end);
+        let batch = (0..16).map(|_| prompts.next(16)).collect();
+        let t = rt.block_on(run_with(&engine, "bench", batch, json.clone()));
+        decode_16_json.push(t.tokens as f64 / t.end);
+    }
     let bandwidth = read_bandwidth_gb_per_s();
     let results = json!({
         "runs": RUNS,
@@ -78,6 +107,9 @@ fn main() {
         "decode_16_tokens_per_s": median(decode_16),
         "ttft_cold_ms": median(cold),
         "ttft_prefix_hit_ms": median(warm),
+        "decode_1_json_tokens_per_s": median(decode_1_json),
+        "decode_16_json_tokens_per_s": median(decode_16_json),
+        "grammar": grammar_timing::measure(&model),
         "rss_after_load_mib": rss_after_load,
         "rss_load_peak_mib": rss_load_peak,
         "rss_peak_mib": rss_peak,

@@ -106,13 +106,23 @@ pub async fn run(
     prompts: Vec<Vec<u32>>,
     max_tokens: u32,
 ) -> Timings {
+    run_with(engine, model, prompts, params(max_tokens)).await
+}
+
+/// [`run`] with every request's parameters `params`.
+pub async fn run_with(
+    engine: &EngineHandle,
+    model: &str,
+    prompts: Vec<Vec<u32>>,
+    params: GenerationParams,
+) -> Timings {
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for prompt in prompts {
         let request = EngineRequest {
             model: model.into(),
             prompt,
-            params: params(max_tokens),
+            params: params.clone(),
         };
         let mut stream = engine.submit(&request).expect("submit");
         tasks.spawn(async move {

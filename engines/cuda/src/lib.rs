@@ -16,6 +16,8 @@
 //!   preempted and later recomputed.
 //! - [`sampler`]: temperature, top-k, top-p, min-p, penalties, per-sequence seeded RNGs (the
 //!   same seed gives the same tokens whatever else is in the batch) and log probabilities.
+//! - [`grammar`]: grammar-constrained decoding (`llguidance`): a request's JSON Schema, regex
+//!   or Lark grammar bans, before each sample, every token that would leave it.
 //! - [`device`]: the seam to hardware, one trait and plain data: "run these chunks against
 //!   these block tables and give me these logits". [`cpu`] is the reference device (f32 on
 //!   every core); the CUDA device implements the same trait.
@@ -29,6 +31,7 @@ pub mod cpu;
 pub mod device;
 mod engine;
 pub mod gpu;
+pub mod grammar;
 pub mod kv;
 pub mod model;
 pub mod sampler;

@@ -22,6 +22,7 @@ use counters::Counters;
 use worker::{Command, PublishedStats, Submission, Worker};
 
 use crate::device::Device;
+use crate::grammar::Grammars;
 use crate::model::ModelFolder;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 
@@ -38,6 +39,23 @@ pub struct ModelRuntime {
     counters: Arc<Counters>,
     stats: Arc<Mutex<Option<PublishedStats>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The grammar compiler, where the model can be constrained (see [`grammars_for`]).
+    grammars: Option<Grammars>,
+}
+
+/// The grammar compiler for a model on `device` (built on first use), or `None`: grammars
+/// need the model's `tokenizer.json` and a device that hands logits to the host (the CUDA
+/// device samples on the GPU, which does not apply grammar masks yet).
+fn grammars_for(folder: &ModelFolder, device: &dyn Device) -> Option<Grammars> {
+    if device.samples() {
+        return None;
+    }
+    let tokenizer = folder.tokenizer.as_ref()?;
+    Some(Grammars::new(
+        tokenizer,
+        folder.spec.vocab_size,
+        &folder.eos_token_ids,
+    ))
 }
 
 /// Blocks the KV budget allows for this model.
@@ -152,6 +170,7 @@ impl ModelRuntime {
             .max_context
             .map_or(folder.spec.max_context, |c| c.min(folder.spec.max_context));
         let device = open_device(settings, &folder, max_context, host)?;
+        let grammars = grammars_for(&folder, device.as_ref());
         let num_blocks = device.num_blocks();
         let min_blocks = max_context.div_ceil(settings.block_size as usize);
         if (num_blocks as usize) < min_blocks {
@@ -212,7 +231,7 @@ impl ModelRuntime {
                 max_top_logprobs: turnpike_engine_api::docs::MAX_TOP_LOGPROBS,
                 sampling: true,
                 penalties: true,
-                grammar: false,
+                grammar: grammars.is_some(),
             },
         };
         Ok(Self {
@@ -226,6 +245,7 @@ impl ModelRuntime {
             counters,
             stats,
             thread: Mutex::new(Some(thread)),
+            grammars,
         })
     }
 
@@ -250,7 +270,21 @@ impl ModelRuntime {
     /// Checks a request and hands it to the worker.
     pub fn submit(&self, request: Request, sink: Sink) -> Result<(), EngineError> {
         let params = &request.params;
-        self.check(&request.prompt, params.n, params.grammar.is_some())?;
+        self.check(&request.prompt, params.n)?;
+        let constraint = match (&params.grammar, &self.grammars) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(EngineError::unsupported(format!(
+                    "model `{}` cannot constrain its output by a grammar",
+                    self.info.id
+                )));
+            }
+            (Some(grammar), Some(grammars)) => {
+                Some(grammars.constraint(grammar).map_err(|why| {
+                    EngineError::invalid_request(format!("the grammar does not compile: {why}"))
+                })?)
+            }
+        };
         let in_flight = self.counters.in_flight.fetch_add(1, Ordering::Relaxed);
         if in_flight >= self.max_queued {
             self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -259,14 +293,18 @@ impl ModelRuntime {
                 self.info.id
             )));
         }
-        let sent = self.send(Command::Submit(Box::new(Submission { request, sink })));
+        let sent = self.send(Command::Submit(Box::new(Submission {
+            request,
+            sink,
+            constraint,
+        })));
         if sent.is_err() {
             self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
         }
         sent
     }
 
-    fn check(&self, prompt: &[u32], n: u32, grammar: bool) -> Result<(), EngineError> {
+    fn check(&self, prompt: &[u32], n: u32) -> Result<(), EngineError> {
         let vocab = self.info.vocab_size;
         if prompt.is_empty() {
             return Err(EngineError::invalid_request("the prompt is empty"));
@@ -290,11 +328,6 @@ impl ModelRuntime {
                 self.info.id, self.max_n
             )));
         }
-        if grammar {
-            return Err(EngineError::unsupported(
-                "this engine does not constrain output by grammar yet",
-            ));
-        }
         Ok(())
     }
 
@@ -306,7 +339,7 @@ impl ModelRuntime {
     /// Mean-pooled last hidden states of each input, computed between steps.
     pub fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, EngineError> {
         for tokens in &inputs {
-            self.check(tokens, 1, false)?;
+            self.check(tokens, 1)?;
         }
         let (tx, rx): (SyncSender<_>, _) = std::sync::mpsc::sync_channel(1);
         self.send(Command::Embed(inputs, tx))?;
@@ -338,6 +371,13 @@ impl ModelRuntime {
             extra["prefix_hit_rate"] = json!(s.kv.prefix_hit_rate());
             extra["prefix_hit_tokens"] = json!(s.kv.prefix_hit_tokens);
             extra["evictions"] = json!(s.kv.evictions);
+        }
+        if let Some(grammars) = &self.grammars {
+            let (compiled, hits, cached) = grammars.counts();
+            extra["grammars_compiled"] = json!(compiled);
+            extra["grammar_cache_hits"] = json!(hits);
+            extra["grammars_cached"] = json!(cached);
+            extra["grammar_cache_limit"] = json!(crate::grammar::CACHED);
         }
         (
             c.completed.load(Ordering::Relaxed),

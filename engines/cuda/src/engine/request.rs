@@ -4,6 +4,7 @@
 use turnpike_engine_api::plugin::Sink;
 use turnpike_engine_api::{Finish, GenerationParams, TopLogprob, Usage};
 
+use crate::grammar::Constraint;
 use crate::sampler::{Sampled, SamplingParams, SequenceSampler, mix};
 use crate::scheduler::SeqId;
 
@@ -18,6 +19,8 @@ pub struct Choice {
     pub generated: u32,
     /// Ended.
     pub done: bool,
+    /// Where it stands in the request's grammar, when it has one.
+    pub constraint: Option<Constraint>,
 }
 
 /// What sampling a token did to a choice.
@@ -27,6 +30,8 @@ pub enum Outcome {
     Continue(u32),
     /// The choice ended.
     Ended,
+    /// The request cannot go on ([`LiveRequest::failure`] says why).
+    Failed,
 }
 
 /// A request the engine accepted.
@@ -48,6 +53,8 @@ pub struct LiveRequest {
     pub seed: u64,
     /// How the last choice to end ended.
     pub last_finish: Finish,
+    /// Why the request cannot go on, once it cannot.
+    pub failure: Option<String>,
 }
 
 /// Sampling settings of a request.
@@ -72,6 +79,7 @@ impl LiveRequest {
         prompt: &[u32],
         seq: SeqId,
         seed: u64,
+        constraint: Option<Constraint>,
     ) -> Self {
         let sampler = SequenceSampler::new(sampling(&params), mix(&[seed, 0]), prompt);
         Self {
@@ -85,9 +93,11 @@ impl LiveRequest {
                 sampler,
                 generated: 0,
                 done: false,
+                constraint,
             }],
             seed,
             last_finish: Finish::default(),
+            failure: None,
         }
     }
 
@@ -115,11 +125,13 @@ impl LiveRequest {
                 .fork(mix(&[self.seed, u64::from(i)]));
             let seq = next_seq();
             added.push(seq);
+            let constraint = self.choices[0].constraint.as_ref().map(Constraint::fork);
             self.choices.push(Choice {
                 seq,
                 sampler,
                 generated: 0,
                 done: false,
+                constraint,
             });
         }
         added
@@ -135,8 +147,25 @@ impl LiveRequest {
         max_context: u32,
     ) -> Outcome {
         let banned = self.banned(index, eos);
-        let sampled = self.choices[index].sampler.sample(logits, &banned);
+        let choice = &mut self.choices[index];
+        if let Some(constraint) = choice.constraint.as_mut()
+            && let Err(why) = constraint.mask(logits)
+        {
+            return self.fail(why);
+        }
+        let sampled = choice.sampler.sample(logits, &banned);
+        if let Some(constraint) = choice.constraint.as_mut()
+            && let Err(why) = constraint.advance(sampled.token)
+        {
+            return self.fail(why);
+        }
         self.accept(index, sampled, eos, max_context)
+    }
+
+    /// Ends the request: it cannot go on, for `why`.
+    fn fail(&mut self, why: String) -> Outcome {
+        self.failure = Some(why);
+        Outcome::Failed
     }
 
     /// What a device that samples needs for choice `index`: the uniform it draws with (the

@@ -167,6 +167,7 @@ impl Worker {
     /// Advances or ends each sampled choice, then finishes the requests whose choices all ended.
     fn apply(&mut self, targets: &[Target], outcomes: &[Option<Outcome>]) {
         let mut touched: Vec<u64> = Vec::new();
+        let mut failed: Vec<u64> = Vec::new();
         for (t, outcome) in targets.iter().zip(outcomes) {
             let Some(seq) = self
                 .requests
@@ -181,10 +182,23 @@ impl Worker {
                     self.scheduler.remove(seq);
                     self.seqs.remove(&seq);
                 }
+                Some(Outcome::Failed) => {
+                    failed.push(t.id);
+                    continue;
+                }
                 None => continue,
             }
             if touched.last() != Some(&t.id) {
                 touched.push(t.id);
+            }
+        }
+        for id in failed {
+            let why = self
+                .requests
+                .get_mut(&id)
+                .and_then(|live| live.failure.take());
+            if let Some(why) = why {
+                self.end(id, Status::InvalidRequest, &why);
             }
         }
         for id in touched {

@@ -9,11 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use turnpike_engine_api::plugin::{Host, Request, Sink};
-use turnpike_engine_api::{Finish, GenerationParams, Status, Usage};
+use turnpike_engine_api::{Finish, Status, Usage};
 
 use super::counters::Counters;
 use super::request::LiveRequest;
 use crate::device::{Batch, Chunk, Device, planned_copies};
+use crate::grammar::Constraint;
 use crate::sampler::mix;
 use crate::scheduler::{NewSequence, Scheduler, SchedulerStats, SeqId, StepPlan};
 
@@ -24,6 +25,8 @@ pub struct Submission {
     pub request: Request,
     /// Where its events go.
     pub sink: Sink,
+    /// Its grammar, compiled, when it has one.
+    pub constraint: Option<Constraint>,
 }
 
 /// What the worker is asked to do.
@@ -102,8 +105,12 @@ impl Worker {
     fn handle(&mut self, command: Command) -> bool {
         match command {
             Command::Submit(submission) => {
-                let Submission { request, sink } = *submission;
-                self.admit(request.id, request.prompt, request.params, sink);
+                let Submission {
+                    request,
+                    sink,
+                    constraint,
+                } = *submission;
+                self.admit(request, sink, constraint);
             }
             Command::Cancel(id) => self.cancel(id),
             Command::Embed(inputs, reply) => {
@@ -118,7 +125,10 @@ impl Worker {
         false
     }
 
-    fn admit(&mut self, id: u64, prompt: Vec<u32>, params: GenerationParams, sink: Sink) {
+    fn admit(&mut self, request: Request, sink: Sink, constraint: Option<Constraint>) {
+        let Request {
+            id, prompt, params, ..
+        } = request;
         let seed = match params.seed {
             Some(s) => mix(&[s]),
             None => mix(&[self.seed, id]),
@@ -144,7 +154,7 @@ impl Worker {
             return;
         }
         let zero_tokens = params.max_tokens == 0;
-        let mut live = LiveRequest::new(sink, params, &prompt, seq, seed);
+        let mut live = LiveRequest::new(sink, params, &prompt, seq, seed, constraint);
         if zero_tokens {
             live.last_finish = Finish::length();
             self.requests.insert(id, live);

@@ -1,0 +1,266 @@
+//! Grammar-constrained decoding: a request's [`Grammar`] (any JSON object, a JSON Schema, a
+//! regular expression or a Lark grammar) limits each token a choice may sample to those that
+//! keep the output inside the grammar, with `llguidance` (the library OpenAI's Structured
+//! Outputs and most serving engines use) over the model's own vocabulary.
+//!
+//! [`Grammars`] is built once per model, on first use, from its `tokenizer.json` (each token's
+//! bytes in a trie) and compiles a request's grammar when the request is submitted, on the
+//! caller's thread; compiled grammars are kept in a small cache keyed by the grammar, so a repeated
+//! schema costs a clone. Each choice then holds a [`Constraint`]: before sampling it bans every
+//! token the grammar does not allow next (their logits become −∞, so no sampler setting can
+//! pick one), and after sampling it advances with the token. Once the grammar is complete, only
+//! end-of-sequence is allowed. A grammar that allows nothing (it cannot be completed under the
+//! request's other rules) ends the request with an error rather than sampling a banned token.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{Value, json};
+use turnpike_engine_api::docs::Grammar;
+
+/// Compiled grammars kept per model.
+pub const CACHED: usize = 64;
+
+/// The model's vocabulary as the grammar library reads it.
+struct Vocabulary {
+    trie: TokTrie,
+}
+
+impl TokenizerEnv for Vocabulary {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        // Only for text the grammar forces; any tokenization of it is a valid one.
+        self.trie.greedy_tokenize(s)
+    }
+}
+
+/// A model's grammar compiler, built on first use (its vocabulary trie takes tens of
+/// megabytes, which a deployment that never constrains output should not pay).
+pub struct Grammars {
+    tokenizer: PathBuf,
+    vocab: usize,
+    eos: Vec<u32>,
+    compiler: OnceLock<Result<Compiler, String>>,
+}
+
+impl Grammars {
+    /// The compiler for a model whose logits have `vocab` entries and whose end-of-sequence
+    /// ids are `eos`, over the tokens of `tokenizer` (a `tokenizer.json`), loaded on first use.
+    pub fn new(tokenizer: &Path, vocab: usize, eos: &[u32]) -> Self {
+        Self {
+            tokenizer: tokenizer.to_path_buf(),
+            vocab,
+            eos: eos.to_vec(),
+            compiler: OnceLock::new(),
+        }
+    }
+
+    /// Builds the compiler now (else the first grammar does).
+    pub fn load(&self) -> Result<(), String> {
+        self.compiler().map(|_| ())
+    }
+
+    fn compiler(&self) -> Result<&Compiler, String> {
+        self.compiler
+            .get_or_init(|| Compiler::load(&self.tokenizer, self.vocab, &self.eos))
+            .as_ref()
+            .map_err(|why| format!("the grammar compiler cannot load: {why}"))
+    }
+
+    /// A fresh constraint for `grammar`, compiled or from the cache; the error is the
+    /// compiler's one-line reason.
+    pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint, String> {
+        self.compiler()?.constraint(grammar)
+    }
+
+    /// `(compiled, cache hits, cached)` so far.
+    pub fn counts(&self) -> (u64, u64, usize) {
+        match self.compiler.get() {
+            Some(Ok(compiler)) => compiler.counts(),
+            _ => (0, 0, 0),
+        }
+    }
+}
+
+/// The grammar library's parser factory over a model's vocabulary, and its cache of compiled
+/// grammars.
+struct Compiler {
+    factory: ParserFactory,
+    cache: Mutex<Cache>,
+}
+
+#[derive(Default)]
+struct Cache {
+    /// Most recently used last.
+    entries: VecDeque<(String, Matcher)>,
+    hits: u64,
+    compiled: u64,
+}
+
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars")
+            .field("tokenizer", &self.tokenizer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Compiler {
+    fn load(tokenizer: &Path, vocab: usize, eos: &[u32]) -> Result<Self, String> {
+        let fail = |e: String| format!("{}: {e}", tokenizer.display());
+        let text = std::fs::read(tokenizer).map_err(|e| fail(e.to_string()))?;
+        let json: Value = serde_json::from_slice(&text).map_err(|e| fail(e.to_string()))?;
+        let mut words =
+            llguidance::token_bytes_from_tokenizer_json(&json).map_err(|e| fail(e.to_string()))?;
+        if words.len() > vocab {
+            return Err(fail(format!(
+                "{} tokens, more than the model's {vocab} logits",
+                words.len()
+            )));
+        }
+        // Ids the tokenizer does not name (padding rows of the logits) are never allowed.
+        words.resize(vocab, Vec::new());
+        let Some(&first) = eos.first() else {
+            return Err("the model names no end-of-sequence token".into());
+        };
+        if let Some(bad) = eos.iter().find(|&&t| t as usize >= vocab) {
+            return Err(format!(
+                "end-of-sequence id {bad} is outside the vocabulary"
+            ));
+        }
+        let trie = TokTrie::from(&TokRxInfo::new(vocab as u32, first), &words).with_eos_tokens(eos);
+        let env: TokEnv = Arc::new(Vocabulary { trie });
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| fail(e.to_string()))?;
+        factory.set_stderr_log_level(0);
+        Ok(Self {
+            factory,
+            cache: Mutex::new(Cache::default()),
+        })
+    }
+
+    fn constraint(&self, grammar: &Grammar) -> Result<Constraint, String> {
+        let key = serde_json::to_string(grammar).map_err(|e| e.to_string())?;
+        if let Ok(mut cache) = self.cache.lock()
+            && let Some(at) = cache.entries.iter().position(|(k, _)| *k == key)
+            && let Some(entry) = cache.entries.remove(at)
+        {
+            let matcher = entry.1.deep_clone();
+            cache.entries.push_back(entry);
+            cache.hits += 1;
+            return Ok(Constraint { matcher });
+        }
+        let parser = self
+            .factory
+            .create_parser(top_level(grammar))
+            .map_err(|e| e.to_string())?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(error) = matcher.get_error() {
+            return Err(error);
+        }
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.compiled += 1;
+            if cache.entries.len() >= CACHED {
+                cache.entries.pop_front();
+            }
+            cache.entries.push_back((key, matcher.deep_clone()));
+        }
+        Ok(Constraint { matcher })
+    }
+
+    fn counts(&self) -> (u64, u64, usize) {
+        self.cache
+            .lock()
+            .map(|c| (c.compiled, c.hits, c.entries.len()))
+            .unwrap_or_default()
+    }
+}
+
+/// The library's form of a grammar. JSON is compact (no whitespace between tokens beyond
+/// what a schema's strings hold), as OpenAI's Structured Outputs write it, so a model cannot
+/// spend its tokens on indentation.
+fn top_level(grammar: &Grammar) -> TopLevelGrammar {
+    let compact = |mut schema: Value| {
+        if let Value::Object(map) = &mut schema {
+            map.entry("x-guidance")
+                .or_insert_with(|| json!({"whitespace_flexible": false}));
+        }
+        TopLevelGrammar::from_json_schema(schema)
+    };
+    match grammar {
+        Grammar::JsonObject => compact(json!({"type": "object"})),
+        Grammar::JsonSchema { schema } => compact(schema.clone()),
+        Grammar::Regex { pattern } => TopLevelGrammar::from_regex(pattern),
+        Grammar::Lark { grammar } => TopLevelGrammar::from_lark(grammar.clone()),
+    }
+}
+
+/// One choice's place in its grammar.
+pub struct Constraint {
+    matcher: Matcher,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint").finish_non_exhaustive()
+    }
+}
+
+impl Constraint {
+    /// An independent copy at the same place (for another choice).
+    pub fn fork(&self) -> Self {
+        Self {
+            matcher: self.matcher.deep_clone(),
+        }
+    }
+
+    /// Sets the logit of every token the grammar does not allow next to −∞. An error when it
+    /// allows none of them.
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        let allowed = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| e.to_string())?;
+        let words = allowed.as_slice();
+        let mut any = false;
+        for (w, chunk) in logits.chunks_mut(32).enumerate() {
+            let bits = words.get(w).copied().unwrap_or(0);
+            if bits == 0 {
+                chunk.fill(f32::NEG_INFINITY);
+                continue;
+            }
+            any = true;
+            if bits == u32::MAX {
+                continue;
+            }
+            for (b, logit) in chunk.iter_mut().enumerate() {
+                if bits >> b & 1 == 0 {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
+        if any {
+            Ok(())
+        } else {
+            Err("the output's grammar allows no token here".into())
+        }
+    }
+
+    /// Moves past `token` (one the last [`Constraint::mask`] allowed).
+    pub fn advance(&mut self, token: u32) -> Result<(), String> {
+        if self.matcher.is_stopped() {
+            // Complete: the token is end-of-sequence, which ends the choice.
+            return Ok(());
+        }
+        self.matcher.consume_token(token).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests;

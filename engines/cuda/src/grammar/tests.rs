@@ -1,0 +1,164 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use turnpike_tools::model::{MakeOptions, preset, write_model};
+
+use super::*;
+use crate::model::ModelFolder;
+
+/// The `tiny` model's folder, its grammar compiler, and its end-of-sequence ids.
+fn tiny() -> (tempfile::TempDir, Grammars, Vec<u32>, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = preset("tiny").unwrap();
+    let options = MakeOptions {
+        seed: 1,
+        dtype: None,
+        shard_bytes: None,
+    };
+    write_model(&tiny, dir.path(), options).unwrap();
+    let folder = ModelFolder::open(dir.path()).unwrap();
+    let tokenizer = folder.tokenizer.clone().unwrap();
+    let vocab = folder.spec.vocab_size;
+    let grammars = Grammars::new(&tokenizer, vocab, &folder.eos_token_ids);
+    (dir, grammars, folder.eos_token_ids, vocab)
+}
+
+/// Decodes under `constraint` with pseudo-random logits until it allows only end-of-sequence
+/// (or `limit` tokens); the tokens' bytes.
+fn decode(
+    grammars: &Grammars,
+    mut c: Constraint,
+    eos: &[u32],
+    vocab: usize,
+    limit: usize,
+) -> Vec<u8> {
+    let trie = grammars
+        .compiler()
+        .unwrap()
+        .factory
+        .tok_env()
+        .tok_trie()
+        .clone();
+    let mut out = Vec::new();
+    let mut state = 12345u64;
+    for _ in 0..limit {
+        let mut logits: Vec<f32> = (0..vocab)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 40) as f32 / (1u64 << 24) as f32
+            })
+            .collect();
+        c.mask(&mut logits).unwrap();
+        let (best, _) = logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap();
+        let token = best as u32;
+        c.advance(token).unwrap();
+        if eos.contains(&token) {
+            return out;
+        }
+        out.extend(trie.decode(&[token]));
+    }
+    panic!(
+        "no end after {limit} tokens: {}",
+        String::from_utf8_lossy(&out)
+    );
+}
+
+#[test]
+fn every_sampled_token_stays_in_the_grammar_until_only_the_end_is_left() {
+    let (_dir, grammars, eos, vocab) = tiny();
+    let regex = Grammar::Regex {
+        pattern: "(yes|no) [0-9]{2}".into(),
+    };
+    let text = decode(
+        &grammars,
+        grammars.constraint(&regex).unwrap(),
+        &eos,
+        vocab,
+        64,
+    );
+    let text = String::from_utf8(text).unwrap();
+    assert!(
+        (text.starts_with("yes ") || text.starts_with("no "))
+            && text.len() - text.find(' ').unwrap() == 3,
+        "{text:?}"
+    );
+    let schema = Grammar::JsonSchema {
+        schema: json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                       "required": ["n"], "additionalProperties": false}),
+    };
+    let text = decode(
+        &grammars,
+        grammars.constraint(&schema).unwrap(),
+        &eos,
+        vocab,
+        64,
+    );
+    let value: Value = serde_json::from_slice(&text).unwrap();
+    assert!(value["n"].as_u64().is_some_and(|n| n <= 9), "{value}");
+}
+
+#[test]
+fn a_repeated_grammar_is_compiled_once_and_forks_are_independent() {
+    let (_dir, grammars, eos, vocab) = tiny();
+    let g = Grammar::Regex {
+        pattern: "[ab]{3}".into(),
+    };
+    let first = grammars.constraint(&g).unwrap();
+    let fork = first.fork();
+    let _again = grammars.constraint(&g).unwrap();
+    assert_eq!(grammars.counts(), (1, 1, 1));
+    // Both copies reach the end on their own.
+    assert_eq!(decode(&grammars, first, &eos, vocab, 16).len(), 3);
+    assert_eq!(decode(&grammars, fork, &eos, vocab, 16).len(), 3);
+}
+
+#[test]
+fn what_does_not_compile_is_a_reason_not_a_panic() {
+    let (_dir, grammars, _, _) = tiny();
+    for (grammar, words) in [
+        (
+            Grammar::JsonSchema {
+                schema: json!({"type": "string", "format": "no-such-format"}),
+            },
+            "format",
+        ),
+        (
+            Grammar::Lark {
+                grammar: "start: missing".into(),
+            },
+            "missing",
+        ),
+        (
+            Grammar::Regex {
+                pattern: "(unclosed".into(),
+            },
+            "",
+        ),
+    ] {
+        let why = grammars.constraint(&grammar).unwrap_err();
+        assert!(why.contains(words), "{why}");
+    }
+}
+
+#[test]
+fn a_grammar_left_with_nothing_allowed_is_an_error() {
+    let (_dir, grammars, _, vocab) = tiny();
+    let c = grammars
+        .constraint(&Grammar::Regex {
+            pattern: "a".into(),
+        })
+        .unwrap();
+    let mut logits = vec![0.0; vocab];
+    c.fork().mask(&mut logits).unwrap();
+    assert!(logits.iter().any(|l| l.is_finite()));
+    // The first ids (the tokenizer's special tokens) are not allowed: a row holding only them
+    // leaves nothing to sample, and the constraint says so rather than let one be picked.
+    assert!(logits[..3].iter().all(|l| l.is_infinite()));
+    let why = c.fork().mask(&mut [0.0; 3]).unwrap_err();
+    assert!(why.contains("allows no token"), "{why}");
+}

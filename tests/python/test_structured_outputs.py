@@ -1,0 +1,155 @@
+"""Structured outputs through the default engine (CPU device): `response_format` with a JSON
+Schema or `json_object`, and the Responses API's `text.format`, constrain decoding by a grammar
+(llguidance in the engine), so every answer parses and validates against its schema, whatever
+the model's weights. The `tiny` model's are random, which makes it a hard test: nothing but the
+grammar keeps its output in shape. Driven by the official `openai` SDK; answers are checked with
+`jsonschema`."""
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel
+
+from test_default_engine import tiny, tiny_gateway  # noqa: F401 (fixtures)
+from test_gguf_model import GGUF, smollm2  # noqa: F401 (fixture)
+
+# Leaves a random model cannot run away with: bounded strings, numbers and choices.
+LEAVES = {
+    "name": {"type": "string", "maxLength": 8},
+    "word": {"type": "string", "pattern": "^[a-z]{1,6}$"},
+    "colour": {"enum": ["red", "green", "blue"]},
+    "count": {"type": "integer", "minimum": 0, "maximum": 99},
+    "delta": {"type": "integer", "minimum": -5, "maximum": 5},
+    "ratio": {"type": "number", "enum": [0.25, 0.5, 0.75]},
+    "flag": {"type": "boolean"},
+    "nothing": {"type": "null"},
+    "fixed": {"const": "v1"},
+    "day": {"type": "string", "format": "date"},
+}
+
+
+def obj(properties):
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def schemas():
+    """Fifty schemas: each leaf alone in an object, in a bounded array, nested two objects deep,
+    behind a `$ref`, and in an `anyOf` with another leaf."""
+    out = []
+    names = list(LEAVES)
+    for i, (name, leaf) in enumerate(LEAVES.items()):
+        other = LEAVES[names[(i + 1) % len(names)]]
+        out.append((f"{name}", obj({name: leaf})))
+        out.append((f"{name}[]", obj({"items": {"type": "array", "items": leaf, "minItems": 1, "maxItems": 3}})))
+        out.append((f"nested {name}", obj({"outer": obj({"inner": leaf, "flag": LEAVES["flag"]})})))
+        out.append(
+            (
+                f"$ref {name}",
+                {**obj({"a": {"$ref": "#/$defs/leaf"}, "b": {"$ref": "#/$defs/leaf"}}), "$defs": {"leaf": leaf}},
+            )
+        )
+        out.append((f"anyOf {name}", obj({"either": {"anyOf": [leaf, other]}})))
+    return out
+
+
+SCHEMAS = schemas()
+MESSAGES = [{"role": "user", "content": "Fill in the form."}]
+
+
+def format_for(schema):
+    return {"type": "json_schema", "json_schema": {"name": "form", "schema": schema, "strict": True}}
+
+
+@pytest.mark.parametrize("label,schema", SCHEMAS, ids=[label for label, _ in SCHEMAS])
+def test_every_answer_parses_and_validates(tiny, label, schema):
+    r = tiny.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,
+        response_format=format_for(schema),
+        max_tokens=400,
+        temperature=1.0,
+        seed=len(label),
+        n=2,
+    )
+    assert len(r.choices) == 2
+    for choice in r.choices:
+        assert choice.finish_reason == "stop", choice
+        jsonschema.validate(json.loads(choice.message.content), schema)
+
+
+@pytest.mark.parametrize("label,schema", SCHEMAS[::5], ids=[label for label, _ in SCHEMAS[::5]])
+def test_streamed_answers_are_the_non_streamed_ones(tiny, label, schema):
+    request = dict(model="tiny", messages=MESSAGES, response_format=format_for(schema), max_tokens=400, seed=3)
+    whole = tiny.chat.completions.create(**request).choices[0].message.content
+    chunks = tiny.chat.completions.create(**request, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole
+    jsonschema.validate(json.loads(streamed), schema)
+
+
+class Form(BaseModel):
+    colour: str
+    count: int
+    flag: bool
+
+
+ASK = [{"role": "user", "content": "Describe the sky as a colour, a count of clouds and whether it rains."}]
+needs_smollm2 = pytest.mark.skipif(not GGUF, reason="TURNPIKE_SMOLLM2_GGUF is not set (tests/run.sh sets it)")
+
+
+@needs_smollm2
+def test_the_sdk_parses_chat_into_a_pydantic_model(smollm2):
+    # A real model (SmolLM2) under the SDK's strict schema of a pydantic model: free strings
+    # and integers, so the answer ends when the model ends it.
+    request = dict(model="smollm2", messages=ASK, response_format=Form, max_tokens=200, temperature=0)
+    r = smollm2.chat.completions.parse(**request)
+    assert isinstance(r.choices[0].message.parsed, Form)
+    with smollm2.chat.completions.stream(**request) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].message.parsed == r.choices[0].message.parsed
+
+
+@needs_smollm2
+def test_the_sdk_parses_a_response_into_a_pydantic_model(smollm2):
+    r = smollm2.responses.parse(model="smollm2", input=ASK[0]["content"], text_format=Form, max_output_tokens=200)
+    assert isinstance(r.output_parsed, Form)
+
+
+@needs_smollm2
+def test_json_object_gives_an_object(smollm2):
+    r = smollm2.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Give me a JSON object with your name."}],
+        response_format={"type": "json_object"},
+        max_tokens=200,
+    )
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_responses_text_format_constrains_output(tiny):
+    schema = obj({"colour": LEAVES["colour"], "count": LEAVES["count"]})
+    r = tiny.responses.create(
+        model="tiny",
+        input="Fill in the form.",
+        text={"format": {"type": "json_schema", "name": "form", "schema": schema, "strict": True}},
+        max_output_tokens=200,
+    )
+    jsonschema.validate(json.loads(r.output_text), schema)
+
+
+def test_a_schema_that_does_not_compile_is_a_400(tiny):
+    for schema, words in [
+        ({"type": "object", "properties": {"a": {"type": "string", "format": "no-such-format"}}}, "format"),
+        ({"type": "integer", "minimum": 5, "maximum": 1}, "minimum"),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as raised:
+            tiny.chat.completions.create(model="tiny", messages=MESSAGES, response_format=format_for(schema), max_tokens=8)
+        assert words in raised.value.message, raised.value.message
