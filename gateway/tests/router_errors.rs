@@ -90,7 +90,6 @@ async fn unsupported_features_are_refused_not_ignored() {
     for (extra, param) in [
         (json!({"n": 9}), "n"),
         (json!({"logit_bias": {"5": 10}}), "logit_bias"),
-        (json!({"tool_choice": "required"}), "tool_choice"),
         (
             json!({"response_format": {"type": "json_object"}}),
             "response_format",
@@ -107,6 +106,13 @@ async fn unsupported_features_are_refused_not_ignored() {
             "{extra}: {e}"
         );
     }
+    // Forcing a call needs tools to call (a model that cannot be forced is in router_tools).
+    let e = chat_error(json!({"tool_choice": "required"}), 400).await;
+    assert_eq!(
+        (e["param"].as_str(), e["code"].as_str()),
+        (Some("tool_choice"), Some("invalid_value")),
+        "{e}"
+    );
     let (_, app) = app(Box::new(|_| Ok(say("ok"))));
     let e = error_of(
         &post(

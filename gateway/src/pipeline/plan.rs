@@ -10,7 +10,7 @@ use turnpike_engine_api::Grammar;
 
 use super::request::{GenerationRequest, OutputFormat, ParamNames, Prompt, ToolChoice, Tools};
 use super::run::{Job, ToolSetup};
-use super::{params, prompt};
+use super::{forced_call, params, prompt};
 use crate::engine_host::{Defaults, ServedModel};
 use crate::error::ApiError;
 
@@ -49,7 +49,7 @@ pub(crate) fn plan(
     retry_after: Duration,
 ) -> Result<Plan, ApiError> {
     let names = req.names;
-    let tools = tool_setup(&req.tools, names, model)?;
+    let (tools, forced_call) = tool_setup(&req.tools, names, model)?;
     let mut p = params::generation_params(&req.sampling, model, defaults)?;
     let stop = params::stop_strings(req.sampling.stop.as_ref())?;
     let top = match &req.top_logprobs {
@@ -66,6 +66,18 @@ pub(crate) fn plan(
     p.logprobs = logprobs.is_some();
     p.top_logprobs = logprobs.unwrap_or(0);
     p.grammar = grammar(&req.output, names, model)?;
+    if let Some(call) = forced_call {
+        if p.grammar.is_some() {
+            return Err(ApiError::invalid(
+                names.tool_choice,
+                format!(
+                    "a forced tool call and '{}' cannot both shape the output",
+                    names.output
+                ),
+            ));
+        }
+        p.grammar = Some(call);
+    }
     let budget = params::prompt_limit(model, defaults);
     let (prompts, prompt_texts, reasoning) = match &req.prompt {
         Prompt::Chat {
@@ -125,29 +137,43 @@ pub(crate) fn plan(
     })
 }
 
-/// Whether and how to parse tool calls: only when tools are offered and the model may choose.
-/// Forcing a call is refused, as is offering tools to a model whose tool-call format is not
-/// configured (its calls would come back as text nobody parses).
+/// Whether and how to parse tool calls (only when tools are offered and the model may call
+/// them), and the grammar that forces a call when `tool_choice` asks for one. Offering tools to
+/// a model whose tool-call format is not configured is refused (its calls would come back as
+/// text nobody parses), as is forcing a call on a model that cannot constrain its output.
 fn tool_setup(
     tools: &Tools,
     names: ParamNames,
     model: &ServedModel,
-) -> Result<Option<ToolSetup>, ApiError> {
-    match tools.choice {
-        ToolChoice::None => return Ok(None),
-        ToolChoice::Forced => {
+) -> Result<(Option<ToolSetup>, Option<Grammar>), ApiError> {
+    let forced: Option<Vec<usize>> = match &tools.choice {
+        ToolChoice::None => return Ok((None, None)),
+        ToolChoice::Auto => None,
+        ToolChoice::Required => Some((0..tools.names.len()).collect()),
+        ToolChoice::Named(name) => match tools.names.iter().position(|n| n == name) {
+            Some(i) => Some(vec![i]),
+            None => {
+                return Err(ApiError::invalid(
+                    names.tool_choice,
+                    format!("tool_choice names function `{name}`, which is not among the tools"),
+                ));
+            }
+        },
+        ToolChoice::Other => {
             return Err(ApiError::unsupported(
                 names.tool_choice,
-                format!(
-                    "model `{}` cannot be made to call a tool; use 'auto' or 'none'",
-                    model.id
-                ),
+                "expected 'auto', 'none', 'required' or a function by name",
             ));
         }
-        ToolChoice::Auto => {}
-    }
+    };
     if tools.names.is_empty() {
-        return Ok(None);
+        if forced.is_some() {
+            return Err(ApiError::invalid(
+                names.tool_choice,
+                "a call is required but no tools are offered",
+            ));
+        }
+        return Ok((None, None));
     }
     let Some(format) = model.tool_call_parser else {
         return Err(ApiError::unsupported(
@@ -158,11 +184,29 @@ fn tool_setup(
             ),
         ));
     };
-    Ok(Some(ToolSetup {
+    let setup = ToolSetup {
         format,
         names: tools.names.clone(),
         max_calls: if tools.parallel { usize::MAX } else { 1 },
-    }))
+    };
+    let Some(indices) = forced else {
+        return Ok((Some(setup), None));
+    };
+    let offered: Vec<(&str, &serde_json::Value)> = indices
+        .iter()
+        .filter_map(|&i| Some((tools.names.get(i)?.as_str(), tools.schemas.get(i)?)))
+        .collect();
+    if !model.info.capabilities.grammar {
+        return Err(ApiError::unsupported(
+            names.tool_choice,
+            format!(
+                "model `{}` cannot be made to call a tool (it cannot constrain its output by a grammar); use 'auto' or 'none'",
+                model.id
+            ),
+        ));
+    }
+    let grammar = forced_call::grammar(format, &offered, tools.parallel);
+    Ok((Some(setup), Some(grammar)))
 }
 
 /// The grammar an output format needs, if the model can enforce it.

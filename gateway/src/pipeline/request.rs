@@ -60,6 +60,8 @@ pub enum Prompt {
 pub struct Tools {
     /// Names of the functions offered (empty: none).
     pub names: Vec<String>,
+    /// Each function's `parameters` JSON Schema, in the order of `names`.
+    pub schemas: Vec<Value>,
     /// Whether the model may call them.
     pub choice: ToolChoice,
     /// Whether one choice may call several.
@@ -67,15 +69,19 @@ pub struct Tools {
 }
 
 /// Whether the model may call the tools offered.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum ToolChoice {
     /// It decides.
     #[default]
     Auto,
     /// It may not (and is not shown them).
     None,
-    /// It must call one (refused: no engine can be made to).
-    Forced,
+    /// It must call one of them (`required`).
+    Required,
+    /// It must call this one.
+    Named(String),
+    /// A choice this gateway does not know how to force (refused).
+    Other,
 }
 
 /// A shape the output must take.

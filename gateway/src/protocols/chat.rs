@@ -86,6 +86,15 @@ pub(crate) fn generation_request(
         top_logprobs: req.top_logprobs.clone(),
         tools: Tools {
             names: offered.iter().map(|t| t.function.name.clone()).collect(),
+            schemas: offered
+                .iter()
+                .map(|t| {
+                    t.function
+                        .parameters
+                        .clone()
+                        .unwrap_or_else(|| json!({"type": "object"}))
+                })
+                .collect(),
             choice: messages::tool_choice(req.tool_choice.as_ref()),
             parallel: req.parallel_tool_calls.unwrap_or(true),
         },

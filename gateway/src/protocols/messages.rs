@@ -139,13 +139,23 @@ pub(crate) fn template_tools(tools: &[Tool]) -> Result<Value, ApiError> {
     })
 }
 
-/// `tool_choice`: `auto` (or unset), `none`, or anything else (`required`, a named function),
-/// which would force a call.
+/// `tool_choice`: `auto` (or unset), `none`, `required`, or a named function
+/// (`{"type": "function", "function": {"name": ...}}` in chat, `{"type": "function", "name":
+/// ...}` in the Responses API); anything else is [`ToolChoice::Other`].
 pub(crate) fn tool_choice(choice: Option<&Value>) -> ToolChoice {
     match choice {
         None | Some(Value::Null) => ToolChoice::Auto,
         Some(Value::String(s)) if s == "none" => ToolChoice::None,
         Some(Value::String(s)) if s == "auto" => ToolChoice::Auto,
-        Some(_) => ToolChoice::Forced,
+        Some(Value::String(s)) if s == "required" => ToolChoice::Required,
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .or_else(|| o.get("name"))
+                .and_then(Value::as_str);
+            name.map_or(ToolChoice::Other, |n| ToolChoice::Named(n.to_string()))
+        }
+        Some(_) => ToolChoice::Other,
     }
 }

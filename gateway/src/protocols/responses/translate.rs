@@ -130,6 +130,15 @@ pub(crate) fn generation_request(
         top_logprobs: req.top_logprobs.clone().filter(|_| wants_logprobs),
         tools: Tools {
             names: tools.iter().map(|t| t.function.name.clone()).collect(),
+            schemas: tools
+                .iter()
+                .map(|t| {
+                    t.function
+                        .parameters
+                        .clone()
+                        .unwrap_or_else(|| serde_json::json!({"type": "object"}))
+                })
+                .collect(),
             choice: messages::tool_choice(req.tool_choice.as_ref()),
             parallel: req.parallel_tool_calls.unwrap_or(true),
         },

@@ -1,0 +1,101 @@
+"""Forced tool calls through the default engine (CPU device): `tool_choice: "required"` or a
+named function become a grammar that writes the model's own tool-call envelope (`hermes`
+blocks, or a `llama3_json` call) with the function's parameters schema applied to the
+arguments, so the gateway's parsers return real `tool_calls`, streamed and not. The `tiny`
+model's weights are random: nothing but the grammar makes it call anything. Official SDK."""
+
+import json
+import subprocess
+
+import jsonschema
+import openai
+import pytest
+
+from conftest import BIN
+from tenancy_support import Gateway
+from test_default_engine import PLUGIN
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"tz": {"type": "string", "pattern": "^[A-Z]{3}$"}},
+    "required": ["tz"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER, "strict": True}},
+    {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+MESSAGES = [{"role": "user", "content": "What should I pack?"}]
+FORMATS = ["hermes", "llama3_json"]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    work = tmp_path_factory.mktemp("forced-calls")
+    model = work / "tiny"
+    subprocess.run([str(BIN), "make-model", "--preset", "tiny", "--out", str(model)], check=True, capture_output=True)
+    lines = ["[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"', "[[engines]]", 'name = "default"',
+             f'plugin = "{PLUGIN}"', "[engines.config]", "seed = 5"]
+    for f in FORMATS:
+        lines += ["[[engines.config.models]]", f'id = "{f}"', f'path = "{model}"', 'device = "cpu"', "threads = 2"]
+    for f in FORMATS:
+        lines += ["[[models]]", f'name = "{f}"', 'engine = "default"', f'folder = "{model}"', f'tool_call_parser = "{f}"']
+    running = Gateway(work, "\n".join(lines) + "\n", {})
+    yield openai.OpenAI(base_url=f"{running.base}/v1", api_key="sk-unused", max_retries=0)
+    running.stop()
+
+
+def check_calls(calls, allowed):
+    assert calls, "no tool call"
+    for call in calls:
+        assert call.function.name in allowed
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_a_forced_call_comes_back_as_tool_calls(client, fmt, choice):
+    allowed = {"get_time"} if isinstance(choice, dict) else set(SCHEMAS)
+    request = dict(model=fmt, messages=MESSAGES, tools=TOOLS, tool_choice=choice, max_tokens=300, seed=4,
+                   parallel_tool_calls=False)
+    whole = client.chat.completions.create(**request)
+    choice0 = whole.choices[0]
+    assert choice0.finish_reason == "tool_calls", choice0
+    check_calls(choice0.message.tool_calls, allowed)
+    assert len(choice0.message.tool_calls) == 1
+    # Streamed, the same call.
+    names, arguments = {}, {}
+    for chunk in client.chat.completions.create(**request, stream=True):
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if delta.function.name:
+                names[delta.index] = delta.function.name
+            arguments[delta.index] = arguments.get(delta.index, "") + (delta.function.arguments or "")
+    assert [names[0]] == [c.function.name for c in choice0.message.tool_calls]
+    assert json.loads(arguments[0]) == json.loads(choice0.message.tool_calls[0].function.arguments)
+
+
+def test_responses_force_a_function_call(client):
+    tools = [{"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]} for t in TOOLS]
+    r = client.responses.create(model="hermes", input="What should I pack?", tools=tools, tool_choice="required",
+                                max_output_tokens=300)
+    calls = [item for item in r.output if item.type == "function_call"]
+    assert calls and all(c.name in SCHEMAS for c in calls)
+    for c in calls:
+        jsonschema.validate(json.loads(c.arguments), SCHEMAS[c.name])
+
+
+def test_forcing_an_unknown_function_or_with_a_response_format_is_a_400(client):
+    for extra in [
+        dict(tool_choice={"type": "function", "function": {"name": "nope"}}),
+        dict(tool_choice="required", response_format={"type": "json_object"}),
+    ]:
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.chat.completions.create(model="hermes", messages=MESSAGES, tools=TOOLS, max_tokens=8, **extra)
+        assert raised.value.body["param"] == "tool_choice", raised.value.body
