@@ -6,10 +6,12 @@ model's weights are random: nothing but the grammar makes it call anything. Offi
 
 import json
 import subprocess
+from typing import Literal
 
 import jsonschema
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from conftest import BIN
 from tenancy_support import Gateway
@@ -99,3 +101,22 @@ def test_forcing_an_unknown_function_or_with_a_response_format_is_a_400(client):
         with pytest.raises(openai.BadRequestError) as raised:
             client.chat.completions.create(model="hermes", messages=MESSAGES, tools=TOOLS, max_tokens=8, **extra)
         assert raised.value.body["param"] == "tool_choice", raised.value.body
+
+
+class Forecast(BaseModel):
+    city: Literal["Paris", "Oslo"]
+    days: int = Field(ge=1, le=7)
+
+
+def test_the_sdk_parses_a_pydantic_function_tool(client):
+    r = client.chat.completions.parse(
+        model="hermes",
+        messages=MESSAGES,
+        tools=[openai.pydantic_function_tool(Forecast)],
+        tool_choice="required",
+        max_tokens=300,
+        seed=2,
+    )
+    [call] = r.choices[0].message.tool_calls
+    assert call.function.name == "Forecast"
+    assert isinstance(call.function.parsed_arguments, Forecast)
