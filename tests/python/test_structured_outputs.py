@@ -118,7 +118,9 @@ def test_the_sdk_parses_chat_into_a_pydantic_model(smollm2):
 
 @needs_smollm2
 def test_the_sdk_parses_a_response_into_a_pydantic_model(smollm2):
-    r = smollm2.responses.parse(model="smollm2", input=ASK[0]["content"], text_format=Form, max_output_tokens=200)
+    r = smollm2.responses.parse(
+        model="smollm2", input=ASK[0]["content"], text_format=Form, max_output_tokens=200, temperature=0
+    )
     assert isinstance(r.output_parsed, Form)
 
 
@@ -129,7 +131,9 @@ def test_json_object_gives_an_object(smollm2):
         messages=[{"role": "user", "content": "Give me a JSON object with your name."}],
         response_format={"type": "json_object"},
         max_tokens=200,
+        temperature=0,
     )
+    assert r.choices[0].finish_reason == "stop", r.choices[0]
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
