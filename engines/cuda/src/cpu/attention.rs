@@ -269,14 +269,7 @@ impl<V: KvValue> Kernel for Row<'_, V> {
 
     #[inline(always)]
     fn run<S: Simd, const T: usize>(self, s: S) {
-        let Heads {
-            query: nh,
-            kv: nkv,
-            dim: hd,
-            scale,
-        } = self.heads;
-        let (heads, g) = (nh / nkv, self.group);
-        let n = self.offsets.len();
+        let (heads, hd, scale, g, n) = self.shape();
         self.scores.clear();
         self.scores.resize(heads * n, 0.0);
         if heads > MAX_SHARED || hd % 16 != 0 {
@@ -325,17 +318,23 @@ impl<V: KvValue> Kernel for Row<'_, V> {
 const MAX_SHARED: usize = 8;
 
 impl<V: KvValue> Row<'_, V> {
+    /// Query heads per key/value head, values per head, the score scale, the key/value head
+    /// and the positions attended.
+    #[inline(always)]
+    fn shape(&self) -> (usize, usize, f32, usize, usize) {
+        let Heads {
+            query,
+            kv,
+            dim,
+            scale,
+        } = self.heads;
+        (query / kv, dim, scale, self.group, self.offsets.len())
+    }
+
     /// [`Row`] for other shapes: one head and one key at a time.
     #[inline(always)]
     fn one_head_at_a_time<S: Simd>(self, s: S) {
-        let Heads {
-            query: nh,
-            kv: nkv,
-            dim: hd,
-            scale,
-        } = self.heads;
-        let (heads, g) = (nh / nkv, self.group);
-        let n = self.offsets.len();
+        let (heads, hd, scale, g, n) = self.shape();
         for (j, &o) in self.offsets.iter().enumerate() {
             let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
             for h in 0..heads {
