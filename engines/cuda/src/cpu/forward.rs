@@ -8,7 +8,7 @@ use super::kv::{KvStore, LayerCache};
 use super::linalg::{add_into, rms_norm, rope, silu_gate};
 use super::matmul::{Matrix, linear};
 use crate::device::{Chunk, DeviceError};
-use crate::model::{LayeredWeights, Packed};
+use crate::model::LayeredWeights;
 
 /// The model's weights as the CPU multiplies them.
 pub type DeviceWeights = LayeredWeights<Matrix>;
@@ -168,17 +168,8 @@ pub fn hidden_states(
         scale: 1.0 / (hd as f32).sqrt(),
     };
     for (l, layer) in w.layers.iter().enumerate() {
-        rms_norm(
-            &x,
-            vector(&layer.attn_norm.packed)?,
-            spec.rms_norm_eps,
-            &mut h,
-        );
-        let qkv_bias = layer
-            .qkv_bias
-            .as_ref()
-            .map(|b| vector(&b.packed))
-            .transpose()?;
+        rms_norm(&x, vector(&layer.attn_norm)?, spec.rms_norm_eps, &mut h);
+        let qkv_bias = bias(layer.qkv_bias.as_ref())?;
         linear(&h, rounded, &layer.qkv, qkv_bias, &mut qkv);
         qkv.par_chunks_mut(qkv_w).enumerate().for_each(|(r, row)| {
             let (c, s) = (
@@ -195,19 +186,10 @@ pub fn hidden_states(
             LayerCache::F32(cache) => attend_tiles(cache, heads, &tiles, &qkv, qkv_w, &mut attn),
             LayerCache::F16(cache) => attend_tiles(cache, heads, &tiles, &qkv, qkv_w, &mut attn),
         }
-        let o_bias = layer
-            .o_bias
-            .as_ref()
-            .map(|b| vector(&b.packed))
-            .transpose()?;
+        let o_bias = bias(layer.o_bias.as_ref())?;
         linear(&attn, rounded, &layer.o, o_bias, &mut proj);
         add_into(&mut x, &proj);
-        rms_norm(
-            &x,
-            vector(&layer.mlp_norm.packed)?,
-            spec.rms_norm_eps,
-            &mut h,
-        );
+        rms_norm(&x, vector(&layer.mlp_norm)?, spec.rms_norm_eps, &mut h);
         linear(&h, rounded, &layer.gate_up, None, &mut gate_up);
         silu_gate(&gate_up, f, &mut act);
         linear(&act, rounded, &layer.down, None, &mut proj);
@@ -229,19 +211,20 @@ pub fn logits(
         picked.extend_from_slice(&x[r * d..(r + 1) * d]);
     }
     let mut normed = vec![0.0f32; picked.len()];
-    rms_norm(
-        &picked,
-        vector(&w.norm.packed)?,
-        spec.rms_norm_eps,
-        &mut normed,
-    );
+    rms_norm(&picked, vector(&w.norm)?, spec.rms_norm_eps, &mut normed);
     let mut out = vec![0.0f32; rows.len() * spec.vocab_size];
     linear(&normed, 0, w.output(), None, &mut out);
     Ok(out)
 }
 
 /// A norm's or bias's values (always read as f32; see [`crate::model::PackedReader`]).
-pub fn vector(p: &Packed) -> Result<&[f32], DeviceError> {
+pub fn vector(m: &Matrix) -> Result<&[f32], DeviceError> {
+    let p = &m.packed;
     p.as_f32()
         .ok_or_else(|| DeviceError::InvalidBatch(format!("a {} vector, not f32", p.kind())))
+}
+
+/// A bias's values, when the layer has one.
+fn bias(m: Option<&Matrix>) -> Result<Option<&[f32]>, DeviceError> {
+    m.map(vector).transpose()
 }

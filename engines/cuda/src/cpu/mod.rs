@@ -153,7 +153,7 @@ impl Device for CpuDevice {
             let mut normed = vec![0.0f32; x.len()];
             linalg::rms_norm(
                 &x,
-                forward::vector(&weights.norm.packed)?,
+                forward::vector(&weights.norm)?,
                 spec.rms_norm_eps,
                 &mut normed,
             );

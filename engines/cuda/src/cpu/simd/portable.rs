@@ -93,24 +93,12 @@ impl Simd for Portable {
 
     #[inline(always)]
     fn dot_unsigned(self, acc: [i32; 16], u: [u8; 64], s: [u8; 64]) -> [i32; 16] {
-        let mut out = acc;
-        for (i, o) in out.iter_mut().enumerate() {
-            for j in 4 * i..4 * i + 4 {
-                *o += i32::from(u[j]) * i32::from(s[j] as i8);
-            }
-        }
-        out
+        dot_lanes(acc, u, s, i32::from)
     }
 
     #[inline(always)]
     fn dot_signed(self, acc: [i32; 16], a: [u8; 64], b: [u8; 64]) -> [i32; 16] {
-        let mut out = acc;
-        for (i, o) in out.iter_mut().enumerate() {
-            for j in 4 * i..4 * i + 4 {
-                *o += i32::from(a[j] as i8) * i32::from(b[j] as i8);
-            }
-        }
-        out
+        dot_lanes(acc, a, b, |x| i32::from(x as i8))
     }
 
     #[inline(always)]
@@ -137,4 +125,16 @@ impl Simd for Portable {
     fn broadcast4(self, v: &[i8; 4]) -> [u8; 64] {
         std::array::from_fn(|i| v[i % 4] as u8)
     }
+}
+
+/// `acc` plus, in lane `i`, the products of bytes `4i..4i + 4` of `a` (read by `first`) and
+/// `b` (signed).
+#[inline(always)]
+fn dot_lanes(mut acc: [i32; 16], a: [u8; 64], b: [u8; 64], first: fn(u8) -> i32) -> [i32; 16] {
+    for (i, o) in acc.iter_mut().enumerate() {
+        for j in 4 * i..4 * i + 4 {
+            *o += first(a[j]) * i32::from(b[j] as i8);
+        }
+    }
+    acc
 }
