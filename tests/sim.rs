@@ -425,6 +425,105 @@ async fn a_tokenizer_makes_random_output_word_like() {
     assert!(tokens.iter().all(|t| [0, 1, 4].contains(t)), "{tokens:?}");
 }
 
+/// A simulator model over a small JSON-ish vocabulary; the pieces by id.
+fn json_words(dir: &std::path::Path) -> (EngineHandle, Vec<&'static str>) {
+    let pieces = vec![
+        "{", "}", "\"", ":", ",", "a", "b", "0", "1", "yes", "no", "Ġ", "[", "]",
+    ];
+    let vocab: serde_json::Map<String, serde_json::Value> = pieces
+        .iter()
+        .enumerate()
+        .map(|(id, piece)| (piece.to_string(), json!(id)))
+        .collect();
+    let eos = pieces.len();
+    let tokenizer = json!({
+        "model": {"type": "BPE", "vocab": vocab, "merges": []},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "added_tokens": [{"id": eos, "content": "</s>", "special": true}]
+    });
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, tokenizer.to_string()).expect("write");
+    let engine = sim(
+        json!({"models": [{"id": "json", "tokenizer": path.to_string_lossy(),
+                                        "output": {"mode": "random", "length": [3, 30]}}]}),
+    );
+    (engine, pieces)
+}
+
+#[tokio::test]
+async fn a_grammar_shapes_random_output() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (engine, pieces) = json_words(dir.path());
+    assert!(engine.models().expect("models")[0].capabilities.grammar);
+    let text = |tokens: &[u32]| -> String {
+        tokens
+            .iter()
+            .filter_map(|&t| pieces.get(t as usize).copied())
+            .collect::<String>()
+            .replace('Ġ', " ")
+    };
+    let schema = json!({"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": "array", "items": {"enum": ["yes", "no"]}, "minItems": 2}},
+        "required": ["a", "b"], "additionalProperties": false});
+    for seed in 0..20 {
+        let constrained = |grammar| GenerationParams {
+            grammar: Some(grammar),
+            seed: Some(seed),
+            n: 1,
+            ..params(200)
+        };
+        let (tokens, fin) = run(
+            &engine,
+            "json",
+            &[0],
+            constrained(Grammar::JsonSchema {
+                schema: schema.clone(),
+            }),
+        )
+        .await;
+        assert_eq!(fin.status, Status::Ok, "{fin:?}");
+        let value: serde_json::Value = serde_json::from_str(&text(&tokens))
+            .unwrap_or_else(|e| panic!("{e}: {}", text(&tokens)));
+        assert!(value["a"].is_i64(), "{value}");
+        let items = value["b"].as_array().expect("b is an array");
+        assert!(
+            items.len() >= 2 && items.iter().all(|v| v == "yes" || v == "no"),
+            "{value}"
+        );
+        let (tokens, fin) = run(
+            &engine,
+            "json",
+            &[0],
+            constrained(Grammar::Regex {
+                pattern: "(yes|no) [01]{2}".into(),
+            }),
+        )
+        .await;
+        assert_eq!(fin.status, Status::Ok, "{fin:?}");
+        let out = text(&tokens);
+        assert!(
+            (out.starts_with("yes ") || out.starts_with("no "))
+                && out.len() - out.find(' ').expect("a space") == 3,
+            "{out:?}"
+        );
+    }
+    // What does not compile is refused at submit.
+    let Err(bad) = engine.submit(&EngineRequest {
+        model: "json".into(),
+        prompt: vec![0],
+        params: GenerationParams {
+            grammar: Some(Grammar::Regex {
+                pattern: "(unclosed".into(),
+            }),
+            ..params(5)
+        },
+    }) else {
+        panic!("an uncompilable grammar was accepted");
+    };
+    assert_eq!(bad.status, Status::InvalidRequest);
+    assert!(bad.message.contains("does not compile"), "{bad}");
+}
+
 #[test]
 fn bad_configurations_name_the_key() {
     let plugin = Plugin::load(sim_plugin()).expect("loads");

@@ -120,3 +120,13 @@ def test_the_sdk_parses_a_pydantic_function_tool(client):
     [call] = r.choices[0].message.tool_calls
     assert call.function.name == "Forecast"
     assert isinstance(call.function.parsed_arguments, Forecast)
+
+
+def test_the_simulator_forces_calls_too(gateway):
+    # The simulator draws grammar-valid output, so forced calls work without a model.
+    sim = openai.OpenAI(base_url=f"{gateway}/v1", api_key="sk-unused", max_retries=0)
+    for seed in range(5):
+        r = sim.chat.completions.create(model="tools", messages=MESSAGES, tools=TOOLS, tool_choice="required",
+                                        max_tokens=200, seed=seed)
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+        check_calls(r.choices[0].message.tool_calls, set(SCHEMAS))

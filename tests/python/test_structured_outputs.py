@@ -2,8 +2,9 @@
 Schema or `json_object`, and the Responses API's `text.format`, constrain decoding by a grammar
 (llguidance in the engine), so every answer parses and validates against its schema, whatever
 the model's weights. The `tiny` model's are random, which makes it a hard test: nothing but the
-grammar keeps its output in shape. Driven by the official `openai` SDK; answers are checked with
-`jsonschema`."""
+grammar keeps its output in shape. The simulator draws random grammar-valid output through the
+same library, and answers the same schemas without a model. Driven by the official `openai`
+SDK; answers are checked with `jsonschema`."""
 
 import json
 
@@ -92,6 +93,38 @@ def test_streamed_answers_are_the_non_streamed_ones(tiny, label, schema):
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == whole
     jsonschema.validate(json.loads(streamed), schema)
+
+
+# Schemas only the simulator's finishing rule keeps short: free strings, open objects, numbers.
+OPEN = [
+    ("free object", {"type": "object"}),
+    ("free strings", obj({"title": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}})),
+    ("numbers", obj({"x": {"type": "number"}, "n": {"type": "integer"}})),
+    ("deep", obj({"a": obj({"b": obj({"c": {"type": "array", "items": {"type": "object"}, "minItems": 2}})})})),
+]
+
+
+@pytest.mark.parametrize("label,schema", SCHEMAS + OPEN, ids=[label for label, _ in SCHEMAS + OPEN])
+def test_the_simulator_answers_every_schema(client, label, schema):
+    request = dict(model="chat", messages=MESSAGES, response_format=format_for(schema), max_tokens=200, seed=len(label))
+    r = client.chat.completions.create(**request, n=2)
+    assert len(r.choices) == 2
+    for choice in r.choices:
+        assert choice.finish_reason == "stop", choice
+        jsonschema.validate(json.loads(choice.message.content), schema)
+    chunks = client.chat.completions.create(**request, stream=True)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == client.chat.completions.create(**request).choices[0].message.content
+    jsonschema.validate(json.loads(streamed), schema)
+
+
+def test_the_simulator_parses_into_a_pydantic_model(client):
+    r = client.chat.completions.parse(model="chat", messages=ASK, response_format=Form, max_tokens=200)
+    assert isinstance(r.choices[0].message.parsed, Form)
+    r = client.responses.parse(model="chat", input=ASK[0]["content"], text_format=Form, max_output_tokens=200)
+    assert isinstance(r.output_parsed, Form)
+    r = client.chat.completions.create(model="chat", messages=ASK, response_format={"type": "json_object"}, max_tokens=200)
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
 class Form(BaseModel):

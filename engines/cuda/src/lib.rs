@@ -31,7 +31,7 @@ pub mod cpu;
 pub mod device;
 mod engine;
 pub mod gpu;
-pub mod grammar;
+pub use turnpike_grammar as grammar;
 pub mod kv;
 pub mod model;
 pub mod sampler;

@@ -179,6 +179,8 @@ pub(crate) struct ModelConfig {
     pub max_context: u32,
     pub vocab: Vocab,
     pub tokenizer: Option<String>,
+    /// The grammar compiler over the tokenizer's vocabulary (built on first use).
+    pub grammars: Option<std::sync::Arc<turnpike_grammar::Grammars>>,
     pub eos: u32,
     pub embedding_dim: u32,
     pub max_n: u32,
@@ -362,6 +364,13 @@ fn check_model(m: RawModel, errors: Errors) -> Result<ModelConfig, String> {
         id: m.id,
         owned_by: m.owned_by,
         max_context: m.max_context,
+        grammars: m.tokenizer.as_ref().map(|path| {
+            std::sync::Arc::new(turnpike_grammar::Grammars::new(
+                std::path::Path::new(path),
+                vocab.size() as usize,
+                &[eos],
+            ))
+        }),
         vocab,
         tokenizer: m.tokenizer,
         eos,

@@ -10,6 +10,7 @@ use turnpike_engine_api::plugin::Sink;
 use turnpike_engine_api::{FinalEvent, Finish, GenerationParams, Status, TopLogprob, Usage};
 
 use crate::config::{ModelConfig, Output, Reasoning, secs};
+use crate::constrained::Constrained;
 use crate::rng::{Rng, mix};
 
 /// What happens after a step.
@@ -23,7 +24,12 @@ pub(crate) enum Step {
 enum Next {
     Token(u32),
     End(Finish),
+    /// The grammar allows nothing more: the request fails.
+    Fail(String),
 }
+
+/// Tokens a constrained choice writes before it finishes, when its output mode sets no length.
+const GRAMMAR_BUDGET: u32 = 16;
 
 struct Choice {
     rng: Rng,
@@ -35,6 +41,8 @@ struct Choice {
     produced: u32,
     /// Random mode: end after this many tokens.
     target: Option<u32>,
+    /// The request's grammar, when it has one: it picks every answer token.
+    constrained: Option<Constrained>,
     done: bool,
 }
 
@@ -57,6 +65,7 @@ impl Generation {
         params: GenerationParams,
         seed: u64,
         fail_after: Option<u32>,
+        constrained: Option<Constrained>,
     ) -> Self {
         let choices = (0..params.n)
             .map(|i| {
@@ -85,6 +94,7 @@ impl Generation {
                     pos: 0,
                     produced: 0,
                     target,
+                    constrained: constrained.as_ref().map(Constrained::fork),
                     done: false,
                 }
             })
@@ -133,6 +143,9 @@ impl Generation {
                 Next::Token(token) => {
                     self.usage.completion_tokens += 1;
                     self.send(sink, i as u32, token);
+                }
+                Next::Fail(why) => {
+                    return Step::Done(FinalEvent::failed(Status::InvalidRequest, why, self.usage));
                 }
                 Next::End(finish) => {
                     if finish.stop_token.is_some() {
@@ -193,6 +206,9 @@ impl Generation {
         if produced >= max_tokens || context_full {
             return Next::End(Finish::length());
         }
+        if self.choices[i].constrained.is_some() {
+            return self.constrained_next(i, max_tokens);
+        }
         let may_stop = produced >= min_tokens;
         for _ in 0..64 {
             let candidate = self.source(i);
@@ -226,6 +242,28 @@ impl Generation {
         let c = &mut self.choices[i];
         c.produced += 1;
         Next::Token(self.model.vocab.draw(&mut c.rng))
+    }
+
+    /// A constrained choice's next token: its reasoning first, then the grammar's pick,
+    /// finishing once the length budget (or half of `max_tokens`) is spent.
+    fn constrained_next(&mut self, i: usize, max_tokens: u32) -> Next {
+        let c = &mut self.choices[i];
+        c.produced += 1;
+        if let Some(token) = c.reasoning.pop_front() {
+            return Next::Token(token);
+        }
+        let budget = c.target.unwrap_or(GRAMMAR_BUDGET);
+        let finishing = c.produced > budget || c.produced.saturating_mul(2) > max_tokens;
+        let Some(constrained) = c.constrained.as_mut() else {
+            return Next::Fail("the choice has no grammar".into());
+        };
+        match constrained.draw(&self.model.vocab, &mut c.rng, finishing) {
+            Ok(token) if token == self.model.eos || self.params.stop_token_ids.contains(&token) => {
+                Next::End(Finish::stop(token))
+            }
+            Ok(token) => Next::Token(token),
+            Err(why) => Next::Fail(why),
+        }
     }
 
     fn send(&mut self, sink: &mut Sink, choice: u32, token: u32) {

@@ -14,12 +14,15 @@
 //! - it honours `max_tokens`, `min_tokens`, stop token ids, `ignore_eos`, `n`, `logprobs` and
 //!   `top_logprobs` (synthetic but well-formed), priorities, and `cancel`; queues requests beyond
 //!   `max_running` and refuses beyond `max_queued`;
+//! - **grammars** (JSON Schema, regex, Lark) for models with a tokenizer: random output that
+//!   the grammar allows, drawn through the default engine's grammar library;
 //! - **embeddings**: deterministic unit-length vectors;
 //! - `stats` reports queued, running, completed, cancelled and failed counts.
 //!
 //! Its configuration is a JSON document given to `create`; see `README.md` beside this crate.
 
 mod config;
+mod constrained;
 mod embed;
 mod generation;
 mod rng;
@@ -33,6 +36,7 @@ use turnpike_engine_api::plugin::{EmbedRequest, Engine, Host, Request, Sink};
 use turnpike_engine_api::{Capabilities, EngineError, ModelInfo, Stats, Status};
 
 use crate::config::{ModelConfig, SimConfig};
+use crate::constrained::Constrained;
 use crate::generation::Generation;
 use crate::rng::{Rng, mix};
 use crate::scheduler::Scheduler;
@@ -82,12 +86,26 @@ fn check_request(model: &ModelConfig, request: &Request) -> Result<(), EngineErr
             request.params.n, model.id, model.max_n
         )));
     }
-    if request.params.grammar.is_some() {
-        return Err(EngineError::unsupported(
-            "the simulator does not constrain output by grammar",
-        ));
-    }
     Ok(())
+}
+
+/// The request's grammar as a constraint over the model's vocabulary.
+fn constrain(model: &ModelConfig, request: &Request) -> Result<Option<Constrained>, EngineError> {
+    let Some(grammar) = &request.params.grammar else {
+        return Ok(None);
+    };
+    let Some(grammars) = &model.grammars else {
+        return Err(EngineError::unsupported(format!(
+            "model `{}` has no tokenizer, so the simulator cannot constrain its output",
+            model.id
+        )));
+    };
+    let constraint = grammars.constraint(grammar)?;
+    Ok(Some(Constrained::new(
+        constraint,
+        Arc::clone(grammars),
+        model.eos,
+    )))
 }
 
 impl Engine for SimEngine {
@@ -123,7 +141,7 @@ impl Engine for SimEngine {
                     max_top_logprobs: turnpike_engine_api::docs::MAX_TOP_LOGPROBS,
                     sampling: true,
                     penalties: true,
-                    grammar: false,
+                    grammar: m.grammars.is_some(),
                 },
             })
             .collect()
@@ -134,6 +152,10 @@ impl Engine for SimEngine {
         if let Err(e) = check_request(&model, &request) {
             return self.refuse(e);
         }
+        let constrained = match constrain(&model, &request) {
+            Ok(c) => c,
+            Err(e) => return self.refuse(e),
+        };
         let mut faults = Rng::new(mix(&[self.seed, request.id, FAULT_SALT]));
         let errors = model.errors;
         if faults.chance(errors.refuse_rate) {
@@ -156,7 +178,14 @@ impl Engine for SimEngine {
             None => mix(&[self.seed, request.id]),
         };
         let priority = request.params.priority;
-        let generation = Generation::new(model, request.prompt, request.params, seed, fail_after);
+        let generation = Generation::new(
+            model,
+            request.prompt,
+            request.params,
+            seed,
+            fail_after,
+            constrained,
+        );
         match self
             .scheduler
             .enqueue(request.id, sink, generation, priority)

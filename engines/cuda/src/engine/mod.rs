@@ -279,11 +279,7 @@ impl ModelRuntime {
                     self.info.id
                 )));
             }
-            (Some(grammar), Some(grammars)) => {
-                Some(grammars.constraint(grammar).map_err(|why| {
-                    EngineError::invalid_request(format!("the grammar does not compile: {why}"))
-                })?)
-            }
+            (Some(grammar), Some(grammars)) => Some(grammars.constraint(grammar)?),
         };
         let in_flight = self.counters.in_flight.fetch_add(1, Ordering::Relaxed);
         if in_flight >= self.max_queued {

@@ -1,4 +1,7 @@
-//! Grammar-constrained decoding: a request's [`Grammar`] (any JSON object, a JSON Schema, a
+//! `turnpike-grammar`: grammar-constrained decoding for Turnpike's engines (the default engine
+//! masks its logits with it; the simulator draws grammar-valid output through it).
+//!
+//! A request's [`Grammar`] (any JSON object, a JSON Schema, a
 //! regular expression or a Lark grammar) limits each token a choice may sample to those that
 //! keep the output inside the grammar, with `llguidance` (the library OpenAI's Structured
 //! Outputs and most serving engines use) over the model's own vocabulary.
@@ -11,6 +14,10 @@
 //! pick one), and after sampling it advances with the token. Once the grammar is complete, only
 //! end-of-sequence is allowed. A grammar that allows nothing (it cannot be completed under the
 //! request's other rules) ends the request with an error rather than sampling a banned token.
+//!
+//! The seam is plain data: [`Constraint::allowed`] answers an [`Allowed`] bitmask (one bit per
+//! vocabulary id, 32 ids to a word), which a host sampler applies to its logits
+//! ([`Allowed::apply`]) and a device uploads as it is.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -20,7 +27,37 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
+use turnpike_engine_api::EngineError;
 use turnpike_engine_api::docs::Grammar;
+
+/// Why a grammar cannot constrain a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrammarError {
+    /// The model's vocabulary cannot be read as the grammar library needs (the model's fault).
+    Unavailable(String),
+    /// The request's grammar does not compile (the request's fault).
+    Invalid(String),
+}
+
+impl std::fmt::Display for GrammarError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unavailable(why) => write!(f, "the grammar compiler cannot load: {why}"),
+            Self::Invalid(why) => write!(f, "the grammar does not compile: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for GrammarError {}
+
+impl From<GrammarError> for EngineError {
+    fn from(e: GrammarError) -> Self {
+        match e {
+            GrammarError::Unavailable(_) => EngineError::internal(e.to_string()),
+            GrammarError::Invalid(_) => EngineError::invalid_request(e.to_string()),
+        }
+    }
+}
 
 /// Compiled grammars kept per model.
 pub const CACHED: usize = 64;
@@ -63,21 +100,40 @@ impl Grammars {
     }
 
     /// Builds the compiler now (else the first grammar does).
-    pub fn load(&self) -> Result<(), String> {
+    pub fn load(&self) -> Result<(), GrammarError> {
         self.compiler().map(|_| ())
     }
 
-    fn compiler(&self) -> Result<&Compiler, String> {
+    fn compiler(&self) -> Result<&Compiler, GrammarError> {
         self.compiler
             .get_or_init(|| Compiler::load(&self.tokenizer, self.vocab, &self.eos))
             .as_ref()
-            .map_err(|why| format!("the grammar compiler cannot load: {why}"))
+            .map_err(|why| GrammarError::Unavailable(why.clone()))
     }
 
-    /// A fresh constraint for `grammar`, compiled or from the cache; the error is the
+    /// A fresh constraint for `grammar`, compiled or from the cache; the error carries the
     /// compiler's one-line reason.
-    pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint, String> {
-        self.compiler()?.constraint(grammar)
+    pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint, GrammarError> {
+        self.compiler()?
+            .constraint(grammar)
+            .map_err(GrammarError::Invalid)
+    }
+
+    /// The id of the single token whose text is `bytes`, if the vocabulary has one.
+    pub fn token_of(&self, bytes: &[u8]) -> Option<u32> {
+        let compiler = self.compiler().ok()?;
+        match compiler.factory.tok_env().tok_trie().greedy_tokenize(bytes)[..] {
+            [id] => Some(id),
+            _ => None,
+        }
+    }
+
+    /// The text of token `id` (empty for ids the tokenizer does not name, or before load).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        match self.compiler() {
+            Ok(compiler) => compiler.factory.tok_env().tok_trie().token(id).to_vec(),
+            Err(_) => Vec::new(),
+        }
     }
 
     /// `(compiled, cache hits, cached)` so far.
@@ -220,36 +276,31 @@ impl Constraint {
         }
     }
 
-    /// Sets the logit of every token the grammar does not allow next to −∞. An error when it
-    /// allows none of them.
-    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
-        let allowed = self
+    /// The tokens the grammar allows next (end-of-sequence alone once it is complete); an
+    /// error when it allows none.
+    pub fn allowed(&mut self) -> Result<Allowed, String> {
+        let vob = self
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| e.to_string())?;
-        let words = allowed.as_slice();
-        let mut any = false;
-        for (w, chunk) in logits.chunks_mut(32).enumerate() {
-            let bits = words.get(w).copied().unwrap_or(0);
-            if bits == 0 {
-                chunk.fill(f32::NEG_INFINITY);
-                continue;
-            }
-            any = true;
-            if bits == u32::MAX {
-                continue;
-            }
-            for (b, logit) in chunk.iter_mut().enumerate() {
-                if bits >> b & 1 == 0 {
-                    *logit = f32::NEG_INFINITY;
-                }
-            }
+        let allowed = Allowed {
+            words: vob.as_slice().to_vec(),
+        };
+        if allowed.words.iter().all(|&w| w == 0) {
+            return Err("the output's grammar allows no token here".into());
         }
-        if any {
-            Ok(())
-        } else {
-            Err("the output's grammar allows no token here".into())
-        }
+        Ok(allowed)
+    }
+
+    /// Sets the logit of every token the grammar does not allow next to −∞. An error when it
+    /// allows none of them (within `logits`).
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        self.allowed()?.apply(logits)
+    }
+
+    /// Whether the output so far is a complete sentence of the grammar (it may still go on).
+    pub fn is_accepting(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
     }
 
     /// Moves past `token` (one the last [`Constraint::mask`] allowed).
@@ -259,6 +310,68 @@ impl Constraint {
             return Ok(());
         }
         self.matcher.consume_token(token).map_err(|e| e.to_string())
+    }
+}
+
+/// The set of token ids a grammar allows next: bit `id % 32` of word `id / 32`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allowed {
+    words: Vec<u32>,
+}
+
+impl Allowed {
+    /// The bitmask, 32 ids to a word (the layout a device kernel reads).
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
+    /// Whether `id` is allowed.
+    pub fn contains(&self, id: u32) -> bool {
+        self.words
+            .get(id as usize / 32)
+            .is_some_and(|w| w >> (id % 32) & 1 == 1)
+    }
+
+    /// The allowed ids, in order.
+    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.words.iter().enumerate().flat_map(|(w, &bits)| {
+            (0..32u32)
+                .filter(move |b| bits >> b & 1 == 1)
+                .map(move |b| w as u32 * 32 + b)
+        })
+    }
+
+    /// How many ids are allowed.
+    pub fn count(&self) -> usize {
+        self.words.iter().map(|w| w.count_ones() as usize).sum()
+    }
+
+    /// Sets every disallowed logit to −∞; an error when none of `logits` is allowed.
+    pub fn apply(&self, logits: &mut [f32]) -> Result<(), String> {
+        let mut any = false;
+        for (w, chunk) in logits.chunks_mut(32).enumerate() {
+            let bits = self.words.get(w).copied().unwrap_or(0);
+            if bits == 0 {
+                chunk.fill(f32::NEG_INFINITY);
+                continue;
+            }
+            if bits == u32::MAX {
+                any = true;
+                continue;
+            }
+            for (b, logit) in chunk.iter_mut().enumerate() {
+                if bits >> b & 1 == 0 {
+                    *logit = f32::NEG_INFINITY;
+                } else {
+                    any = true;
+                }
+            }
+        }
+        if any {
+            Ok(())
+        } else {
+            Err("the output's grammar allows no token here".into())
+        }
     }
 }
 

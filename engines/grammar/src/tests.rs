@@ -3,7 +3,6 @@
 use turnpike_tools::model::{MakeOptions, preset, write_model};
 
 use super::*;
-use crate::model::ModelFolder;
 
 /// The `tiny` model's folder, its grammar compiler, and its end-of-sequence ids.
 fn tiny() -> (tempfile::TempDir, Grammars, Vec<u32>, usize) {
@@ -15,11 +14,15 @@ fn tiny() -> (tempfile::TempDir, Grammars, Vec<u32>, usize) {
         shard_bytes: None,
     };
     write_model(&tiny, dir.path(), options).unwrap();
-    let folder = ModelFolder::open(dir.path()).unwrap();
-    let tokenizer = folder.tokenizer.clone().unwrap();
-    let vocab = folder.spec.vocab_size;
-    let grammars = Grammars::new(&tokenizer, vocab, &folder.eos_token_ids);
-    (dir, grammars, folder.eos_token_ids, vocab)
+    let config: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap()).unwrap();
+    let vocab = config["vocab_size"].as_u64().unwrap() as usize;
+    let eos: Vec<u32> = match &config["eos_token_id"] {
+        Value::Array(ids) => ids.iter().map(|id| id.as_u64().unwrap() as u32).collect(),
+        id => vec![id.as_u64().unwrap() as u32],
+    };
+    let grammars = Grammars::new(&dir.path().join("tokenizer.json"), vocab, &eos);
+    (dir, grammars, eos, vocab)
 }
 
 /// Decodes under `constraint` with pseudo-random logits until it allows only end-of-sequence
@@ -141,7 +144,10 @@ fn what_does_not_compile_is_a_reason_not_a_panic() {
         ),
     ] {
         let why = grammars.constraint(&grammar).unwrap_err();
-        assert!(why.contains(words), "{why}");
+        assert!(
+            why.to_string().contains(words) && matches!(why, GrammarError::Invalid(_)),
+            "{why}"
+        );
     }
 }
 
@@ -161,4 +167,24 @@ fn a_grammar_left_with_nothing_allowed_is_an_error() {
     assert!(logits[..3].iter().all(|l| l.is_infinite()));
     let why = c.fork().mask(&mut [0.0; 3]).unwrap_err();
     assert!(why.contains("allows no token"), "{why}");
+}
+
+#[test]
+fn the_allowed_set_reads_as_ids_and_single_tokens_are_found() {
+    let (_dir, grammars, _, vocab) = tiny();
+    let mut c = grammars
+        .constraint(&Grammar::Regex {
+            pattern: "[0-9]".into(),
+        })
+        .unwrap();
+    let allowed = c.allowed().unwrap();
+    let digits: Vec<u32> = (b'0'..=b'9')
+        .map(|d| grammars.token_of(&[d]).unwrap())
+        .collect();
+    assert!(digits.iter().all(|&d| allowed.contains(d)));
+    assert_eq!(allowed.count(), allowed.ids().count());
+    assert!(allowed.ids().all(|id| (id as usize) < vocab));
+    assert!(!c.is_accepting());
+    c.advance(digits[3]).unwrap();
+    assert!(c.is_accepting());
 }
