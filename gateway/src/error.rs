@@ -70,6 +70,15 @@ pub enum ApiError {
         /// What is wrong.
         message: String,
     },
+    /// The output of a model that cannot constrain it breaks the requested shape (a model
+    /// with `structured_output = "validate"`; 422).
+    #[error("{message}")]
+    OutputInvalid {
+        /// The parameter that asked for the shape (`response_format`, `tool_choice`).
+        param: String,
+        /// How the output breaks it.
+        message: String,
+    },
     /// A stored object (a response) that does not exist for this caller.
     #[error("{message}")]
     NotFound {
@@ -222,7 +231,9 @@ impl ApiError {
             | Self::Unsupported { .. }
             | Self::ContextLengthExceeded { .. }
             | Self::EngineRejected(_) => StatusCode::BAD_REQUEST,
-            Self::InvalidSchema { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::InvalidSchema { .. } | Self::OutputInvalid { .. } => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -271,6 +282,11 @@ impl ApiError {
                 "invalid_request_error",
                 Some(param.clone()),
                 Some("invalid_schema"),
+            ),
+            Self::OutputInvalid { param, .. } => (
+                "invalid_request_error",
+                Some(param.clone()),
+                Some("output_validation_failed"),
             ),
             Self::ModelNotFound(_) => (
                 "invalid_request_error",

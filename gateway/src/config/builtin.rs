@@ -66,6 +66,7 @@ pub(super) fn config(
             // The embedded chat template teaches Llama 3 JSON calls.
             tool_call_parser: Some(ToolCallFormat::Llama3Json),
             reasoning: None,
+            structured_output: Default::default(),
         }]),
         defaults,
         tenancy,

@@ -13,7 +13,7 @@ mod raw;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-pub use crate::engine_host::settings::{Defaults, EngineConfig, ModelConfig};
+pub use crate::engine_host::settings::{Defaults, EngineConfig, ModelConfig, StructuredOutput};
 pub use crate::routes::settings::{CorsOrigins, ServerConfig};
 pub use crate::tenancy::keys_file;
 pub use crate::tenancy::settings::{SharedJwt, TenancyConfig};

@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use super::{
     Config, CorsOrigins, DEFAULT_LISTEN, Defaults, EngineConfig, ModelConfig, ServerConfig,
+    StructuredOutput,
 };
 use crate::text::reasoning::ReasoningMarkers;
 use crate::text::tools::ToolCallFormat;
@@ -131,6 +132,8 @@ struct RawModel {
     tool_call_parser: Option<ToolCallFormat>,
     #[serde(default)]
     reasoning: Option<ReasoningMarkers>,
+    #[serde(default)]
+    structured_output: StructuredOutput,
 }
 
 /// `YYYY-MM-DD`, a day the calendar has.
@@ -438,6 +441,7 @@ fn validate_models(
             context_length: m.context_length,
             tool_call_parser: m.tool_call_parser,
             reasoning: m.reasoning,
+            structured_output: m.structured_output,
         });
     }
     // A versioned model's bare name floats to its newest version: no other model may claim it.

@@ -19,7 +19,7 @@ use turnpike_engine_api::host::{Plugin, PluginError};
 pub use backend::{Backend, EngineRun, PluginBackend};
 pub use models::{ModelRegistry, ServedModel};
 
-pub use settings::{Defaults, EngineConfig, ModelConfig};
+pub use settings::{Defaults, EngineConfig, ModelConfig, StructuredOutput};
 
 /// Why the configured engines or models cannot be served.
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +120,7 @@ pub fn load_with(
                     max_output_tokens: defaults.max_output_tokens,
                     tool_call_parser: None,
                     reasoning: None,
+                    structured_output: Default::default(),
                 })
             })
             .collect(),

@@ -49,6 +49,8 @@ pub struct ServedModel {
     pub tool_call_parser: Option<ToolCallFormat>,
     /// The markers around its reasoning, for a reasoning model.
     pub reasoning: Option<crate::text::reasoning::ReasoningMarkers>,
+    /// Structured output when its engine cannot constrain it.
+    pub structured_output: super::settings::StructuredOutput,
 }
 
 /// Public ids and the models they name.
@@ -175,6 +177,7 @@ pub(super) fn served_model(
         stop_token_ids,
         tool_call_parser: config.tool_call_parser,
         reasoning: config.reasoning.clone(),
+        structured_output: config.structured_output,
     })
 }
 

@@ -23,6 +23,18 @@ pub struct Defaults {
     pub frequency_penalty: f32,
 }
 
+/// What happens to a structured-output request (a JSON Schema or object, or a forced tool
+/// call) for a model whose engine cannot constrain output by a grammar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StructuredOutput {
+    /// Refused up front with a 400 (`unsupported_parameter`).
+    #[default]
+    Refuse,
+    /// Generated unconstrained, then checked: an answer that breaks the shape is a 422.
+    Validate,
+}
+
 /// One engine plugin to load.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
@@ -63,4 +75,6 @@ pub struct ModelConfig {
     /// The markers around the model's reasoning, for a reasoning model (`reasoning = {}` takes
     /// `<think>` and `</think>`).
     pub reasoning: Option<crate::text::reasoning::ReasoningMarkers>,
+    /// Structured output when the engine cannot constrain it.
+    pub structured_output: StructuredOutput,
 }

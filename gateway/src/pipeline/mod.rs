@@ -13,3 +13,4 @@ pub(crate) mod plan;
 pub(crate) mod prompt;
 pub(crate) mod request;
 pub(crate) mod run;
+pub(crate) mod validate;

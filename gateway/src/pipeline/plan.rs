@@ -10,8 +10,9 @@ use turnpike_engine_api::Grammar;
 
 use super::request::{GenerationRequest, OutputFormat, ParamNames, Prompt, ToolChoice, Tools};
 use super::run::{Job, ToolSetup};
+use super::validate::{Expected, OutputCheck, validator};
 use super::{forced_call, params, prompt};
-use crate::engine_host::{Defaults, ServedModel};
+use crate::engine_host::{Defaults, ServedModel, StructuredOutput};
 use crate::error::ApiError;
 
 /// A checked, tokenized generation, before admission.
@@ -50,6 +51,7 @@ pub(crate) fn plan(
 ) -> Result<Plan, ApiError> {
     let names = req.names;
     let (tools, forced_call) = tool_setup(&req.tools, names, model)?;
+    let output = shaping(&req.output, names, model)?;
     let mut p = params::generation_params(&req.sampling, model, defaults)?;
     let stop = params::stop_strings(req.sampling.stop.as_ref())?;
     let top = match &req.top_logprobs {
@@ -65,9 +67,8 @@ pub(crate) fn plan(
     let logprobs = params::logprobs(req.logprobs, top, names.top_logprobs, model)?;
     p.logprobs = logprobs.is_some();
     p.top_logprobs = logprobs.unwrap_or(0);
-    p.grammar = grammar(&req.output, names, model)?;
-    if let Some(call) = forced_call {
-        if p.grammar.is_some() {
+    let shape = match (output, forced_call) {
+        (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
                 names.tool_choice,
                 format!(
@@ -76,8 +77,16 @@ pub(crate) fn plan(
                 ),
             ));
         }
-        p.grammar = Some(call);
-    }
+        (output, forced) => output.or(forced),
+    };
+    let check = match shape {
+        None => None,
+        Some(Shaping::Grammar(grammar)) => {
+            p.grammar = Some(grammar);
+            None
+        }
+        Some(Shaping::Check(check)) => Some(check),
+    };
     let budget = params::prompt_limit(model, defaults);
     let (prompts, prompt_texts, reasoning) = match &req.prompt {
         Prompt::Chat {
@@ -131,6 +140,7 @@ pub(crate) fn plan(
             retry_after,
             tools,
             reasoning,
+            check,
         },
         prompt_texts,
         priority,
@@ -145,7 +155,7 @@ fn tool_setup(
     tools: &Tools,
     names: ParamNames,
     model: &ServedModel,
-) -> Result<(Option<ToolSetup>, Option<Grammar>), ApiError> {
+) -> Result<(Option<ToolSetup>, Option<Shaping>), ApiError> {
     let forced: Option<Vec<usize>> = match &tools.choice {
         ToolChoice::None => return Ok((None, None)),
         ToolChoice::Auto => None,
@@ -196,7 +206,11 @@ fn tool_setup(
         .iter()
         .filter_map(|&i| Some((tools.names.get(i)?.as_str(), tools.schemas.get(i)?)))
         .collect();
-    if !model.info.capabilities.grammar {
+    if model.info.capabilities.grammar {
+        let grammar = forced_call::grammar(format, &offered, tools.parallel);
+        return Ok((Some(setup), Some(Shaping::Grammar(grammar))));
+    }
+    if model.structured_output == StructuredOutput::Refuse {
         return Err(ApiError::unsupported(
             names.tool_choice,
             format!(
@@ -205,16 +219,29 @@ fn tool_setup(
             ),
         ));
     }
-    let grammar = forced_call::grammar(format, &offered, tools.parallel);
-    Ok((Some(setup), Some(grammar)))
+    let mut schemas = std::collections::HashMap::new();
+    for (name, schema) in offered {
+        schemas.insert(name.to_string(), validator(schema, "tools")?);
+    }
+    let check = OutputCheck::new(Expected::ToolCall(Arc::new(schemas)), names.tool_choice);
+    Ok((Some(setup), Some(Shaping::Check(check))))
 }
 
-/// The grammar an output format needs, if the model can enforce it.
-fn grammar(
+/// How a requested output shape is kept: by a grammar the engine decodes under, or (a model
+/// whose engine cannot, under `structured_output = "validate"`) by checking the output.
+#[derive(Debug)]
+enum Shaping {
+    Grammar(Grammar),
+    Check(OutputCheck),
+}
+
+/// How an output format is kept: the grammar it needs when the model can enforce one, else
+/// the check of its answers when the model validates, else a refusal.
+fn shaping(
     output: &OutputFormat,
     names: ParamNames,
     model: &ServedModel,
-) -> Result<Option<Grammar>, ApiError> {
+) -> Result<Option<Shaping>, ApiError> {
     let grammar = match output {
         OutputFormat::Text => return Ok(None),
         OutputFormat::JsonObject => Grammar::JsonObject,
@@ -225,7 +252,19 @@ fn grammar(
             }
         }
     };
-    params::grammar(grammar, names.output, model).map(Some)
+    if model.info.capabilities.grammar || model.structured_output == StructuredOutput::Refuse {
+        return params::grammar(grammar, names.output, model).map(|g| Some(Shaping::Grammar(g)));
+    }
+    let expected = match grammar {
+        Grammar::JsonSchema { schema } => {
+            Expected::Schema(Arc::new(validator(&schema, names.schema)?))
+        }
+        _ => Expected::JsonObject,
+    };
+    Ok(Some(Shaping::Check(OutputCheck::new(
+        expected,
+        names.output,
+    ))))
 }
 
 /// A reasoning effort, one of OpenAI's words.

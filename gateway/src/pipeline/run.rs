@@ -25,6 +25,8 @@ use crate::text::reasoning::{ReasoningMarkers, ReasoningSplitter};
 use crate::text::stop::{StopMatcher, StopOutcome};
 use crate::text::tools::{ToolCallFormat, ToolCallParser, ToolOutput};
 
+use super::validate::OutputCheck;
+
 /// What to generate.
 #[derive(Debug)]
 pub(crate) struct Job {
@@ -44,6 +46,8 @@ pub(crate) struct Job {
     pub tools: Option<ToolSetup>,
     /// Split reasoning out of the text (a chat request to a model with reasoning markers).
     pub reasoning: Option<ReasoningMarkers>,
+    /// Check each answer's shape (structured output the engine could not constrain).
+    pub check: Option<OutputCheck>,
 }
 
 /// How to find tool calls in a choice's text.
@@ -193,6 +197,8 @@ pub(crate) struct GenStream {
     done: bool,
     /// Tokens the engines sent (also those of choices already cut), for settling on cancel.
     tokens_seen: u64,
+    /// The shape each answer must have, when checked here.
+    check: Option<OutputCheck>,
 }
 
 impl std::fmt::Debug for GenStream {
@@ -258,6 +264,7 @@ pub(crate) fn start(job: Job) -> Result<GenStream, ApiError> {
         started: false,
         done: false,
         tokens_seen: 0,
+        check: job.check,
     })
 }
 
@@ -498,6 +505,12 @@ impl Stream for GenStream {
         let this = &mut *self;
         loop {
             if let Some(event) = this.pending.pop_front() {
+                if let Some(broken) = this.check.as_mut().and_then(|c| c.observe(&event)) {
+                    // The answer breaks its shape: the generation ends here, with the error.
+                    this.done = true;
+                    this.pending.clear();
+                    return Poll::Ready(Some(GenEvent::Error(broken)));
+                }
                 return Poll::Ready(Some(event));
             }
             if this.done {

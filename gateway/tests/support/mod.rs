@@ -323,6 +323,7 @@ pub fn app_with_tenancy(
         max_output_tokens: 128,
         tool_call_parser: None,
         reasoning: None,
+        structured_output: Default::default(),
     };
     edit(&mut model);
     let backend: Arc<dyn Backend> = Arc::new(backend);
