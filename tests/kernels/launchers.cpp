@@ -53,9 +53,10 @@ extern "C" void emu_attention_combine(unsigned gx, unsigned gy, unsigned gz, uns
 extern "C" void emu_sample_rows(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
     const float* logits, int vocab, const SampleRow* params, const int* penalty_tokens,
     const int* penalty_counts, const int* banned_tokens, float* scratch_rows, int* out_token,
-    float* out_logprob, int* out_top_ids, float* out_top_logprobs) {
+    float* out_logprob, int* out_top_ids, float* out_top_logprobs,
+    const unsigned int* allowed_masks) {
     emulate(EMU_GRID, threads, [=] {
         sample_rows(logits, vocab, params, penalty_tokens, penalty_counts, banned_tokens,
-            scratch_rows, out_token, out_logprob, out_top_ids, out_top_logprobs);
+            scratch_rows, out_token, out_logprob, out_top_ids, out_top_logprobs, allowed_masks);
     });
 }

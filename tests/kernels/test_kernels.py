@@ -191,21 +191,31 @@ class Rows:
         ("min_p", "<f4"), ("repetition_penalty", "<f4"), ("presence_penalty", "<f4"),
         ("frequency_penalty", "<f4"), ("uniform", "<f4"), ("top_logprobs", "<i4"),
         ("penalty_begin", "<i4"), ("penalty_end", "<i4"), ("banned_begin", "<i4"), ("banned_end", "<i4"),
+        ("mask_offset", "<i4"),
     ])
 
     def __init__(self):
-        self.rows, self.tokens, self.counts, self.banned = [], [], [], []
+        self.rows, self.tokens, self.counts, self.banned, self.masks = [], [], [], [], []
 
     def add(self, logits_row=0, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repetition=1.0,
-            presence=0.0, frequency=0.0, uniform=0.0, top_logprobs=-1, penalties=(), banned=()):
+            presence=0.0, frequency=0.0, uniform=0.0, top_logprobs=-1, penalties=(), banned=(), allowed=None):
+        """`allowed`: the token ids a grammar allows (a bitmask row), or None for no mask."""
         pb = len(self.tokens)
         for token, count in penalties:
             self.tokens.append(token)
             self.counts.append(count)
         bb = len(self.banned)
         self.banned.extend(banned)
+        mask_offset = -1
+        if allowed is not None:
+            mask_offset = len(self.masks)
+            words = [0] * ((max(allowed, default=0) // 32) + 1 + 64)
+            for t in allowed:
+                words[t // 32] |= 1 << (t % 32)
+            self.masks.extend(words)
         self.rows.append((logits_row, temperature, top_k, top_p, min_p, repetition, presence,
-                          frequency, uniform, top_logprobs, pb, len(self.tokens), bb, len(self.banned)))
+                          frequency, uniform, top_logprobs, pb, len(self.tokens), bb, len(self.banned),
+                          mask_offset))
 
     def run(self, lib, logits, threads=128):
         n, vocab = len(self.rows), logits.shape[1]
@@ -218,8 +228,9 @@ class Rows:
         out_logprob = np.zeros(n, dtype=np.float32)
         top_ids = np.full((n, 20), -1, dtype=np.int32)
         top_lp = np.zeros((n, 20), dtype=np.float32)
+        masks = np.array(self.masks + [0], dtype=np.uint32)
         call(lib, "sample_rows", (n,), threads, np.ascontiguousarray(logits, dtype=np.float32), vocab,
-             params, tokens, counts, banned, scratch, out_token, out_logprob, top_ids, top_lp)
+             params, tokens, counts, banned, scratch, out_token, out_logprob, top_ids, top_lp, masks)
         return out_token, out_logprob, top_ids, top_lp
 
 
@@ -257,6 +268,33 @@ def test_greedy_logprobs_bans_and_fallback(lib):
     y = np.where(np.isnan(logits[1]), -np.inf, logits[1]).astype(np.float64)
     assert token[3] == int(np.argmax(y)) and top_ids[3, 0] == token[3]
     assert np.isfinite(logprob[3])
+
+
+def test_a_grammar_mask_limits_every_choice_and_the_logprobs(lib):
+    vocab = 700
+    logits = (rng.normal(size=(1, vocab)) * 2).astype(np.float32)
+    x = logits[0].astype(np.float64)
+    allowed = sorted(rng.choice(vocab, size=9, replace=False).tolist())
+    keep = np.zeros(vocab, dtype=bool)
+    keep[allowed] = True
+    masked = np.where(keep, x, -np.inf)
+    log_softmax = masked - masked.max() - np.log(np.exp(masked - masked.max()).sum())
+    best = int(np.argmax(masked))
+    rows = Rows()
+    rows.add(allowed=allowed, top_logprobs=3)
+    for u in (0.1, 0.5, 0.9):
+        rows.add(allowed=allowed, temperature=1.0, uniform=u)
+    # Banned beyond the mask: the fallback is the best allowed token, never a disallowed one.
+    rows.add(allowed=allowed, banned=allowed)
+    rows.add(allowed=[vocab - 1])
+    token, logprob, top_ids, top_lp = rows.run(lib, logits)
+    assert token[0] == best
+    assert abs(logprob[0] - log_softmax[best]) < 1e-4
+    assert list(top_ids[0, :3]) == list(np.argsort(-masked, kind="stable")[:3])
+    for i, u in enumerate((0.1, 0.5, 0.9), start=1):
+        assert token[i] == draw(x, 1.0, u, keep), (i, token[i])
+    assert token[4] == best
+    assert token[5] == vocab - 1
 
 
 def test_penalties_change_the_choice_as_the_host_sampler_would(lib):

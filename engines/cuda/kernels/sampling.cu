@@ -2,13 +2,16 @@
 // log-probability and the top log-probabilities, so only those cross to the host.
 //
 // The order of operations is the host sampler's (see `sampler/mod.rs`):
+//  0. a row with a grammar mask (`mask_offset >= 0`: one bit per token id, 32 to a word, at
+//     that word of `allowed_masks`) sees every token the grammar does not allow as -inf, as
+//     the host's grammar constraint sets them before it samples;
 //  1. log-probabilities of the raw logits (NaN as -inf, +inf as FLT_MAX), before anything;
 //  2. repetition penalty on every listed token (prompt or output), then frequency and presence
 //     penalties by generated count, then banned tokens to -inf, into a scratch copy;
 //  3. greedy argmax (ties to the lowest id) when temperature <= 0; otherwise weights
 //     exp((x - max) / temperature), top-k, top-p over the top-k mass, min-p, and one draw with
 //     the uniform the host drew from the sequence's own seeded generator;
-//  4. if nothing survives, the argmax of the raw logits.
+//  4. if nothing survives, the argmax of the raw logits (of the allowed ones, under a mask).
 // Filters are thresholds found by a bitwise search over order-preserving keys of the values
 // (32 passes over the row), so nothing sorts the vocabulary. A threshold keeps every token
 // tied with it, and the draw walks kept tokens in id order: with the same uniform the choice
@@ -31,7 +34,13 @@ struct SampleRow {
     int penalty_end;
     int banned_begin;
     int banned_end;
+    int mask_offset;
 };
+
+// Whether the row's grammar mask (if any) allows token `i`.
+__device__ __forceinline__ bool mask_allows(const unsigned int* masks, int offset, int i) {
+    return offset < 0 || ((masks[offset + (i >> 5)] >> (i & 31)) & 1u) != 0u;
+}
 
 __device__ __forceinline__ float clean_logit(float x) {
     return isnan(x) ? NEG_INF : fminf(x, FLT_MAX_VALUE);
@@ -117,7 +126,8 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(
     int* __restrict__ out_token,
     float* __restrict__ out_logprob,
     int* __restrict__ out_top_ids,
-    float* __restrict__ out_top_logprobs
+    float* __restrict__ out_top_logprobs,
+    const unsigned int* __restrict__ allowed_masks
 ) {
     __shared__ float reduce[WARP];
     __shared__ float best_values[WARP];
@@ -129,10 +139,10 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(
     const float* raw = logits + (long long)p.logits_row * vocab;
     float* x = scratch_rows + (long long)blockIdx.x * vocab;
 
-    // 1. The raw distribution, for log-probabilities.
+    // 0-1. The raw distribution (under the grammar mask), for log-probabilities.
     float raw_max = NEG_INF;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const float v = clean_logit(raw[i]);
+        const float v = mask_allows(allowed_masks, p.mask_offset, i) ? clean_logit(raw[i]) : NEG_INF;
         x[i] = v;
         raw_max = fmaxf(raw_max, v);
     }
@@ -282,8 +292,13 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sample_rows(
 
     // 4. The fallback when every token was banned or -inf.
     if (token < 0 || token >= vocab || max_value == NEG_INF) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            x[i] = mask_allows(allowed_masks, p.mask_offset, i) ? raw[i] : NEG_INF;
+        }
+        __syncthreads();
         float unused;
-        block_best_below(raw, vocab, __int_as_float(0x7f800000), -1, &unused, &token,
+        block_best_below(x, vocab, __int_as_float(0x7f800000), -1, &unused, &token,
             best_values, best_ids);
         if (token < 0 || token >= vocab) {
             token = 0;

@@ -63,6 +63,9 @@ pub struct SampleRequest<'a> {
     pub penalties: &'a [(u32, u32)],
     /// Tokens that cannot be chosen (end of sequence below `min_tokens`).
     pub banned: &'a [u32],
+    /// For a choice under a grammar, the ids it allows: bit `id % 32` of word `id / 32`, at
+    /// least one word per 32 logits (see `turnpike_grammar::Allowed`).
+    pub allowed: Option<&'a [u32]>,
 }
 
 /// Why a device could not run.

@@ -43,13 +43,10 @@ pub struct ModelRuntime {
     grammars: Option<Grammars>,
 }
 
-/// The grammar compiler for a model on `device` (built on first use), or `None`: grammars
-/// need the model's `tokenizer.json` and a device that hands logits to the host (the CUDA
-/// device samples on the GPU, which does not apply grammar masks yet).
-fn grammars_for(folder: &ModelFolder, device: &dyn Device) -> Option<Grammars> {
-    if device.samples() {
-        return None;
-    }
+/// The grammar compiler for a model (built on first use), or `None` without the model's
+/// `tokenizer.json`. Either device applies the masks: the CPU's on the host logits, the
+/// CUDA device's in its sampling kernel.
+fn grammars_for(folder: &ModelFolder) -> Option<Grammars> {
     let tokenizer = folder.tokenizer.as_ref()?;
     Some(Grammars::new(
         tokenizer,
@@ -170,7 +167,7 @@ impl ModelRuntime {
             .max_context
             .map_or(folder.spec.max_context, |c| c.min(folder.spec.max_context));
         let device = open_device(settings, &folder, max_context, host)?;
-        let grammars = grammars_for(&folder, device.as_ref());
+        let grammars = grammars_for(&folder);
         let num_blocks = device.num_blocks();
         let min_blocks = max_context.div_ceil(settings.block_size as usize);
         if (num_blocks as usize) < min_blocks {

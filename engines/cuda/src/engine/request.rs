@@ -4,7 +4,18 @@
 use turnpike_engine_api::plugin::Sink;
 use turnpike_engine_api::{Finish, GenerationParams, TopLogprob, Usage};
 
-use crate::grammar::Constraint;
+use crate::grammar::{Allowed, Constraint};
+
+/// What a device that samples needs for one choice (see [`LiveRequest::device_inputs`]).
+#[derive(Debug)]
+pub struct DeviceInputs {
+    /// The uniform draw for a non-greedy sample.
+    pub uniform: f32,
+    /// Tokens it may not pick yet.
+    pub banned: Vec<u32>,
+    /// Under a grammar, the tokens it allows.
+    pub allowed: Option<Allowed>,
+}
 use crate::sampler::{Sampled, SamplingParams, SequenceSampler, mix};
 use crate::scheduler::SeqId;
 
@@ -170,16 +181,30 @@ impl LiveRequest {
 
     /// What a device that samples needs for choice `index`: the uniform it draws with (the
     /// choice's RNG advances as in [`LiveRequest::sample`]), the penalty list into
-    /// `penalties`, and the banned tokens.
+    /// `penalties`, the banned tokens, and under a grammar the tokens it allows. `Err` is the
+    /// outcome when the grammar allows nothing (the request then fails).
     pub fn device_inputs(
         &mut self,
         index: usize,
         eos: &[u32],
         penalties: &mut Vec<(u32, u32)>,
-    ) -> (f32, Vec<u32>) {
+    ) -> Result<DeviceInputs, Outcome> {
         let banned = self.banned(index, eos);
+        let allowed = match self.choices[index]
+            .constraint
+            .as_mut()
+            .map(Constraint::allowed)
+        {
+            None => None,
+            Some(Ok(allowed)) => Some(allowed),
+            Some(Err(why)) => return Err(self.fail(why)),
+        };
         let uniform = self.choices[index].sampler.device_inputs(penalties);
-        (uniform, banned)
+        Ok(DeviceInputs {
+            uniform,
+            banned,
+            allowed,
+        })
     }
 
     /// Takes a token a device sampled for choice `index`, as [`LiveRequest::sample`] does.
@@ -190,7 +215,13 @@ impl LiveRequest {
         eos: &[u32],
         max_context: u32,
     ) -> Outcome {
-        self.choices[index].sampler.record(sampled.token);
+        let choice = &mut self.choices[index];
+        choice.sampler.record(sampled.token);
+        if let Some(constraint) = choice.constraint.as_mut()
+            && let Err(why) = constraint.advance(sampled.token)
+        {
+            return self.fail(why);
+        }
         self.accept(index, sampled, eos, max_context)
     }
 

@@ -108,60 +108,62 @@ impl Worker {
         }
     }
 
-    /// Samples `targets` on the device and hands each token to its choice.
+    /// Samples `targets` on the device and hands each token to its choice. A choice whose
+    /// grammar allows nothing is not sampled: its outcome is the failure.
     fn sample_on_device(&mut self, targets: &[Target]) -> Result<Vec<Option<Outcome>>, String> {
         let mut inputs = Vec::with_capacity(targets.len());
-        for t in targets {
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; targets.len()];
+        for (i, t) in targets.iter().enumerate() {
             let Some(live) = self.requests.get_mut(&t.id) else {
                 return Err(format!("request {} vanished before sampling", t.id));
             };
             let mut penalties = Vec::new();
-            let (uniform, banned) = live.device_inputs(t.index, &self.eos, &mut penalties);
-            inputs.push((uniform, penalties, banned));
+            match live.device_inputs(t.index, &self.eos, &mut penalties) {
+                Ok(row) => inputs.push((i, row, penalties)),
+                Err(outcome) => outcomes[i] = Some(outcome),
+            }
         }
-        let params: Vec<_> = targets
+        let params: Vec<_> = inputs
             .iter()
-            .map(|t| {
+            .map(|(i, _, _)| {
+                let t = targets[*i];
                 self.requests
                     .get(&t.id)
                     .map(|live| live.choices[t.index].sampler.params().clone())
                     .unwrap_or_default()
             })
             .collect();
-        let rows: Vec<SampleRequest<'_>> = targets
+        let rows: Vec<SampleRequest<'_>> = inputs
             .iter()
-            .zip(&inputs)
             .zip(&params)
-            .map(
-                |((t, (uniform, penalties, banned)), params)| SampleRequest {
-                    logits_row: t.row,
-                    params,
-                    uniform: *uniform,
-                    penalties,
-                    banned,
-                },
-            )
+            .map(|((i, row, penalties), params)| SampleRequest {
+                logits_row: targets[*i].row,
+                params,
+                uniform: row.uniform,
+                penalties,
+                banned: &row.banned,
+                allowed: row.allowed.as_ref().map(|a| a.words()),
+            })
             .collect();
         let sampled: Vec<Sampled> = self
             .device
             .sample(&rows)
             .map_err(|e| format!("device sampling failed: {e}"))?;
-        if sampled.len() != targets.len() {
+        if sampled.len() != rows.len() {
             return Err(format!(
                 "the device sampled {} of {} choices",
                 sampled.len(),
-                targets.len()
+                rows.len()
             ));
         }
-        Ok(targets
-            .iter()
-            .zip(sampled)
-            .map(|(t, s)| {
-                self.requests
-                    .get_mut(&t.id)
-                    .map(|live| live.accept_device(t.index, s, &self.eos, self.max_context))
-            })
-            .collect())
+        for ((i, _, _), s) in inputs.iter().zip(sampled) {
+            let t = targets[*i];
+            outcomes[*i] = self
+                .requests
+                .get_mut(&t.id)
+                .map(|live| live.accept_device(t.index, s, &self.eos, self.max_context));
+        }
+        Ok(outcomes)
     }
 
     /// Advances or ends each sampled choice, then finishes the requests whose choices all ended.

@@ -250,7 +250,7 @@ mod tests {
             ("activation", "silu_and_mul", 3),
             ("attention", "paged_attention", 17),
             ("attention", "attention_combine", 6),
-            ("sampling", "sample_rows", 11),
+            ("sampling", "sample_rows", 12),
         ];
         for (file, function, count) in expected {
             let source = SOURCES.iter().find(|(n, _)| *n == file).map(|(_, s)| *s);

@@ -1,5 +1,7 @@
-//! Sampling on the GPU: the host sends each choice's settings, its penalty list and its
-//! uniform draw; `sample_rows` returns token ids and the requested log-probabilities.
+//! Sampling on the GPU: the host sends each choice's settings, its penalty list, its uniform
+//! draw and, under a grammar, the bitmask of the tokens it allows (the kernel bans the rest
+//! before anything else, as the host's constraint does); `sample_rows` returns token ids and
+//! the requested log-probabilities.
 
 use cudarc::driver::sys::CUstream;
 
@@ -31,6 +33,8 @@ pub struct SampleRow {
     pub penalty_end: i32,
     pub banned_begin: i32,
     pub banned_end: i32,
+    /// The row's first word in the grammar masks, or -1 for none.
+    pub mask_offset: i32,
 }
 
 /// The host-side layout of a sampling launch.
@@ -40,6 +44,7 @@ pub struct SampleInputs {
     pub penalty_tokens: Vec<i32>,
     pub penalty_counts: Vec<i32>,
     pub banned: Vec<i32>,
+    pub masks: Vec<u32>,
 }
 
 impl SampleInputs {
@@ -55,6 +60,14 @@ impl SampleInputs {
             }
             let banned_begin = s.banned.len() as i32;
             s.banned.extend(r.banned.iter().map(|&t| t as i32));
+            let mask_offset = match r.allowed {
+                Some(words) => {
+                    let at = s.masks.len() as i32;
+                    s.masks.extend_from_slice(words);
+                    at
+                }
+                None => -1,
+            };
             let repetition = if p.repetition_penalty.is_finite() && p.repetition_penalty > 0.0 {
                 p.repetition_penalty
             } else {
@@ -79,6 +92,7 @@ impl SampleInputs {
                 penalty_end: s.penalty_tokens.len() as i32,
                 banned_begin,
                 banned_end: s.banned.len() as i32,
+                mask_offset,
             });
         }
         s
@@ -146,8 +160,19 @@ impl Sampler {
                 self.capacity
             )));
         }
+        let words = self.vocab.div_ceil(32);
+        if let Some(short) = requests
+            .iter()
+            .find_map(|r| r.allowed.filter(|m| m.len() < words))
+        {
+            return Err(DeviceError::InvalidBatch(format!(
+                "a grammar mask of {} words is short of the vocabulary's {words}",
+                short.len()
+            )));
+        }
         let inputs = SampleInputs::layout(requests);
-        let list_bytes = (inputs.penalty_tokens.len() * 2 + inputs.banned.len()) * 4;
+        let list_bytes =
+            (inputs.penalty_tokens.len() * 2 + inputs.banned.len() + inputs.masks.len()) * 4;
         if list_bytes > self.lists.bytes() {
             // Wait for earlier launches that read the old lists before freeing them.
             super::sync(stream)?;
@@ -156,12 +181,14 @@ impl Sampler {
         let tokens_at = 0;
         let counts_at = inputs.penalty_tokens.len() * 4;
         let banned_at = counts_at * 2;
+        let masks_at = banned_at + inputs.banned.len() * 4;
         self.params.write(&inputs.rows, stream)?;
         self.lists
             .write_at(tokens_at, &inputs.penalty_tokens, stream)?;
         self.lists
             .write_at(counts_at, &inputs.penalty_counts, stream)?;
         self.lists.write_at(banned_at, &inputs.banned, stream)?;
+        self.lists.write_at(masks_at, &inputs.masks, stream)?;
         let vocab = self.vocab as i32;
         launch(
             &kernels.sample_rows,
@@ -180,6 +207,7 @@ impl Sampler {
                 arg(&self.logprobs.ptr()),
                 arg(&self.top_ids.ptr()),
                 arg(&self.top_logprobs.ptr()),
+                arg(&self.lists.at(masks_at)),
             ],
         )?;
         let n = requests.len();
@@ -220,7 +248,7 @@ mod tests {
 
     #[test]
     fn rows_match_the_kernel_struct_and_lists_are_ranges() {
-        assert_eq!(size_of::<SampleRow>(), 14 * 4);
+        assert_eq!(size_of::<SampleRow>(), 15 * 4);
         let greedy = SamplingParams {
             temperature: 0.0,
             top_logprobs: Some(50),
@@ -237,6 +265,7 @@ mod tests {
                 uniform: 0.0,
                 penalties: &[(3, 0), (7, 2)],
                 banned: &[1],
+                allowed: None,
             },
             SampleRequest {
                 logits_row: 0,
@@ -244,6 +273,7 @@ mod tests {
                 uniform: 0.25,
                 penalties: &[(5, 1)],
                 banned: &[],
+                allowed: Some(&[0b1010, 0]),
             },
         ];
         let s = SampleInputs::layout(&requests);
@@ -255,5 +285,7 @@ mod tests {
         assert_eq!(s.rows[0].top_logprobs, 20);
         assert_eq!(s.rows[1].top_logprobs, -1);
         assert_eq!(s.rows[1].repetition_penalty, 1.0);
+        assert_eq!((s.rows[0].mask_offset, s.rows[1].mask_offset), (-1, 0));
+        assert_eq!(s.masks, vec![0b1010, 0]);
     }
 }
