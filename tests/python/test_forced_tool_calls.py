@@ -1,10 +1,12 @@
 """Forced tool calls through the default engine (CPU device): `tool_choice: "required"` or a
 named function become a grammar that writes the model's own tool-call envelope (`hermes`
-blocks, or a `llama3_json` call) with the function's parameters schema applied to the
-arguments, so the gateway's parsers return real `tool_calls`, streamed and not. The `tiny`
+blocks, a `llama3_json` call, or `mistral`'s `[TOOL_CALLS]` control token and call list; two
+mistral models: one whose tokenizer has the token, one that writes it as text) with the
+function's parameters schema applied to the arguments, so the gateway's parsers return real `tool_calls`, streamed and not. The `tiny`
 model's weights are random: nothing but the grammar makes it call anything. Official SDK."""
 
 import json
+import shutil
 import subprocess
 from typing import Literal
 
@@ -35,7 +37,7 @@ TOOLS = [
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 MESSAGES = [{"role": "user", "content": "What should I pack?"}]
-FORMATS = ["hermes", "llama3_json"]
+FORMATS = ["hermes", "llama3_json", "mistral", "mistral-text"]
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +45,24 @@ def client(tmp_path_factory):
     work = tmp_path_factory.mktemp("forced-calls")
     model = work / "tiny"
     subprocess.run([str(BIN), "make-model", "--preset", "tiny", "--out", str(model)], check=True, capture_output=True)
+    # The same model, its tokenizer given Mistral's control token in a spare id below the vocabulary.
+    mistral = work / "tiny-mistral"
+    shutil.copytree(model, mistral)
+    tokenizer = json.loads((mistral / "tokenizer.json").read_text())
+    spare = json.loads((mistral / "config.json").read_text())["vocab_size"] - 1
+    tokenizer["added_tokens"].append({"id": spare, "content": "[TOOL_CALLS]", "single_word": False, "lstrip": False,
+                                      "rstrip": False, "normalized": False, "special": True})
+    (mistral / "tokenizer.json").write_text(json.dumps(tokenizer))
+    folders = {"mistral": mistral}
     lines = ["[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"', "[[engines]]", 'name = "default"',
              f'plugin = "{PLUGIN}"', "[engines.config]", "seed = 5"]
     for f in FORMATS:
-        lines += ["[[engines.config.models]]", f'id = "{f}"', f'path = "{model}"', 'device = "cpu"', "threads = 2"]
+        lines += ["[[engines.config.models]]", f'id = "{f}"', f'path = "{folders.get(f, model)}"', 'device = "cpu"',
+                  "threads = 2"]
     for f in FORMATS:
-        lines += ["[[models]]", f'name = "{f}"', 'engine = "default"', f'folder = "{model}"', f'tool_call_parser = "{f}"']
+        parser = f.split("-")[0]
+        lines += ["[[models]]", f'name = "{f}"', 'engine = "default"', f'folder = "{folders.get(f, model)}"',
+                  f'tool_call_parser = "{parser}"']
     running = Gateway(work, "\n".join(lines) + "\n", {})
     yield openai.OpenAI(base_url=f"{running.base}/v1", api_key="sk-unused", max_retries=0)
     running.stop()

@@ -6,7 +6,9 @@
 //!
 //! - `llama3_json`: one JSON call, `{"name": NAME, "parameters": {...}}`;
 //! - `hermes`: `<tool_call>` blocks of `{"name": NAME, "arguments": {...}}`, one, or as many as
-//!   the model writes when parallel calls are allowed.
+//!   the model writes when parallel calls are allowed;
+//! - `mistral`: the `[TOOL_CALLS]` control token (by its id, so the model writes the token and
+//!   not its text) and a JSON list of `{"name": NAME, "arguments": {...}}`, of one call or more.
 
 use serde_json::{Value, json};
 use turnpike_engine_api::docs::Grammar;
@@ -15,10 +17,17 @@ use crate::text::tools::ToolCallFormat;
 
 /// The grammar of a forced call to one of `tools` (name and `parameters` schema each) in
 /// `format`; several calls only where `parallel` and the format has a way to write them.
-pub(crate) fn grammar(format: ToolCallFormat, tools: &[(&str, &Value)], parallel: bool) -> Grammar {
+/// `control` is the id of the format's control token in the model's vocabulary (else its
+/// text is written).
+pub(crate) fn grammar(
+    format: ToolCallFormat,
+    tools: &[(&str, &Value)],
+    parallel: bool,
+    control: Option<u32>,
+) -> Grammar {
     let arguments = match format {
         ToolCallFormat::Llama3Json => "parameters",
-        ToolCallFormat::Hermes => "arguments",
+        ToolCallFormat::Hermes | ToolCallFormat::Mistral => "arguments",
     };
     let calls: Vec<Value> = tools
         .iter()
@@ -36,14 +45,25 @@ pub(crate) fn grammar(format: ToolCallFormat, tools: &[(&str, &Value)], parallel
     } else {
         json!({"anyOf": calls})
     };
+    // JSON text is valid Lark `%json` content as is; compact, as JSON answers are.
+    let mut call = call;
+    if let Value::Object(map) = &mut call {
+        map.insert("x-guidance".into(), json!({"whitespace_flexible": false}));
+    }
     match format {
         ToolCallFormat::Llama3Json => Grammar::JsonSchema { schema: call },
-        ToolCallFormat::Hermes => {
-            // JSON text is valid Lark `%json` content as is; compact, as JSON answers are.
-            let mut call = call;
-            if let Value::Object(map) = &mut call {
-                map.insert("x-guidance".into(), json!({"whitespace_flexible": false}));
+        ToolCallFormat::Mistral => {
+            let marker = match (control, format.control_token()) {
+                (Some(id), _) => format!("<[{id}]>"),
+                (None, Some(text)) => Value::from(text).to_string(),
+                (None, None) => String::new(),
+            };
+            let more = if parallel { " (\",\" call)*" } else { "" };
+            Grammar::Lark {
+                grammar: format!("start: {marker} \"[\" call{more} \"]\"\ncall: %json {call}\n"),
             }
+        }
+        ToolCallFormat::Hermes => {
             let block = format!("\"<tool_call>\\n\" %json {call} \"\\n</tool_call>\"");
             let start = if parallel {
                 "start: call (\"\\n\" call)*"
@@ -68,6 +88,7 @@ mod tests {
             ToolCallFormat::Llama3Json,
             &[("get_weather", &schema)],
             true,
+            None,
         ) else {
             panic!("llama3_json is a JSON Schema");
         };
@@ -77,12 +98,22 @@ mod tests {
             ToolCallFormat::Hermes,
             &[("a", &schema), ("b", &schema)],
             false,
+            None,
         ) else {
             panic!("hermes is Lark");
         };
         assert!(lark.starts_with("start: call\n"), "{lark}");
         assert!(
             lark.contains("<tool_call>") && lark.contains("\"anyOf\""),
+            "{lark}"
+        );
+        let Grammar::Lark { grammar: lark } =
+            grammar(ToolCallFormat::Mistral, &[("a", &schema)], true, Some(9))
+        else {
+            panic!("mistral is Lark");
+        };
+        assert!(
+            lark.starts_with("start: <[9]> \"[\" call (\",\" call)* \"]\"\n"),
             "{lark}"
         );
     }

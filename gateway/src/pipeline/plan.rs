@@ -207,7 +207,10 @@ fn tool_setup(
         .filter_map(|&i| Some((tools.names.get(i)?.as_str(), tools.schemas.get(i)?)))
         .collect();
     if model.info.capabilities.grammar {
-        let grammar = forced_call::grammar(format, &offered, tools.parallel);
+        let control = format
+            .control_token()
+            .and_then(|token| model.tokenizer.token_to_id(token));
+        let grammar = forced_call::grammar(format, &offered, tools.parallel, control);
         return Ok((Some(setup), Some(Shaping::Grammar(grammar))));
     }
     if model.structured_output == StructuredOutput::Refuse {

@@ -239,7 +239,13 @@ pub(crate) fn start(job: Job) -> Result<GenStream, ApiError> {
         });
         for _ in 0..n {
             choices.push(ChoiceState {
-                decoder: IncrementalDecoder::new(Arc::clone(&job.model.tokenizer), true),
+                // A tool-call envelope made of special tokens (mistral) must reach the parser.
+                decoder: IncrementalDecoder::new(
+                    Arc::clone(&job.model.tokenizer),
+                    !job.tools
+                        .as_ref()
+                        .is_some_and(|t| t.format.needs_special_tokens()),
+                ),
                 stop: StopMatcher::new(&job.stop),
                 reasoning: job.reasoning.clone().map(ReasoningSplitter::new),
                 tools: job

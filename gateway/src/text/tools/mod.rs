@@ -6,13 +6,19 @@
 //! - `llama3_json`: the whole answer is a JSON call `{"name": ..., "arguments"|"parameters": {...}}`,
 //!   a list of them, or several separated by `;`. An answer that starts with `{` or `[` is held
 //!   until it ends; one that does not is plain text and streams as it comes.
-//! - `hermes`: calls are `<tool_call>{json}</tool_call>` blocks; text around them is content and
-//!   streams as it comes, less any tail that could still begin a block.
+//! - `hermes` (also `qwen`: Qwen 2.5 and 3 write the same blocks): calls are
+//!   `<tool_call>{json}</tool_call>` blocks; text around them is content and streams as it
+//!   comes, less any tail that could still begin a block.
+//! - `mistral`: the `[TOOL_CALLS]` control token, then a JSON list of calls or `NAME[ARGS]{...}`
+//!   calls ([`mistral`]); text before it is content and streams, the calls are held until the
+//!   answer ends. The token is special, so the decoder keeps special tokens for this format.
 //!
 //! The parser sits after stop strings in the one stream every response is made from, so a
 //! streamed response and a non-streamed one always carry the same calls. Only functions the
 //! request offered become calls; anything that does not parse, or names another function, stays
 //! text, so nothing the model wrote is lost.
+
+mod mistral;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -24,7 +30,25 @@ pub enum ToolCallFormat {
     /// Llama 3.x JSON calls.
     Llama3Json,
     /// `<tool_call>` blocks (Hermes, Qwen).
+    #[serde(alias = "qwen")]
     Hermes,
+    /// `[TOOL_CALLS]` then the calls (Mistral).
+    Mistral,
+}
+
+impl ToolCallFormat {
+    /// Whether the envelope holds special tokens, which the decoder must then keep.
+    pub fn needs_special_tokens(self) -> bool {
+        self.control_token().is_some()
+    }
+
+    /// The control token that opens the envelope, where the format has one.
+    pub fn control_token(self) -> Option<&'static str> {
+        match self {
+            Self::Mistral => Some(mistral::MARKER),
+            Self::Llama3Json | Self::Hermes => None,
+        }
+    }
 }
 
 /// A parsed call: the function and its arguments as JSON text.
@@ -82,7 +106,7 @@ impl ToolCallParser {
     pub fn new(format: ToolCallFormat, names: Vec<String>, max_calls: usize) -> Self {
         let state = match format {
             ToolCallFormat::Llama3Json => State::Undecided,
-            ToolCallFormat::Hermes => State::Text,
+            ToolCallFormat::Hermes | ToolCallFormat::Mistral => State::Text,
         };
         Self {
             format,
@@ -103,6 +127,7 @@ impl ToolCallParser {
         match self.format {
             ToolCallFormat::Llama3Json => self.push_json(out),
             ToolCallFormat::Hermes => self.push_hermes(out),
+            ToolCallFormat::Mistral => self.push_mistral(out),
         }
     }
 
@@ -125,7 +150,15 @@ impl ToolCallParser {
                     None => self.content(out, &format!("{OPEN}{held}"), false),
                 }
             }
-            (ToolCallFormat::Hermes, _) => {
+            (ToolCallFormat::Mistral, State::Held) => match mistral::calls(&held) {
+                Some(calls) if calls.iter().all(|c| self.offered(c)) => {
+                    for call in calls {
+                        self.emit(call, out);
+                    }
+                }
+                _ => self.content(out, &format!("{}{held}", mistral::MARKER), false),
+            },
+            (ToolCallFormat::Hermes | ToolCallFormat::Mistral, _) => {
                 self.content(out, &held, false);
                 // An answer of nothing but whitespace is still the answer.
                 if self.calls == 0 {
@@ -197,6 +230,21 @@ impl ToolCallParser {
                 }
             }
         }
+    }
+
+    fn push_mistral(&mut self, out: &mut Vec<ToolOutput>) {
+        if self.state == State::Held {
+            return;
+        }
+        if let Some(at) = self.buf.find(mistral::MARKER) {
+            let before: String = self.buf.drain(..at + mistral::MARKER.len()).collect();
+            self.content(out, &before[..at], true);
+            self.state = State::Held;
+            return;
+        }
+        let hold = held_prefix(&self.buf, mistral::MARKER);
+        let ready: String = self.buf.drain(..self.buf.len() - hold).collect();
+        self.content(out, &ready, false);
     }
 
     /// Content outside blocks. Whitespace before any content or after a call is held until
@@ -289,117 +337,4 @@ fn json_calls(text: &str) -> Option<Vec<ParsedCall>> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(format: ToolCallFormat, pieces: &[&str], max: usize) -> Vec<ToolOutput> {
-        let names = vec!["get_weather".to_string(), "get_time".to_string()];
-        let mut p = ToolCallParser::new(format, names, max);
-        let mut out = Vec::new();
-        for piece in pieces {
-            p.push(piece, &mut out);
-        }
-        p.finish(&mut out);
-        // Adjacent text pieces read as one.
-        let mut merged: Vec<ToolOutput> = Vec::new();
-        for o in out {
-            match (merged.last_mut(), o) {
-                (Some(ToolOutput::Text(a)), ToolOutput::Text(b)) => a.push_str(&b),
-                (_, o) => merged.push(o),
-            }
-        }
-        merged
-    }
-
-    fn call(name: &str, arguments: &str) -> ToolOutput {
-        ToolOutput::Call(ParsedCall {
-            name: name.into(),
-            arguments: arguments.into(),
-        })
-    }
-
-    fn text(s: &str) -> ToolOutput {
-        ToolOutput::Text(s.into())
-    }
-
-    #[test]
-    fn llama3_json_calls_in_every_shape() {
-        let f = ToolCallFormat::Llama3Json;
-        let one = parse(
-            f,
-            &[
-                " {\"name\": \"get_",
-                "weather\", \"parameters\": {\"city\": \"Paris\"}}",
-            ],
-            8,
-        );
-        assert_eq!(one, vec![call("get_weather", r#"{"city":"Paris"}"#)]);
-        let many = parse(
-            f,
-            &[r#"{"name":"get_time","arguments":"{\"tz\":\"UTC\"}"}; {"name":"get_weather"}"#],
-            8,
-        );
-        assert_eq!(
-            many,
-            vec![
-                call("get_time", r#"{"tz":"UTC"}"#),
-                call("get_weather", "{}")
-            ]
-        );
-        let list = parse(f, &[r#"[{"name":"get_time"},{"name":"get_weather"}]"#], 1);
-        assert_eq!(list, vec![call("get_time", "{}")]);
-    }
-
-    #[test]
-    fn llama3_json_text_and_failures_stay_text() {
-        let f = ToolCallFormat::Llama3Json;
-        assert_eq!(
-            parse(f, &["  Hello", " there"], 8),
-            vec![text("  Hello there")]
-        );
-        let unknown = r#"{"name": "rm_rf", "arguments": {}}"#;
-        assert_eq!(parse(f, &[unknown], 8), vec![text(unknown)]);
-        let cut = r#"{"name": "get_weather", "argu"#;
-        assert_eq!(parse(f, &[cut], 8), vec![text(cut)]);
-        assert_eq!(parse(f, &["{\"a\": 1}"], 8), vec![text("{\"a\": 1}")]);
-    }
-
-    #[test]
-    fn hermes_blocks_split_anywhere() {
-        let f = ToolCallFormat::Hermes;
-        let whole = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>{\"name\": \"get_time\"}</tool_call>\n";
-        let expected = vec![
-            text("Let me look.\n"),
-            call("get_weather", r#"{"city":"Oslo"}"#),
-            call("get_time", "{}"),
-        ];
-        assert_eq!(parse(f, &[whole], 8), expected);
-        let chars: Vec<String> = whole.chars().map(String::from).collect();
-        let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
-        assert_eq!(parse(f, &pieces, 8), expected);
-        assert_eq!(parse(f, &[whole], 1), expected[..2].to_vec());
-    }
-
-    #[test]
-    fn hermes_keeps_what_is_not_a_call() {
-        let f = ToolCallFormat::Hermes;
-        assert_eq!(parse(f, &["a < b <tool"], 8), vec![text("a < b <tool")]);
-        let bad = "<tool_call>{not json}</tool_call> after";
-        assert_eq!(parse(f, &[bad], 8), vec![text(bad)]);
-        let unclosed = "<tool_call>{\"name\": \"get_time\"}";
-        assert_eq!(parse(f, &[unclosed], 8), vec![call("get_time", "{}")]);
-        let trailing = "<tool_call>{\"name\": \"get_time\"}</tool_call>\n\nDone.";
-        assert_eq!(
-            parse(f, &[trailing], 8),
-            vec![call("get_time", "{}"), text("\n\nDone.")]
-        );
-        // Whitespace around calls alone is not content; an all-whitespace answer still is.
-        let spaced = "\n <tool_call>{\"name\": \"get_time\"}</tool_call>\n";
-        assert_eq!(
-            parse(f, &["\n ", &spaced[2..]], 8),
-            vec![call("get_time", "{}")]
-        );
-        assert_eq!(parse(f, &["\n", " "], 8), vec![text("\n ")]);
-        assert_eq!(parse(f, &["\n", "Hi"], 8), vec![text("\nHi")]);
-    }
-}
+mod tests;
