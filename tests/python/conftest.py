@@ -25,7 +25,9 @@ TOOL_CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 # What the `thinker` model (a reasoning model to the gateway) answers.
 THOUGHT, ANSWER = "Let me think about it.", "The answer is 4."
 THINKING = f"<think>{THOUGHT}</think>\n\n{ANSWER}"
-SCRIPTS = {"tools": TOOL_CALL, "thinker": THINKING}
+# What the `strays` model answers: a hermes call whose city its tools' schemas do not allow.
+STRAY_CALL = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+SCRIPTS = {"tools": TOOL_CALL, "thinker": THINKING, "strays": STRAY_CALL}
 
 # Each simulator model has one job in the tests.
 SIM_MODELS = {
@@ -42,10 +44,11 @@ SIM_MODELS = {
     "reasoner": "output = { mode = \"random\", length = [8, 8] }\nreasoning = { start = %s, end = %s }",
     # Echoes its prompt, in a context of 512 tokens (truncation, compaction).
     "short": 'output = { mode = "echo" }',
+    "strays": "output = { mode = \"script\", tokens = %s }",
 }
 # Extra keys of the gateway's own model entries.
 GATEWAY_MODELS = {"tools": 'tool_call_parser = "llama3_json"', "thinker": "reasoning = {}", "reasoner": "reasoning = {}",
-                  "short": "context_length = 512"}
+                  "short": "context_length = 512", "strays": 'tool_call_parser = "hermes"'}
 
 
 def config_text() -> str:

@@ -144,3 +144,29 @@ def test_the_simulator_forces_calls_too(gateway):
                                         max_tokens=200, seed=seed)
         assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
         check_calls(r.choices[0].message.tool_calls, set(SCHEMAS))
+
+
+def test_a_strict_function_holds_a_call_to_its_schema_once_it_begins(gateway):
+    # The `strays` simulator model writes text, then a call with a city no schema allows. With
+    # the function `strict` (tool_choice auto), its text comes through and the call is held to
+    # the schema from `<tool_call>` on; without `strict`, it comes back as written.
+    sim = openai.OpenAI(base_url=f"{gateway}/v1", api_key="sk-unused", max_retries=0)
+    def ask(strict, stream=False):
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER, "strict": strict}}
+        return sim.chat.completions.create(model="strays", messages=MESSAGES, tools=[tool], max_tokens=100, seed=1,
+                                           stream=stream)
+    held = ask(True).choices[0]
+    assert held.finish_reason == "tool_calls", held
+    assert held.message.content == "Checking.\n"
+    check_calls(held.message.tool_calls, {"get_weather"})
+    free = ask(False).choices[0]
+    assert json.loads(free.message.tool_calls[0].function.arguments) == {"city": "Rome"}
+    # Streamed, the same held call.
+    arguments = "".join(d.function.arguments or "" for c in ask(True, stream=True) if c.choices
+                        for d in c.choices[0].delta.tool_calls or [])
+    assert json.loads(arguments) == json.loads(held.message.tool_calls[0].function.arguments)
+    # The Responses API's functions are strict unless they say otherwise.
+    r = sim.responses.create(model="strays", input="Weather?", max_output_tokens=100,
+                             tools=[{"type": "function", "name": "get_weather", "parameters": WEATHER}])
+    [call] = [item for item in r.output if item.type == "function_call"]
+    jsonschema.validate(json.loads(call.arguments), WEATHER)

@@ -2,7 +2,10 @@
 //! regex or Lark grammar, drawn through the same grammar library as the default engine, so
 //! gateway tests and load tests see grammar-valid output without a model.
 //!
-//! Each token is a draw from the tokens the grammar allows next: a word-like token where one
+//! The output mode's own token (echo, script, random word, or the end) is kept wherever the
+//! grammar allows it, so a scripted answer that fits the grammar comes out as written; a
+//! script that strays is bent back into it. Otherwise each token is a draw from the tokens
+//! the grammar allows next: a word-like token where one
 //! is allowed (so strings read as text), else any allowed token that opens no object or array
 //! (nesting only where the schema asks for it), else any allowed token. Once the choice's length
 //! budget is spent it *finishes*: it prefers end-of-sequence, then `"` (which ends a string,
@@ -58,17 +61,23 @@ impl Constrained {
         }
     }
 
-    /// The next token, already consumed by the grammar; an error when the grammar allows none.
+    /// The next token, already consumed by the grammar: `wanted` (the output mode's token)
+    /// where the grammar allows it, else a draw; an error when the grammar allows none.
     pub(crate) fn draw(
         &mut self,
         vocab: &Vocab,
         rng: &mut Rng,
         finishing: bool,
+        wanted: u32,
     ) -> Result<u32, String> {
         let allowed = self.constraint.allowed()?;
-        let preferred = finishing
-            .then(|| self.closers.iter().copied().find(|&t| allowed.contains(t)))
-            .flatten();
+        let preferred = if allowed.contains(wanted) {
+            Some(wanted)
+        } else {
+            finishing
+                .then(|| self.closers.iter().copied().find(|&t| allowed.contains(t)))
+                .flatten()
+        };
         let token = match preferred {
             Some(token) => token,
             None => match (0..WORD_TRIES)

@@ -244,8 +244,9 @@ impl Generation {
         Next::Token(self.model.vocab.draw(&mut c.rng))
     }
 
-    /// A constrained choice's next token: its reasoning first, then the grammar's pick,
-    /// finishing once the length budget (or half of `max_tokens`) is spent.
+    /// A constrained choice's next token: its reasoning first, then the output mode's token if
+    /// the grammar allows it, else the grammar's pick, finishing once the length budget (or
+    /// half of `max_tokens`) is spent.
     fn constrained_next(&mut self, i: usize, max_tokens: u32) -> Next {
         let c = &mut self.choices[i];
         c.produced += 1;
@@ -254,10 +255,13 @@ impl Generation {
         }
         let budget = c.target.unwrap_or(GRAMMAR_BUDGET);
         let finishing = c.produced > budget || c.produced.saturating_mul(2) > max_tokens;
+        // The output mode's own next token (its end: end-of-sequence), where the grammar allows it.
+        let wanted = self.source(i).unwrap_or(self.model.eos);
+        let c = &mut self.choices[i];
         let Some(constrained) = c.constrained.as_mut() else {
             return Next::Fail("the choice has no grammar".into());
         };
-        match constrained.draw(&self.model.vocab, &mut c.rng, finishing) {
+        match constrained.draw(&self.model.vocab, &mut c.rng, finishing, wanted) {
             Ok(token) if token == self.model.eos || self.params.stop_token_ids.contains(&token) => {
                 Next::End(Finish::stop(token))
             }

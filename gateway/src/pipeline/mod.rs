@@ -7,10 +7,10 @@
 
 pub(crate) mod budget;
 pub(crate) mod fold;
-pub(crate) mod forced_call;
 pub(crate) mod params;
 pub(crate) mod plan;
 pub(crate) mod prompt;
 pub(crate) mod request;
 pub(crate) mod run;
+pub(crate) mod tool_grammar;
 pub(crate) mod validate;

@@ -11,7 +11,7 @@ use turnpike_engine_api::Grammar;
 use super::request::{GenerationRequest, OutputFormat, ParamNames, Prompt, ToolChoice, Tools};
 use super::run::{Job, ToolSetup};
 use super::validate::{Expected, OutputCheck, validator};
-use super::{forced_call, params, prompt};
+use super::{params, prompt, tool_grammar};
 use crate::engine_host::{Defaults, ServedModel, StructuredOutput};
 use crate::error::ApiError;
 
@@ -50,8 +50,8 @@ pub(crate) fn plan(
     retry_after: Duration,
 ) -> Result<Plan, ApiError> {
     let names = req.names;
-    let (tools, forced_call) = tool_setup(&req.tools, names, model)?;
     let output = shaping(&req.output, names, model)?;
+    let (tools, forced_call) = tool_setup(&req.tools, names, model, output.is_some())?;
     let mut p = params::generation_params(&req.sampling, model, defaults)?;
     let stop = params::stop_strings(req.sampling.stop.as_ref())?;
     let top = match &req.top_logprobs {
@@ -155,6 +155,7 @@ fn tool_setup(
     tools: &Tools,
     names: ParamNames,
     model: &ServedModel,
+    output_shaped: bool,
 ) -> Result<(Option<ToolSetup>, Option<Shaping>), ApiError> {
     let forced: Option<Vec<usize>> = match &tools.choice {
         ToolChoice::None => return Ok((None, None)),
@@ -200,17 +201,15 @@ fn tool_setup(
         max_calls: if tools.parallel { usize::MAX } else { 1 },
     };
     let Some(indices) = forced else {
-        return Ok((Some(setup), None));
+        return Ok((Some(setup), auto_calls(tools, format, model, output_shaped)));
     };
     let offered: Vec<(&str, &serde_json::Value)> = indices
         .iter()
         .filter_map(|&i| Some((tools.names.get(i)?.as_str(), tools.schemas.get(i)?)))
         .collect();
     if model.info.capabilities.grammar {
-        let control = format
-            .control_token()
-            .and_then(|token| model.tokenizer.token_to_id(token));
-        let grammar = forced_call::grammar(format, &offered, tools.parallel, control);
+        let grammar =
+            tool_grammar::forced(format, &offered, tools.parallel, control_id(format, model));
         return Ok((Some(setup), Some(Shaping::Grammar(grammar))));
     }
     if model.structured_output == StructuredOutput::Refuse {
@@ -228,6 +227,46 @@ fn tool_setup(
     }
     let check = OutputCheck::new(Expected::ToolCall(Arc::new(schemas)), names.tool_choice);
     Ok((Some(setup), Some(Shaping::Check(check))))
+}
+
+/// Under `tool_choice: "auto"`, the grammar that holds calls to their schemas once begun, when
+/// a function is `strict` and the model can enforce it. Not for reasoning models (their
+/// markers may be special tokens a text grammar would ban) nor when `response_format` already
+/// shapes the output; non-strict functions' arguments are any object.
+fn auto_calls(
+    tools: &Tools,
+    format: crate::text::tools::ToolCallFormat,
+    model: &ServedModel,
+    output_shaped: bool,
+) -> Option<Shaping> {
+    let wanted = tools.strict.iter().any(|&s| s)
+        && model.info.capabilities.grammar
+        && model.reasoning.is_none()
+        && !output_shaped;
+    if !wanted {
+        return None;
+    }
+    let any = serde_json::json!({"type": "object"});
+    let offered: Vec<(&str, &serde_json::Value)> = tools
+        .names
+        .iter()
+        .zip(&tools.schemas)
+        .zip(&tools.strict)
+        .map(|((name, schema), &strict)| (name.as_str(), if strict { schema } else { &any }))
+        .collect();
+    Some(Shaping::Grammar(tool_grammar::auto(
+        format,
+        &offered,
+        tools.parallel,
+        control_id(format, model),
+    )))
+}
+
+/// The id of `format`'s control token in `model`'s vocabulary, where it has one.
+fn control_id(format: crate::text::tools::ToolCallFormat, model: &ServedModel) -> Option<u32> {
+    format
+        .control_token()
+        .and_then(|token| model.tokenizer.token_to_id(token))
 }
 
 /// How a requested output shape is kept: by a grammar the engine decodes under, or (a model

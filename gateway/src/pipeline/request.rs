@@ -62,6 +62,8 @@ pub struct Tools {
     pub names: Vec<String>,
     /// Each function's `parameters` JSON Schema, in the order of `names`.
     pub schemas: Vec<Value>,
+    /// Whether each function's arguments must follow its schema exactly (`strict`).
+    pub strict: Vec<bool>,
     /// Whether the model may call them.
     pub choice: ToolChoice,
     /// Whether one choice may call several.

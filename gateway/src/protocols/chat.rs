@@ -11,9 +11,7 @@ use crate::clock::unix_now;
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::generation::record::RequestRecord;
-use crate::generation::{
-    GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started, Tools,
-};
+use crate::generation::{GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started};
 use crate::ids::new_id;
 use crate::openai::chat::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
@@ -84,20 +82,12 @@ pub(crate) fn generation_request(
         default_max_tokens: None,
         logprobs: req.logprobs.unwrap_or(false),
         top_logprobs: req.top_logprobs.clone(),
-        tools: Tools {
-            names: offered.iter().map(|t| t.function.name.clone()).collect(),
-            schemas: offered
-                .iter()
-                .map(|t| {
-                    t.function
-                        .parameters
-                        .clone()
-                        .unwrap_or_else(|| json!({"type": "object"}))
-                })
-                .collect(),
-            choice: messages::tool_choice(req.tool_choice.as_ref()),
-            parallel: req.parallel_tool_calls.unwrap_or(true),
-        },
+        tools: messages::tools(
+            offered,
+            req.tool_choice.as_ref(),
+            req.parallel_tool_calls,
+            false,
+        ),
         output: match &req.response_format {
             None | Some(ResponseFormat::Text) => OutputFormat::Text,
             Some(ResponseFormat::JsonObject) => OutputFormat::JsonObject,

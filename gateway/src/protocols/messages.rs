@@ -7,7 +7,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-use crate::generation::ToolChoice;
+use crate::generation::{ToolChoice, Tools};
 use crate::openai::chat::{ChatMessage, Content, ContentPart, Tool};
 
 /// The text of message content (text parts joined by newlines); other parts are refused.
@@ -137,6 +137,35 @@ pub(crate) fn template_tools(tools: &[Tool]) -> Result<Value, ApiError> {
     serde_json::to_value(tools).map_err(|e| ApiError::Internal {
         detail: format!("tools: {e}"),
     })
+}
+
+/// The functions `offered`, as the pipeline reads them: a function without `parameters` takes
+/// any object, and one without `strict` is `strict_default` (false in chat, true in the
+/// Responses API, as OpenAI documents each).
+pub(crate) fn tools(
+    offered: &[Tool],
+    choice: Option<&Value>,
+    parallel: Option<bool>,
+    strict_default: bool,
+) -> Tools {
+    Tools {
+        names: offered.iter().map(|t| t.function.name.clone()).collect(),
+        schemas: offered
+            .iter()
+            .map(|t| {
+                t.function
+                    .parameters
+                    .clone()
+                    .unwrap_or_else(|| json!({"type": "object"}))
+            })
+            .collect(),
+        strict: offered
+            .iter()
+            .map(|t| t.function.strict.unwrap_or(strict_default))
+            .collect(),
+        choice: tool_choice(choice),
+        parallel: parallel.unwrap_or(true),
+    }
 }
 
 /// `tool_choice`: `auto` (or unset), `none`, `required`, or a named function

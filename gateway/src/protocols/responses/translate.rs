@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::input;
 use crate::error::ApiError;
-use crate::generation::{GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Tools};
+use crate::generation::{GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling};
 use crate::openai::chat::{FunctionDefinition, Tool};
 use crate::openai::responses::{ResponseObject, ResponsesRequest};
 use crate::protocols::messages;
@@ -128,20 +128,12 @@ pub(crate) fn generation_request(
         default_max_tokens: None,
         logprobs: wants_logprobs,
         top_logprobs: req.top_logprobs.clone().filter(|_| wants_logprobs),
-        tools: Tools {
-            names: tools.iter().map(|t| t.function.name.clone()).collect(),
-            schemas: tools
-                .iter()
-                .map(|t| {
-                    t.function
-                        .parameters
-                        .clone()
-                        .unwrap_or_else(|| serde_json::json!({"type": "object"}))
-                })
-                .collect(),
-            choice: messages::tool_choice(req.tool_choice.as_ref()),
-            parallel: req.parallel_tool_calls.unwrap_or(true),
-        },
+        tools: messages::tools(
+            tools,
+            req.tool_choice.as_ref(),
+            req.parallel_tool_calls,
+            true,
+        ),
         output: output_format(req.text.as_ref())?,
         reasoning_effort: req
             .reasoning
