@@ -7,6 +7,7 @@ same library, and answers the same schemas without a model. Driven by the offici
 SDK; answers are checked with `jsonschema`."""
 
 import json
+import re
 
 import jsonschema
 import openai
@@ -190,3 +191,30 @@ def test_a_schema_that_does_not_compile_is_a_400(tiny):
         with pytest.raises(openai.BadRequestError) as raised:
             tiny.chat.completions.create(model="tiny", messages=MESSAGES, response_format=format_for(schema), max_tokens=8)
         assert words in raised.value.message, raised.value.message
+
+
+@pytest.mark.parametrize("body,check", [
+    ({"guided_regex": "(yes|no) [0-9]{2}"}, lambda t: re.fullmatch("(yes|no) [0-9]{2}", t)),
+    ({"structured_outputs": {"regex": "[a-c]{4}"}}, lambda t: re.fullmatch("[a-c]{4}", t)),
+    ({"guided_choice": ["red", "green", "blue"]}, lambda t: t in ("red", "green", "blue")),
+    ({"nvext": {"guided_grammar": 'start: "x" NUM\nNUM: /[1-9]/'}}, lambda t: re.fullmatch("x[1-9]", t)),
+    ({"guided_json": obj({"count": LEAVES["count"]})}, lambda t: 0 <= json.loads(t)["count"] <= 99),
+])
+def test_vllm_guided_extensions_shape_the_output(tiny, client, body, check):
+    # The real engine (random weights) and the simulator; chat and legacy completions.
+    for c, model in [(tiny, "tiny"), (client, "chat")]:
+        r = c.chat.completions.create(model=model, messages=MESSAGES, max_tokens=60, n=2, seed=1, extra_body=body)
+        for choice in r.choices:
+            assert choice.finish_reason == "stop" and check(choice.message.content), choice
+        r = c.completions.create(model=model, prompt="Answer:", max_tokens=60, seed=2, extra_body=body)
+        assert check(r.choices[0].text), r.choices[0]
+
+
+def test_two_shapes_at_once_are_a_400(client):
+    for body, extra in [
+        ({"guided_regex": "a", "guided_choice": ["b"]}, {}),
+        ({"guided_regex": "a"}, {"response_format": {"type": "json_object"}}),
+    ]:
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=8, extra_body=body, **extra)
+        assert "cannot both shape the output" in raised.value.message

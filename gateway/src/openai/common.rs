@@ -42,6 +42,29 @@ pub struct Extensions {
     pub min_tokens: Option<Number>,
     /// Always pick the most likely token (`temperature` 0).
     pub greedy: Option<bool>,
+    /// Output matching this regular expression (vLLM's name).
+    pub guided_regex: Option<String>,
+    /// Output in this Lark grammar (vLLM's name).
+    pub guided_grammar: Option<String>,
+    /// Output that is exactly one of these strings (vLLM's name).
+    pub guided_choice: Option<Vec<String>>,
+    /// Output valid under this JSON Schema (vLLM's name).
+    pub guided_json: Option<Value>,
+    /// The same four under vLLM's newer object (`regex`, `grammar`, `choice`, `json`).
+    pub structured_outputs: Option<GuidedOutputs>,
+}
+
+/// vLLM's `structured_outputs` object.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct GuidedOutputs {
+    /// A regular expression.
+    pub regex: Option<String>,
+    /// A Lark grammar.
+    pub grammar: Option<String>,
+    /// Exact alternatives.
+    pub choice: Option<Vec<String>>,
+    /// A JSON Schema.
+    pub json: Option<Value>,
 }
 
 impl Extensions {
@@ -56,6 +79,11 @@ impl Extensions {
             stop_token_ids: self.stop_token_ids.or(o.stop_token_ids),
             min_tokens: self.min_tokens.or(o.min_tokens),
             greedy: self.greedy.or(o.greedy),
+            guided_regex: self.guided_regex.or(o.guided_regex),
+            guided_grammar: self.guided_grammar.or(o.guided_grammar),
+            guided_choice: self.guided_choice.or(o.guided_choice),
+            guided_json: self.guided_json.or(o.guided_json),
+            structured_outputs: self.structured_outputs.or(o.structured_outputs),
         }
     }
 }

@@ -7,6 +7,7 @@
 
 pub(crate) mod budget;
 pub(crate) mod fold;
+pub(crate) mod guided;
 pub(crate) mod params;
 pub(crate) mod plan;
 pub(crate) mod prompt;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use turnpike_engine_api::Grammar;
 
+use super::guided::{self, Guided};
 use super::request::{GenerationRequest, OutputFormat, ParamNames, Prompt, ToolChoice, Tools};
 use super::run::{Job, ToolSetup};
 use super::validate::{Expected, OutputCheck, validator};
@@ -50,7 +51,7 @@ pub(crate) fn plan(
     retry_after: Duration,
 ) -> Result<Plan, ApiError> {
     let names = req.names;
-    let output = shaping(&req.output, names, model)?;
+    let output = shaping(&req.output, &req.sampling.extensions, names, model)?;
     let (tools, forced_call) = tool_setup(&req.tools, names, model, output.is_some())?;
     let mut p = params::generation_params(&req.sampling, model, defaults)?;
     let stop = params::stop_strings(req.sampling.stop.as_ref())?;
@@ -277,36 +278,51 @@ enum Shaping {
     Check(OutputCheck),
 }
 
-/// How an output format is kept: the grammar it needs when the model can enforce one, else
-/// the check of its answers when the model validates, else a refusal.
+/// How an output format (`response_format`, `text.format`, or an engine extension such as
+/// `guided_regex`) is kept: the grammar it needs when the model can enforce one, else the
+/// check of its answers when the model validates (JSON only), else a refusal.
 fn shaping(
     output: &OutputFormat,
+    extensions: &crate::openai::common::Extensions,
     names: ParamNames,
     model: &ServedModel,
 ) -> Result<Option<Shaping>, ApiError> {
-    let grammar = match output {
-        OutputFormat::Text => return Ok(None),
-        OutputFormat::JsonObject => Grammar::JsonObject,
-        OutputFormat::JsonSchema(schema) => {
+    let guided = guided::requested(extensions)?;
+    let (grammar, param, schema_param) = match (output, guided) {
+        (OutputFormat::Text, None) => return Ok(None),
+        (OutputFormat::Text, Some((Guided::Grammar(grammar), param))) => {
+            return params::grammar(grammar, param, model).map(|g| Some(Shaping::Grammar(g)));
+        }
+        (OutputFormat::Text, Some((Guided::Json(schema), param))) => {
+            prompt::check_schema(&schema, param)?;
+            (Grammar::JsonSchema { schema }, param, param)
+        }
+        (_, Some((_, param))) => {
+            return Err(ApiError::invalid(
+                param,
+                format!(
+                    "'{param}' and '{}' cannot both shape the output",
+                    names.output
+                ),
+            ));
+        }
+        (OutputFormat::JsonObject, None) => (Grammar::JsonObject, names.output, names.schema),
+        (OutputFormat::JsonSchema(schema), None) => {
             prompt::check_schema(schema, names.schema)?;
-            Grammar::JsonSchema {
-                schema: schema.clone(),
-            }
+            let schema = schema.clone();
+            (Grammar::JsonSchema { schema }, names.output, names.schema)
         }
     };
     if model.info.capabilities.grammar || model.structured_output == StructuredOutput::Refuse {
-        return params::grammar(grammar, names.output, model).map(|g| Some(Shaping::Grammar(g)));
+        return params::grammar(grammar, param, model).map(|g| Some(Shaping::Grammar(g)));
     }
     let expected = match grammar {
         Grammar::JsonSchema { schema } => {
-            Expected::Schema(Arc::new(validator(&schema, names.schema)?))
+            Expected::Schema(Arc::new(validator(&schema, schema_param)?))
         }
         _ => Expected::JsonObject,
     };
-    Ok(Some(Shaping::Check(OutputCheck::new(
-        expected,
-        names.output,
-    ))))
+    Ok(Some(Shaping::Check(OutputCheck::new(expected, param))))
 }
 
 /// A reasoning effort, one of OpenAI's words.
