@@ -9,7 +9,9 @@
 //! - `decode_8` / `decode_16`: 8 or 16 such requests at once; output tokens per second of the run;
 //! - `ttft_cold` / `ttft_prefix_hit`: a 512-token prompt, then the same prompt again;
 //! - `decode_1_json` / `decode_16_json`: as `decode_1` / `decode_16` under a JSON Schema grammar
-//!   (a long array of records, so the grammar decides most tokens), and `grammar`: mask time
+//!   (a long array of records, so the grammar decides most tokens), with the tokens it forces
+//!   fast-forwarded (the default); `..._json_masked`: the same with fast-forward off (a second
+//!   engine on the same model), masking alone; and `grammar`: mask time
 //!   per token and compile time per schema, measured on the engine's grammar module directly;
 //! - `rss_after_load_mib` / `rss_load_peak_mib` / `rss_peak_mib`: this process's resident
 //!   memory once the model is loaded, its high-water mark then (loading's peak), and its
@@ -85,17 +87,32 @@ fn main() {
     let rss_peak = status_mib("VmHWM");
     // Under a grammar, after the peak is read: the peers run no such workload (their cached
     // blocks would not count against them).
+    // The same model with grammar fast-forward off, in a second engine made only now: masking
+    // alone, which is what a grammar costs where it forces nothing.
+    let masked_config = json!({"seed": 1, "models": [{"id": "masked", "path": model, "device": "cpu",
+        "max_batch_tokens": 1024, "max_running": 32, "grammar_fast_forward": false}]});
+    let masked = plugin
+        .create(&masked_config.to_string())
+        .expect("create the second engine");
+    rt.block_on(run(&masked, "masked", vec![prompts.next(64)], 4));
+    let mut decode_1_masked = Vec::new();
+    let mut decode_16_masked = Vec::new();
     for _ in 0..RUNS {
-        let t = rt.block_on(run_with(
-            &engine,
-            "bench",
-            vec![prompts.next(16)],
-            json.clone(),
-        ));
-        decode_1_json.push(t.tokens as f64 / t.end);
-        let batch = (0..16).map(|_| prompts.next(16)).collect();
-        let t = rt.block_on(run_with(&engine, "bench", batch, json.clone()));
-        decode_16_json.push(t.tokens as f64 / t.end);
+        for (engine, id, one, sixteen) in [
+            (&engine, "bench", &mut decode_1_json, &mut decode_16_json),
+            (
+                &masked,
+                "masked",
+                &mut decode_1_masked,
+                &mut decode_16_masked,
+            ),
+        ] {
+            let t = rt.block_on(run_with(engine, id, vec![prompts.next(16)], json.clone()));
+            one.push(t.tokens as f64 / t.end);
+            let batch = (0..16).map(|_| prompts.next(16)).collect();
+            let t = rt.block_on(run_with(engine, id, batch, json.clone()));
+            sixteen.push(t.tokens as f64 / t.end);
+        }
     }
     let bandwidth = read_bandwidth_gb_per_s();
     let results = json!({
@@ -109,6 +126,8 @@ fn main() {
         "ttft_prefix_hit_ms": median(warm),
         "decode_1_json_tokens_per_s": median(decode_1_json),
         "decode_16_json_tokens_per_s": median(decode_16_json),
+        "decode_1_json_masked_tokens_per_s": median(decode_1_masked),
+        "decode_16_json_masked_tokens_per_s": median(decode_16_masked),
         "grammar": grammar_timing::measure(&model),
         "rss_after_load_mib": rss_after_load,
         "rss_load_peak_mib": rss_load_peak,

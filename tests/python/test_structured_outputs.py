@@ -171,6 +171,24 @@ def test_json_object_gives_an_object(smollm2):
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
+def test_forced_text_is_fast_forwarded(tiny, tiny_gateway):
+    # Keys the schema requires are forced: the engine appends them without sampling each, and
+    # the answer is the same with log probabilities (which turn fast-forward off) as without.
+    from test_default_engine import stat
+
+    schema = obj({"a_rather_long_key_name": LEAVES["colour"], "another_required_key": LEAVES["flag"]})
+    before = stat(tiny_gateway, "grammar_forced_tokens")
+    request = dict(model="tiny", messages=MESSAGES, response_format=format_for(schema), max_tokens=100, temperature=0)
+    fast = tiny.chat.completions.create(**request)
+    after = stat(tiny_gateway, "grammar_forced_tokens")
+    assert after - before >= 8
+    slow = tiny.chat.completions.create(**request, logprobs=True)
+    assert stat(tiny_gateway, "grammar_forced_tokens") == after
+    assert fast.choices[0].message.content == slow.choices[0].message.content
+    assert fast.usage.completion_tokens == slow.usage.completion_tokens
+    jsonschema.validate(json.loads(fast.choices[0].message.content), schema)
+
+
 def test_responses_text_format_constrains_output(tiny):
     schema = obj({"colour": LEAVES["colour"], "count": LEAVES["count"]})
     r = tiny.responses.create(

@@ -15,6 +15,10 @@
 //! end-of-sequence is allowed. A grammar that allows nothing (it cannot be completed under the
 //! request's other rules) ends the request with an error rather than sampling a banned token.
 //!
+//! Where the grammar forces the next text (a JSON key, the rest of an enum value),
+//! [`Constraint::fast_forward`] hands the engine those tokens, tokenized as the model's own
+//! tokenizer would, to append without a forward pass per token.
+//!
 //! The seam is plain data: [`Constraint::allowed`] answers an [`Allowed`] bitmask (one bit per
 //! vocabulary id, 32 ids to a word), which a host sampler applies to its logits
 //! ([`Allowed::apply`]) and a device uploads as it is.
@@ -62,9 +66,11 @@ impl From<GrammarError> for EngineError {
 /// Compiled grammars kept per model.
 pub const CACHED: usize = 64;
 
-/// The model's vocabulary as the grammar library reads it.
+/// The model's vocabulary as the grammar library reads it, with the model's own tokenizer for
+/// text the grammar forces (so fast-forwarded tokens are the ones the model would have read).
 struct Vocabulary {
     trie: TokTrie,
+    tokenizer: Option<tokenizers::Tokenizer>,
 }
 
 impl TokenizerEnv for Vocabulary {
@@ -73,8 +79,19 @@ impl TokenizerEnv for Vocabulary {
     }
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        // Only for text the grammar forces; any tokenization of it is a valid one.
+        // The tokenizer's own split where it reproduces the bytes exactly (a tokenizer that
+        // adds a prefix space or normalises does not), else the longest tokens in order.
+        if let (Some(tokenizer), Ok(text)) = (&self.tokenizer, std::str::from_utf8(s))
+            && let Ok(encoding) = tokenizer.encode(text, false)
+            && self.trie.decode_raw(encoding.get_ids()) == s
+        {
+            return encoding.get_ids().to_vec();
+        }
         self.trie.greedy_tokenize(s)
+    }
+
+    fn tokenize_is_canonical(&self) -> bool {
+        self.tokenizer.is_some()
     }
 }
 
@@ -192,7 +209,9 @@ impl Compiler {
             ));
         }
         let trie = TokTrie::from(&TokRxInfo::new(vocab as u32, first), &words).with_eos_tokens(eos);
-        let env: TokEnv = Arc::new(Vocabulary { trie });
+        // Without the tokenizer (a format this build cannot read), nothing is fast-forwarded.
+        let tokenizer = tokenizers::Tokenizer::from_bytes(&text).ok();
+        let env: TokEnv = Arc::new(Vocabulary { trie, tokenizer });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| fail(e.to_string()))?;
         factory.set_stderr_log_level(0);
         Ok(Self {
@@ -296,6 +315,21 @@ impl Constraint {
     /// allows none of them (within `logits`).
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
         self.allowed()?.apply(logits)
+    }
+
+    /// The tokens the grammar forces next (at most `limit`), already consumed: the engine
+    /// appends them without sampling. Empty where the next token is a choice, or where the
+    /// forced text's tokenization is not known to be the model's own.
+    pub fn fast_forward(&mut self, limit: usize) -> Result<Vec<u32>, String> {
+        if limit == 0 || self.matcher.is_stopped() {
+            return Ok(Vec::new());
+        }
+        let mut forced = self.matcher.compute_ff_tokens();
+        forced.truncate(limit);
+        self.matcher
+            .consume_tokens(&forced)
+            .map_err(|e| e.to_string())?;
+        Ok(forced)
     }
 
     /// Whether the output so far is a complete sentence of the grammar (it may still go on).

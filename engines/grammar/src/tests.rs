@@ -188,3 +188,39 @@ fn the_allowed_set_reads_as_ids_and_single_tokens_are_found() {
     c.advance(digits[3]).unwrap();
     assert!(c.is_accepting());
 }
+
+#[test]
+fn forced_text_is_fast_forwarded_in_the_models_own_tokens() {
+    let (_dir, grammars, eos, _) = tiny();
+    let schema = Grammar::JsonSchema {
+        schema: json!({"type": "object", "properties": {"colour_name": {"enum": ["crimson red"]}},
+                       "required": ["colour_name"], "additionalProperties": false}),
+    };
+    let mut c = grammars.constraint(&schema).unwrap();
+    let forced = c.fast_forward(64).unwrap();
+    let text: Vec<u8> = forced
+        .iter()
+        .flat_map(|&t| grammars.token_bytes(t))
+        .collect();
+    assert_eq!(
+        String::from_utf8(text).unwrap(),
+        r#"{"colour_name":"crimson red"}"#
+    );
+    // The tokenizer's own split, not merely the longest tokens.
+    let tokenizer = tokenizers::Tokenizer::from_file(&grammars.tokenizer).unwrap();
+    let own = tokenizer
+        .encode(r#"{"colour_name":"crimson red"}"#, false)
+        .unwrap();
+    assert_eq!(forced, own.get_ids());
+    let allowed = c.allowed().unwrap();
+    assert_eq!(allowed.ids().collect::<Vec<_>>(), eos);
+    // A limit stops it short; a choice forces nothing.
+    let mut short = grammars.constraint(&schema).unwrap();
+    assert_eq!(short.fast_forward(2).unwrap(), forced[..2].to_vec());
+    let mut free = grammars
+        .constraint(&Grammar::Regex {
+            pattern: "(yes|no)".into(),
+        })
+        .unwrap();
+    assert!(free.fast_forward(8).unwrap().is_empty());
+}

@@ -61,6 +61,8 @@ pub struct ModelSettings {
     pub gpu: usize,
     /// Capture decode steps into CUDA graphs.
     pub cuda_graphs: bool,
+    /// Append the tokens a grammar forces without sampling each (fast-forward).
+    pub grammar_fast_forward: bool,
 }
 
 /// The whole configuration.
@@ -113,6 +115,8 @@ struct RawModel {
     gpu: Option<usize>,
     #[serde(default)]
     cuda_graphs: Option<bool>,
+    #[serde(default)]
+    grammar_fast_forward: Option<bool>,
 }
 
 impl EngineSettings {
@@ -193,6 +197,7 @@ impl RawModel {
             cpu_activations: self.cpu_activations.unwrap_or_default(),
             gpu: self.gpu.unwrap_or(0),
             cuda_graphs: self.cuda_graphs.unwrap_or(true),
+            grammar_fast_forward: self.grammar_fast_forward.unwrap_or(true),
         })
     }
 }

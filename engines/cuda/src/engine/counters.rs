@@ -13,4 +13,6 @@ pub struct Counters {
     pub cancelled: AtomicU64,
     /// Ended with an error.
     pub failed: AtomicU64,
+    /// Tokens a grammar forced, appended without sampling (fast-forward).
+    pub forced_tokens: AtomicU64,
 }

@@ -197,6 +197,7 @@ impl ModelRuntime {
         let stats = Arc::new(Mutex::new(None));
         let worker = Worker {
             device,
+            fast_forward: settings.grammar_fast_forward,
             scheduler: Scheduler::new(scheduler_config),
             eos: folder.eos_token_ids.clone(),
             vocab: folder.spec.vocab_size,
@@ -371,6 +372,7 @@ impl ModelRuntime {
             extra["grammar_cache_hits"] = json!(hits);
             extra["grammars_cached"] = json!(cached);
             extra["grammar_cache_limit"] = json!(crate::grammar::CACHED);
+            extra["grammar_forced_tokens"] = json!(c.forced_tokens.load(Ordering::Relaxed));
         }
         (
             c.completed.load(Ordering::Relaxed),

@@ -5,6 +5,8 @@ use turnpike_engine_api::plugin::Sink;
 use turnpike_engine_api::{Finish, GenerationParams, TopLogprob, Usage};
 
 use crate::grammar::{Allowed, Constraint};
+use crate::sampler::{Sampled, SamplingParams, SequenceSampler, mix};
+use crate::scheduler::SeqId;
 
 /// What a device that samples needs for one choice (see [`LiveRequest::device_inputs`]).
 #[derive(Debug)]
@@ -16,8 +18,6 @@ pub struct DeviceInputs {
     /// Under a grammar, the tokens it allows.
     pub allowed: Option<Allowed>,
 }
-use crate::sampler::{Sampled, SamplingParams, SequenceSampler, mix};
-use crate::scheduler::SeqId;
 
 /// One of a request's `n` choices.
 #[derive(Debug)]
@@ -32,6 +32,9 @@ pub struct Choice {
     pub done: bool,
     /// Where it stands in the request's grammar, when it has one.
     pub constraint: Option<Constraint>,
+    /// Tokens the grammar forced after the last sampled one, sent already, for the scheduler
+    /// to append with it (see [`LiveRequest::take_forced`]).
+    pub forced: Vec<u32>,
 }
 
 /// What sampling a token did to a choice.
@@ -66,6 +69,8 @@ pub struct LiveRequest {
     pub last_finish: Finish,
     /// Why the request cannot go on, once it cannot.
     pub failure: Option<String>,
+    /// Append the tokens its grammar forces without sampling each.
+    pub fast_forward: bool,
 }
 
 /// Sampling settings of a request.
@@ -105,10 +110,12 @@ impl LiveRequest {
                 generated: 0,
                 done: false,
                 constraint,
+                forced: Vec::new(),
             }],
             seed,
             last_finish: Finish::default(),
             failure: None,
+            fast_forward: true,
         }
     }
 
@@ -143,6 +150,7 @@ impl LiveRequest {
                 generated: 0,
                 done: false,
                 constraint,
+                forced: Vec::new(),
             });
         }
         added
@@ -170,7 +178,59 @@ impl LiveRequest {
         {
             return self.fail(why);
         }
-        self.accept(index, sampled, eos, max_context)
+        let outcome = self.accept(index, sampled, eos, max_context);
+        self.fast_forward(index, outcome, eos, max_context)
+    }
+
+    /// After a sampled token that `outcome` continues with, sends the tokens the choice's
+    /// grammar forces next (within its `max_tokens` and the window), as if each had been
+    /// sampled, and keeps them for the scheduler. Not when log probabilities are asked for:
+    /// forced tokens have none.
+    fn fast_forward(
+        &mut self,
+        index: usize,
+        outcome: Outcome,
+        eos: &[u32],
+        max_context: u32,
+    ) -> Outcome {
+        let p = &self.params;
+        if !self.fast_forward
+            || !matches!(outcome, Outcome::Continue(_))
+            || p.logprobs
+            || p.top_logprobs > 0
+        {
+            return outcome;
+        }
+        let choice = &mut self.choices[index];
+        let Some(constraint) = choice.constraint.as_mut() else {
+            return outcome;
+        };
+        let room = p
+            .max_tokens
+            .saturating_sub(choice.generated)
+            .min(max_context.saturating_sub(self.prompt_len + choice.generated));
+        let forced = match constraint.fast_forward(room as usize) {
+            Ok(forced) => forced,
+            Err(why) => return self.fail(why),
+        };
+        for token in forced {
+            self.choices[index].sampler.record(token);
+            let sampled = Sampled {
+                token,
+                logprob: None,
+                top_logprobs: Vec::new(),
+            };
+            match self.accept(index, sampled, eos, max_context) {
+                Outcome::Continue(token) => self.choices[index].forced.push(token),
+                ended => return ended,
+            }
+        }
+        outcome
+    }
+
+    /// The tokens forced after choice `index`'s last sampled token, to append after it.
+    pub fn take_forced(&mut self, index: usize) -> Vec<u32> {
+        std::mem::take(&mut self.choices[index].forced)
     }
 
     /// Ends the request: it cannot go on, for `why`.
@@ -222,7 +282,8 @@ impl LiveRequest {
         {
             return self.fail(why);
         }
-        self.accept(index, sampled, eos, max_context)
+        let outcome = self.accept(index, sampled, eos, max_context);
+        self.fast_forward(index, outcome, eos, max_context)
     }
 
     /// The tokens choice `index` may not pick yet: stop ids and (unless ignored) EOS while it is

@@ -179,7 +179,20 @@ impl Worker {
                 continue;
             };
             match outcome {
-                Some(Outcome::Continue(token)) => self.scheduler.append(seq, *token),
+                Some(Outcome::Continue(token)) => {
+                    self.scheduler.append(seq, *token);
+                    let forced = self
+                        .requests
+                        .get_mut(&t.id)
+                        .map(|live| live.take_forced(t.index))
+                        .unwrap_or_default();
+                    self.counters
+                        .forced_tokens
+                        .fetch_add(forced.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    for token in forced {
+                        self.scheduler.append(seq, token);
+                    }
+                }
                 Some(Outcome::Ended) => {
                     self.scheduler.remove(seq);
                     self.seqs.remove(&seq);

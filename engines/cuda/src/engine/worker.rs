@@ -48,6 +48,8 @@ pub type PublishedStats = (SchedulerStats, Vec<(&'static str, f64)>);
 /// The worker's state.
 pub struct Worker {
     pub(super) device: Box<dyn Device>,
+    /// Grammar-forced tokens are appended without sampling (`grammar_fast_forward`).
+    pub(super) fast_forward: bool,
     pub(super) scheduler: Scheduler,
     pub(super) eos: Vec<u32>,
     pub(super) vocab: usize,
@@ -155,6 +157,7 @@ impl Worker {
         }
         let zero_tokens = params.max_tokens == 0;
         let mut live = LiveRequest::new(sink, params, &prompt, seq, seed, constraint);
+        live.fast_forward = self.fast_forward;
         if zero_tokens {
             live.last_finish = Finish::length();
             self.requests.insert(id, live);
