@@ -11,7 +11,9 @@
 //! - `decode_1_json` / `decode_16_json`: as `decode_1` / `decode_16` under a JSON Schema grammar
 //!   (a long array of records, so the grammar decides most tokens), with the tokens it forces
 //!   fast-forwarded (the default); `..._json_masked`: the same with fast-forward off (a second
-//!   engine on the same model), masking alone; and `grammar`: mask time
+//!   engine on the same model), masking alone; `..._beside_json`: that engine unconstrained,
+//!   interleaved with those runs (the base the cost of masking is taken against); and
+//!   `grammar`: mask time
 //!   per token and compile time per schema, measured on the engine's grammar module directly;
 //! - `rss_after_load_mib` / `rss_load_peak_mib` / `rss_peak_mib`: this process's resident
 //!   memory once the model is loaded, its high-water mark then (loading's peak), and its
@@ -97,20 +99,39 @@ fn main() {
     rt.block_on(run(&masked, "masked", vec![prompts.next(64)], 4));
     let mut decode_1_masked = Vec::new();
     let mut decode_16_masked = Vec::new();
+    // Unconstrained decoding again, interleaved with the constrained runs on the same engine,
+    // so the cost of masking is a ratio of neighbours (the machine's speed drifts over a run).
+    let mut decode_1_beside = Vec::new();
+    let mut decode_16_beside = Vec::new();
+    let plain = params(128);
     for _ in 0..RUNS {
-        for (engine, id, one, sixteen) in [
-            (&engine, "bench", &mut decode_1_json, &mut decode_16_json),
+        for (engine, id, p, one, sixteen) in [
+            (
+                &engine,
+                "bench",
+                &json,
+                &mut decode_1_json,
+                &mut decode_16_json,
+            ),
             (
                 &masked,
                 "masked",
+                &json,
                 &mut decode_1_masked,
                 &mut decode_16_masked,
             ),
+            (
+                &masked,
+                "masked",
+                &plain,
+                &mut decode_1_beside,
+                &mut decode_16_beside,
+            ),
         ] {
-            let t = rt.block_on(run_with(engine, id, vec![prompts.next(16)], json.clone()));
+            let t = rt.block_on(run_with(engine, id, vec![prompts.next(16)], p.clone()));
             one.push(t.tokens as f64 / t.end);
             let batch = (0..16).map(|_| prompts.next(16)).collect();
-            let t = rt.block_on(run_with(engine, id, batch, json.clone()));
+            let t = rt.block_on(run_with(engine, id, batch, p.clone()));
             sixteen.push(t.tokens as f64 / t.end);
         }
     }
@@ -128,6 +149,8 @@ fn main() {
         "decode_16_json_tokens_per_s": median(decode_16_json),
         "decode_1_json_masked_tokens_per_s": median(decode_1_masked),
         "decode_16_json_masked_tokens_per_s": median(decode_16_masked),
+        "decode_1_beside_json_tokens_per_s": median(decode_1_beside),
+        "decode_16_beside_json_tokens_per_s": median(decode_16_beside),
         "grammar": grammar_timing::measure(&model),
         "rss_after_load_mib": rss_after_load,
         "rss_load_peak_mib": rss_load_peak,

@@ -8,6 +8,9 @@ use crate::grammar::{Allowed, Constraint};
 use crate::sampler::{Sampled, SamplingParams, SequenceSampler, mix};
 use crate::scheduler::SeqId;
 
+/// A choice's grammar mask computed ahead of its sample (`None`: not computed, or no grammar).
+pub type Mask = Option<Result<Allowed, String>>;
+
 /// What a device that samples needs for one choice (see [`LiveRequest::device_inputs`]).
 #[derive(Debug)]
 pub struct DeviceInputs {
@@ -158,20 +161,26 @@ impl LiveRequest {
 
     /// Samples choice `index` from its logits, sends the token (or ends the choice), and says
     /// which. `eos` are the model's end-of-sequence ids; `max_context` the window.
+    /// `mask` is the choice's grammar mask when it was computed ahead (see [`Mask`]).
     pub fn sample(
         &mut self,
         index: usize,
         logits: &mut [f32],
         eos: &[u32],
         max_context: u32,
+        mask: Mask,
     ) -> Outcome {
         let banned = self.banned(index, eos);
-        let choice = &mut self.choices[index];
-        if let Some(constraint) = choice.constraint.as_mut()
-            && let Err(why) = constraint.mask(logits)
+        let allowed = match self.allowed(index, mask) {
+            Ok(allowed) => allowed,
+            Err(outcome) => return outcome,
+        };
+        if let Some(allowed) = allowed
+            && let Err(why) = allowed.apply(logits)
         {
             return self.fail(why);
         }
+        let choice = &mut self.choices[index];
         let sampled = choice.sampler.sample(logits, &banned);
         if let Some(constraint) = choice.constraint.as_mut()
             && let Err(why) = constraint.advance(sampled.token)
@@ -233,6 +242,23 @@ impl LiveRequest {
         std::mem::take(&mut self.choices[index].forced)
     }
 
+    /// Choice `index`'s grammar mask: `mask` when computed ahead, else computed now; `None`
+    /// without a grammar, the failure when the grammar allows nothing.
+    fn allowed(&mut self, index: usize, mask: Mask) -> Result<Option<Allowed>, Outcome> {
+        let mask = match mask {
+            Some(mask) => Some(mask),
+            None => self.choices[index]
+                .constraint
+                .as_mut()
+                .map(Constraint::allowed),
+        };
+        match mask {
+            None => Ok(None),
+            Some(Ok(allowed)) => Ok(Some(allowed)),
+            Some(Err(why)) => Err(self.fail(why)),
+        }
+    }
+
     /// Ends the request: it cannot go on, for `why`.
     fn fail(&mut self, why: String) -> Outcome {
         self.failure = Some(why);
@@ -248,17 +274,10 @@ impl LiveRequest {
         index: usize,
         eos: &[u32],
         penalties: &mut Vec<(u32, u32)>,
+        mask: Mask,
     ) -> Result<DeviceInputs, Outcome> {
         let banned = self.banned(index, eos);
-        let allowed = match self.choices[index]
-            .constraint
-            .as_mut()
-            .map(Constraint::allowed)
-        {
-            None => None,
-            Some(Ok(allowed)) => Some(allowed),
-            Some(Err(why)) => return Err(self.fail(why)),
-        };
+        let allowed = self.allowed(index, mask)?;
         let uniform = self.choices[index].sampler.device_inputs(penalties);
         Ok(DeviceInputs {
             uniform,

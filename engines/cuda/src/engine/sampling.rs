@@ -4,9 +4,14 @@
 
 use turnpike_engine_api::Status;
 
-use super::request::Outcome;
+use std::collections::HashMap;
+
+use rayon::prelude::*;
+
+use super::request::{Mask, Outcome};
 use super::worker::Worker;
 use crate::device::SampleRequest;
+use crate::grammar::Constraint;
 use crate::sampler::Sampled;
 use crate::scheduler::{SeqId, StepPlan};
 
@@ -47,8 +52,9 @@ impl Worker {
             self.choices_of(chunk.seq, row, &mut targets);
             row += 1;
         }
+        let mut masks = self.masks(&targets);
         let outcomes = if on_device {
-            match self.sample_on_device(&targets) {
+            match self.sample_on_device(&targets, masks) {
                 Ok(outcomes) => outcomes,
                 Err(message) => {
                     self.host.error(&message);
@@ -59,12 +65,17 @@ impl Worker {
             let vocab = self.vocab.max(1);
             targets
                 .iter()
-                .map(|t| {
+                .zip(masks.iter_mut())
+                .map(|(t, mask)| {
                     let slice = logits.get_mut(t.row * vocab..(t.row + 1) * vocab);
                     match (self.requests.get_mut(&t.id), slice) {
-                        (Some(live), Some(slice)) => {
-                            Some(live.sample(t.index, slice, &self.eos, self.max_context))
-                        }
+                        (Some(live), Some(slice)) => Some(live.sample(
+                            t.index,
+                            slice,
+                            &self.eos,
+                            self.max_context,
+                            mask.take(),
+                        )),
                         _ => None,
                     }
                 })
@@ -110,15 +121,19 @@ impl Worker {
 
     /// Samples `targets` on the device and hands each token to its choice. A choice whose
     /// grammar allows nothing is not sampled: its outcome is the failure.
-    fn sample_on_device(&mut self, targets: &[Target]) -> Result<Vec<Option<Outcome>>, String> {
+    fn sample_on_device(
+        &mut self,
+        targets: &[Target],
+        masks: Vec<Mask>,
+    ) -> Result<Vec<Option<Outcome>>, String> {
         let mut inputs = Vec::with_capacity(targets.len());
         let mut outcomes: Vec<Option<Outcome>> = vec![None; targets.len()];
-        for (i, t) in targets.iter().enumerate() {
+        for ((i, t), mask) in targets.iter().enumerate().zip(masks) {
             let Some(live) = self.requests.get_mut(&t.id) else {
                 return Err(format!("request {} vanished before sampling", t.id));
             };
             let mut penalties = Vec::new();
-            match live.device_inputs(t.index, &self.eos, &mut penalties) {
+            match live.device_inputs(t.index, &self.eos, &mut penalties, mask) {
                 Ok(row) => inputs.push((i, row, penalties)),
                 Err(outcome) => outcomes[i] = Some(outcome),
             }
@@ -164,6 +179,30 @@ impl Worker {
                 .map(|live| live.accept_device(t.index, s, &self.eos, self.max_context));
         }
         Ok(outcomes)
+    }
+
+    /// The grammar masks of `targets`, in order (`None` for a choice without a grammar),
+    /// computed in parallel on the engine's threads. On a device that samples, this runs while
+    /// the device still computes the step (its forward returns before the step ends).
+    fn masks(&mut self, targets: &[Target]) -> Vec<Mask> {
+        let mut constraints: HashMap<(u64, usize), &mut Constraint> = HashMap::new();
+        for (&id, live) in &mut self.requests {
+            for (index, choice) in live.choices.iter_mut().enumerate() {
+                if let Some(constraint) = choice.constraint.as_mut() {
+                    constraints.insert((id, index), constraint);
+                }
+            }
+        }
+        if constraints.is_empty() {
+            return targets.iter().map(|_| None).collect();
+        }
+        let mut work: Vec<Option<&mut Constraint>> = targets
+            .iter()
+            .map(|t| constraints.remove(&(t.id, t.index)))
+            .collect();
+        work.par_iter_mut()
+            .map(|c| c.as_mut().map(|c| c.allowed()))
+            .collect()
     }
 
     /// Advances or ends each sampled choice, then finishes the requests whose choices all ended.
