@@ -15,6 +15,9 @@ use crate::grammar::Constraint;
 use crate::sampler::Sampled;
 use crate::scheduler::{SeqId, StepPlan};
 
+/// Constrained choices from which a step's masks are computed in parallel.
+const PARALLEL_MASKS: usize = 4;
+
 /// A choice to sample this step: its request, its index and its logits row.
 #[derive(Debug, Clone, Copy)]
 struct Target {
@@ -200,6 +203,14 @@ impl Worker {
             .iter()
             .map(|t| constraints.remove(&(t.id, t.index)))
             .collect();
+        let constrained = work.iter().filter(|c| c.is_some()).count();
+        if constrained < PARALLEL_MASKS {
+            // Waking the thread pool costs more than a few masks take.
+            return work
+                .iter_mut()
+                .map(|c| c.as_mut().map(|c| c.allowed()))
+                .collect();
+        }
         work.par_iter_mut()
             .map(|c| c.as_mut().map(|c| c.allowed()))
             .collect()
