@@ -76,6 +76,13 @@ pub struct GenerationParams {
     /// `xhigh`; absent when the client did not say. Engines that do not reason ignore it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_effort: Option<String>,
+    /// When the request offers tools the model may call (and nothing else shapes its output),
+    /// the grammar of one call in the model's own tool-call envelope, each function's
+    /// arguments held to its schema; sent only to models whose capabilities declare `grammar`.
+    /// Engines that sample a model ignore it (its weights decide whether to call); the
+    /// simulator draws its tool calls from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_grammar: Option<Grammar>,
 }
 
 impl Default for GenerationParams {
@@ -102,6 +109,7 @@ impl Default for GenerationParams {
             tenant: None,
             tenant_weight: 1,
             reasoning_effort: None,
+            tool_call_grammar: None,
         }
     }
 }

@@ -27,6 +27,8 @@ THOUGHT, ANSWER = "Let me think about it.", "The answer is 4."
 THINKING = f"<think>{THOUGHT}</think>\n\n{ANSWER}"
 # What the `strays` model answers: a hermes call whose city its tools' schemas do not allow.
 STRAY_CALL = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+# What the chat template puts before a tool's result (the `agent` model answers it with text).
+TOOL_RESULT = "<|start_header_id|>ipython<|end_header_id|>"
 SCRIPTS = {"tools": TOOL_CALL, "thinker": THINKING, "strays": STRAY_CALL}
 
 # Each simulator model has one job in the tests.
@@ -45,10 +47,13 @@ SIM_MODELS = {
     # Echoes its prompt, in a context of 512 tokens (truncation, compaction).
     "short": 'output = { mode = "echo" }',
     "strays": "output = { mode = \"script\", tokens = %s }",
+    # Calls one of the tools offered, then answers a tool's result with text.
+    "agent": 'output = { mode = "random", length = [4, 12] }\ntool_calls = { rate = 1.0, result_marker = %s }',
 }
 # Extra keys of the gateway's own model entries.
 GATEWAY_MODELS = {"tools": 'tool_call_parser = "llama3_json"', "thinker": "reasoning = {}", "reasoner": "reasoning = {}",
-                  "short": "context_length = 512", "strays": 'tool_call_parser = "hermes"'}
+                  "short": "context_length = 512", "strays": 'tool_call_parser = "hermes"',
+                  "agent": 'tool_call_parser = "llama3_json"'}
 
 
 def config_text() -> str:
@@ -73,6 +78,8 @@ def config_text() -> str:
     for name, extra in SIM_MODELS.items():
         if name in SCRIPTS:
             extra = extra % tokenizer.encode(SCRIPTS[name], add_special_tokens=False).ids
+        if name == "agent":
+            extra = extra % tokenizer.encode(TOOL_RESULT, add_special_tokens=False).ids
         if name == "reasoner":
             extra = extra % tuple(tokenizer.encode(m, add_special_tokens=False).ids for m in ("<think>", "</think>"))
         lines += [

@@ -182,12 +182,22 @@ def test_bad_input_is_a_clear_error(gateway):
     cases = [
         ({"model": "chat", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AA"}]}]},
          400, "input[0].content[0]"),
+        ({"model": "chat", "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "read this"},
+            {"type": "input_file", "file_data": "data:application/pdf;base64,AA", "filename": "a.pdf"}]}]},
+         400, "input[0].content[1]"),
+        ({"model": "chat", "input": [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}}]}]}, 400, "input[0].content[0]"),
         ({"model": "chat", "input": [{"role": "robot", "content": "hi"}]}, 400, "input[0].role"),
         ({"model": "chat", "input": [{"type": "nonsense"}]}, 400, "input[0].type"),
         ({"model": "chat", "input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
         ({"model": "chat", "input": "hi", "truncation": "sometimes"}, 400, "truncation"),
         ({"model": "chat", "input": "hi", "previous_response_id": "resp_missing"}, 404, "previous_response_id"),
         ({"model": "nope", "input": "hi"}, 404, "model"),
+        # An output for a call the conversation never made.
+        ({"model": "chat", "input": [{"role": "user", "content": "hi"},
+                                     {"type": "function_call_output", "call_id": "call_x", "output": "1"}]},
+         400, "input[1].call_id"),
     ]
     for body, status, param in cases:
         r = post(gateway, body)

@@ -145,3 +145,27 @@ def test_chat_completions_over_a_websocket(gateway):
         ws.send(json.dumps({"model": "chat", "messages": [{"role": "user", "content": "again"}], "max_tokens": 3}))
         while (text := ws.recv(timeout=10)) != "[DONE]":
             assert json.loads(text)["object"] == "chat.completion.chunk"
+
+
+def test_an_output_for_a_call_never_made_fails_and_evicts_the_cached_response(client):
+    # The `tools` model answers with a call; its output continues it. An output for a call_id
+    # the response never made is an error event naming the item, and the failed turn evicts the
+    # socket's cached response (store: false), so continuing it again is not found.
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": False}]
+    with client.responses.connect() as connection:
+        connection.response.create(model="tools", input="Weather?", tools=tools, store=False)
+        first = next(e.response for e in connection if e.type == "response.completed")
+        [call] = [item for item in first.output if item.type == "function_call"]
+
+        def continued(call_id):
+            connection.response.create(model="chat", previous_response_id=first.id, store=False, tools=tools,
+                                       input=[{"type": "function_call_output", "call_id": call_id, "output": "sunny"}])
+            for event in connection:
+                if event.type in ("error", "response.completed", "response.failed"):
+                    return event
+
+        bad = continued("call_never_made")
+        assert bad.type == "error", bad
+        assert bad.error.param == "input[0].call_id" and "call_never_made" in bad.error.message, bad
+        gone = continued(call.call_id)
+        assert gone.type == "error" and gone.error.code == "previous_response_not_found", gone

@@ -55,7 +55,36 @@ struct RawModel {
     #[serde(default)]
     reasoning: Option<Reasoning>,
     #[serde(default)]
+    tool_calls: Option<ToolCalls>,
+    #[serde(default)]
     errors: Option<RawErrors>,
+}
+
+/// Tool calling: when a request offers tools (the gateway sends the grammar of a call in the
+/// model's envelope), the answer is a call drawn from that grammar with probability `rate`,
+/// unless the prompt already holds a tool result (it contains `result_marker`, the token ids
+/// the chat template puts before one): then the answer is text.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolCalls {
+    /// Probability of a call, in [0, 1].
+    #[serde(default = "default_rate")]
+    pub rate: f64,
+    /// Token ids that begin a tool result in the prompt.
+    #[serde(default)]
+    pub result_marker: Vec<u32>,
+}
+
+fn default_rate() -> f64 {
+    1.0
+}
+
+impl ToolCalls {
+    /// Whether `prompt` already answers a call.
+    pub fn answered(&self, prompt: &[u32]) -> bool {
+        let m = &self.result_marker;
+        !m.is_empty() && prompt.windows(m.len()).any(|w| w == m.as_slice())
+    }
 }
 
 /// A reasoning mode: each answer is preceded by `start`, reasoning tokens and `end` (token
@@ -187,6 +216,7 @@ pub(crate) struct ModelConfig {
     pub latency: Latency,
     pub output: Output,
     pub reasoning: Option<Reasoning>,
+    pub tool_calls: Option<ToolCalls>,
     pub errors: Errors,
 }
 
@@ -220,6 +250,7 @@ impl SimConfig {
                 latency: RawLatency::default(),
                 output: Output::default(),
                 reasoning: None,
+                tool_calls: None,
                 errors: None,
             }]
         });
@@ -342,6 +373,18 @@ fn check_model(m: RawModel, errors: Errors) -> Result<ModelConfig, String> {
     if m.max_n == 0 {
         return Err(format!("sim config: {at}.max_n must be at least 1"));
     }
+    if let Some(t) = &m.tool_calls {
+        if !(0.0..=1.0).contains(&t.rate) {
+            return Err(format!(
+                "sim config: {at}.tool_calls.rate must be in [0, 1]"
+            ));
+        }
+        if m.tokenizer.is_none() {
+            return Err(format!(
+                "sim config: {at}.tool_calls needs a tokenizer (calls are drawn from a grammar)"
+            ));
+        }
+    }
     match &m.output {
         Output::Random {
             length: Some([lo, hi]),
@@ -378,6 +421,7 @@ fn check_model(m: RawModel, errors: Errors) -> Result<ModelConfig, String> {
         max_n: m.max_n,
         output: m.output,
         reasoning: m.reasoning,
+        tool_calls: m.tool_calls,
         errors,
     })
 }

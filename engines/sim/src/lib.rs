@@ -89,10 +89,26 @@ fn check_request(model: &ModelConfig, request: &Request) -> Result<(), EngineErr
     Ok(())
 }
 
-/// The request's grammar as a constraint over the model's vocabulary.
-fn constrain(model: &ModelConfig, request: &Request) -> Result<Option<Constrained>, EngineError> {
-    let Some(grammar) = &request.params.grammar else {
-        return Ok(None);
+/// Salt for the generator that decides whether a request's answer is a tool call.
+const TOOL_SALT: u64 = 0x7001;
+
+/// The grammar the answer follows: the tool call's when the model calls tools, the request
+/// offers them, the prompt holds no tool result yet and a draw (seeded by `seed`) under the
+/// model's rate says so (a call drawn from it also meets the grammar a `strict` function adds);
+/// else the request's, if any.
+fn constrain(
+    model: &ModelConfig,
+    request: &Request,
+    seed: u64,
+) -> Result<Option<Constrained>, EngineError> {
+    let p = &request.params;
+    let calls = model.tool_calls.as_ref().is_some_and(|t| {
+        !t.answered(&request.prompt) && Rng::new(mix(&[seed, TOOL_SALT])).chance(t.rate)
+    });
+    let grammar = match (&p.tool_call_grammar, &p.grammar) {
+        (Some(call), _) if calls => call,
+        (_, Some(grammar)) => grammar,
+        _ => return Ok(None),
     };
     let Some(grammars) = &model.grammars else {
         return Err(EngineError::unsupported(format!(
@@ -152,7 +168,11 @@ impl Engine for SimEngine {
         if let Err(e) = check_request(&model, &request) {
             return self.refuse(e);
         }
-        let constrained = match constrain(&model, &request) {
+        let seed = match request.params.seed {
+            Some(seed) => mix(&[seed]),
+            None => mix(&[self.seed, request.id]),
+        };
+        let constrained = match constrain(&model, &request, seed) {
             Ok(c) => c,
             Err(e) => return self.refuse(e),
         };
@@ -173,10 +193,6 @@ impl Engine for SimEngine {
         let fail_after = faults
             .chance(errors.fail_midstream_rate)
             .then_some(errors.fail_after_tokens);
-        let seed = match request.params.seed {
-            Some(seed) => mix(&[seed]),
-            None => mix(&[self.seed, request.id]),
-        };
         let priority = request.params.priority;
         let generation = Generation::new(
             model,

@@ -68,6 +68,7 @@ pub(crate) fn plan(
     let logprobs = params::logprobs(req.logprobs, top, names.top_logprobs, model)?;
     p.logprobs = logprobs.is_some();
     p.top_logprobs = logprobs.unwrap_or(0);
+    let shaped_by_format = output.is_some();
     let shape = match (output, forced_call) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -88,6 +89,7 @@ pub(crate) fn plan(
         }
         Some(Shaping::Check(check)) => Some(check),
     };
+    p.tool_call_grammar = tool_call_grammar(&req.tools, tools.as_ref(), shaped_by_format, model);
     let budget = params::prompt_limit(model, defaults);
     let (prompts, prompt_texts, reasoning) = match &req.prompt {
         Prompt::Chat {
@@ -261,6 +263,33 @@ fn auto_calls(
         tools.parallel,
         control_id(format, model),
     )))
+}
+
+/// For an engine that can use it (the simulator draws its calls from it), the grammar of one
+/// call of any offered function, when the model may choose to call them and no output format
+/// shapes the answer (a `strict` function's grammar may: a call drawn from this one meets it).
+fn tool_call_grammar(
+    tools: &Tools,
+    setup: Option<&ToolSetup>,
+    shaped_by_format: bool,
+    model: &ServedModel,
+) -> Option<Grammar> {
+    let setup = setup?;
+    if shaped_by_format || tools.choice != ToolChoice::Auto || !model.info.capabilities.grammar {
+        return None;
+    }
+    let offered: Vec<(&str, &serde_json::Value)> = tools
+        .names
+        .iter()
+        .map(String::as_str)
+        .zip(&tools.schemas)
+        .collect();
+    Some(tool_grammar::forced(
+        setup.format,
+        &offered,
+        false,
+        control_id(setup.format, model),
+    ))
 }
 
 /// The id of `format`'s control token in `model`'s vocabulary, where it has one.

@@ -189,12 +189,10 @@ async fn handle(
     let deadline = started + state.server.request_timeout;
     let path = "/v1/responses";
     let answer = guarded(state, caller, path, key, &body, deadline, false, work).await;
-    let Some(final_event) = forward(socket, answer, waiting).await? else {
-        return Ok(());
-    };
+    let final_event = forward(socket, answer, waiting).await?;
     // The connection remembers the response the turn made, for `previous_response_id`.
-    let finished = serde_json::from_str::<Value>(&final_event)
-        .ok()
+    let finished: Option<_> = final_event
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
         .filter(|e| {
             matches!(
                 e.get("type").and_then(Value::as_str),
@@ -202,6 +200,16 @@ async fn handle(
             )
         })
         .and_then(|mut e| serde_json::from_value(e["response"].take()).ok());
+    if finished.is_none() {
+        // A continuation that failed evicts the response it continued, as OpenAI's WebSocket
+        // mode does: continuing it again is `previous_response_not_found` (unless stored).
+        if let Some(previous) = &req.previous_response_id
+            && last.as_ref().is_some_and(|l| &l.response.id == previous)
+        {
+            *last = None;
+        }
+        return Ok(());
+    }
     if let Some(response) = finished {
         let ran = ran.lock().unwrap_or_else(PoisonError::into_inner).take();
         let input_items = match ran {

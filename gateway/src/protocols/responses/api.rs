@@ -87,7 +87,9 @@ pub(crate) async fn conversation(
         .input
         .as_ref()
         .ok_or_else(|| ApiError::MissingParam("input".into()))?;
-    items.extend(input::normalise(this_turn)?);
+    let turn = input::normalise(this_turn)?;
+    input::check_outputs(&items, &turn)?;
+    items.extend(turn);
     Ok(items)
 }
 

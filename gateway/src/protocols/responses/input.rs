@@ -27,6 +27,45 @@ pub(crate) fn normalise(input: &ResponseInput) -> Result<Vec<Value>, ApiError> {
     }
 }
 
+/// Every `function_call_output` of this `turn` answers a `function_call` made before it, in
+/// the conversation so far (`before`: the responses it continues) or earlier in the turn; the
+/// error names the first that does not (`input[i].call_id`), in OpenAI's words. After a
+/// compaction item the calls it summarises are gone from view: nothing more is checked.
+pub(crate) fn check_outputs(before: &[Value], turn: &[Value]) -> Result<(), ApiError> {
+    let is_compaction =
+        |item: &Value| item.get("type").and_then(Value::as_str) == Some("compaction");
+    if before.iter().any(is_compaction) {
+        return Ok(());
+    }
+    let call_id = |item: &Value, kind: &str| {
+        (item.get("type").and_then(Value::as_str) == Some(kind))
+            .then(|| item.get("call_id").and_then(Value::as_str))
+            .flatten()
+            .map(str::to_string)
+    };
+    let mut calls: std::collections::HashSet<String> = before
+        .iter()
+        .filter_map(|item| call_id(item, "function_call"))
+        .collect();
+    for (i, item) in turn.iter().enumerate() {
+        if is_compaction(item) {
+            return Ok(());
+        }
+        if let Some(id) = call_id(item, "function_call") {
+            calls.insert(id);
+        }
+        if let Some(id) = call_id(item, "function_call_output")
+            && !calls.contains(&id)
+        {
+            return Err(ApiError::invalid(
+                format!("input[{i}].call_id"),
+                format!("No tool call found for function call output with call_id {id}."),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn part(kind: &str, text: &str) -> Value {
     json!({"type": kind, "text": text})
 }
