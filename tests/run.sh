@@ -56,7 +56,7 @@ if ! command -v redis-server >/dev/null; then
 fi
 
 export TURNPIKE_BIN="$PWD/target/debug/turnpike" TURNPIKE_SIM="$PWD/target/debug/libturnpike_sim.so"
-export TURNPIKE_CUDA="$PWD/target/debug/libturnpike_cuda.so"
+export TURNPIKE_CUDA="$PWD/target/debug/libturnpike_cuda.so" TURNPIKE_UPSTREAM="$PWD/target/debug/libturnpike_upstream.so"
 target/py/openai3/bin/python -m pytest -q -p no:cacheprovider tests/python
 # The default engine against Hugging Face transformers (torch on the CPU) on the same weights.
 target/py/numerics/bin/python -m pytest -q -p no:cacheprovider tests/numerics

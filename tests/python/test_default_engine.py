@@ -153,6 +153,12 @@ def test_a_repeated_prompt_hits_the_prefix_cache_and_metrics_show_the_cache(tiny
     assert stat(tiny_gateway, "kv_blocks_total") > 0
     assert stat(tiny_gateway, "prefix_hit_rate") > 0
     assert stat(tiny_gateway, "kv_blocks_cached") >= 2
+    # The load figures the field's routers read, in vLLM's names.
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{tiny_gateway}/metrics", timeout=10).read().decode()
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert re.search(rf'^{name}\{{model_name="tiny"\}} \S+$', text, re.M), name
 
 
 def test_ready_reports_the_engine_healthy(tiny_gateway):

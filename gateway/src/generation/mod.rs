@@ -16,6 +16,7 @@
 mod embed;
 pub(crate) mod record;
 mod stream;
+mod tokens;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,6 +26,7 @@ pub(crate) use crate::pipeline::request::{
 };
 pub(crate) use embed::EmbeddingRequest;
 pub(crate) use stream::Generation;
+pub(crate) use tokens::{TokenRequest, TokenRun};
 
 use crate::engine_host::{Defaults, ModelRegistry, ServedModel};
 use crate::error::ApiError;

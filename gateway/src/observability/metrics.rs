@@ -10,6 +10,7 @@
 //! | `turnpike_active_streams` | gauge | |
 //! | `turnpike_engine_queued`, `turnpike_engine_running` | gauge | `engine` |
 //! | `turnpike_engine_requests_total` | counter (the engine's own count) | `engine`, `outcome` |
+//! | `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` | gauge (the load figures routers read, in vLLM's names, from an engine's per-model stats) | `model_name` |
 //! | `turnpike_engine_stat` | gauge (every numeric engine-specific stat: KV blocks, prefix hit rate, preemptions, ...) | `engine`, `model` (empty when engine-wide), `stat` |
 //! | `turnpike_rate_limited_total` | counter | `tenant`, `limit` (`requests`, `tokens`, `concurrency`) |
 //! | `turnpike_state_errors_total` | counter (state store failures) | `feature` |
@@ -116,10 +117,32 @@ pub fn engine_stats(engine: &str, stats: &turnpike_engine_api::Stats) {
                     for (stat, value) in per_model.as_object().into_iter().flatten() {
                         engine_stat(engine, model, stat, value);
                     }
+                    load_gauges(model, per_model);
                 }
             }
             value => engine_stat(engine, "", name, value),
         }
+    }
+}
+
+/// The load figures the field's routers read, in the names vLLM exports them under:
+/// `vllm:num_requests_running`, `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc`
+/// (a fraction, as vLLM's is), per model, from the engine's per-model stats where it has them.
+fn load_gauges(model: &str, stats: &serde_json::Value) {
+    let figure = |key: &str| stats.get(key).and_then(serde_json::Value::as_f64);
+    if let Some(running) = figure("running") {
+        metrics::gauge!("vllm:num_requests_running", "model_name" => model.to_string())
+            .set(running);
+    }
+    if let Some(waiting) = figure("waiting") {
+        metrics::gauge!("vllm:num_requests_waiting", "model_name" => model.to_string())
+            .set(waiting);
+    }
+    if let (Some(used), Some(total)) = (figure("kv_blocks_used"), figure("kv_blocks_total"))
+        && total > 0.0
+    {
+        metrics::gauge!("vllm:kv_cache_usage_perc", "model_name" => model.to_string())
+            .set(used / total);
     }
 }
 

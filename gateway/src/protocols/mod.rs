@@ -13,6 +13,7 @@ pub(crate) mod chat;
 pub(crate) mod completions;
 pub(crate) mod deliver;
 pub(crate) mod embeddings;
+pub(crate) mod generate;
 pub(crate) mod messages;
 pub(crate) mod render;
 pub(crate) mod responses;

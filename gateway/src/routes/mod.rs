@@ -10,6 +10,7 @@ mod completions;
 mod cors;
 mod embeddings;
 mod extract;
+mod generate;
 mod health;
 mod metrics;
 mod models;
@@ -131,6 +132,7 @@ pub fn router(state: AppState) -> Router {
             post(chat::chat).get(chat_ws::connect),
         )
         .route("/v1/completions", post(completions::completions))
+        .route("/generate", post(generate::generate))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route(
             "/v1/responses",

@@ -1,0 +1,168 @@
+//! The plugin's configuration (a JSON document given to `create`); unknown keys are refused and
+//! every error names its key.
+
+use serde::Deserialize;
+use turnpike_engine_api::docs::from_json_object;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    models: Vec<RawModel>,
+    #[serde(default = "default_timeout_ms")]
+    connect_timeout_ms: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    id: String,
+    #[serde(default)]
+    upstream_model: Option<String>,
+    endpoints: Vec<String>,
+    vocab_size: u32,
+    eos_token_ids: Vec<u32>,
+    #[serde(default)]
+    tokenizer: Option<String>,
+    #[serde(default = "default_context")]
+    max_context: u32,
+    #[serde(default = "default_max_n")]
+    max_n: u32,
+    #[serde(default)]
+    grammar: bool,
+    #[serde(default = "default_block")]
+    affinity_tokens: usize,
+    #[serde(default = "default_imbalance")]
+    affinity_max_imbalance: u32,
+    #[serde(default = "default_retries")]
+    retries: u32,
+    #[serde(default)]
+    breaker: RawBreaker,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBreaker {
+    #[serde(default = "default_failures")]
+    failures: u32,
+    #[serde(default = "default_cooldown_ms")]
+    cooldown_ms: u64,
+}
+
+impl Default for RawBreaker {
+    fn default() -> Self {
+        Self {
+            failures: default_failures(),
+            cooldown_ms: default_cooldown_ms(),
+        }
+    }
+}
+
+fn default_timeout_ms() -> u64 {
+    2000
+}
+fn default_context() -> u32 {
+    8192
+}
+fn default_max_n() -> u32 {
+    16
+}
+fn default_block() -> usize {
+    64
+}
+fn default_imbalance() -> u32 {
+    8
+}
+fn default_retries() -> u32 {
+    2
+}
+fn default_failures() -> u32 {
+    3
+}
+fn default_cooldown_ms() -> u64 {
+    5000
+}
+
+/// One served model and its pool.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ModelConfig {
+    /// The model's id here.
+    pub id: String,
+    /// Its name on the nodes (`model` in their requests; not sent when absent: a node that
+    /// serves one model takes it, and SGLang refuses unknown keys).
+    pub upstream_model: Option<String>,
+    /// The nodes' base URLs (`http://host:port`).
+    pub endpoints: Vec<String>,
+    pub vocab_size: u32,
+    pub eos_token_ids: Vec<u32>,
+    pub tokenizer: Option<String>,
+    pub max_context: u32,
+    pub max_n: u32,
+    /// The nodes constrain output by grammar (Turnpike nodes and SGLang do).
+    pub grammar: bool,
+    /// Leading prompt tokens that pick a replica by affinity (0: load only).
+    pub affinity_tokens: usize,
+    /// How many more requests than the least-loaded replica the affine one may hold.
+    pub affinity_max_imbalance: u32,
+    /// Other replicas tried after a failure before the first token.
+    pub retries: u32,
+    /// Consecutive failures that open a replica's breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker waits before one probe.
+    pub breaker_cooldown_ms: u64,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Config {
+    pub models: Vec<ModelConfig>,
+    pub connect_timeout_ms: u64,
+}
+
+impl Config {
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
+        let raw: RawConfig = from_json_object(text).map_err(|e| format!("upstream config: {e}"))?;
+        if raw.models.is_empty() {
+            return Err("upstream config: models must not be empty".into());
+        }
+        let mut models = Vec::with_capacity(raw.models.len());
+        for m in raw.models {
+            let at = format!("upstream config: models.{}", m.id);
+            if m.endpoints.is_empty() {
+                return Err(format!("{at}.endpoints must not be empty"));
+            }
+            if let Some(bad) = m.endpoints.iter().find(|e| !e.starts_with("http://")) {
+                return Err(format!("{at}.endpoints: `{bad}` is not an http:// URL"));
+            }
+            if m.eos_token_ids.is_empty() || m.eos_token_ids.iter().any(|&t| t >= m.vocab_size) {
+                return Err(format!("{at}.eos_token_ids must be ids below vocab_size"));
+            }
+            if m.breaker.failures == 0 {
+                return Err(format!("{at}.breaker.failures must be at least 1"));
+            }
+            models.push(ModelConfig {
+                upstream_model: m.upstream_model,
+                endpoints: m
+                    .endpoints
+                    .iter()
+                    .map(|e| e.trim_end_matches('/').to_string())
+                    .collect(),
+                id: m.id,
+                vocab_size: m.vocab_size,
+                eos_token_ids: m.eos_token_ids,
+                tokenizer: m.tokenizer,
+                max_context: m.max_context,
+                max_n: m.max_n.max(1),
+                grammar: m.grammar,
+                affinity_tokens: m.affinity_tokens,
+                affinity_max_imbalance: m.affinity_max_imbalance,
+                retries: m.retries,
+                breaker_failures: m.breaker.failures,
+                breaker_cooldown_ms: m.breaker.cooldown_ms,
+            });
+        }
+        Ok(Self {
+            models,
+            connect_timeout_ms: raw.connect_timeout_ms,
+        })
+    }
+}

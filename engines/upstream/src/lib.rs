@@ -1,0 +1,217 @@
+//! `turnpike-upstream`: an engine plugin that serves each of its models from a pool of remote
+//! engine servers, so a Turnpike gateway can front a fleet (Turnpike nodes, SGLang servers)
+//! through the same ABI as any engine, and the gateway's core does not change.
+//!
+//! The wire is SGLang's native token-level `/generate` ([`wire`]): token ids in, token ids and
+//! log probabilities out, streamed. It was picked over the OpenAI completions API (which carries
+//! text, so every hop would detokenize and retokenize) and over the gRPC engine protocol (a
+//! moving target with no stable published definition yet); Turnpike nodes serve it too (`POST
+//! /generate`), so Turnpike routes to Turnpike. What the nodes can do is declared per model in
+//! the configuration (`grammar`), so the gateway refuses what they cannot.
+//!
+//! Routing ([`pool`]): prefix affinity by rendezvous hashing of the prompt's leading tokens,
+//! falling back on power-of-two-choices over in-flight requests; breakers open on consecutive
+//! failures and probe after a cooldown; a request that fails before its first token is retried
+//! on another replica ([`run`]). Cancelling a request closes its connection, which the node
+//! takes as its cancel. Requests run on the plugin's own small Tokio runtime.
+
+mod config;
+mod pool;
+mod run;
+mod wire;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+use tokio::sync::Notify;
+use turnpike_engine_api::plugin::{Engine, Host, Request, Sink};
+use turnpike_engine_api::{Capabilities, EngineError, ModelInfo, Stats};
+
+use config::{Config, ModelConfig};
+use pool::{Breaker, Pool};
+
+/// A served model and its replicas.
+#[derive(Debug)]
+pub(crate) struct Model {
+    pub config: ModelConfig,
+    pub pool: Pool,
+}
+
+struct Upstream {
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    handle: tokio::runtime::Handle,
+    client: run::HttpClient,
+    models: Vec<Arc<Model>>,
+    /// Requests running, by id, with what cancels each.
+    running: Arc<Mutex<HashMap<u64, Arc<Notify>>>>,
+    /// Requests accepted so far.
+    submitted: AtomicU64,
+}
+
+impl Upstream {
+    fn model(&self, id: &str) -> Result<&Arc<Model>, EngineError> {
+        self.models
+            .iter()
+            .find(|m| m.config.id == id)
+            .ok_or_else(|| EngineError::not_found(format!("no upstream model `{id}`")))
+    }
+}
+
+impl Engine for Upstream {
+    fn create(host: Host, config: &str) -> Result<Self, EngineError> {
+        let config = Config::parse(config).map_err(EngineError::invalid_config)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("turnpike-upstream")
+            .enable_all()
+            .build()
+            .map_err(|e| EngineError::internal(format!("cannot start the runtime: {e}")))?;
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        let models: Vec<Arc<Model>> = config
+            .models
+            .into_iter()
+            .map(|c| {
+                let pool = Pool::new(&c.endpoints, c.affinity_tokens, c.affinity_max_imbalance);
+                Arc::new(Model { config: c, pool })
+            })
+            .collect();
+        for m in &models {
+            host.info(&format!(
+                "upstream model `{}` over {}",
+                m.config.id,
+                m.config.endpoints.join(", ")
+            ));
+        }
+        Ok(Self {
+            handle: runtime.handle().clone(),
+            runtime: Mutex::new(Some(runtime)),
+            client,
+            models,
+            running: Arc::default(),
+            submitted: AtomicU64::new(0),
+        })
+    }
+
+    fn models(&self) -> Vec<ModelInfo> {
+        self.models
+            .iter()
+            .map(|m| {
+                let c = &m.config;
+                ModelInfo {
+                    id: c.id.clone(),
+                    owned_by: None,
+                    max_context: c.max_context,
+                    vocab_size: c.vocab_size,
+                    eos_token_ids: c.eos_token_ids.clone(),
+                    tokenizer: c.tokenizer.clone(),
+                    embedding_dim: None,
+                    capabilities: Capabilities {
+                        max_n: c.max_n,
+                        logprobs: true,
+                        max_top_logprobs: turnpike_engine_api::docs::MAX_TOP_LOGPROBS,
+                        sampling: true,
+                        penalties: true,
+                        grammar: c.grammar,
+                    },
+                }
+            })
+            .collect()
+    }
+
+    fn submit(&self, request: Request, sink: Sink) -> Result<(), EngineError> {
+        let model = Arc::clone(self.model(&request.model)?);
+        if let Some(bad) = request
+            .prompt
+            .iter()
+            .find(|&&t| t >= model.config.vocab_size)
+        {
+            return Err(EngineError::invalid_request(format!(
+                "prompt token id {bad} is outside the vocabulary"
+            )));
+        }
+        let cancel = Arc::new(Notify::new());
+        let id = request.id;
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, Arc::clone(&cancel));
+        let (client, running) = (self.client.clone(), Arc::clone(&self.running));
+        self.handle.spawn(async move {
+            run::run(client, model, request, sink, cancel).await;
+            running
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id);
+        });
+        self.submitted.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn cancel(&self, request_id: u64) {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(cancel) = running.get(&request_id) {
+            cancel.notify_one();
+        }
+    }
+
+    fn stats(&self, mut base: Stats) -> Stats {
+        base.running = self.running.lock().map_or(0, |r| r.len() as u64);
+        let mut models = serde_json::Map::new();
+        for m in &self.models {
+            let replicas: Vec<_> = m
+                .pool
+                .replicas
+                .iter()
+                .map(|r| {
+                    let requests = r.requests.load(Ordering::Relaxed);
+                    let breaker = match r.breaker() {
+                        Breaker::Closed { .. } => "closed",
+                        Breaker::Open { .. } => "open",
+                        Breaker::HalfOpen => "half_open",
+                    };
+                    json!({
+                        "url": r.url,
+                        "in_flight": r.in_flight.load(Ordering::Relaxed),
+                        "requests": requests,
+                        "errors": r.errors.load(Ordering::Relaxed),
+                        "first_token_ms_mean": r.first_token_us.load(Ordering::Relaxed) as f64
+                            / 1000.0 / requests.max(1) as f64,
+                        "breaker": breaker,
+                    })
+                })
+                .collect();
+            models.insert(
+                m.config.id.clone(),
+                json!({"replicas": replicas, "affine_requests": m.pool.affine.load(Ordering::Relaxed)}),
+            );
+        }
+        base.extra.insert("models".into(), models.into());
+        base.extra.insert(
+            "submitted".into(),
+            self.submitted.load(Ordering::Relaxed).into(),
+        );
+        base
+    }
+
+    fn shutdown(&self) {
+        if let Some(runtime) = self
+            .runtime
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            runtime.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+turnpike_engine_api::export_engine!(Upstream, "turnpike-upstream");

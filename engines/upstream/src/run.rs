@@ -1,0 +1,251 @@
+//! One request's life: pick a replica, stream `/generate` from it, hand each token to the sink;
+//! on a failure before the first token (no connection, a refusal, an error event, a stream that
+//! ends early) mark the replica and try another, up to the model's `retries`; after the first
+//! token a failure ends the request (its tokens were sent). Cancelling drops the connection,
+//! which the node takes as its cancel.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde_json::Value;
+use tokio::sync::Notify;
+use turnpike_engine_api::plugin::{Request, Sink};
+use turnpike_engine_api::{Finish, Status, TopLogprob, Usage};
+
+use crate::Model;
+use crate::wire;
+
+pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// How an attempt on one replica ended.
+enum Attempt {
+    /// The request ended (well, or with an error after its first token): nothing to retry.
+    Ended,
+    /// Nothing was sent yet; another replica may serve it (the sink comes back).
+    Retry(String, Sink),
+    /// The node refused the request itself (4xx): no replica would take it.
+    Refused(Status, String, Sink),
+}
+
+/// Runs `req` on `model`'s pool to its end.
+pub(crate) async fn run(
+    client: HttpClient,
+    model: Arc<Model>,
+    req: Request,
+    mut sink: Sink,
+    cancel: Arc<Notify>,
+) {
+    let rid = format!("tp-{}", req.id);
+    let body = wire::body(model.config.upstream_model.as_deref(), &req, &rid).to_string();
+    let mut tried = Vec::new();
+    let mut last_error = String::new();
+    loop {
+        let Some(i) = model.pool.pick(&req.prompt, &tried) else {
+            let why = if last_error.is_empty() {
+                format!(
+                    "no replica of model `{}` is available (every breaker is open)",
+                    model.config.id
+                )
+            } else {
+                format!(
+                    "no replica of model `{}` could serve the request: {last_error}",
+                    model.config.id
+                )
+            };
+            return sink.fail(Status::Unavailable, why, Usage::default());
+        };
+        tried.push(i);
+        let replica = &model.pool.replicas[i];
+        replica.in_flight.fetch_add(1, Ordering::Relaxed);
+        replica.requests.fetch_add(1, Ordering::Relaxed);
+        let outcome = attempt(&client, &model, i, &body, &req, sink, &cancel).await;
+        replica.in_flight.fetch_sub(1, Ordering::Relaxed);
+        match outcome {
+            Attempt::Ended => return,
+            Attempt::Refused(status, why, back) => return back.fail(status, why, Usage::default()),
+            Attempt::Retry(why, back) => {
+                sink = back;
+                let c = &model.config;
+                replica.failed(
+                    c.breaker_failures,
+                    Duration::from_millis(c.breaker_cooldown_ms),
+                );
+                last_error = format!("{}: {why}", replica.url);
+                if tried.len() > c.retries as usize {
+                    return sink.fail(Status::Unavailable, last_error, Usage::default());
+                }
+            }
+        }
+    }
+}
+
+/// Per-choice progress of a streamed answer.
+struct Progress {
+    seen: Vec<usize>,
+    ended: Vec<bool>,
+    usage: Usage,
+    last: Finish,
+}
+
+async fn attempt(
+    client: &HttpClient,
+    model: &Model,
+    i: usize,
+    body: &str,
+    req: &Request,
+    mut sink: Sink,
+    cancel: &Notify,
+) -> Attempt {
+    let replica = &model.pool.replicas[i];
+    let started = Instant::now();
+    let request = match hyper::Request::post(format!("{}/generate", replica.url))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+    {
+        Ok(r) => r,
+        Err(e) => return Attempt::Refused(Status::Internal, e.to_string(), sink),
+    };
+    let response = tokio::select! {
+        r = client.request(request) => r,
+        () = cancel.notified() => {
+            sink.cancelled(Usage::default());
+            return Attempt::Ended;
+        }
+    };
+    let response = match response {
+        Ok(r) => r,
+        Err(e) => return Attempt::Retry(format!("cannot reach it: {e}"), sink),
+    };
+    let status = response.status();
+    let mut body = response.into_body();
+    if !status.is_success() {
+        let text = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let why = String::from_utf8_lossy(&text)
+            .chars()
+            .take(300)
+            .collect::<String>();
+        return if status.is_client_error() && status.as_u16() != 429 {
+            Attempt::Refused(
+                Status::InvalidRequest,
+                format!("the node refused it ({status}): {why}"),
+                sink,
+            )
+        } else {
+            Attempt::Retry(format!("{status}: {why}"), sink)
+        };
+    }
+    let n = req.params.n.max(1) as usize;
+    let mut p = Progress {
+        seen: vec![0; n],
+        ended: vec![false; n],
+        usage: Usage {
+            prompt_tokens: req.prompt.len() as u32,
+            ..Usage::default()
+        },
+        last: Finish::default(),
+    };
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        let frame = tokio::select! {
+            f = body.frame() => f,
+            () = cancel.notified() => {
+                drop(body);
+                sink.cancelled(p.usage);
+                return Attempt::Ended;
+            }
+        };
+        let Some(frame) = frame else { break };
+        let data = match frame {
+            Ok(frame) => frame.into_data().unwrap_or_default(),
+            Err(e) => return after_start(&p, sink, format!("the stream broke: {e}")),
+        };
+        pending.extend_from_slice(&data);
+        while let Some(at) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=at).collect();
+            let Some(payload) = line.strip_prefix(b"data: ") else {
+                continue;
+            };
+            let payload = payload.trim_ascii_end();
+            if payload == b"[DONE]" {
+                return finish(&p, sink);
+            }
+            let value: Value = match serde_json::from_slice(payload) {
+                Ok(v) => v,
+                Err(e) => return after_start(&p, sink, format!("a chunk is not JSON: {e}")),
+            };
+            let index = value["index"].as_u64().unwrap_or(0) as usize;
+            let chunk = match wire::chunk(&value, p.seen.get(index).copied().unwrap_or(0)) {
+                Ok(c) => c,
+                Err(why) => return after_start(&p, sink, why),
+            };
+            let first = p.usage.completion_tokens == 0;
+            if deliver(&mut p, &mut sink, chunk) && first {
+                replica.succeeded();
+                replica
+                    .first_token_us
+                    .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+    finish(&p, sink)
+}
+
+/// Sends a chunk's tokens and ends its choice when it says so; whether it held tokens.
+fn deliver(p: &mut Progress, sink: &mut Sink, chunk: wire::Chunk) -> bool {
+    let c = chunk.index as usize;
+    if c >= p.seen.len() || p.ended[c] {
+        return false;
+    }
+    p.usage.prompt_tokens = chunk.prompt_tokens.max(p.usage.prompt_tokens);
+    p.usage.cached_prompt_tokens = chunk.cached_tokens.max(p.usage.cached_prompt_tokens);
+    let any = !chunk.tokens.is_empty();
+    for token in chunk.tokens {
+        let top: Vec<TopLogprob> = token
+            .top
+            .into_iter()
+            .map(|(token_id, logprob)| TopLogprob { token_id, logprob })
+            .collect();
+        sink.token_with_logprobs(chunk.index, token.id, token.logprob, &top);
+        p.seen[c] += 1;
+        p.usage.completion_tokens += 1;
+    }
+    if let Some(finish) = chunk.finish {
+        p.ended[c] = true;
+        p.last = finish;
+        if p.ended.iter().any(|e| !e) {
+            sink.end_choice(chunk.index, finish);
+        }
+    }
+    any
+}
+
+/// The stream ended: the request is complete.
+fn finish(p: &Progress, sink: Sink) -> Attempt {
+    if p.usage.completion_tokens == 0 && p.ended.iter().all(|e| !e) {
+        return Attempt::Retry("the stream ended before any token".into(), sink);
+    }
+    sink.complete(p.last, p.usage);
+    Attempt::Ended
+}
+
+/// A failure: retried while nothing was sent, else the request's end.
+fn after_start(p: &Progress, sink: Sink, why: String) -> Attempt {
+    if p.usage.completion_tokens == 0 {
+        return Attempt::Retry(why, sink);
+    }
+    sink.fail(
+        Status::Internal,
+        format!("the node failed mid-stream: {why}"),
+        p.usage,
+    );
+    Attempt::Ended
+}

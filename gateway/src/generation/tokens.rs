@@ -1,0 +1,153 @@
+//! Token-level generation, for the node endpoint (`POST /generate`, which the field's routers
+//! and Turnpike's upstream engine plugin speak): token ids in, the engine's token events out.
+//! The same model lookup, scope check, limits and admission as every protocol, and none of the
+//! text pipeline (no template, tokenizer, stop strings or parsers): the caller owns the text.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use futures_core::Stream;
+use turnpike_engine_api::host::EngineRequest;
+use turnpike_engine_api::{EngineEvent, GenerationParams};
+
+use super::Generator;
+use crate::engine_host::EngineRun;
+use crate::error::ApiError;
+use crate::tenancy::{Admission, Caller};
+
+/// A token-level request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenRequest {
+    /// The public model name.
+    pub model: String,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Generation parameters (tenant fields are set here).
+    pub params: GenerationParams,
+    /// Where the prompt's ids came from in the caller's request (for errors).
+    pub param: &'static str,
+}
+
+/// A started token-level generation: the engine's events, with the tenant's hold on its
+/// limits. Dropping it cancels the engine work and settles the tokens used.
+pub struct TokenRun {
+    run: EngineRun,
+    admission: Admission,
+    tokens: u64,
+    /// The engine's id of the served model.
+    pub model_id: String,
+}
+
+impl std::fmt::Debug for TokenRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenRun")
+            .field("model_id", &self.model_id)
+            .field("tokens", &self.tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Stream for TokenRun {
+    type Item = EngineEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<EngineEvent>> {
+        let this = &mut *self;
+        let polled = this.run.events.as_mut().poll_next(cx);
+        if let Poll::Ready(Some(EngineEvent::Token(_))) = &polled {
+            this.tokens += 1;
+            this.admission.record(this.tokens);
+        }
+        polled
+    }
+}
+
+impl Generator {
+    /// Checks `req` against its model (ids in the vocabulary, prompt and output within the
+    /// context, `n` and log probabilities within its capabilities), admits it for `caller`
+    /// and submits it.
+    pub async fn generate_tokens(
+        &self,
+        caller: &Caller,
+        mut req: TokenRequest,
+        started: Instant,
+    ) -> Result<TokenRun, ApiError> {
+        let model = self.model_for(caller, &req.model)?;
+        let p = &mut req.params;
+        let vocab = model.info.vocab_size;
+        if req.prompt.is_empty() {
+            return Err(ApiError::invalid(req.param, "the prompt holds no tokens"));
+        }
+        if let Some((i, bad)) = req.prompt.iter().enumerate().find(|(_, t)| **t >= vocab) {
+            return Err(ApiError::invalid(
+                format!("{}[{i}]", req.param),
+                format!("token id {bad} is outside the vocabulary of {vocab}"),
+            ));
+        }
+        let context = model.context_length as usize;
+        if req.prompt.len() + p.max_tokens as usize > context {
+            return Err(ApiError::ContextLengthExceeded {
+                param: req.param.into(),
+                message: format!(
+                    "{} prompt tokens and {} to generate exceed the context of {context}",
+                    req.prompt.len(),
+                    p.max_tokens
+                ),
+            });
+        }
+        let caps = &model.info.capabilities;
+        if p.n == 0 || p.n > caps.max_n {
+            return Err(ApiError::invalid(
+                "n",
+                format!("n must be from 1 to {} for this model", caps.max_n),
+            ));
+        }
+        if p.top_logprobs > caps.max_top_logprobs || (p.logprobs && !caps.logprobs) {
+            return Err(ApiError::invalid(
+                "top_logprobs_num",
+                format!(
+                    "this model returns at most {} top log probabilities",
+                    caps.max_top_logprobs
+                ),
+            ));
+        }
+        if p.grammar.is_some() && !caps.grammar {
+            return Err(ApiError::unsupported(
+                "sampling_params",
+                format!("model `{}` cannot constrain its output", model.id),
+            ));
+        }
+        let tenant = &caller.principal.tenant;
+        p.tenant = Some(tenant.name.clone());
+        p.tenant_weight = tenant.plan.weight;
+        let deadline = started + self.timing.request_timeout;
+        let most = u64::from(p.max_tokens) * u64::from(p.n);
+        let admission = self
+            .tenancy
+            .admit(
+                caller,
+                &model,
+                req.prompt.len() as u64,
+                most,
+                p.priority,
+                deadline,
+                true,
+            )
+            .await?;
+        let request = EngineRequest {
+            model: model.info.id.clone(),
+            prompt: req.prompt,
+            params: req.params,
+        };
+        let run = model
+            .backend
+            .submit(&request)
+            .map_err(|e| ApiError::from_engine(e, self.timing.retry_after))?;
+        Ok(TokenRun {
+            run,
+            admission,
+            tokens: 0,
+            model_id: model.id.clone(),
+        })
+    }
+}

