@@ -21,12 +21,14 @@ def front_config(nodes, affinity=16):
     vocab = Tokenizer.from_file(str(TOKENIZER)).get_vocab_size(with_added_tokens=True)
     endpoints = ", ".join(f'"{n.base}"' for n in nodes)
     lines = ["[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"',
-             "[[engines]]", 'name = "fleet"', f'plugin = "{UPSTREAM}"', "[engines.config]",
-             "[[engines.config.models]]", 'id = "chat"', 'upstream_model = "chat"', f"endpoints = [{endpoints}]",
-             f"vocab_size = {vocab}", "eos_token_ids = [4]", f"affinity_tokens = {affinity}", "retries = 2",
-             "breaker = { failures = 2, cooldown_ms = 60000 }",
-             "[[models]]", 'name = "chat"', 'engine = "fleet"', f'folder = "{FOLDER}"',
-             'tool_call_parser = "llama3_json"']
+             "[[engines]]", 'name = "fleet"', f'plugin = "{UPSTREAM}"', "[engines.config]"]
+    for model in ("chat", "slow"):
+        lines += ["[[engines.config.models]]", f'id = "{model}"', f'upstream_model = "{model}"',
+                  f"endpoints = [{endpoints}]", f"vocab_size = {vocab}", "eos_token_ids = [4]",
+                  f"affinity_tokens = {affinity}", "retries = 2", "breaker = { failures = 2, cooldown_ms = 60000 }"]
+    for model in ("chat", "slow"):
+        lines += ["[[models]]", f'name = "{model}"', 'engine = "fleet"', f'folder = "{FOLDER}"',
+                  'tool_call_parser = "llama3_json"']
     return "\n".join(lines) + "\n"
 
 
@@ -85,3 +87,17 @@ def test_a_dead_node_fails_over_before_the_first_token(fleet):
     stats = urllib.request.urlopen(f"{front.base}/metrics", timeout=10).read().decode()
     assert 'turnpike_engine_requests_total' in stats
     assert completed(nodes[1]) >= 8
+
+
+def test_a_client_that_leaves_cancels_the_work_on_the_node(fleet):
+    nodes, _, client = fleet
+    before = sum(engine_counter(n.base, "cancelled") for n in nodes)
+    stream = client.chat.completions.create(model="slow", messages=[{"role": "user", "content": "Go on"}],
+                                            max_tokens=200, stream=True)
+    for i, _ in enumerate(stream):
+        if i == 2:
+            break
+    stream.close()
+    from conftest import wait_for
+
+    assert wait_for(lambda: sum(engine_counter(n.base, "cancelled") for n in nodes) > before)
