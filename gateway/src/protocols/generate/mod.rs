@@ -14,21 +14,27 @@
 //! "prompt_tokens", "completion_tokens", "cached_tokens", "output_token_logprobs",
 //! "output_top_logprobs"}, "index"}`; a non-streamed answer is that object (an array of them
 //! for `n > 1`); streamed, one such chunk per token whose `output_ids` and log probabilities
-//! are the new ones only, `finish_reason` set on each choice's last chunk, then `[DONE]`.
+//! are the new ones only (all that were ready, so a fast engine sends few chunks),
+//! `finish_reason` set on each choice's last chunk, then `[DONE]`.
 //! `finish_reason` is `{"type": "stop", "matched": id}` or `{"type": "length", "length": n}`.
 
-use futures_util::StreamExt;
+mod answer;
+
+use futures_util::{FutureExt, StreamExt};
 use serde::Deserialize;
-use serde_json::{Value, json};
-use turnpike_engine_api::{
-    EngineEvent, Finish, FinishReason, GenerationParams, Grammar, Status, TokenEvent, Usage,
-};
+use serde_json::Value;
+use turnpike_engine_api::{GenerationParams, Grammar};
 
 use super::render::{Chunk, Out};
 use super::{Call, Reply};
 use crate::error::ApiError;
 use crate::generation::{TokenRequest, TokenRun};
 use crate::ids::new_id;
+use answer::{Answer, Taken};
+
+/// Engine events gathered into one streamed step at most: what a fast engine has ready travels
+/// together, one chunk per choice.
+const MAX_BATCH: usize = 256;
 
 /// The request body.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -167,55 +173,37 @@ pub(crate) async fn generate(call: Call<'_>, req: &GenerateRequest) -> Result<Re
     let request = translate(req, only)?;
     let n = request.params.n;
     let prompt_tokens = request.prompt.len() as u32;
-    let run = call
+    let mut run = call
         .generator
         .generate_tokens(call.caller, request, call.started)
         .await?;
     let id = req.rid.clone().unwrap_or_else(|| new_id("gen_"));
-    let state = Answer::new(id.clone(), n, prompt_tokens);
+    let mut answer = Answer::new(id.clone(), n, prompt_tokens);
     if req.stream {
         let events = futures_util::stream::unfold(
-            (run, state, false),
-            |(mut run, mut state, done)| async move {
+            (run, answer, false),
+            |(mut run, mut answer, done)| async move {
                 if done {
                     return None;
                 }
-                loop {
-                    let Some(event) = run.next().await else {
-                        if state.ended {
-                            return Some((Out::Done, (run, state, true)));
-                        }
-                        let error = ApiError::Internal {
-                            detail: "engine stream ended without a final event".into(),
-                        };
-                        return Some((failed(&error), (run, state, true)));
-                    };
-                    match state.take(event) {
-                        Step::Chunk(chunk) => {
-                            return Some((Out::Chunk(Chunk::data(&chunk)), (run, state, false)));
-                        }
-                        Step::Nothing => continue,
-                        Step::Done => return Some((Out::Done, (run, state, true))),
-                        Step::Failed(e) => return Some((failed(&e), (run, state, true))),
-                    }
-                }
+                let (outs, ended) = step(&mut run, &mut answer).await;
+                Some((outs, (run, answer, ended)))
             },
-        );
+        )
+        .flat_map(futures_util::stream::iter);
         return Ok(Reply::Events {
             id,
             events: Box::pin(events),
         });
     }
-    let mut run: TokenRun = run;
-    let mut state = state;
     while let Some(event) = run.next().await {
-        match state.take(event) {
-            Step::Chunk(_) | Step::Nothing => {}
-            Step::Done => break,
-            Step::Failed(e) => return Err(e),
+        match answer.take(event) {
+            Taken::Going => {}
+            Taken::Ended => break,
+            Taken::Failed(e) => return Err(e),
         }
     }
-    let mut outputs = state.whole();
+    let mut outputs = answer.whole();
     let body = if outputs.len() == 1 {
         outputs.remove(0)
     } else {
@@ -227,147 +215,56 @@ pub(crate) async fn generate(call: Call<'_>, req: &GenerateRequest) -> Result<Re
     })
 }
 
+/// One streamed step: the next event and every one ready after it, as chunks; whether the
+/// answer has ended.
+async fn step(run: &mut TokenRun, answer: &mut Answer) -> (Vec<Out>, bool) {
+    let mut next = run.next().await;
+    let mut taken = 0;
+    loop {
+        let Some(event) = next else {
+            let mut outs = chunks(answer);
+            if answer.ended() {
+                outs.push(Out::Done);
+            } else {
+                outs.push(failed(&ApiError::Internal {
+                    detail: "engine stream ended without a final event".into(),
+                }));
+            }
+            return (outs, true);
+        };
+        match answer.take(event) {
+            Taken::Going => {}
+            Taken::Ended => {
+                let mut outs = chunks(answer);
+                outs.push(Out::Done);
+                return (outs, true);
+            }
+            Taken::Failed(e) => {
+                let mut outs = chunks(answer);
+                outs.push(failed(&e));
+                return (outs, true);
+            }
+        }
+        taken += 1;
+        next = match run.next().now_or_never() {
+            Some(event) if taken < MAX_BATCH => event,
+            _ => return (chunks(answer), false),
+        };
+    }
+}
+
+fn chunks(answer: &mut Answer) -> Vec<Out> {
+    answer
+        .flush()
+        .iter()
+        .map(|v| Out::Chunk(Chunk::data(v)))
+        .collect()
+}
+
 fn failed(e: &ApiError) -> Out {
     Out::Failed {
         status: e.status(),
         error: e.detail(),
         chunks: None,
-    }
-}
-
-/// What one engine event makes.
-enum Step {
-    Chunk(Value),
-    Nothing,
-    Done,
-    Failed(ApiError),
-}
-
-/// One choice so far.
-#[derive(Default)]
-struct Choice {
-    ids: Vec<u32>,
-    logprobs: Vec<Value>,
-    top: Vec<Value>,
-    finish: Option<Finish>,
-}
-
-/// The answer as it forms.
-struct Answer {
-    id: String,
-    prompt_tokens: u32,
-    choices: Vec<Choice>,
-    usage: Usage,
-    /// The engine's FINAL has come.
-    ended: bool,
-}
-
-impl Answer {
-    fn new(id: String, n: u32, prompt_tokens: u32) -> Self {
-        Self {
-            id,
-            prompt_tokens,
-            choices: (0..n).map(|_| Choice::default()).collect(),
-            usage: Usage::default(),
-            ended: false,
-        }
-    }
-
-    fn take(&mut self, event: EngineEvent) -> Step {
-        match event {
-            EngineEvent::Token(t) => self.token(&t),
-            EngineEvent::ChoiceEnd { choice, finish } => {
-                let Some(c) = self.choices.get_mut(choice as usize) else {
-                    return Step::Nothing;
-                };
-                c.finish = Some(finish);
-                Step::Chunk(self.chunk(choice, &[], &[], &[]))
-            }
-            EngineEvent::Final(fin) => {
-                self.usage = fin.usage;
-                self.ended = true;
-                if fin.status != Status::Ok {
-                    return Step::Failed(ApiError::from_engine(
-                        turnpike_engine_api::EngineError::new(fin.status, fin.message),
-                        std::time::Duration::from_secs(1),
-                    ));
-                }
-                // The last open choice ends with the request.
-                match self.choices.iter().position(|c| c.finish.is_none()) {
-                    Some(open) => {
-                        self.choices[open].finish = Some(fin.finish);
-                        Step::Chunk(self.chunk(open as u32, &[], &[], &[]))
-                    }
-                    None => Step::Done,
-                }
-            }
-        }
-    }
-
-    fn token(&mut self, t: &TokenEvent) -> Step {
-        let Some(c) = self.choices.get_mut(t.choice as usize) else {
-            return Step::Nothing;
-        };
-        c.ids.push(t.token_id);
-        let lp = t.logprob.map(|l| json!([l, t.token_id, null]));
-        let top: Vec<Value> = t
-            .top_logprobs
-            .iter()
-            .map(|a| json!([a.logprob, a.token_id, null]))
-            .collect();
-        if let Some(lp) = &lp {
-            c.logprobs.push(lp.clone());
-            c.top.push(Value::Array(top.clone()));
-        }
-        let lps: Vec<Value> = lp.into_iter().collect();
-        let tops = if lps.is_empty() {
-            Vec::new()
-        } else {
-            vec![Value::Array(top)]
-        };
-        Step::Chunk(self.chunk(t.choice, &[t.token_id], &lps, &tops))
-    }
-
-    fn chunk(&self, choice: u32, ids: &[u32], logprobs: &[Value], top: &[Value]) -> Value {
-        let c = &self.choices[choice as usize];
-        json!({
-            "text": "",
-            "output_ids": ids,
-            "index": choice,
-            "meta_info": self.meta(c, logprobs, top),
-        })
-    }
-
-    fn meta(&self, c: &Choice, logprobs: &[Value], top: &[Value]) -> Value {
-        let finish = c.finish.map(|f| match (f.reason, f.stop_token) {
-            (Some(FinishReason::Length), _) => json!({"type": "length", "length": c.ids.len()}),
-            (_, Some(id)) => json!({"type": "stop", "matched": id}),
-            _ => json!({"type": "stop", "matched": null}),
-        });
-        json!({
-            "id": self.id,
-            "finish_reason": finish,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": c.ids.len(),
-            "cached_tokens": self.usage.cached_prompt_tokens,
-            "output_token_logprobs": logprobs,
-            "output_top_logprobs": top,
-        })
-    }
-
-    /// Every choice whole (a non-streamed answer).
-    fn whole(&self) -> Vec<Value> {
-        self.choices
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                json!({
-                    "text": "",
-                    "output_ids": c.ids,
-                    "index": i,
-                    "meta_info": self.meta(c, &c.logprobs, &c.top),
-                })
-            })
-            .collect()
     }
 }
