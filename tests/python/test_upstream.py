@@ -5,6 +5,7 @@ prefix affinity sends a repeated prompt to one node; a node killed under load fa
 no client error; its breaker opens and the other node carries the traffic."""
 
 import os
+import re
 from pathlib import Path
 
 import openai
@@ -25,7 +26,9 @@ def front_config(nodes, affinity=16):
     for model in ("chat", "slow"):
         lines += ["[[engines.config.models]]", f'id = "{model}"', f'upstream_model = "{model}"',
                   f"endpoints = [{endpoints}]", f"vocab_size = {vocab}", "eos_token_ids = [4]",
-                  f"affinity_tokens = {affinity}", "retries = 2", "breaker = { failures = 2, cooldown_ms = 60000 }"]
+                  f"affinity_tokens = {affinity}", "retries = 2", "breaker = { failures = 2, cooldown_ms = 60000 }",
+                  # Turnpike nodes constrain output by grammar (the simulator does, with its tokenizer).
+                  "grammar = true"]
     for model in ("chat", "slow"):
         lines += ["[[models]]", f'name = "{model}"', 'engine = "fleet"', f'folder = "{FOLDER}"',
                   'tool_call_parser = "llama3_json"']
@@ -85,7 +88,12 @@ def test_a_dead_node_fails_over_before_the_first_token(fleet):
     import urllib.request
 
     stats = urllib.request.urlopen(f"{front.base}/metrics", timeout=10).read().decode()
-    assert 'turnpike_engine_requests_total' in stats
+    # Per replica: the dead node's breaker is open, the live one's closed.
+    breaker = {n.base: re.search(rf'turnpike_engine_replica_breaker{{[^}}]*replica="{re.escape(n.base)}"[^}}]*}} (\S+)',
+                                 stats) for n in nodes}
+    assert breaker[nodes[0].base] and breaker[nodes[0].base].group(1) == "2", stats
+    assert breaker[nodes[1].base] and breaker[nodes[1].base].group(1) == "0", stats
+    assert re.search(r'turnpike_engine_replica_stat\{[^}]*stat="errors"[^}]*\} [1-9]', stats), stats
     assert completed(nodes[1]) >= 8
 
 
@@ -101,3 +109,26 @@ def test_a_client_that_leaves_cancels_the_work_on_the_node(fleet):
     from conftest import wait_for
 
     assert wait_for(lambda: sum(engine_counter(n.base, "cancelled") for n in nodes) > before)
+
+
+def test_grammars_travel_to_the_nodes(fleet):
+    import json
+
+    import jsonschema
+
+    _, _, client = fleet
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "blue"]}, "n": {"type": "integer"}},
+              "required": ["colour", "n"], "additionalProperties": False}
+    r = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "Fill it in"}],
+                                       max_tokens=60, response_format={"type": "json_schema", "json_schema": {
+                                           "name": "form", "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    # A forced call is a Lark grammar on the wire.
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": schema}}]
+    r = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "Weather?"}],
+                                       max_tokens=80, tools=tools, tool_choice="required")
+    [call] = r.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+    r = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "Yes or no?"}],
+                                       max_tokens=10, extra_body={"guided_regex": "(yes|no)"})
+    assert r.choices[0].message.content in ("yes", "no")

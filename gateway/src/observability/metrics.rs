@@ -11,6 +11,7 @@
 //! | `turnpike_engine_queued`, `turnpike_engine_running` | gauge | `engine` |
 //! | `turnpike_engine_requests_total` | counter (the engine's own count) | `engine`, `outcome` |
 //! | `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` | gauge (the load figures routers read, in vLLM's names, from an engine's per-model stats) | `model_name` |
+//! | `turnpike_engine_replica_stat`, `turnpike_engine_replica_breaker` | gauge (per replica of an engine that serves from a pool: in flight, requests, errors, mean time to first token; breaker 0 closed, 1 half-open, 2 open) | `engine`, `model`, `replica`, `stat` |
 //! | `turnpike_engine_stat` | gauge (every numeric engine-specific stat: KV blocks, prefix hit rate, preemptions, ...) | `engine`, `model` (empty when engine-wide), `stat` |
 //! | `turnpike_rate_limited_total` | counter | `tenant`, `limit` (`requests`, `tokens`, `concurrency`) |
 //! | `turnpike_state_errors_total` | counter (state store failures) | `feature` |
@@ -118,6 +119,7 @@ pub fn engine_stats(engine: &str, stats: &turnpike_engine_api::Stats) {
                         engine_stat(engine, model, stat, value);
                     }
                     load_gauges(model, per_model);
+                    replica_stats(engine, model, per_model);
                 }
             }
             value => engine_stat(engine, "", name, value),
@@ -143,6 +145,35 @@ fn load_gauges(model: &str, stats: &serde_json::Value) {
     {
         metrics::gauge!("vllm:kv_cache_usage_perc", "model_name" => model.to_string())
             .set(used / total);
+    }
+}
+
+/// An engine that serves a model from replicas (the upstream plugin) lists them under
+/// `replicas`, each with its `url`: its numeric figures become `turnpike_engine_replica_stat`,
+/// and its breaker state (`closed`, `half_open`, `open`) `turnpike_engine_replica_breaker`
+/// (0, 1, 2). Replicas come from the configuration, so the label set stays bounded.
+fn replica_stats(engine: &str, model: &str, stats: &serde_json::Value) {
+    let Some(replicas) = stats.get("replicas").and_then(serde_json::Value::as_array) else {
+        return;
+    };
+    for replica in replicas {
+        let Some(url) = replica.get("url").and_then(serde_json::Value::as_str) else {
+            continue;
+        };
+        for (stat, value) in replica.as_object().into_iter().flatten() {
+            if let Some(v) = value.as_f64() {
+                metrics::gauge!("turnpike_engine_replica_stat", "engine" => engine.to_string(), "model" => model.to_string(), "replica" => url.to_string(), "stat" => stat.to_string())
+                    .set(v);
+            }
+        }
+        let state = match replica.get("breaker").and_then(serde_json::Value::as_str) {
+            Some("closed") => 0.0,
+            Some("half_open") => 1.0,
+            Some("open") => 2.0,
+            _ => continue,
+        };
+        metrics::gauge!("turnpike_engine_replica_breaker", "engine" => engine.to_string(), "model" => model.to_string(), "replica" => url.to_string())
+            .set(state);
     }
 }
 
