@@ -89,11 +89,12 @@ def test_a_dead_node_fails_over_before_the_first_token(fleet):
 
     stats = urllib.request.urlopen(f"{front.base}/metrics", timeout=10).read().decode()
     # Per replica: the dead node's breaker is open, the live one's closed.
-    breaker = {n.base: re.search(rf'turnpike_engine_replica_breaker{{[^}}]*replica="{re.escape(n.base)}"[^}}]*}} (\S+)',
-                                 stats) for n in nodes}
+    breaker = {n.base: re.search(
+        rf'turnpike_engine_replica_breaker{{engine="fleet",model="chat",replica="{re.escape(n.base)}"}} (\S+)', stats)
+        for n in nodes}
     assert breaker[nodes[0].base] and breaker[nodes[0].base].group(1) == "2", stats
     assert breaker[nodes[1].base] and breaker[nodes[1].base].group(1) == "0", stats
-    assert re.search(r'turnpike_engine_replica_stat\{[^}]*stat="errors"[^}]*\} [1-9]', stats), stats
+    assert re.search(r'turnpike_engine_replica_stat\{[^}]*model="chat"[^}]*stat="errors"\} [1-9]', stats), stats
     assert completed(nodes[1]) >= 8
 
 
