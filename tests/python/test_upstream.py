@@ -18,7 +18,7 @@ from tenancy_support import Gateway
 UPSTREAM = Path(os.environ.get("TURNPIKE_UPSTREAM", ROOT / "target/debug/libturnpike_upstream.so"))
 
 
-def front_config(nodes, affinity=16):
+def front_config(nodes, affinity=16, health_ms=5000):
     vocab = Tokenizer.from_file(str(TOKENIZER)).get_vocab_size(with_added_tokens=True)
     endpoints = ", ".join(f'"{n.base}"' for n in nodes)
     lines = ["[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"',
@@ -28,7 +28,7 @@ def front_config(nodes, affinity=16):
                   f"endpoints = [{endpoints}]", f"vocab_size = {vocab}", "eos_token_ids = [4]",
                   f"affinity_tokens = {affinity}", "retries = 2", "breaker = { failures = 2, cooldown_ms = 60000 }",
                   # Turnpike nodes constrain output by grammar (the simulator does, with its tokenizer).
-                  "grammar = true"]
+                  "grammar = true", f"health_interval_ms = {health_ms}"]
     for model in ("chat", "slow"):
         lines += ["[[models]]", f'name = "{model}"', 'engine = "fleet"', f'folder = "{FOLDER}"',
                   'tool_call_parser = "llama3_json"']
@@ -133,3 +133,36 @@ def test_grammars_travel_to_the_nodes(fleet):
     r = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "Yes or no?"}],
                                        max_tokens=10, extra_body={"guided_regex": "(yes|no)"})
     assert r.choices[0].message.content in ("yes", "no")
+
+
+def test_probes_open_a_breaker_without_traffic_and_close_it_when_the_node_returns(tmp_path):
+    import socket
+
+    from conftest import wait_for
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fixed = config_text().replace('listen = "127.0.0.1:0"', f'listen = "127.0.0.1:{port}"')
+    nodes = [Gateway(tmp_path / "node0", fixed, {}, name="node0"),
+             Gateway(tmp_path / "node1", config_text(), {}, name="node1")]
+    front = Gateway(tmp_path / "front", front_config(nodes, health_ms=100), {}, name="front")
+    import urllib.request
+
+    def breaker():
+        text = urllib.request.urlopen(f"{front.base}/metrics", timeout=10).read().decode()
+        found = re.search(rf'turnpike_engine_replica_breaker{{engine="fleet",model="chat",'
+                          rf'replica="{re.escape(nodes[0].base)}"}} (\S+)', text)
+        return found.group(1) if found else None
+
+    try:
+        assert wait_for(lambda: breaker() == "0")
+        nodes[0].stop()
+        assert wait_for(lambda: breaker() == "2"), breaker()
+        nodes[0] = Gateway(tmp_path / "node0-again", fixed, {}, name="node0")
+        assert wait_for(lambda: breaker() == "0"), breaker()
+        client = openai.OpenAI(base_url=f"{front.base}/v1", api_key="sk-unused", max_retries=0)
+        assert client.completions.create(model="chat", prompt="back again", max_tokens=2).choices[0].text is not None
+    finally:
+        for g in [front, *nodes]:
+            g.stop()

@@ -37,6 +37,8 @@ struct RawModel {
     retries: u32,
     #[serde(default)]
     breaker: RawBreaker,
+    #[serde(default = "default_health_ms")]
+    health_interval_ms: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -75,6 +77,9 @@ fn default_imbalance() -> u32 {
 fn default_retries() -> u32 {
     2
 }
+fn default_health_ms() -> u64 {
+    5000
+}
 fn default_failures() -> u32 {
     3
 }
@@ -109,6 +114,8 @@ pub(crate) struct ModelConfig {
     pub breaker_failures: u32,
     /// How long an open breaker waits before one probe.
     pub breaker_cooldown_ms: u64,
+    /// How often each replica's `/health` is probed (0: never).
+    pub health_interval_ms: u64,
 }
 
 /// The validated configuration.
@@ -158,6 +165,7 @@ impl Config {
                 retries: m.retries,
                 breaker_failures: m.breaker.failures,
                 breaker_cooldown_ms: m.breaker.cooldown_ms,
+                health_interval_ms: m.health_interval_ms,
             });
         }
         Ok(Self {

@@ -12,10 +12,12 @@
 //! Routing ([`pool`]): prefix affinity by rendezvous hashing of the prompt's leading tokens,
 //! falling back on power-of-two-choices over in-flight requests; breakers open on consecutive
 //! failures and probe after a cooldown; a request that fails before its first token is retried
-//! on another replica ([`run`]). Cancelling a request closes its connection, which the node
+//! on another replica ([`run`]); each replica's `/health` is probed on an interval ([`health`]),
+//! which opens and closes breakers without waiting for traffic. Cancelling a request closes its connection, which the node
 //! takes as its cancel. Requests run on the plugin's own small Tokio runtime.
 
 mod config;
+mod health;
 mod pool;
 mod run;
 mod wire;
@@ -84,7 +86,17 @@ impl Engine for Upstream {
                 Arc::new(Model { config: c, pool })
             })
             .collect();
+        let timeout = Duration::from_millis(config.connect_timeout_ms);
         for m in &models {
+            let interval = m.config.health_interval_ms;
+            if interval > 0 {
+                runtime.spawn(health::probe_forever(
+                    client.clone(),
+                    Arc::clone(m),
+                    Duration::from_millis(interval),
+                    timeout,
+                ));
+            }
             host.info(&format!(
                 "upstream model `{}` over {}",
                 m.config.id,
@@ -183,6 +195,7 @@ impl Engine for Upstream {
                         "in_flight": r.in_flight.load(Ordering::Relaxed),
                         "requests": requests,
                         "errors": r.errors.load(Ordering::Relaxed),
+                        "probe_failures": r.probe_failures.load(Ordering::Relaxed),
                         "first_token_ms_mean": r.first_token_us.load(Ordering::Relaxed) as f64
                             / 1000.0 / requests.max(1) as f64,
                         "breaker": breaker,

@@ -8,7 +8,8 @@
 //! - **Load**: power of two choices over the requests each replica has in flight from here.
 //! - **Breakers**: `breaker_failures` consecutive failures open a replica's breaker; after
 //!   `breaker_cooldown_ms` one request probes it (half-open), and a success closes it. A
-//!   replica with an open breaker is not picked while another can be.
+//!   replica with an open breaker is not picked while another can be. Health probes
+//!   ([`crate::health`]) count toward it too, and a good probe closes it.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -34,6 +35,8 @@ pub(crate) struct Replica {
     pub in_flight: AtomicU32,
     pub requests: AtomicU64,
     pub errors: AtomicU64,
+    /// Health probes that failed.
+    pub probe_failures: AtomicU64,
     /// Sum of time to first token, microseconds (for the mean in `stats`).
     pub first_token_us: AtomicU64,
     breaker: Mutex<Breaker>,
@@ -46,6 +49,7 @@ impl Replica {
             in_flight: AtomicU32::new(0),
             requests: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            probe_failures: AtomicU64::new(0),
             first_token_us: AtomicU64::new(0),
             breaker: Mutex::new(Breaker::Closed { failures: 0 }),
         }
@@ -82,9 +86,31 @@ impl Replica {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Breaker::Closed { failures: 0 };
     }
 
+    /// A health probe's answer: a good one closes the breaker; a bad one counts as a failure
+    /// (without counting as a request's error).
+    pub(crate) fn probed(&self, healthy: bool, threshold: u32, cooldown: Duration) {
+        if healthy {
+            let mut b = self
+                .breaker
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !matches!(*b, Breaker::Closed { .. }) {
+                *b = Breaker::Closed { failures: 0 };
+            }
+            return;
+        }
+        self.probe_failures.fetch_add(1, Ordering::Relaxed);
+        self.trip(threshold, cooldown);
+    }
+
     /// A request here failed before its first token (connect error, refusal, timeout).
     pub(crate) fn failed(&self, threshold: u32, cooldown: Duration) {
         self.errors.fetch_add(1, Ordering::Relaxed);
+        self.trip(threshold, cooldown);
+    }
+
+    /// Counts a failure toward the breaker, opening it at `threshold`.
+    fn trip(&self, threshold: u32, cooldown: Duration) {
         let mut b = self
             .breaker
             .lock()
@@ -225,5 +251,18 @@ mod tests {
         assert_eq!(p.pick(&[1], &[1]), None);
         p.replicas[0].succeeded();
         assert_eq!(p.pick(&[1], &[1]), Some(0));
+    }
+
+    #[test]
+    fn probes_open_and_close_a_breaker() {
+        let p = pool(2);
+        let cooldown = Duration::from_secs(60);
+        p.replicas[0].probed(false, 2, cooldown);
+        assert_eq!(p.replicas[0].breaker(), Breaker::Closed { failures: 1 });
+        p.replicas[0].probed(false, 2, cooldown);
+        assert!(matches!(p.replicas[0].breaker(), Breaker::Open { .. }));
+        assert_eq!(p.replicas[0].errors.load(Ordering::Relaxed), 0);
+        p.replicas[0].probed(true, 2, cooldown);
+        assert_eq!(p.replicas[0].breaker(), Breaker::Closed { failures: 0 });
     }
 }
