@@ -25,6 +25,7 @@ mod config;
 mod constrained;
 mod embed;
 mod generation;
+mod modes;
 mod rng;
 mod scheduler;
 mod vocab;
