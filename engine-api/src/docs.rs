@@ -78,9 +78,9 @@ pub struct GenerationParams {
     pub reasoning_effort: Option<String>,
     /// When the request offers tools the model may call (and nothing else shapes its output),
     /// the grammar of one call in the model's own tool-call envelope, each function's
-    /// arguments held to its schema; sent only to models whose capabilities declare `grammar`.
-    /// Engines that sample a model ignore it (its weights decide whether to call); the
-    /// simulator draws its tool calls from it.
+    /// arguments held to its schema; sent only to models whose capabilities declare
+    /// `tool_call_grammar` (the simulator, which draws its tool calls from it; an engine that
+    /// samples a model lets its weights decide whether to call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_grammar: Option<Grammar>,
 }
@@ -249,6 +249,9 @@ pub struct Capabilities {
     pub penalties: bool,
     /// Grammar-constrained output.
     pub grammar: bool,
+    /// The engine draws its tool calls from the `tool_call_grammar` parameter (the simulator
+    /// does); the host sends that parameter only to such models.
+    pub tool_call_grammar: bool,
 }
 
 impl Default for Capabilities {
@@ -260,6 +263,7 @@ impl Default for Capabilities {
             sampling: false,
             penalties: false,
             grammar: false,
+            tool_call_grammar: false,
         }
     }
 }

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
 use turnpike_engine_api::EngineError;
@@ -146,10 +146,10 @@ impl Grammars {
     }
 
     /// The text of token `id` (empty for ids the tokenizer does not name, or before load).
-    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
         match self.compiler() {
-            Ok(compiler) => compiler.factory.tok_env().tok_trie().token(id).to_vec(),
-            Err(_) => Vec::new(),
+            Ok(compiler) => compiler.factory.tok_env().tok_trie().token(id),
+            Err(_) => &[],
         }
     }
 
@@ -302,10 +302,8 @@ impl Constraint {
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| e.to_string())?;
-        let allowed = Allowed {
-            words: vob.as_slice().to_vec(),
-        };
-        if allowed.words.iter().all(|&w| w == 0) {
+        let allowed = Allowed { vob };
+        if allowed.words().iter().all(|&w| w == 0) {
             return Err("the output's grammar allows no token here".into());
         }
         Ok(allowed)
@@ -350,25 +348,26 @@ impl Constraint {
 /// The set of token ids a grammar allows next: bit `id % 32` of word `id / 32`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allowed {
-    words: Vec<u32>,
+    /// The library's own bit vector, kept as it came (no copy per token).
+    vob: SimpleVob,
 }
 
 impl Allowed {
     /// The bitmask, 32 ids to a word (the layout a device kernel reads).
     pub fn words(&self) -> &[u32] {
-        &self.words
+        self.vob.as_slice()
     }
 
     /// Whether `id` is allowed.
     pub fn contains(&self, id: u32) -> bool {
-        self.words
+        self.words()
             .get(id as usize / 32)
             .is_some_and(|w| w >> (id % 32) & 1 == 1)
     }
 
     /// The allowed ids, in order.
     pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.words.iter().enumerate().flat_map(|(w, &bits)| {
+        self.words().iter().enumerate().flat_map(|(w, &bits)| {
             (0..32u32)
                 .filter(move |b| bits >> b & 1 == 1)
                 .map(move |b| w as u32 * 32 + b)
@@ -377,14 +376,14 @@ impl Allowed {
 
     /// How many ids are allowed.
     pub fn count(&self) -> usize {
-        self.words.iter().map(|w| w.count_ones() as usize).sum()
+        self.words().iter().map(|w| w.count_ones() as usize).sum()
     }
 
     /// Sets every disallowed logit to −∞; an error when none of `logits` is allowed.
     pub fn apply(&self, logits: &mut [f32]) -> Result<(), String> {
         let mut any = false;
         for (w, chunk) in logits.chunks_mut(32).enumerate() {
-            let bits = self.words.get(w).copied().unwrap_or(0);
+            let bits = self.words().get(w).copied().unwrap_or(0);
             if bits == 0 {
                 chunk.fill(f32::NEG_INFINITY);
                 continue;

@@ -200,7 +200,7 @@ fn forced_text_is_fast_forwarded_in_the_models_own_tokens() {
     let forced = c.fast_forward(64).unwrap();
     let text: Vec<u8> = forced
         .iter()
-        .flat_map(|&t| grammars.token_bytes(t))
+        .flat_map(|&t| grammars.token_bytes(t).to_vec())
         .collect();
     assert_eq!(
         String::from_utf8(text).unwrap(),

@@ -159,6 +159,7 @@ impl Engine for SimEngine {
                     sampling: true,
                     penalties: true,
                     grammar: m.grammars.is_some(),
+                    tool_call_grammar: m.tool_calls.is_some() && m.grammars.is_some(),
                 },
             })
             .collect()

@@ -133,6 +133,7 @@ impl Engine for Upstream {
                         sampling: true,
                         penalties: true,
                         grammar: c.grammar,
+                        tool_call_grammar: false,
                     },
                 }
             })

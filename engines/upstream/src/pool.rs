@@ -160,9 +160,7 @@ impl Pool {
         let least = open.iter().map(|&i| load(i)).min()?;
         if self.affinity_tokens > 0 && prompt.len() >= self.affinity_tokens {
             let key = fnv(&prompt[..self.affinity_tokens]);
-            let mut ranked = open.clone();
-            ranked.sort_by_key(|&i| std::cmp::Reverse(mix(key, i as u64)));
-            if let Some(&best) = ranked.first()
+            if let Some(&best) = open.iter().max_by_key(|&&i| mix(key, i as u64))
                 && load(best) <= least + self.max_imbalance
                 && self.replicas[best].admits(now)
             {

@@ -41,7 +41,9 @@ pub(crate) async fn run(
     cancel: Arc<Notify>,
 ) {
     let rid = format!("tp-{}", req.id);
-    let body = wire::body(model.config.upstream_model.as_deref(), &req, &rid).to_string();
+    // Serialised once; each attempt shares the bytes.
+    let body =
+        Bytes::from(wire::body(model.config.upstream_model.as_deref(), &req, &rid).to_string());
     let mut tried = Vec::new();
     let mut last_error = String::new();
     loop {
@@ -96,7 +98,7 @@ async fn attempt(
     client: &HttpClient,
     model: &Model,
     i: usize,
-    body: &str,
+    body: &Bytes,
     req: &Request,
     mut sink: Sink,
     cancel: &Notify,
@@ -105,7 +107,7 @@ async fn attempt(
     let started = Instant::now();
     let request = match hyper::Request::post(format!("{}/generate", replica.url))
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
+        .body(Full::new(body.clone()))
     {
         Ok(r) => r,
         Err(e) => return Attempt::Refused(Status::Internal, e.to_string(), sink),

@@ -265,9 +265,10 @@ fn auto_calls(
     )))
 }
 
-/// For an engine that can use it (the simulator draws its calls from it), the grammar of one
-/// call of any offered function, when the model may choose to call them and no output format
-/// shapes the answer (a `strict` function's grammar may: a call drawn from this one meets it).
+/// For an engine that declares it draws tool calls from it (the simulator), the grammar of
+/// one call of any offered function, when the model may choose to call them and no output
+/// format shapes the answer (a `strict` function's grammar may: a call drawn from this one
+/// meets it).
 fn tool_call_grammar(
     tools: &Tools,
     setup: Option<&ToolSetup>,
@@ -275,7 +276,10 @@ fn tool_call_grammar(
     model: &ServedModel,
 ) -> Option<Grammar> {
     let setup = setup?;
-    if shaped_by_format || tools.choice != ToolChoice::Auto || !model.info.capabilities.grammar {
+    if shaped_by_format
+        || tools.choice != ToolChoice::Auto
+        || !model.info.capabilities.tool_call_grammar
+    {
         return None;
     }
     let offered: Vec<(&str, &serde_json::Value)> = tools

@@ -241,6 +241,7 @@ pub fn fake(script: Script) -> (Arc<Seen>, FakeBackend) {
             sampling: true,
             penalties: true,
             grammar: false,
+            tool_call_grammar: false,
         },
     };
     (Arc::clone(&seen), FakeBackend { info, script, seen })

@@ -230,6 +230,7 @@ impl ModelRuntime {
                 sampling: true,
                 penalties: true,
                 grammar: grammars.is_some(),
+                tool_call_grammar: false,
             },
         };
         Ok(Self {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use rayon::prelude::*;
 
-use super::request::{Mask, Outcome};
+use super::request::{LiveRequest, Mask, Outcome};
 use super::worker::Worker;
 use crate::device::SampleRequest;
 use crate::grammar::Constraint;
@@ -188,6 +188,32 @@ impl Worker {
     /// computed in parallel on the engine's threads. On a device that samples, this runs while
     /// the device still computes the step (its forward returns before the step ends).
     fn masks(&mut self, targets: &[Target]) -> Vec<Mask> {
+        let constraint = |requests: &mut HashMap<u64, LiveRequest>, t: &Target| {
+            requests
+                .get_mut(&t.id)
+                .and_then(|live| live.choices.get_mut(t.index))
+                .and_then(|choice| choice.constraint.as_mut())
+                .map(Constraint::allowed)
+        };
+        let constrained = targets
+            .iter()
+            .filter(|t| {
+                self.requests
+                    .get(&t.id)
+                    .and_then(|live| live.choices.get(t.index))
+                    .is_some_and(|choice| choice.constraint.is_some())
+            })
+            .count();
+        if constrained < PARALLEL_MASKS {
+            // None, or so few that waking the thread pool costs more than they take.
+            if constrained == 0 {
+                return targets.iter().map(|_| None).collect();
+            }
+            return targets
+                .iter()
+                .map(|t| constraint(&mut self.requests, t))
+                .collect();
+        }
         let mut constraints: HashMap<(u64, usize), &mut Constraint> = HashMap::new();
         for (&id, live) in &mut self.requests {
             for (index, choice) in live.choices.iter_mut().enumerate() {
@@ -196,21 +222,10 @@ impl Worker {
                 }
             }
         }
-        if constraints.is_empty() {
-            return targets.iter().map(|_| None).collect();
-        }
         let mut work: Vec<Option<&mut Constraint>> = targets
             .iter()
             .map(|t| constraints.remove(&(t.id, t.index)))
             .collect();
-        let constrained = work.iter().filter(|c| c.is_some()).count();
-        if constrained < PARALLEL_MASKS {
-            // Waking the thread pool costs more than a few masks take.
-            return work
-                .iter_mut()
-                .map(|c| c.as_mut().map(|c| c.allowed()))
-                .collect();
-        }
         work.par_iter_mut()
             .map(|c| c.as_mut().map(|c| c.allowed()))
             .collect()
