@@ -18,7 +18,8 @@ venv() { # venv NAME REQUIREMENTS: create or refresh target/py/NAME
   if [ ! -x "$dir/bin/python" ] || ! cmp -s "$requirements" "$dir/requirements.installed"; then
     rm -rf "$dir"
     python3 -m venv "$dir"
-    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+    # No wheel cache: torch's CUDA wheels would otherwise sit on the disk twice.
+    "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir -r "$requirements"
     cp "$requirements" "$dir/requirements.installed"
   fi
 }
