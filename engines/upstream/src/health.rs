@@ -25,7 +25,7 @@ pub(crate) async fn probe_forever(
     let cooldown = Duration::from_millis(c.breaker_cooldown_ms);
     loop {
         tick.tick().await;
-        for replica in &model.pool.replicas {
+        for replica in model.pool.replicas().iter() {
             let healthy = probe(&client, &replica.url, timeout).await;
             replica.probed(healthy, c.breaker_failures, cooldown);
         }

@@ -1,22 +1,27 @@
 //! `turnpike-upstream`: an engine plugin that serves each of its models from a pool of remote
-//! engine servers, so a Turnpike gateway can front a fleet (Turnpike nodes, SGLang servers)
-//! through the same ABI as any engine, and the gateway's core does not change.
+//! engine servers, so a Turnpike gateway can front a fleet (Turnpike nodes, SGLang, vLLM,
+//! llama.cpp's `llama-server`) through the same ABI as any engine, and the gateway's core does
+//! not change.
 //!
-//! The wire is SGLang's native token-level `/generate` ([`wire`]): token ids in, token ids and
-//! log probabilities out, streamed. It was picked over the OpenAI completions API (which carries
-//! text, so every hop would detokenize and retokenize) and over the gRPC engine protocol (a
-//! moving target with no stable published definition yet); Turnpike nodes serve it too (`POST
-//! /generate`), so Turnpike routes to Turnpike. What the nodes can do is declared per model in
-//! the configuration (`grammar`), so the gateway refuses what they cannot.
+//! Each pool speaks one token-level protocol ([`wire`]): token ids in, token ids and log
+//! probabilities out, streamed. Token-level, because the OpenAI completions API carries text
+//! and every hop would detokenize and retokenize; not the gRPC engine protocol, which has no
+//! stable published definition yet. Turnpike nodes serve SGLang's `/generate`, so Turnpike
+//! routes to Turnpike. What the nodes can do is declared per model (`grammar`, and the
+//! protocol's own limits such as one choice for `llama-server`), so the gateway refuses what
+//! they cannot; a request a protocol cannot carry is refused at `submit`.
 //!
-//! Routing ([`pool`]): prefix affinity by rendezvous hashing of the prompt's leading tokens,
-//! falling back on power-of-two-choices over in-flight requests; breakers open on consecutive
-//! failures and probe after a cooldown; a request that fails before its first token is retried
-//! on another replica ([`run`]); each replica's `/health` is probed on an interval ([`health`]),
-//! which opens and closes breakers without waiting for traffic. Cancelling a request closes its connection, which the node
-//! takes as its cancel. Requests run on the plugin's own small Tokio runtime.
+//! Membership ([`discovery`]): the configured endpoints, an endpoints file re-read while serving,
+//! and host names re-resolved into one replica per address. Routing ([`pool`]): prefix affinity
+//! by rendezvous hashing of the prompt's leading tokens, falling back on power-of-two-choices
+//! over in-flight requests; breakers open on consecutive failures and probe after a cooldown; a
+//! request that fails before its first token is retried on another replica ([`run`]); each
+//! replica's `/health` is probed on an interval ([`health`]), which opens and closes breakers
+//! without waiting for traffic. Cancelling a request closes its connection, which every one of
+//! these servers takes as its cancel. Requests run on the plugin's own small Tokio runtime.
 
 mod config;
+mod discovery;
 mod health;
 mod pool;
 mod run;
@@ -27,6 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -78,16 +84,29 @@ impl Engine for Upstream {
         connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new()).build(connector);
-        let models: Vec<Arc<Model>> = config
-            .models
-            .into_iter()
-            .map(|c| {
-                let pool = Pool::new(&c.endpoints, c.affinity_tokens, c.affinity_max_imbalance);
-                Arc::new(Model { config: c, pool })
-            })
-            .collect();
+        let mut models: Vec<Arc<Model>> = Vec::with_capacity(config.models.len());
+        for c in config.models {
+            let urls = if discovery::dynamic(&c) {
+                // An endpoints file that cannot be read is a configuration error; a name that
+                // does not resolve yet is one replica until a refresh resolves it.
+                let listed = discovery::listed(&c).map_err(EngineError::invalid_config)?;
+                runtime
+                    .block_on(discovery::targets(&c))
+                    .unwrap_or_else(|why| {
+                        host.warn(&format!("upstream model `{}`: {why}", c.id));
+                        listed
+                    })
+            } else {
+                c.endpoints.clone()
+            };
+            let pool = Pool::new(&urls, c.affinity_tokens, c.affinity_max_imbalance);
+            models.push(Arc::new(Model { config: c, pool }));
+        }
         let timeout = Duration::from_millis(config.connect_timeout_ms);
         for m in &models {
+            if discovery::dynamic(&m.config) {
+                runtime.spawn(discovery::refresh_forever(Arc::clone(m), host.clone()));
+            }
             let interval = m.config.health_interval_ms;
             if interval > 0 {
                 runtime.spawn(health::probe_forever(
@@ -97,10 +116,12 @@ impl Engine for Upstream {
                     timeout,
                 ));
             }
+            let urls: Vec<String> = m.pool.replicas().iter().map(|r| r.url.clone()).collect();
             host.info(&format!(
-                "upstream model `{}` over {}",
+                "upstream model `{}` ({:?}) over {}",
                 m.config.id,
-                m.config.endpoints.join(", ")
+                m.config.protocol,
+                urls.join(", ")
             ));
         }
         Ok(Self {
@@ -151,6 +172,16 @@ impl Engine for Upstream {
                 "prompt token id {bad} is outside the vocabulary"
             )));
         }
+        let c = &model.config;
+        let body = c
+            .protocol
+            .body(
+                c.upstream_model.as_deref(),
+                &request,
+                &format!("tp-{}", request.id),
+            )
+            .map_err(EngineError::invalid_request)?;
+        let body = Bytes::from(body.to_string());
         let cancel = Arc::new(Notify::new());
         let id = request.id;
         self.running
@@ -159,7 +190,7 @@ impl Engine for Upstream {
             .insert(id, Arc::clone(&cancel));
         let (client, running) = (self.client.clone(), Arc::clone(&self.running));
         self.handle.spawn(async move {
-            run::run(client, model, request, sink, cancel).await;
+            run::run(client, model, request, body, sink, cancel).await;
             running
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -182,7 +213,7 @@ impl Engine for Upstream {
         for m in &self.models {
             let replicas: Vec<_> = m
                 .pool
-                .replicas
+                .replicas()
                 .iter()
                 .map(|r| {
                     let requests = r.requests.load(Ordering::Relaxed);

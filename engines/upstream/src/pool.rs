@@ -1,8 +1,11 @@
 //! A model's replicas and how a request picks one.
 //!
+//! - **Membership** changes while requests run ([`Pool::set_members`], from
+//!   [`crate::discovery`]): a request works on a snapshot, and a replica that stays keeps its
+//!   counters and breaker.
 //! - **Prefix affinity**: a prompt's first `affinity_tokens` tokens hash to a replica by
-//!   rendezvous hashing (the replica with the highest hash of key and replica wins; removing a
-//!   replica moves only its own keys), so repeated prefixes and continued conversations reach the
+//!   rendezvous hashing (the replica with the highest hash of key and replica URL wins; adding
+//!   or removing a replica moves only its own keys), so repeated prefixes and continued conversations reach the
 //!   replica whose KV cache holds them. Shorter prompts, and an affine replica that holds
 //!   `affinity_max_imbalance` more requests than the least loaded, fall back on load.
 //! - **Load**: power of two choices over the requests each replica has in flight from here.
@@ -11,8 +14,8 @@
 //!   replica with an open breaker is not picked while another can be. Health probes
 //!   ([`crate::health`]) count toward it too, and a good probe closes it.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 /// A breaker's state.
@@ -32,6 +35,8 @@ pub(crate) enum Breaker {
 #[derive(Debug)]
 pub(crate) struct Replica {
     pub url: String,
+    /// The URL's hash, for rendezvous hashing.
+    key: u64,
     pub in_flight: AtomicU32,
     pub requests: AtomicU64,
     pub errors: AtomicU64,
@@ -45,6 +50,7 @@ pub(crate) struct Replica {
 impl Replica {
     fn new(url: String) -> Self {
         Self {
+            key: fnv(url.bytes().map(u32::from)),
             url,
             in_flight: AtomicU32::new(0),
             requests: AtomicU64::new(0),
@@ -56,18 +62,12 @@ impl Replica {
     }
 
     pub(crate) fn breaker(&self) -> Breaker {
-        *self
-            .breaker
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self.breaker.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether a request may go here now (taking the half-open probe if it is due).
     fn admits(&self, now: Instant) -> bool {
-        let mut b = self
-            .breaker
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut b = self.breaker.lock().unwrap_or_else(PoisonError::into_inner);
         match *b {
             Breaker::Closed { .. } => true,
             Breaker::Open { until } if now >= until => {
@@ -80,20 +80,15 @@ impl Replica {
 
     /// A request here reached its first token (or ended well).
     pub(crate) fn succeeded(&self) {
-        *self
-            .breaker
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Breaker::Closed { failures: 0 };
+        *self.breaker.lock().unwrap_or_else(PoisonError::into_inner) =
+            Breaker::Closed { failures: 0 };
     }
 
     /// A health probe's answer: a good one closes the breaker; a bad one counts as a failure
     /// (without counting as a request's error).
     pub(crate) fn probed(&self, healthy: bool, threshold: u32, cooldown: Duration) {
         if healthy {
-            let mut b = self
-                .breaker
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut b = self.breaker.lock().unwrap_or_else(PoisonError::into_inner);
             if !matches!(*b, Breaker::Closed { .. }) {
                 *b = Breaker::Closed { failures: 0 };
             }
@@ -111,10 +106,7 @@ impl Replica {
 
     /// Counts a failure toward the breaker, opening it at `threshold`.
     fn trip(&self, threshold: u32, cooldown: Duration) {
-        let mut b = self
-            .breaker
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut b = self.breaker.lock().unwrap_or_else(PoisonError::into_inner);
         *b = match *b {
             Breaker::Closed { failures } if failures + 1 < threshold => Breaker::Closed {
                 failures: failures + 1,
@@ -129,7 +121,7 @@ impl Replica {
 /// A model's replicas.
 #[derive(Debug)]
 pub(crate) struct Pool {
-    pub replicas: Vec<Replica>,
+    replicas: RwLock<Arc<[Arc<Replica>]>>,
     affinity_tokens: usize,
     max_imbalance: u32,
     /// Requests routed by affinity (the rest by load).
@@ -141,7 +133,13 @@ pub(crate) struct Pool {
 impl Pool {
     pub(crate) fn new(urls: &[String], affinity_tokens: usize, max_imbalance: u32) -> Self {
         Self {
-            replicas: urls.iter().cloned().map(Replica::new).collect(),
+            replicas: RwLock::new(
+                urls.iter()
+                    .cloned()
+                    .map(Replica::new)
+                    .map(Arc::new)
+                    .collect(),
+            ),
             affinity_tokens,
             max_imbalance,
             affine: AtomicU64::new(0),
@@ -149,50 +147,83 @@ impl Pool {
         }
     }
 
-    /// The replica for a prompt, not one of `tried`; `None` when every other replica's breaker
-    /// is open.
-    pub(crate) fn pick(&self, prompt: &[u32], tried: &[usize]) -> Option<usize> {
-        let now = Instant::now();
-        let open: Vec<usize> = (0..self.replicas.len())
-            .filter(|i| !tried.contains(i))
+    /// The replicas now.
+    pub(crate) fn replicas(&self) -> Arc<[Arc<Replica>]> {
+        Arc::clone(&self.replicas.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Makes `urls` the replicas: new ones start closed and idle, ones that stay keep their
+    /// state, and requests on removed ones run to their end. Whether anything changed.
+    pub(crate) fn set_members(&self, urls: &[String]) -> bool {
+        let mut replicas = self
+            .replicas
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if replicas.len() == urls.len() && replicas.iter().zip(urls).all(|(r, u)| r.url == *u) {
+            return false;
+        }
+        let next: Arc<[Arc<Replica>]> = urls
+            .iter()
+            .map(|url| {
+                replicas
+                    .iter()
+                    .find(|r| r.url == *url)
+                    .map_or_else(|| Arc::new(Replica::new(url.clone())), Arc::clone)
+            })
             .collect();
-        let load = |i: usize| self.replicas[i].in_flight.load(Ordering::Relaxed);
-        let least = open.iter().map(|&i| load(i)).min()?;
+        *replicas = next;
+        true
+    }
+
+    /// The replica for a prompt, not one of `tried`; `None` when every other replica's breaker
+    /// is open (or there is none).
+    pub(crate) fn pick(&self, prompt: &[u32], tried: &[Arc<Replica>]) -> Option<Arc<Replica>> {
+        let now = Instant::now();
+        let replicas = self.replicas();
+        let open: Vec<&Arc<Replica>> = replicas
+            .iter()
+            .filter(|r| !tried.iter().any(|t| Arc::ptr_eq(t, r)))
+            .collect();
+        let load = |r: &Replica| r.in_flight.load(Ordering::Relaxed);
+        let least = open.iter().map(|r| load(r)).min()?;
         if self.affinity_tokens > 0 && prompt.len() >= self.affinity_tokens {
-            let key = fnv(&prompt[..self.affinity_tokens]);
-            if let Some(&best) = open.iter().max_by_key(|&&i| mix(key, i as u64))
+            let key = fnv(prompt[..self.affinity_tokens].iter().copied());
+            if let Some(best) = open.iter().max_by_key(|r| mix(key, r.key))
                 && load(best) <= least + self.max_imbalance
-                && self.replicas[best].admits(now)
+                && best.admits(now)
             {
                 self.affine.fetch_add(1, Ordering::Relaxed);
-                return Some(best);
+                return Some(Arc::clone(best));
             }
         }
         // Two choices among the replicas that admit a request, the less loaded.
         let n = open.len() as u64;
         let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let a = open[(start % n) as usize];
-        let b = open[(start.wrapping_mul(0x9E37_79B9).wrapping_add(1) % n) as usize];
-        let mut order = if load(b) < load(a) {
+        let a = (start % n) as usize;
+        let b = (start.wrapping_mul(0x9E37_79B9).wrapping_add(1) % n) as usize;
+        let mut order = if load(open[b]) < load(open[a]) {
             vec![b, a]
         } else {
             vec![a, b]
         };
-        order.extend(open.iter().copied().filter(|i| *i != a && *i != b));
-        order.into_iter().find(|&i| self.replicas[i].admits(now))
+        order.extend((0..open.len()).filter(|i| *i != a && *i != b));
+        order
+            .into_iter()
+            .find(|&i| open[i].admits(now))
+            .map(|i| Arc::clone(open[i]))
     }
 }
 
-/// FNV-1a over token ids.
-fn fnv(tokens: &[u32]) -> u64 {
-    tokens.iter().fold(0xcbf2_9ce4_8422_2325, |h, &t| {
+/// FNV-1a over token ids (or bytes).
+fn fnv(tokens: impl Iterator<Item = u32>) -> u64 {
+    tokens.fold(0xcbf2_9ce4_8422_2325, |h, t| {
         t.to_le_bytes()
             .iter()
             .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
     })
 }
 
-/// A well-mixed hash of a key and a replica index (rendezvous hashing).
+/// A well-mixed hash of a key and a replica's (rendezvous hashing).
 fn mix(key: u64, replica: u64) -> u64 {
     let mut z = key ^ replica.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -211,56 +242,88 @@ mod tests {
         Pool::new(&urls, 4, 2)
     }
 
+    fn url(r: Option<Arc<Replica>>) -> String {
+        r.map_or_else(|| "none".into(), |r| r.url.clone())
+    }
+
     #[test]
     fn a_prefix_sticks_to_one_replica_until_it_is_too_busy() {
         let p = pool(3);
         let prompt = [5, 6, 7, 8, 9];
         let first = p.pick(&prompt, &[]).unwrap();
         for _ in 0..10 {
-            assert_eq!(p.pick(&prompt, &[]), Some(first));
+            assert_eq!(url(p.pick(&prompt, &[])), first.url);
         }
         // Different prefixes spread.
-        let picks: std::collections::HashSet<usize> = (0..40u32)
-            .map(|k| p.pick(&[k, k + 1, k + 2, k + 3], &[]).unwrap())
+        let picks: std::collections::HashSet<String> = (0..40u32)
+            .map(|k| url(p.pick(&[k, k + 1, k + 2, k + 3], &[])))
             .collect();
         assert_eq!(picks.len(), 3);
         // Too busy: load decides.
-        p.replicas[first].in_flight.store(5, Ordering::Relaxed);
-        assert_ne!(p.pick(&prompt, &[]), Some(first));
+        first.in_flight.store(5, Ordering::Relaxed);
+        assert_ne!(url(p.pick(&prompt, &[])), first.url);
         // Tried replicas are skipped.
-        p.replicas[first].in_flight.store(0, Ordering::Relaxed);
-        assert_ne!(p.pick(&prompt, &[first]), Some(first));
+        first.in_flight.store(0, Ordering::Relaxed);
+        assert_ne!(url(p.pick(&prompt, &[Arc::clone(&first)])), first.url);
     }
 
     #[test]
     fn a_breaker_opens_then_lets_one_probe_through() {
         let p = pool(2);
+        let [r0, r1] = [0, 1].map(|i| Arc::clone(&p.replicas()[i]));
         for _ in 0..3 {
-            p.replicas[0].failed(3, Duration::from_millis(30));
+            r0.failed(3, Duration::from_millis(30));
         }
-        assert!(matches!(p.replicas[0].breaker(), Breaker::Open { .. }));
+        assert!(matches!(r0.breaker(), Breaker::Open { .. }));
         for _ in 0..10 {
-            assert_eq!(p.pick(&[1], &[]), Some(1));
+            assert_eq!(url(p.pick(&[1], &[])), r1.url);
         }
-        assert_eq!(p.pick(&[1], &[1]), None);
+        let tried = [Arc::clone(&r1)];
+        assert!(p.pick(&[1], &tried).is_none());
         std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(p.pick(&[1], &[1]), Some(0));
-        assert_eq!(p.replicas[0].breaker(), Breaker::HalfOpen);
-        assert_eq!(p.pick(&[1], &[1]), None);
-        p.replicas[0].succeeded();
-        assert_eq!(p.pick(&[1], &[1]), Some(0));
+        assert_eq!(url(p.pick(&[1], &tried)), r0.url);
+        assert_eq!(r0.breaker(), Breaker::HalfOpen);
+        assert!(p.pick(&[1], &tried).is_none());
+        r0.succeeded();
+        assert_eq!(url(p.pick(&[1], &tried)), r0.url);
     }
 
     #[test]
     fn probes_open_and_close_a_breaker() {
         let p = pool(2);
+        let r0 = Arc::clone(&p.replicas()[0]);
         let cooldown = Duration::from_secs(60);
-        p.replicas[0].probed(false, 2, cooldown);
-        assert_eq!(p.replicas[0].breaker(), Breaker::Closed { failures: 1 });
-        p.replicas[0].probed(false, 2, cooldown);
-        assert!(matches!(p.replicas[0].breaker(), Breaker::Open { .. }));
-        assert_eq!(p.replicas[0].errors.load(Ordering::Relaxed), 0);
-        p.replicas[0].probed(true, 2, cooldown);
-        assert_eq!(p.replicas[0].breaker(), Breaker::Closed { failures: 0 });
+        r0.probed(false, 2, cooldown);
+        assert_eq!(r0.breaker(), Breaker::Closed { failures: 1 });
+        r0.probed(false, 2, cooldown);
+        assert!(matches!(r0.breaker(), Breaker::Open { .. }));
+        assert_eq!(r0.errors.load(Ordering::Relaxed), 0);
+        r0.probed(true, 2, cooldown);
+        assert_eq!(r0.breaker(), Breaker::Closed { failures: 0 });
+    }
+
+    #[test]
+    fn members_change_and_the_ones_that_stay_keep_their_state_and_prefixes() {
+        let p = pool(3);
+        let prompts: Vec<[u32; 4]> = (0..60u32).map(|k| [k, k * 7, k + 3, 1]).collect();
+        let before: Vec<String> = prompts.iter().map(|q| url(p.pick(q, &[]))).collect();
+        let kept = Arc::clone(&p.replicas()[0]);
+        kept.requests.store(9, Ordering::Relaxed);
+        let urls: Vec<String> = ["http://r0", "http://r1", "http://r2", "http://r3"]
+            .map(String::from)
+            .into();
+        assert!(p.set_members(&urls));
+        assert!(!p.set_members(&urls));
+        assert!(Arc::ptr_eq(&p.replicas()[0], &kept));
+        // A new replica takes only prefixes it wins; the others stay where they were.
+        for (q, old) in prompts.iter().zip(&before) {
+            let now = url(p.pick(q, &[]));
+            assert!(now == *old || now == "http://r3", "{now} {old}");
+        }
+        assert!(p.set_members(&urls[1..]));
+        assert_eq!(p.replicas().len(), 3);
+        assert!(p.replicas().iter().all(|r| r.url != "http://r0"));
+        assert!(p.set_members(&[]));
+        assert!(p.pick(&[1, 2, 3, 4], &[]).is_none());
     }
 }

@@ -1,8 +1,10 @@
-//! One request's life: pick a replica, stream `/generate` from it, hand each token to the sink;
+//! One request's life: pick a replica, stream the request from it in the pool's protocol, hand
+//! each token to the sink;
 //! on a failure before the first token (no connection, a refusal, an error event, a stream that
 //! ends early) mark the replica and try another, up to the model's `retries`; after the first
 //! token a failure ends the request (its tokens were sent). Cancelling drops the connection,
-//! which the node takes as its cancel.
+//! which the node takes as its cancel. A stop token the node streams (llama-server has no stop
+//! ids) ends its choice here, and the connection is closed when every choice has ended so.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -18,6 +20,7 @@ use turnpike_engine_api::plugin::{Request, Sink};
 use turnpike_engine_api::{Finish, Status, TopLogprob, Usage};
 
 use crate::Model;
+use crate::pool::Replica;
 use crate::wire;
 
 pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -37,17 +40,14 @@ pub(crate) async fn run(
     client: HttpClient,
     model: Arc<Model>,
     req: Request,
+    body: Bytes,
     mut sink: Sink,
     cancel: Arc<Notify>,
 ) {
-    let rid = format!("tp-{}", req.id);
-    // Serialised once; each attempt shares the bytes.
-    let body =
-        Bytes::from(wire::body(model.config.upstream_model.as_deref(), &req, &rid).to_string());
-    let mut tried = Vec::new();
+    let mut tried: Vec<Arc<Replica>> = Vec::new();
     let mut last_error = String::new();
     loop {
-        let Some(i) = model.pool.pick(&req.prompt, &tried) else {
+        let Some(replica) = model.pool.pick(&req.prompt, &tried) else {
             let why = if last_error.is_empty() {
                 format!(
                     "no replica of model `{}` is available (every breaker is open)",
@@ -61,11 +61,10 @@ pub(crate) async fn run(
             };
             return sink.fail(Status::Unavailable, why, Usage::default());
         };
-        tried.push(i);
-        let replica = &model.pool.replicas[i];
+        tried.push(Arc::clone(&replica));
         replica.in_flight.fetch_add(1, Ordering::Relaxed);
         replica.requests.fetch_add(1, Ordering::Relaxed);
-        let outcome = attempt(&client, &model, i, &body, &req, sink, &cancel).await;
+        let outcome = attempt(&client, &model, &replica, &body, &req, sink, &cancel).await;
         replica.in_flight.fetch_sub(1, Ordering::Relaxed);
         match outcome {
             Attempt::Ended => return,
@@ -92,20 +91,26 @@ struct Progress {
     ended: Vec<bool>,
     usage: Usage,
     last: Finish,
+    /// Tokens that end a choice when a node streams one.
+    stops: Vec<u32>,
+    /// Alternatives asked for per token.
+    top_logprobs: usize,
+    /// Some choice ended here on a stop token, not by the node.
+    stopped_here: bool,
 }
 
 async fn attempt(
     client: &HttpClient,
     model: &Model,
-    i: usize,
+    replica: &Replica,
     body: &Bytes,
     req: &Request,
     mut sink: Sink,
     cancel: &Notify,
 ) -> Attempt {
-    let replica = &model.pool.replicas[i];
+    let protocol = model.config.protocol;
     let started = Instant::now();
-    let request = match hyper::Request::post(format!("{}/generate", replica.url))
+    let request = match hyper::Request::post(format!("{}{}", replica.url, protocol.path()))
         .header("content-type", "application/json")
         .body(Full::new(body.clone()))
     {
@@ -146,6 +151,10 @@ async fn attempt(
         };
     }
     let n = req.params.n.max(1) as usize;
+    let mut stops = req.params.stop_token_ids.clone();
+    if !req.params.ignore_eos {
+        stops.extend(&model.config.eos_token_ids);
+    }
     let mut p = Progress {
         seen: vec![0; n],
         ended: vec![false; n],
@@ -154,6 +163,9 @@ async fn attempt(
             ..Usage::default()
         },
         last: Finish::default(),
+        stops,
+        top_logprobs: req.params.top_logprobs as usize,
+        stopped_here: false,
     };
     let mut pending: Vec<u8> = Vec::new();
     loop {
@@ -185,7 +197,7 @@ async fn attempt(
                 Err(e) => return after_start(&p, sink, format!("a chunk is not JSON: {e}")),
             };
             let index = value["index"].as_u64().unwrap_or(0) as usize;
-            let chunk = match wire::chunk(&value, p.seen.get(index).copied().unwrap_or(0)) {
+            let chunk = match protocol.chunk(&value, p.seen.get(index).copied().unwrap_or(0)) {
                 Ok(c) => c,
                 Err(why) => return after_start(&p, sink, why),
             };
@@ -196,6 +208,10 @@ async fn attempt(
                     .first_token_us
                     .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
             }
+            if p.stopped_here && p.ended.iter().all(|e| *e) {
+                // Dropping the body closes the connection: the node's cancel.
+                return finish(&p, sink);
+            }
         }
     }
     finish(&p, sink)
@@ -204,23 +220,31 @@ async fn attempt(
 /// Sends a chunk's tokens and ends its choice when it says so; whether it held tokens.
 fn deliver(p: &mut Progress, sink: &mut Sink, chunk: wire::Chunk) -> bool {
     let c = chunk.index as usize;
+    // Usage may come on its own, after every choice ended (vLLM).
+    p.usage.prompt_tokens = chunk.prompt_tokens.max(p.usage.prompt_tokens);
+    p.usage.cached_prompt_tokens = chunk.cached_tokens.max(p.usage.cached_prompt_tokens);
     if c >= p.seen.len() || p.ended[c] {
         return false;
     }
-    p.usage.prompt_tokens = chunk.prompt_tokens.max(p.usage.prompt_tokens);
-    p.usage.cached_prompt_tokens = chunk.cached_tokens.max(p.usage.cached_prompt_tokens);
     let any = !chunk.tokens.is_empty();
+    let mut finish = chunk.finish;
     for token in chunk.tokens {
+        p.seen[c] += 1;
+        if p.stops.contains(&token.id) {
+            finish = Some(Finish::stop(token.id));
+            p.stopped_here = true;
+            break;
+        }
         let top: Vec<TopLogprob> = token
             .top
             .into_iter()
+            .take(p.top_logprobs)
             .map(|(token_id, logprob)| TopLogprob { token_id, logprob })
             .collect();
         sink.token_with_logprobs(chunk.index, token.id, token.logprob, &top);
-        p.seen[c] += 1;
         p.usage.completion_tokens += 1;
     }
-    if let Some(finish) = chunk.finish {
+    if let Some(finish) = finish {
         p.ended[c] = true;
         p.last = finish;
         if p.ended.iter().any(|e| !e) {

@@ -29,7 +29,8 @@
 //! The recorder is process-wide; histogram samples are drained by [`upkeep`], which the server
 //! runs every few seconds, so memory stays bounded whether or not anyone scrapes.
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -58,7 +59,7 @@ pub fn render() -> String {
     handle()
         .map(|h| {
             h.run_upkeep();
-            h.render()
+            h.render() + &render_replicas()
         })
         .unwrap_or_default()
 }
@@ -111,6 +112,7 @@ pub fn engine_stats(engine: &str, stats: &turnpike_engine_api::Stats) {
         metrics::counter!("turnpike_engine_requests_total", "engine" => engine.to_string(), "outcome" => outcome)
             .absolute(value);
     }
+    let mut replicas = ReplicaText::default();
     for (name, value) in &stats.extra {
         match value {
             serde_json::Value::Object(models) if name == "models" => {
@@ -119,12 +121,16 @@ pub fn engine_stats(engine: &str, stats: &turnpike_engine_api::Stats) {
                         engine_stat(engine, model, stat, value);
                     }
                     load_gauges(model, per_model);
-                    replica_stats(engine, model, per_model);
+                    replica_stats(engine, model, per_model, &mut replicas);
                 }
             }
             value => engine_stat(engine, "", name, value),
         }
     }
+    REPLICAS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(engine.to_string(), replicas);
 }
 
 /// The load figures the field's routers read, in the names vLLM exports them under:
@@ -151,10 +157,20 @@ fn load_gauges(model: &str, stats: &serde_json::Value) {
 /// An engine that serves a model from replicas (the upstream plugin) lists them under
 /// `replicas`, each with its `url`: its numeric figures become `turnpike_engine_replica_stat`,
 /// and its breaker state (`closed`, `half_open`, `open`) `turnpike_engine_replica_breaker`
-/// (0, 1, 2). Replicas come from the configuration, so the label set stays bounded.
-fn replica_stats(engine: &str, model: &str, stats: &serde_json::Value) {
+/// (0, 1, 2). A pool's members change while it serves (an endpoints file, DNS), so these are
+/// not kept in the registry: each scrape's figures replace the engine's last ones whole
+/// ([`REPLICAS`]), and a replica that left its pool leaves the metrics too.
+fn replica_stats(engine: &str, model: &str, stats: &serde_json::Value, out: &mut ReplicaText) {
     let Some(replicas) = stats.get("replicas").and_then(serde_json::Value::as_array) else {
         return;
+    };
+    let labels = |url: &str| {
+        format!(
+            "engine=\"{}\",model=\"{}\",replica=\"{}\"",
+            escape(engine),
+            escape(model),
+            escape(url)
+        )
     };
     for replica in replicas {
         let Some(url) = replica.get("url").and_then(serde_json::Value::as_str) else {
@@ -162,19 +178,61 @@ fn replica_stats(engine: &str, model: &str, stats: &serde_json::Value) {
         };
         for (stat, value) in replica.as_object().into_iter().flatten() {
             if let Some(v) = value.as_f64() {
-                metrics::gauge!("turnpike_engine_replica_stat", "engine" => engine.to_string(), "model" => model.to_string(), "replica" => url.to_string(), "stat" => stat.to_string())
-                    .set(v);
+                let line = format!(
+                    "turnpike_engine_replica_stat{{{},stat=\"{}\"}} {v}\n",
+                    labels(url),
+                    escape(stat)
+                );
+                out.stats.push_str(&line);
             }
         }
         let state = match replica.get("breaker").and_then(serde_json::Value::as_str) {
-            Some("closed") => 0.0,
-            Some("half_open") => 1.0,
-            Some("open") => 2.0,
+            Some("closed") => 0,
+            Some("half_open") => 1,
+            Some("open") => 2,
             _ => continue,
         };
-        metrics::gauge!("turnpike_engine_replica_breaker", "engine" => engine.to_string(), "model" => model.to_string(), "replica" => url.to_string())
-            .set(state);
+        let line = format!(
+            "turnpike_engine_replica_breaker{{{}}} {state}\n",
+            labels(url)
+        );
+        out.breakers.push_str(&line);
     }
+}
+
+/// One engine's replica figures as exposition lines, by metric.
+#[derive(Debug, Default)]
+struct ReplicaText {
+    stats: String,
+    breakers: String,
+}
+
+/// The last replica figures of each engine.
+static REPLICAS: Mutex<BTreeMap<String, ReplicaText>> = Mutex::new(BTreeMap::new());
+
+/// A label value as the exposition format writes it.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The replica metrics, each family with its type line.
+fn render_replicas() -> String {
+    let replicas = REPLICAS.lock().unwrap_or_else(PoisonError::into_inner);
+    let stats: String = replicas.values().map(|t| t.stats.as_str()).collect();
+    let breakers: String = replicas.values().map(|t| t.breakers.as_str()).collect();
+    let mut out = String::new();
+    for (name, lines) in [
+        ("turnpike_engine_replica_stat", stats),
+        ("turnpike_engine_replica_breaker", breakers),
+    ] {
+        if !lines.is_empty() {
+            out.push_str(&format!("# TYPE {name} gauge\n{lines}"));
+        }
+    }
+    out
 }
 
 /// One numeric engine-specific counter (KV blocks, prefix hit rate, preemptions, ...);

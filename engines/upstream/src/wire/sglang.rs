@@ -1,5 +1,5 @@
-//! The `/generate` protocol (SGLang's native API, which Turnpike nodes also serve): the body
-//! sent for a request, and the streamed chunks read back. Chunks are read as SGLang writes them
+//! SGLang's native `POST /generate`, which Turnpike nodes also serve: the body sent for a
+//! request, and the streamed chunks read back. Chunks are read as SGLang writes them
 //! (`output_ids` and log probabilities cumulative) or as Turnpike does (only the new ones): a
 //! chunk's `completion_tokens` says which.
 
@@ -7,9 +7,11 @@ use serde_json::{Value, json};
 use turnpike_engine_api::plugin::Request;
 use turnpike_engine_api::{Finish, Grammar};
 
+use super::{Chunk, Token, stopped};
+
 /// The body of a streamed `/generate` request; `model` is sent only when given (SGLang serves
 /// one model and refuses unknown keys).
-pub(crate) fn body(model: Option<&str>, req: &Request, rid: &str) -> Value {
+pub(super) fn body(model: Option<&str>, req: &Request, rid: &str) -> Value {
     let p = &req.params;
     let mut sampling = json!({
         "max_new_tokens": p.max_tokens,
@@ -51,29 +53,8 @@ pub(crate) fn body(model: Option<&str>, req: &Request, rid: &str) -> Value {
     body
 }
 
-/// A token as a node sent it.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Token {
-    pub id: u32,
-    /// Its log probability, when asked for.
-    pub logprob: Option<f32>,
-    /// Alternatives: id and log probability, most likely first.
-    pub top: Vec<(u32, f32)>,
-}
-
-/// One streamed chunk, its new tokens only.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Chunk {
-    pub index: u32,
-    /// New tokens.
-    pub tokens: Vec<Token>,
-    pub finish: Option<Finish>,
-    pub prompt_tokens: u32,
-    pub cached_tokens: u32,
-}
-
 /// Reads a chunk; `seen` is how many tokens of its choice came before.
-pub(crate) fn chunk(value: &Value, seen: usize) -> Result<Chunk, String> {
+pub(super) fn chunk(value: &Value, seen: usize) -> Result<Chunk, String> {
     if let Some(error) = value.get("error") {
         return Err(error
             .get("message")
@@ -127,7 +108,7 @@ pub(crate) fn chunk(value: &Value, seen: usize) -> Result<Chunk, String> {
         Some("length") => Some(Finish::length()),
         Some("stop") => Some(match meta["finish_reason"]["matched"].as_u64() {
             Some(id) => Finish::stop(id as u32),
-            None => Finish::default(),
+            None => stopped(),
         }),
         Some("abort") => return Err("the node aborted the request".into()),
         _ => None,

@@ -1,0 +1,138 @@
+//! The token-level protocols the plugin speaks to nodes, behind one small surface: where a
+//! request goes ([`Protocol::path`]), the body it carries ([`Protocol::body`], or why the node
+//! cannot take it) and how each streamed chunk reads back ([`Protocol::chunk`]) as plain
+//! [`Chunk`]s of new tokens. Everything else (routing, retries, cancel, stop tokens) is the same
+//! for every protocol and lives in `run`.
+//!
+//! - [`Protocol::Sglang`]: SGLang's native `/generate`, which Turnpike nodes serve too.
+//! - [`Protocol::LlamaCpp`]: `llama-server`'s `/completion` with a token prompt.
+//! - [`Protocol::Vllm`]: vLLM's tokens-in, tokens-out `/inference/v1/generate`.
+
+mod llama_cpp;
+mod sglang;
+mod vllm;
+
+use serde::Deserialize;
+use serde_json::Value;
+use turnpike_engine_api::plugin::Request;
+use turnpike_engine_api::{Finish, FinishReason};
+
+/// Which interface a pool's nodes speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Protocol {
+    /// SGLang's `/generate` (SGLang servers and Turnpike nodes).
+    #[default]
+    #[serde(alias = "turnpike")]
+    Sglang,
+    /// llama.cpp's `llama-server`.
+    LlamaCpp,
+    /// vLLM's `/inference/v1/generate`.
+    Vllm,
+}
+
+impl Protocol {
+    /// The request's path on a node.
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Self::Sglang => "/generate",
+            Self::LlamaCpp => "/completion",
+            Self::Vllm => "/inference/v1/generate",
+        }
+    }
+
+    /// The most choices one request may ask for (`None`: as configured).
+    pub(crate) fn max_n(self) -> Option<u32> {
+        match self {
+            Self::LlamaCpp => Some(1),
+            Self::Sglang | Self::Vllm => None,
+        }
+    }
+
+    /// The body of a streamed request, or why this protocol cannot carry `req` (a refusal
+    /// before anything is sent). `model` is the nodes' name for the model, sent when given.
+    pub(crate) fn body(
+        self,
+        model: Option<&str>,
+        req: &Request,
+        rid: &str,
+    ) -> Result<Value, String> {
+        match self {
+            Self::Sglang => Ok(sglang::body(model, req, rid)),
+            Self::LlamaCpp => llama_cpp::body(model, req),
+            Self::Vllm => vllm::body(model, req, rid),
+        }
+    }
+
+    /// Reads one streamed chunk; `seen` is how many tokens of its choice came before.
+    pub(crate) fn chunk(self, value: &Value, seen: usize) -> Result<Chunk, String> {
+        if let Some(error) = value.get("error") {
+            return Err(error
+                .get("message")
+                .and_then(Value::as_str)
+                .map_or_else(|| error.to_string(), str::to_string));
+        }
+        match self {
+            Self::Sglang => sglang::chunk(value, seen),
+            Self::LlamaCpp => llama_cpp::chunk(value),
+            Self::Vllm => vllm::chunk(value),
+        }
+    }
+}
+
+/// A token as a node sent it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Token {
+    pub id: u32,
+    /// Its log probability, when asked for.
+    pub logprob: Option<f32>,
+    /// Alternatives: id and log probability, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One streamed chunk, its new tokens only.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Chunk {
+    pub index: u32,
+    /// New tokens.
+    pub tokens: Vec<Token>,
+    pub finish: Option<Finish>,
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+}
+
+/// Ended by a stop or end-of-sequence token the node did not name.
+fn stopped() -> Finish {
+    Finish {
+        reason: Some(FinishReason::Stop),
+        stop_token: None,
+    }
+}
+
+/// A JSON number as a token id.
+fn token_id(v: &Value) -> Result<u32, String> {
+    v.as_u64()
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| format!("`{v}` is not a token id"))
+}
+
+/// Tokens from an array of ids and a parallel array of per-token entries, each with its
+/// `logprob` and, read by `top`, its alternatives (llama-server and vLLM stream them so).
+fn tokens(
+    ids: &Value,
+    entries: Option<&Vec<Value>>,
+    top: impl Fn(&Value) -> Vec<(u32, f32)>,
+) -> Result<Vec<Token>, String> {
+    let ids = ids.as_array().map(Vec::as_slice).unwrap_or_default();
+    ids.iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let entry = entries.and_then(|e| e.get(i));
+            Ok(Token {
+                id: token_id(id)?,
+                logprob: entry.and_then(|e| e["logprob"].as_f64()).map(|l| l as f32),
+                top: entry.map(&top).unwrap_or_default(),
+            })
+        })
+        .collect()
+}
