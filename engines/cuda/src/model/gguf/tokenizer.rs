@@ -141,8 +141,12 @@ pub fn write_tokenizer(file: &Gguf, folder: &Path) -> Result<PathBuf, ModelError
     std::fs::create_dir_all(folder).map_err(|e| ModelError::io(folder, e))?;
     let write = |path: &Path, value: &Value| {
         let text = serde_json::to_vec(value).map_err(|e| ModelError::Config(e.to_string()))?;
-        // Written whole under another name first, so a reader never sees half a file.
-        let partial = path.with_extension("json.partial");
+        // Written whole under a name of this writer's own first, so a reader never sees half a
+        // file and processes that start together (nodes sharing a cache) never rename each
+        // other's partial file away.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let nth = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let partial = path.with_extension(format!("json.{}-{nth}.partial", std::process::id()));
         std::fs::write(&partial, text).map_err(|e| ModelError::io(&partial, e))?;
         std::fs::rename(&partial, path).map_err(|e| ModelError::io(path, e))
     };
