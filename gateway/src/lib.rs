@@ -20,7 +20,7 @@
 //! | 6 | `pipeline` (`plan`) | check parameters against the model, template and tokenize within the prompt budget |
 //! | 7 | [`tenancy`] (`admit`) | reserve tokens on the exact prompt, take a concurrency lease and a queue place (limits, phase 2) |
 //! | 8 | `pipeline` (`run`) | submit one engine request per prompt and merge their events into text, stops, tool calls, logprobs |
-//! | 9 | [`engine_host`] | the plugin's `submit` through the C ABI, its events back as a tokio stream |
+//! | 9 | [`engine_host`] | the plugin's `submit` through the C ABI, its events back as a tokio stream (a model with standbys or a canary picks its engine here, `engine_host::routed`) |
 //!
 //! Back up: `protocols::render` drives the protocol's renderer over the generation into typed
 //! items, or `protocols::deliver` folds it into one answer; `routes::sse` frames those as

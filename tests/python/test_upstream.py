@@ -225,3 +225,63 @@ def test_a_host_name_stands_for_each_of_its_addresses(tmp_path):
     finally:
         for g in [front, *nodes]:
             g.stop()
+
+
+def test_standby_pools_take_over_and_a_canary_takes_its_share(tmp_path):
+    """Two pools of one node each; the model map names pool `a` with `b` as its standby, and a
+    second public model sends every tenant to `b` as its canary."""
+    from conftest import wait_for
+
+    nodes = [Gateway(tmp_path / f"node{i}", config_text(), {}, name=f"node{i}") for i in range(2)]
+    vocab = Tokenizer.from_file(str(TOKENIZER)).get_vocab_size(with_added_tokens=True)
+    lines = ["[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"',
+             "[[engines]]", 'name = "fleet"', f'plugin = "{UPSTREAM}"', "[engines.config]"]
+    for pool, node in (("a", nodes[0]), ("b", nodes[1])):
+        lines += ["[[engines.config.models]]", f'id = "{pool}"', 'upstream_model = "chat"',
+                  f'endpoints = ["{node.base}"]', f"vocab_size = {vocab}", "eos_token_ids = [4]",
+                  "retries = 0", "breaker = { failures = 1, cooldown_ms = 60000 }", "health_interval_ms = 100"]
+    lines += ["[[models]]", 'name = "chat"', 'engine = "fleet"', 'engine_model = "a"', f'folder = "{FOLDER}"',
+              'standby = [{ engine = "fleet", engine_model = "b" }]',
+              "[[models]]", 'name = "tried"', 'engine = "fleet"', 'engine_model = "a"', f'folder = "{FOLDER}"',
+              'canary = { engine = "fleet", engine_model = "b", percent = 100 }']
+    front = Gateway(tmp_path / "front", "\n".join(lines) + "\n", {}, name="front")
+    client = openai.OpenAI(base_url=f"{front.base}/v1", api_key="sk-unused", max_retries=0)
+
+    def routes():
+        import urllib.request
+
+        text = urllib.request.urlopen(f"{front.base}/metrics", timeout=10).read().decode()
+        return {(m, r): float(v) for m, r, v in re.findall(
+            r'turnpike_model_route_total\{[^}]*model="(\w+)"[^}]*route="(\w+)"[^}]*\} (\S+)', text)}
+
+    try:
+        for i in range(3):
+            client.completions.create(model="chat", prompt=f"primary {i}", max_tokens=2)
+            client.completions.create(model="tried", prompt=f"canary {i}", max_tokens=2)
+        assert (completed(nodes[0]), completed(nodes[1])) == (3, 3)
+        assert routes()[("chat", "primary")] == 3 and routes()[("tried", "canary")] == 3
+        # Pool a's only node goes: once its breaker is open, `chat` is served by the standby,
+        # with no error to the client.
+        nodes[0].stop()
+        assert wait_for(lambda: not replicas_closed(front, "a"))
+        for i in range(4):
+            assert client.completions.create(model="chat", prompt=f"standby {i}", max_tokens=2).choices[0].text is not None
+        assert completed(nodes[1]) == 7
+        assert routes()[("chat", "standby")] == 4
+        raw = client.completions.with_raw_response.create(model="chat", prompt="which way", max_tokens=2)
+        assert raw.headers["x-turnpike-route"] == "standby fleet"
+        raw = client.completions.with_raw_response.create(model="tried", prompt="which way", max_tokens=2,
+                                                          stream=True)
+        assert raw.headers["x-turnpike-route"] == "canary fleet"
+        assert "trying the next" in front.log.read_text()
+    finally:
+        for g in [front, *nodes]:
+            g.stop()
+
+
+def replicas_closed(front, model):
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{front.base}/metrics", timeout=10).read().decode()
+    states = re.findall(rf'turnpike_engine_replica_breaker{{engine="fleet",model="{model}",replica="[^"]+"}} (\S+)', text)
+    return any(s == "0" for s in states)

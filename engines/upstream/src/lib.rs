@@ -39,7 +39,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 use tokio::sync::Notify;
 use turnpike_engine_api::plugin::{Engine, Host, Request, Sink};
-use turnpike_engine_api::{Capabilities, EngineError, ModelInfo, Stats};
+use turnpike_engine_api::{Capabilities, EngineError, ModelInfo, Stats, Status};
 
 use config::{Config, ModelConfig};
 use pool::{Breaker, Pool};
@@ -171,6 +171,16 @@ impl Engine for Upstream {
             return Err(EngineError::invalid_request(format!(
                 "prompt token id {bad} is outside the vocabulary"
             )));
+        }
+        if !model.pool.available() {
+            // Said at submit, so a gateway with standby engines fails over at once.
+            return Err(EngineError::new(
+                Status::Unavailable,
+                format!(
+                    "no replica of model `{}` is available (every breaker is open)",
+                    model.config.id
+                ),
+            ));
         }
         let c = &model.config;
         let body = c

@@ -175,6 +175,17 @@ impl Pool {
         true
     }
 
+    /// Whether some replica would take a request now (its breaker closed, or open with its
+    /// cooldown over), without taking a probe.
+    pub(crate) fn available(&self) -> bool {
+        let now = Instant::now();
+        self.replicas().iter().any(|r| match r.breaker() {
+            Breaker::Closed { .. } => true,
+            Breaker::Open { until } => now >= until,
+            Breaker::HalfOpen => false,
+        })
+    }
+
     /// The replica for a prompt, not one of `tried`; `None` when every other replica's breaker
     /// is open (or there is none).
     pub(crate) fn pick(&self, prompt: &[u32], tried: &[Arc<Replica>]) -> Option<Arc<Replica>> {
@@ -323,7 +334,9 @@ mod tests {
         assert!(p.set_members(&urls[1..]));
         assert_eq!(p.replicas().len(), 3);
         assert!(p.replicas().iter().all(|r| r.url != "http://r0"));
+        assert!(p.available());
         assert!(p.set_members(&[]));
+        assert!(!p.available());
         assert!(p.pick(&[1, 2, 3, 4], &[]).is_none());
     }
 }

@@ -67,6 +67,8 @@ pub(super) fn config(
             tool_call_parser: Some(ToolCallFormat::Llama3Json),
             reasoning: None,
             structured_output: Default::default(),
+            standby: Vec::new(),
+            canary: None,
         }]),
         defaults,
         tenancy,

@@ -13,7 +13,9 @@ mod raw;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-pub use crate::engine_host::settings::{Defaults, EngineConfig, ModelConfig, StructuredOutput};
+pub use crate::engine_host::settings::{
+    CanaryConfig, Defaults, EngineConfig, EngineTarget, ModelConfig, StructuredOutput,
+};
 pub use crate::routes::settings::{CorsOrigins, ServerConfig};
 pub use crate::tenancy::keys_file;
 pub use crate::tenancy::settings::{SharedJwt, TenancyConfig};
@@ -287,6 +289,39 @@ mod tests {
     }
 
     const ENGINE: &str = "[auth]\nmode = \"none\"\n[[engines]]\nname = \"sim\"\nplugin = \"plugins/libturnpike_sim.so\"\n";
+
+    #[test]
+    fn standby_and_canary_targets_parse_and_their_bounds_hold() {
+        let model = "[[models]]\nname = \"m\"\nengine = \"sim\"\nfolder = \"f\"\n";
+        let config = parse(&format!(
+            "{ENGINE}{model}standby = [{{ engine = \"b\" }}]\ncanary = {{ engine = \"c\", engine_model = \"m2\", tenants = [\"acme\"] }}\n"
+        ))
+        .expect("config");
+        let m = &config.models.as_ref().expect("models")[0];
+        assert_eq!(
+            m.standby,
+            vec![EngineTarget {
+                engine: "b".into(),
+                engine_model: "m".into()
+            }]
+        );
+        let canary = m.canary.as_ref().expect("canary");
+        assert_eq!(
+            (canary.target.engine_model.as_str(), canary.percent),
+            ("m2", 0)
+        );
+        for bad in [
+            "canary = { engine = \"c\", percent = 101 }",
+            "canary = { engine = \"c\" }",
+            "standby = [{ engine = \"b\", weight = 2 }]",
+        ] {
+            let err = parse(&format!("{ENGINE}{model}{bad}\n")).expect_err(bad);
+            assert!(
+                err.to_string().contains("canary") || err.to_string().contains("weight"),
+                "{err}"
+            );
+        }
+    }
 
     #[test]
     fn full_config() {

@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{
-    Config, CorsOrigins, DEFAULT_LISTEN, Defaults, EngineConfig, ModelConfig, ServerConfig,
-    StructuredOutput,
+    CanaryConfig, Config, CorsOrigins, DEFAULT_LISTEN, Defaults, EngineConfig, EngineTarget,
+    ModelConfig, ServerConfig, StructuredOutput,
 };
 use crate::text::reasoning::ReasoningMarkers;
 use crate::text::tools::ToolCallFormat;
@@ -134,6 +134,30 @@ struct RawModel {
     reasoning: Option<ReasoningMarkers>,
     #[serde(default)]
     structured_output: StructuredOutput,
+    #[serde(default)]
+    standby: Vec<RawTarget>,
+    #[serde(default)]
+    canary: Option<RawCanary>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTarget {
+    engine: String,
+    #[serde(default)]
+    engine_model: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCanary {
+    engine: String,
+    #[serde(default)]
+    engine_model: Option<String>,
+    #[serde(default)]
+    percent: u32,
+    #[serde(default)]
+    tenants: Vec<String>,
 }
 
 /// `YYYY-MM-DD`, a day the calendar has.
@@ -428,8 +452,36 @@ fn validate_models(
                 ));
             }
         }
+        let engine_model = m.engine_model.unwrap_or_else(|| m.name.clone());
+        let target = |engine: String, id: Option<String>| EngineTarget {
+            engine,
+            engine_model: id.unwrap_or_else(|| engine_model.clone()),
+        };
+        let standby: Vec<EngineTarget> = m
+            .standby
+            .into_iter()
+            .map(|t| target(t.engine, t.engine_model))
+            .collect();
+        let canary = match m.canary {
+            Some(c) if c.percent > 100 => {
+                return Err(format!("{at}.canary.percent must be 0..=100"));
+            }
+            Some(c) if c.percent == 0 && c.tenants.is_empty() => {
+                return Err(format!(
+                    "{at}.canary takes no traffic: give percent or tenants"
+                ));
+            }
+            Some(c) => Some(CanaryConfig {
+                target: target(c.engine, c.engine_model),
+                percent: c.percent,
+                tenants: c.tenants,
+            }),
+            None => None,
+        };
         models.push(ModelConfig {
-            engine_model: m.engine_model.unwrap_or_else(|| m.name.clone()),
+            engine_model,
+            standby,
+            canary,
             folder: base.join(&m.folder),
             max_output_tokens: m.max_output_tokens.unwrap_or(defaults.max_output_tokens),
             name: m.name,

@@ -14,6 +14,8 @@ pub struct EngineRun {
     /// The events; the last is the FINAL.
     pub events: BoxStream<'static, EngineEvent>,
     cancel: Box<dyn Fn() + Send + Sync>,
+    /// For a routed model, which route and engine took it (`standby fleet-b`).
+    pub route: Option<String>,
 }
 
 impl fmt::Debug for EngineRun {
@@ -31,6 +33,7 @@ impl EngineRun {
         Self {
             events,
             cancel: Box::new(cancel),
+            route: None,
         }
     }
 

@@ -8,13 +8,14 @@
 
 pub mod backend;
 pub mod models;
+pub mod routed;
 pub mod settings;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use turnpike_engine_api::EngineError;
 use turnpike_engine_api::host::{Plugin, PluginError};
+use turnpike_engine_api::{EngineError, ModelInfo};
 
 pub use backend::{Backend, EngineRun, PluginBackend};
 pub use models::{ModelRegistry, ServedModel};
@@ -121,6 +122,8 @@ pub fn load_with(
                     tool_call_parser: None,
                     reasoning: None,
                     structured_output: Default::default(),
+                    standby: Vec::new(),
+                    canary: None,
                 })
             })
             .collect(),
@@ -136,7 +139,14 @@ pub fn load_with(
                 model: config.name.clone(),
                 message: format!("no engine named `{}`", config.engine),
             })?;
-        let model = models::served_model(&config, backend, list).map_err(|message| {
+        let backend =
+            routed_backend(&config, backend, list, &engines, &catalogue).map_err(|message| {
+                EngineHostError::Model {
+                    model: config.name.clone(),
+                    message,
+                }
+            })?;
+        let model = models::served_model(&config, &backend, list).map_err(|message| {
             EngineHostError::Model {
                 model: config.name.clone(),
                 message,
@@ -151,4 +161,79 @@ pub fn load_with(
         );
     }
     ModelRegistry::build(engines, served)
+}
+
+/// The model's engine, or, with standbys or a canary, a [`routed::RoutedBackend`] over them;
+/// each target must serve the model's id with the same vocabulary.
+fn routed_backend(
+    config: &ModelConfig,
+    primary: &Arc<dyn Backend>,
+    primary_list: &[ModelInfo],
+    engines: &[(String, Arc<dyn Backend>)],
+    catalogue: &[(String, Vec<ModelInfo>)],
+) -> Result<Arc<dyn Backend>, String> {
+    if config.standby.is_empty() && config.canary.is_none() {
+        return Ok(Arc::clone(primary));
+    }
+    let vocab = primary_list
+        .iter()
+        .find(|m| m.id == config.engine_model)
+        .map(|m| m.vocab_size);
+    let target = |t: &settings::EngineTarget, role: &str| -> Result<routed::Target, String> {
+        let (backend, list) = engines
+            .iter()
+            .zip(catalogue)
+            .find(|((name, _), _)| *name == t.engine)
+            .map(|((_, backend), (_, list))| (backend, list))
+            .ok_or_else(|| format!("{role}: no engine named `{}`", t.engine))?;
+        let info = list
+            .iter()
+            .find(|m| m.id == t.engine_model)
+            .ok_or_else(|| {
+                format!(
+                    "{role}: engine `{}` has no model `{}`",
+                    t.engine, t.engine_model
+                )
+            })?;
+        if vocab.is_some_and(|v| v != info.vocab_size) {
+            return Err(format!(
+                "{role}: `{}` on `{}` has another vocabulary than the model's own",
+                t.engine_model, t.engine
+            ));
+        }
+        Ok(routed::Target {
+            engine: t.engine.clone(),
+            backend: Arc::clone(backend),
+            engine_model: t.engine_model.clone(),
+        })
+    };
+    let primary = target(
+        &settings::EngineTarget {
+            engine: config.engine.clone(),
+            engine_model: config.engine_model.clone(),
+        },
+        "engine",
+    )?;
+    let standby = config
+        .standby
+        .iter()
+        .map(|t| target(t, "standby"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let canary = config
+        .canary
+        .as_ref()
+        .map(|c| {
+            Ok::<_, String>(routed::Canary {
+                target: target(&c.target, "canary")?,
+                percent: c.percent,
+                tenants: c.tenants.clone(),
+            })
+        })
+        .transpose()?;
+    Ok(Arc::new(routed::RoutedBackend::new(
+        config.name.clone(),
+        primary,
+        standby,
+        canary,
+    )))
 }

@@ -77,4 +77,29 @@ pub struct ModelConfig {
     pub reasoning: Option<crate::text::reasoning::ReasoningMarkers>,
     /// Structured output when the engine cannot constrain it.
     pub structured_output: StructuredOutput,
+    /// Engines tried in order when the model's own is unavailable (every replica's breaker
+    /// open, or the engine refusing as unavailable).
+    pub standby: Vec<EngineTarget>,
+    /// An engine (or model build) that takes a share of the tenants.
+    pub canary: Option<CanaryConfig>,
+}
+
+/// An engine and its id for a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineTarget {
+    /// The engine's configured name.
+    pub engine: String,
+    /// The model's id inside it.
+    pub engine_model: String,
+}
+
+/// A canary: named tenants, and a share of the others (sticky per tenant).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CanaryConfig {
+    /// Where canary traffic goes.
+    pub target: EngineTarget,
+    /// Percent of tenants (by a hash of the tenant's name), 0..=100.
+    pub percent: u32,
+    /// Tenants that always take the canary.
+    pub tenants: Vec<String>,
 }

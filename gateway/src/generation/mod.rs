@@ -216,6 +216,10 @@ impl Generator {
         let prompts = prepared.prompts();
         let prompt_texts = std::mem::take(&mut prepared.prompt_texts);
         let stream = prepared.start().inspect_err(|e| record.failed(e))?;
+        if let Some(route) = stream.route() {
+            let route = route.to_string();
+            caller.report(|r| r.route = Some(route));
+        }
         Ok(Started {
             stream,
             record,

@@ -22,6 +22,11 @@ impl Generation {
         Self { stream, admission }
     }
 
+    /// For a routed model, which route and engine took it.
+    pub fn route(&self) -> Option<&str> {
+        self.stream.route.as_deref()
+    }
+
     /// Whether an engine has sent anything yet (so it accepted the work and is under way).
     pub fn engine_started(&self) -> bool {
         self.stream.engine_started()

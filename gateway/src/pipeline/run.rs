@@ -183,6 +183,8 @@ struct PromptRun {
 /// The merged events of a generation.
 pub(crate) struct GenStream {
     model: Arc<ServedModel>,
+    /// Which route and engine of a routed model took it.
+    pub(crate) route: Option<String>,
     runs: Vec<PromptRun>,
     choices: Vec<ChoiceState>,
     /// Choices per prompt.
@@ -259,6 +261,7 @@ pub(crate) fn start(job: Job) -> Result<GenStream, ApiError> {
     }
     Ok(GenStream {
         model: job.model,
+        route: runs.first().and_then(|r| r.run.route.clone()),
         runs,
         choices,
         n: n as usize,

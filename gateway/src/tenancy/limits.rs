@@ -27,6 +27,8 @@ pub struct LimitReport {
     pub tokens: Option<Level>,
     /// Place in the model's queue on arrival, when it had to wait.
     pub queue_position: Option<usize>,
+    /// For a routed model, the route and engine that took it (`x-turnpike-route`).
+    pub route: Option<String>,
 }
 
 /// Limits of every tenant, on one store.

@@ -46,4 +46,7 @@ pub fn apply(headers: &mut HeaderMap, report: &LimitReport) {
     if let Some(position) = report.queue_position {
         put(headers, "x-queue-position", position.to_string());
     }
+    if let Some(route) = &report.route {
+        put(headers, "x-turnpike-route", route.clone());
+    }
 }

@@ -325,6 +325,8 @@ pub fn app_with_tenancy(
         tool_call_parser: None,
         reasoning: None,
         structured_output: Default::default(),
+        standby: Vec::new(),
+        canary: None,
     };
     edit(&mut model);
     let backend: Arc<dyn Backend> = Arc::new(backend);
