@@ -101,7 +101,7 @@ impl RoutedBackend {
     fn order(&self, tenant: Option<&str>) -> Vec<(Route, &Target)> {
         let mut order = Vec::with_capacity(self.standby.len() + 2);
         if let Some(c) = &self.canary
-            && takes_canary(c, tenant)
+            && takes_canary(c.percent, &c.tenants, tenant)
         {
             order.push((Route::Canary, &c.target));
         }
@@ -112,16 +112,16 @@ impl RoutedBackend {
 }
 
 /// Whether `tenant` takes the canary: named, or under its percent by a stable hash.
-fn takes_canary(canary: &Canary, tenant: Option<&str>) -> bool {
+fn takes_canary(percent: u32, tenants: &[String], tenant: Option<&str>) -> bool {
     let tenant = tenant.unwrap_or_default();
-    if canary.tenants.iter().any(|t| t == tenant) {
+    if tenants.iter().any(|t| t == tenant) {
         return true;
     }
     // FNV-1a: stable across processes and releases, so a tenant keeps its side.
     let hash = tenant.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
-    (hash % 100) < u64::from(canary.percent)
+    (hash % 100) < u64::from(percent)
 }
 
 impl Backend for RoutedBackend {
@@ -135,8 +135,9 @@ impl Backend for RoutedBackend {
 
     fn submit(&self, request: &EngineRequest) -> Result<EngineRun, EngineError> {
         let mut last = None;
+        // One copy of the request, its model id set per target.
+        let mut routed = request.clone();
         for (route, target) in self.order(request.params.tenant.as_deref()) {
-            let mut routed = request.clone();
             routed.model.clone_from(&target.engine_model);
             match target.backend.submit(&routed) {
                 Ok(mut run) => {
@@ -192,62 +193,23 @@ impl Backend for RoutedBackend {
 mod tests {
     use super::*;
 
-    fn canary(percent: u32, tenants: &[&str]) -> Canary {
-        #[derive(Debug)]
-        struct Nothing;
-        impl Backend for Nothing {
-            fn label(&self) -> String {
-                "nothing".into()
-            }
-            fn models(&self) -> Result<Vec<ModelInfo>, EngineError> {
-                Ok(Vec::new())
-            }
-            fn submit(&self, _: &EngineRequest) -> Result<EngineRun, EngineError> {
-                Err(EngineError::new(Status::Unavailable, "down"))
-            }
-            fn embed(
-                &self,
-                _: &str,
-                _: &[Vec<u32>],
-                _: &EmbedParams,
-            ) -> Result<Vec<Vec<f32>>, EngineError> {
-                Err(EngineError::unsupported("no"))
-            }
-            fn supports_embeddings(&self) -> bool {
-                false
-            }
-            fn health(&self) -> Result<(), EngineError> {
-                Ok(())
-            }
-            fn stats(&self) -> Result<Stats, EngineError> {
-                Ok(Stats::default())
-            }
-        }
-        Canary {
-            target: Target {
-                engine: "new".into(),
-                backend: Arc::new(Nothing),
-                engine_model: "m2".into(),
-            },
-            percent,
-            tenants: tenants.iter().map(|t| t.to_string()).collect(),
-        }
-    }
-
     #[test]
     fn a_canary_takes_named_tenants_and_a_sticky_share_of_the_rest() {
-        let c = canary(20, &["acme"]);
-        assert!(takes_canary(&c, Some("acme")));
+        let named = ["acme".to_string()];
+        assert!(takes_canary(20, &named, Some("acme")));
         let tenants: Vec<String> = (0..1000).map(|i| format!("tenant-{i}")).collect();
-        let taken = tenants.iter().filter(|t| takes_canary(&c, Some(t))).count();
+        let taken = tenants
+            .iter()
+            .filter(|t| takes_canary(20, &named, Some(t)))
+            .count();
         assert!((150..=250).contains(&taken), "{taken}");
         // Sticky: the same answer every time.
         assert!(
             tenants
                 .iter()
-                .all(|t| takes_canary(&c, Some(t)) == takes_canary(&c, Some(t)))
+                .all(|t| takes_canary(20, &named, Some(t)) == takes_canary(20, &named, Some(t)))
         );
-        assert!(!takes_canary(&canary(0, &["acme"]), Some("other")));
-        assert!(takes_canary(&canary(100, &[]), None));
+        assert!(!takes_canary(0, &named, Some("other")));
+        assert!(takes_canary(100, &[], None));
     }
 }
