@@ -123,6 +123,12 @@ pub enum ApiError {
         /// When to retry.
         retry_after: Duration,
     },
+    /// The server is stopping and cut this request short.
+    #[error("The server is shutting down; retry the request.")]
+    ShuttingDown {
+        /// When to retry (another replica will usually answer at once).
+        retry_after: Duration,
+    },
     /// The request took longer than the configured timeout.
     #[error("The request timed out after {0:?}.")]
     Timeout(Duration),
@@ -238,7 +244,7 @@ impl ApiError {
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable { .. } | Self::ShuttingDown { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
@@ -308,6 +314,7 @@ impl ApiError {
             Self::EngineRejected(_) => ("invalid_request_error", None, Some("invalid_request")),
             Self::Overloaded { .. } => ("rate_limit_error", None, Some("queue_full")),
             Self::Unavailable { .. } => ("server_error", None, Some("engine_unavailable")),
+            Self::ShuttingDown { .. } => ("server_error", None, Some("server_shutting_down")),
             Self::Timeout(_) => ("server_error", None, Some("timeout")),
             Self::Internal { .. } => ("server_error", None, None),
             Self::Unauthenticated(_) => ("invalid_request_error", None, Some("invalid_api_key")),
@@ -334,6 +341,7 @@ impl ApiError {
         match self {
             Self::Overloaded { retry_after, .. }
             | Self::Unavailable { retry_after, .. }
+            | Self::ShuttingDown { retry_after }
             | Self::StateUnavailable { retry_after, .. } => Some(*retry_after),
             Self::RateLimited(r) if !r.never => Some(r.retry_after),
             _ => None,
@@ -345,9 +353,10 @@ impl ApiError {
     /// would most likely fail the same way again, so it is not retried behind the caller's back.
     pub fn should_retry(&self) -> Option<bool> {
         match self {
-            Self::Overloaded { .. } | Self::Unavailable { .. } | Self::StateUnavailable { .. } => {
-                Some(true)
-            }
+            Self::Overloaded { .. }
+            | Self::Unavailable { .. }
+            | Self::ShuttingDown { .. }
+            | Self::StateUnavailable { .. } => Some(true),
             // Only a plan change helps a request larger than a limit.
             Self::RateLimited(r) => Some(!r.never),
             Self::Timeout(_) | Self::Internal { .. } => Some(false),

@@ -12,7 +12,7 @@
 //!
 //! | step | module | its one job |
 //! |---|---|---|
-//! | 1 | `listener`, `body` | accept the connection (capped, header and body deadlines) |
+//! | 1 | [`listener`], `body` | accept the connection (capped, TLS handshake when configured, header and body deadlines) |
 //! | 2 | [`routes`] (`admission`) | authenticate ([`tenancy`]), check the endpoint scope and JSON body, count the request rate (limits, phase 1), then `idempotency`: replay, join or conflict |
 //! | 3 | [`routes`] (`chat`) | the handler: extract the body, call its protocol, frame the reply |
 //! | 4 | `protocols` (`chat`) | translate the wire request into the one `GenerationRequest` |
@@ -32,7 +32,8 @@
 //! Imports only point down: [`cli`] → [`server`] → [`config`] (composes the settings each
 //! component owns) → [`routes`] → `protocols` → `generation` → [`tenancy`], `idempotency`,
 //! `pipeline` → [`engine_host`] → [`text`] → `store`, [`observability`], and at the bottom
-//! `error`, `openai` (wire types), `ids`, `clock`. Below `config`, no module imports `routes`;
+//! `error`, `openai` (wire types), `ids`, `clock`, [`lifecycle`] (serving, draining, cut: set
+//! by the server on a stop signal, read by readiness and every generation stream). Below `config`, no module imports `routes`;
 //! `tests/layers.rs` keeps it so.
 
 #![warn(missing_docs, unreachable_pub)]
@@ -46,6 +47,7 @@ pub(crate) mod error;
 pub(crate) mod generation;
 pub(crate) mod idempotency;
 pub(crate) mod ids;
+pub mod lifecycle;
 pub mod listener;
 pub mod observability;
 pub(crate) mod openai;

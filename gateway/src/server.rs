@@ -1,6 +1,11 @@
-//! Starting and stopping the HTTP server.
+//! Starting and stopping the HTTP server: the main listener (TLS when configured, its files
+//! watched), the optional plain-HTTP health listener, and the drain on a stop signal (see
+//! [`crate::routes::settings::Drain`]): `/ready` turns 503, the listeners close after the drain
+//! delay, streams still running at the deadline are cut with a clean error event, and what
+//! remains open a moment after that is dropped.
 
-use crate::listener;
+use crate::lifecycle::Lifecycle;
+use crate::listener::{self, tls::TlsSource};
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -10,7 +15,7 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::engine_host::{self, EngineHostError};
 use crate::observability::metrics;
-use crate::routes::{AppState, router};
+use crate::routes::{AppState, health_router, router};
 use crate::tenancy::Tenancy;
 
 /// Why the server cannot start or stopped with an error.
@@ -27,6 +32,9 @@ pub enum ServeError {
         /// Why.
         source: std::io::Error,
     },
+    /// The TLS certificate, key or client CA cannot be used.
+    #[error("tls: {0}")]
+    Tls(#[from] listener::tls::TlsError),
     /// The state store or the tenant directory cannot be set up.
     #[error("tenancy: {0}")]
     State(crate::store::StoreError),
@@ -39,6 +47,8 @@ pub enum ServeError {
 #[derive(Debug)]
 pub struct Server {
     listener: tokio::net::TcpListener,
+    health: Option<tokio::net::TcpListener>,
+    tls: Option<Arc<TlsSource>>,
     state: AppState,
     keys_watch: Option<tokio::task::JoinHandle<()>>,
     store_watch: Option<tokio::task::JoinHandle<()>>,
@@ -58,12 +68,15 @@ impl Server {
         })
         .await
         .map_err(|e| std::io::Error::other(format!("engine loading panicked: {e}")))??;
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| ServeError::Bind {
-                addr: config.listen,
-                source,
-            })?;
+        let tls = match &config.server.tls {
+            Some(settings) => Some(TlsSource::new(settings.clone())?),
+            None => None,
+        };
+        let listener = bind(config.listen).await?;
+        let health = match config.server.health_listen {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
         let tenancy = Arc::new(
             Tenancy::build(&config.tenancy, config.server.retry_after)
                 .map_err(ServeError::State)?,
@@ -90,6 +103,8 @@ impl Server {
         );
         Ok(Self {
             listener,
+            health,
+            tls,
             state,
             keys_watch,
             store_watch,
@@ -101,12 +116,30 @@ impl Server {
         Ok(self.listener.local_addr()?)
     }
 
-    /// Serves until `shutdown` completes, then finishes the requests in flight.
+    /// `https` with TLS, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+
+    /// The health listener's address, when there is one.
+    pub fn health_addr(&self) -> Result<Option<SocketAddr>, ServeError> {
+        Ok(match &self.health {
+            Some(l) => Some(l.local_addr()?),
+            None => None,
+        })
+    }
+
+    /// Serves until `shutdown` completes, then drains (see the module's doc).
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
-        tracing::info!(addr = %self.local_addr()?, "serving");
+        tracing::info!(
+            addr = %self.local_addr()?,
+            tls = self.tls.is_some(),
+            health = ?self.health_addr()?,
+            "serving"
+        );
         metrics::handle();
         let upkeep = tokio::spawn(async {
             let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -115,14 +148,93 @@ impl Server {
                 metrics::upkeep();
             }
         });
-        let app = router(self.state.clone());
+        let tls_watch = self.tls.as_ref().map(TlsSource::watch);
+        let lifecycle = self.state.generator.lifecycle().clone();
+        let (closing_tx, closing) = tokio::sync::watch::channel(Phase::Serving);
+        let stopper = tokio::spawn(stop_in_phases(
+            shutdown,
+            lifecycle,
+            self.state.server.drain,
+            closing_tx,
+        ));
         let limits = self.state.server.connections.clone();
-        listener::serve(self.listener, app, &limits, shutdown).await;
+        let health = self.health.map(|health| {
+            let app = health_router(self.state.clone());
+            let (limits, closed) = (limits.clone(), reached(closing.clone(), Phase::Closed));
+            tokio::spawn(async move { listener::serve(health, app, &limits, None, closed).await })
+        });
+        let app = router(self.state.clone());
+        let serving = listener::serve(
+            self.listener,
+            app,
+            &limits,
+            self.tls,
+            reached(closing.clone(), Phase::Closed),
+        );
+        tokio::select! {
+            () = serving => {}
+            () = reached(closing, Phase::Abandoned) => {
+                tracing::warn!("connections still open after the drain deadline are dropped");
+            }
+        }
+        stopper.abort();
         upkeep.abort();
-        for watch in [self.keys_watch, self.store_watch].into_iter().flatten() {
+        let watches = [self.keys_watch, self.store_watch, tls_watch, health];
+        for watch in watches.into_iter().flatten() {
             watch.abort();
         }
+        tracing::info!("stopped");
         Ok(())
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, ServeError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// How far a stop has gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    Serving,
+    /// The listeners have closed; open connections finish their requests.
+    Closed,
+    /// Past the deadline and its grace: whatever is still open is dropped.
+    Abandoned,
+}
+
+/// How long cut streams get to send their last event before their connections are dropped.
+const CUT_GRACE: Duration = Duration::from_secs(2);
+
+/// Waits for `shutdown`, then walks the drain: not ready, closed, cut, abandoned.
+async fn stop_in_phases(
+    shutdown: impl Future<Output = ()>,
+    lifecycle: Lifecycle,
+    drain: crate::routes::settings::Drain,
+    phase: tokio::sync::watch::Sender<Phase>,
+) {
+    shutdown.await;
+    lifecycle.drain();
+    tracing::info!(
+        delay_ms = drain.delay.as_millis() as u64,
+        timeout_ms = drain.timeout.as_millis() as u64,
+        "draining: /ready answers 503"
+    );
+    tokio::time::sleep(drain.delay).await;
+    let _ = phase.send(Phase::Closed);
+    tokio::time::sleep(drain.timeout).await;
+    tracing::warn!("drain deadline reached: ending the generations still running");
+    lifecycle.cut();
+    tokio::time::sleep(CUT_GRACE).await;
+    let _ = phase.send(Phase::Abandoned);
+}
+
+/// Completes once the stop has reached `at`.
+async fn reached(mut phase: tokio::sync::watch::Receiver<Phase>, at: Phase) {
+    if phase.wait_for(|p| *p >= at).await.is_err() {
+        // The stopper is gone without getting there: never.
+        std::future::pending::<()>().await;
     }
 }
 

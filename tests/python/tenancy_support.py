@@ -53,13 +53,15 @@ keys = [{{ env = "ACME_API_KEY" }}]
 """
 
 
-def config_text(sections: str, models: dict[str, str] | None = None, seed: int = 11) -> str:
-    """A whole config: a loopback listener, the simulator engine with `models` (default
-    TENANCY_MODELS), and `sections` (the [auth], [tenants.*], [state], ... TOML) verbatim."""
+def config_text(sections: str, models: dict[str, str] | None = None, seed: int = 11, server: str = "") -> str:
+    """A whole config: a loopback listener (with `server`'s extra [server] keys), the simulator
+    engine with `models` (default TENANCY_MODELS), and `sections` (the [auth], [tenants.*],
+    [state], ... TOML) verbatim."""
     models = TENANCY_MODELS if models is None else models
     lines = [
         "[server]",
         'listen = "127.0.0.1:0"',
+        server.strip(),
         "",
         "[defaults]",
         "max_output_tokens = 256",
@@ -105,12 +107,18 @@ class Gateway:
             env=dict(os.environ, RUST_LOG="warn", **env),
         )
         line = self.process.stdout.readline()
-        match = re.match(r"turnpike listening on (http://\S+)", line)
+        match = re.match(r"turnpike listening on (https?://\S+)", line)
         if not match:
             self.stop()
             raise AssertionError(f"gateway did not start: first line {line!r}; log:\n{self.log.read_text()}")
         self.base = match.group(1)
         self.url = f"{self.base}/v1"
+        # The plain-HTTP health listener's address, on the next line when configured.
+        self.health = None
+        if "health_listen" in text:
+            health = re.match(r"turnpike health on (http://\S+)", self.process.stdout.readline())
+            assert health, f"no health listener line; log:\n{self.log.read_text()}"
+            self.health = health.group(1)
 
     def client(self, key: str | None, **kwargs) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}

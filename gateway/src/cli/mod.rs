@@ -164,7 +164,10 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), CliError> {
         let server = Server::bind(&config).await?;
         let addr = server.local_addr()?;
         // One line on stdout for scripts and tests that start the gateway on port 0.
-        let _ = writeln!(out, "turnpike listening on http://{addr}");
+        let _ = writeln!(out, "turnpike listening on {}://{addr}", server.scheme());
+        if let Some(health) = server.health_addr()? {
+            let _ = writeln!(out, "turnpike health on http://{health}");
+        }
         let _ = out.flush();
         server.run(shutdown_signal()).await?;
         Ok::<(), CliError>(())

@@ -52,6 +52,10 @@ struct RawServer {
     max_connections: u64,
     header_read_timeout_ms: u64,
     body_read_timeout_ms: u64,
+    tls: Option<crate::listener::tls::RawTls>,
+    health_listen: Option<String>,
+    drain_timeout_ms: u64,
+    drain_delay_ms: u64,
 }
 
 impl Default for RawServer {
@@ -68,6 +72,10 @@ impl Default for RawServer {
             max_connections: 8192,
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 30_000,
+            tls: None,
+            health_listen: None,
+            drain_timeout_ms: 30_000,
+            drain_delay_ms: 0,
         }
     }
 }
@@ -202,7 +210,7 @@ impl RawConfig {
         let listen = listen_text.parse().map_err(|e| {
             format!("server.listen: `{listen_text}` is not an address like 127.0.0.1:8080 ({e})")
         })?;
-        let server = self.server.validate()?;
+        let server = self.server.validate(base)?;
         let defaults = self.defaults.validate()?;
         let tenancy = crate::tenancy::settings::RawTenancy {
             auth: self.auth,
@@ -256,7 +264,13 @@ impl RawConfig {
 }
 
 impl RawServer {
-    fn validate(&self) -> Result<ServerConfig, String> {
+    fn validate(self, base: &Path) -> Result<ServerConfig, String> {
+        let health_listen = match &self.health_listen {
+            None => None,
+            Some(text) => Some(text.parse().map_err(|e| {
+                format!("server.health_listen: `{text}` is not an address like 0.0.0.0:8081 ({e})")
+            })?),
+        };
         let positive = |name: &str, v: u64| {
             if v == 0 {
                 Err(format!("server.{name} must be greater than 0"))
@@ -295,6 +309,12 @@ impl RawServer {
                 "body_read_timeout_ms",
                 self.body_read_timeout_ms,
             )?),
+            tls: self.tls.map(|t| t.validate(base)).transpose()?,
+            health_listen,
+            drain: crate::routes::settings::Drain {
+                delay: Duration::from_millis(self.drain_delay_ms),
+                timeout: Duration::from_millis(self.drain_timeout_ms),
+            },
         })
     }
 }

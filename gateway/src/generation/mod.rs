@@ -30,6 +30,7 @@ pub(crate) use tokens::{TokenRequest, TokenRun};
 
 use crate::engine_host::{Defaults, ModelRegistry, ServedModel};
 use crate::error::ApiError;
+use crate::lifecycle::Lifecycle;
 use crate::pipeline::run::{self, Job};
 use crate::pipeline::{plan, prompt};
 use crate::tenancy::{Admission, Caller, Tenancy};
@@ -51,6 +52,7 @@ pub struct Generator {
     defaults: Arc<Defaults>,
     tenancy: Arc<Tenancy>,
     timing: Timing,
+    lifecycle: Lifecycle,
 }
 
 /// A generation checked, tokenized and admitted: ready to start.
@@ -62,6 +64,7 @@ pub struct Prepared {
     pub prompt_texts: Vec<String>,
     job: Job,
     admission: Admission,
+    lifecycle: Lifecycle,
 }
 
 /// A started generation, with what its protocol renders it by.
@@ -118,7 +121,7 @@ impl Prepared {
 
     /// Submits to the engine; a refusal is an error before any response is sent.
     pub fn start(self) -> Result<Generation, ApiError> {
-        let stream = run::start(self.job)?;
+        let stream = run::start(self.job, &self.lifecycle)?;
         Ok(Generation::new(stream, self.admission))
     }
 }
@@ -136,7 +139,13 @@ impl Generator {
             defaults,
             tenancy,
             timing,
+            lifecycle: Lifecycle::default(),
         }
+    }
+
+    /// Where the server is in its life: a cut ends every generation still running.
+    pub fn lifecycle(&self) -> &Lifecycle {
+        &self.lifecycle
     }
 
     /// The served models.
@@ -267,6 +276,7 @@ impl Generator {
             prompt_texts: plan.prompt_texts,
             job: plan.job,
             admission,
+            lifecycle: self.lifecycle.clone(),
         })
     }
 }

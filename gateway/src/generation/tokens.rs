@@ -3,13 +3,15 @@
 //! The same model lookup, scope check, limits and admission as every protocol, and none of the
 //! text pipeline (no template, tokenizer, stop strings or parsers): the caller owns the text.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use futures_core::Stream;
+use tokio_util::sync::WaitForCancellationFutureOwned;
 use turnpike_engine_api::host::EngineRequest;
-use turnpike_engine_api::{EngineEvent, GenerationParams};
+use turnpike_engine_api::{EngineEvent, FinalEvent, GenerationParams, Status};
 
 use super::Generator;
 use crate::engine_host::EngineRun;
@@ -37,6 +39,9 @@ pub struct TokenRun {
     tokens: u64,
     /// The engine's id of the served model.
     pub model_id: String,
+    /// Completes when the server cuts running generations on shutdown.
+    cut: Pin<Box<WaitForCancellationFutureOwned>>,
+    ended: bool,
 }
 
 impl std::fmt::Debug for TokenRun {
@@ -53,10 +58,28 @@ impl Stream for TokenRun {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<EngineEvent>> {
         let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
         let polled = this.run.events.as_mut().poll_next(cx);
-        if let Poll::Ready(Some(EngineEvent::Token(_))) = &polled {
-            this.tokens += 1;
-            this.admission.record(this.tokens);
+        match &polled {
+            Poll::Ready(Some(EngineEvent::Token(_))) => {
+                this.tokens += 1;
+                this.admission.record(this.tokens);
+            }
+            Poll::Ready(Some(EngineEvent::Final(_)) | None) => this.ended = true,
+            Poll::Ready(Some(_)) => {}
+            Poll::Pending => {
+                if this.cut.as_mut().poll(cx).is_ready() {
+                    // Shutting down: the caller hears a clean end; dropping the run cancels it.
+                    this.ended = true;
+                    return Poll::Ready(Some(EngineEvent::Final(FinalEvent::failed(
+                        Status::Unavailable,
+                        "the server is shutting down",
+                        Default::default(),
+                    ))));
+                }
+            }
         }
         polled
     }
@@ -148,6 +171,8 @@ impl Generator {
             admission,
             tokens: 0,
             model_id: model.id.clone(),
+            cut: Box::pin(self.lifecycle().cut_signal()),
+            ended: false,
         })
     }
 }

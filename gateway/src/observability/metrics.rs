@@ -278,9 +278,17 @@ impl Drop for OpenGuard {
 }
 
 /// A connection (or a request's body) cut by one of the server's bounds: `limit` (refused past
-/// `server.max_connections`), `header_timeout`, `body_timeout`.
+/// `server.max_connections`), `header_timeout`, `body_timeout`, `tls_handshake` (failed or too
+/// slow).
 pub fn connection_closed(reason: &'static str) {
     metrics::counter!("turnpike_http_connections_closed_total", "reason" => reason).increment(1);
+}
+
+/// A rebuild of the listener's TLS configuration after its files changed (`result`: `ok`, or
+/// `failed`, when the previous certificate stays).
+pub fn tls_reload(ok: bool) {
+    let result = if ok { "ok" } else { "failed" };
+    metrics::counter!("turnpike_tls_reloads_total", "result" => result).increment(1);
 }
 
 /// Whether the state store answered its last health probe.

@@ -7,12 +7,14 @@
 //! is cancelled early, and its FINAL still read so usage stays exact.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_core::Stream;
+use tokio_util::sync::WaitForCancellationFutureOwned;
 use turnpike_engine_api::host::EngineRequest;
 use turnpike_engine_api::{
     EngineError, EngineEvent, Finish, FinishReason, GenerationParams, Status, TokenEvent,
@@ -20,6 +22,7 @@ use turnpike_engine_api::{
 
 use crate::engine_host::{EngineRun, ServedModel};
 use crate::error::ApiError;
+use crate::lifecycle::Lifecycle;
 use crate::text::decode::IncrementalDecoder;
 use crate::text::reasoning::{ReasoningMarkers, ReasoningSplitter};
 use crate::text::stop::{StopMatcher, StopOutcome};
@@ -201,6 +204,8 @@ pub(crate) struct GenStream {
     tokens_seen: u64,
     /// The shape each answer must have, when checked here.
     check: Option<OutputCheck>,
+    /// Completes when the server cuts running generations on shutdown.
+    cut: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl std::fmt::Debug for GenStream {
@@ -213,7 +218,7 @@ impl std::fmt::Debug for GenStream {
 }
 
 /// Starts every engine request; an engine refusal is an error before any response is sent.
-pub(crate) fn start(job: Job) -> Result<GenStream, ApiError> {
+pub(crate) fn start(job: Job, lifecycle: &Lifecycle) -> Result<GenStream, ApiError> {
     let n = job.params.n;
     let mut runs = Vec::with_capacity(job.prompts.len());
     let mut choices = Vec::with_capacity(job.prompts.len() * n as usize);
@@ -274,6 +279,7 @@ pub(crate) fn start(job: Job) -> Result<GenStream, ApiError> {
         done: false,
         tokens_seen: 0,
         check: job.check,
+        cut: Box::pin(lifecycle.cut_signal()),
     })
 }
 
@@ -561,6 +567,14 @@ impl Stream for GenStream {
                 }
             }
             if !progressed {
+                if this.cut.as_mut().poll(cx).is_ready() {
+                    // Shutting down: the protocol renders this as its own failure event, and
+                    // dropping the stream cancels the engine requests.
+                    this.done = true;
+                    return Poll::Ready(Some(GenEvent::Error(ApiError::ShuttingDown {
+                        retry_after: this.retry_after,
+                    })));
+                }
                 return Poll::Pending;
             }
         }

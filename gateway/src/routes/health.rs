@@ -1,4 +1,6 @@
-//! `GET /health` (the process is alive) and `GET /ready` (every engine answers and can serve).
+//! `GET /health` (the process is alive) and `GET /ready` (every engine answers and can serve,
+//! and the server is not stopping: once a stop signal arrives `/ready` answers 503 with
+//! `"status": "draining"` so load balancers stop sending work while requests in flight finish).
 //!
 //! `/ready` also reports the state store (`"state": "ok"` or `"unavailable"`). A store that does
 //! not answer makes the gateway not ready (503) only when generations cannot be served without
@@ -26,6 +28,12 @@ pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Readiness: 200 when every engine is healthy, 503 naming those that are not.
 pub(super) async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    if state.generator.lifecycle().is_draining() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "draining"})),
+        );
+    }
     let registry = std::sync::Arc::clone(&state.registry);
     let task = tokio::task::spawn_blocking(move || {
         registry

@@ -174,6 +174,18 @@ pub fn router(state: AppState) -> Router {
     }
 }
 
+/// The health listener's router: `/health` and `/ready` only, without authentication (see
+/// `server.health_listen`).
+pub fn health_router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", get(health::health))
+        .route("/ready", get(health::ready))
+        .fallback(unknown_url)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(count_requests))
+        .with_state(state)
+}
+
 async fn count_requests(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let endpoint = request

@@ -26,6 +26,25 @@ pub struct ServerConfig {
     pub connections: crate::listener::ConnectionLimits,
     /// How long a request's whole body may take to arrive once its headers have (408 past it).
     pub body_read_timeout: Duration,
+    /// TLS on the listener; `None` serves plain HTTP.
+    pub tls: Option<crate::listener::tls::TlsSettings>,
+    /// A second, plain-HTTP listener that serves only `/health` and `/ready` (for probes inside a
+    /// private network when the main listener speaks TLS); off by default.
+    pub health_listen: Option<std::net::SocketAddr>,
+    /// How the server stops on SIGTERM.
+    pub drain: Drain,
+}
+
+/// How the server stops on SIGTERM or Ctrl-C: `/ready` answers 503 at once; after `delay` (time
+/// for load balancers to notice) it stops accepting and asks open connections to close after
+/// their request in flight; streams still running `timeout` later end with a clean error event
+/// (their engine work cancelled), and the process exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drain {
+    /// Between `/ready` turning 503 and the listener closing.
+    pub delay: Duration,
+    /// How long requests in flight may go on once the listener has closed.
+    pub timeout: Duration,
 }
 
 /// Browser origins allowed to call the API (CORS).

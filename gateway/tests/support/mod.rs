@@ -262,6 +262,12 @@ pub fn server(heartbeat_ms: u64, timeout_ms: u64) -> ServerConfig {
             header_read_timeout: Duration::from_secs(30),
         },
         body_read_timeout: Duration::from_secs(30),
+        tls: None,
+        health_listen: None,
+        drain: turnpike::routes::settings::Drain {
+            delay: Duration::ZERO,
+            timeout: Duration::from_secs(30),
+        },
     }
 }
 

@@ -12,8 +12,13 @@
 //! `turnpike_http_connections_closed_total`. The whole-body deadline lives with the request
 //! (see [`crate::body`]).
 //!
+//! With [`tls::TlsSource`] every connection first completes a TLS handshake, within the same
+//! header-read timeout; one that fails is counted (`tls_handshake`) and closed.
+//!
 //! Shutdown stops accepting, asks every open connection to finish its request in flight, and
 //! returns once all have.
+
+pub mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,7 +28,8 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::observability::metrics;
@@ -44,6 +50,7 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: &ConnectionLimits,
+    tls: Option<Arc<tls::TlsSource>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
@@ -74,12 +81,37 @@ pub async fn serve(
             drop(tcp);
             continue;
         };
-        let task = connection(&builder, tcp, app.clone(), stop_rx.clone());
+        // Token streams are many small writes: without TCP_NODELAY, Nagle's algorithm holds each
+        // one until the client's delayed ACK (tens of milliseconds).
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+        }
         let alive = alive_tx.clone();
-        tokio::spawn(async move {
-            task.await;
-            drop((permit, alive));
-        });
+        match &tls {
+            None => {
+                let task = connection(&builder, tcp, app.clone(), stop_rx.clone());
+                tokio::spawn(async move {
+                    task.await;
+                    drop((permit, alive));
+                });
+            }
+            Some(source) => {
+                let (builder, app, stop) = (builder.clone(), app.clone(), stop_rx.clone());
+                let acceptor = source.acceptor();
+                let handshake_timeout = limits.header_read_timeout;
+                tokio::spawn(async move {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => connection(&builder, stream, app, stop).await,
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                            metrics::connection_closed("tls_handshake");
+                        }
+                        Err(_) => metrics::connection_closed("tls_handshake"),
+                    }
+                    drop((permit, alive));
+                });
+            }
+        }
     }
     drop(listener);
     let _ = stop_tx.send(true);
@@ -88,20 +120,18 @@ pub async fn serve(
 }
 
 /// Serves one connection until it closes, or finishes its request in flight once `stop` says so.
-fn connection(
+fn connection<Io>(
     builder: &http1::Builder,
-    tcp: TcpStream,
+    io: Io,
     app: Router,
     mut stop: watch::Receiver<bool>,
-) -> impl Future<Output = ()> + Send + 'static {
-    // Token streams are many small writes: without TCP_NODELAY, Nagle's algorithm holds each
-    // one until the client's delayed ACK (tens of milliseconds).
-    if let Err(e) = tcp.set_nodelay(true) {
-        tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-    }
+) -> impl Future<Output = ()> + Send + 'static
+where
+    Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = TowerToHyperService::new(app);
     let conn = builder
-        .serve_connection(TokioIo::new(tcp), service)
+        .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
     async move {
         let _open = metrics::OpenGuard::connection();

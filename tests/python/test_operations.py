@@ -1,0 +1,263 @@
+"""Operating the real binary: TLS (the openai SDK over TLS with a test CA, certificate rotation
+while serving, mTLS, minimum versions), the plain-HTTP health listener, and the drain on
+SIGTERM (readiness first, streams that finish within the deadline finish, those that do not end
+with a clean error event, never cut mid-frame)."""
+
+import os
+import signal
+import ssl
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import trustme
+
+from tenancy_support import HELLO, Gateway, config_text
+
+CHAT_MODEL = {"chat": 'output = { mode = "echo" }'}
+# About 4 s of tokens, 20 ms apart.
+LONG_MODEL = {"long": 'latency = { ttft_ms = 50, itl_ms = 20 }\noutput = { mode = "random", length = [200, 200] }'}
+
+
+def issue(ca: trustme.CA, directory, name: str) -> tuple[str, str]:
+    """A server certificate for 127.0.0.1 and localhost signed by `ca`, written as PEM files."""
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    chain, key = directory / f"{name}.crt", directory / f"{name}.key"
+    cert.private_key_pem.write_to_path(str(key))
+    chain.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
+    return str(chain), str(key)
+
+
+def replace(path: str, data: bytes) -> None:
+    """Writes `path` whole, as a rotation tool does (rename over the old file)."""
+    partial = path + ".partial"
+    with open(partial, "wb") as f:
+        f.write(data)
+    os.replace(partial, path)
+
+
+def trusting(ca: trustme.CA, client_cert: trustme.LeafCert | None = None, **versions) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    if client_cert is not None:
+        client_cert.configure_cert(context)
+    for attribute, value in versions.items():
+        setattr(context, attribute, value)
+    return context
+
+
+def tls_gateway(directory, tls: str, server: str = "", models=CHAT_MODEL) -> Gateway:
+    text = config_text('[auth]\nmode = "none"\n\n[server.tls]\n' + tls, models, server=server)
+    return Gateway(directory, text, {})
+
+
+def chat_over(gateway: Gateway, context: ssl.SSLContext) -> str:
+    with httpx.Client(verify=context, timeout=10) as http:
+        client = openai.OpenAI(base_url=gateway.url, api_key="unused", http_client=http, max_retries=0)
+        answer = client.chat.completions.create(model="chat", messages=HELLO, max_tokens=8)
+    return answer.choices[0].message.content
+
+
+def handshake_fails(gateway: Gateway, context: ssl.SSLContext) -> bool:
+    try:
+        with httpx.Client(verify=context, timeout=5) as http:
+            http.get(f"{gateway.base}/health")
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
+        return True
+    return False
+
+
+def wait_until(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_sdk_over_tls_and_a_certificate_rotated_while_serving(tmp_path):
+    first_ca, second_ca = trustme.CA(), trustme.CA()
+    chain, key = issue(first_ca, tmp_path, "server")
+    gateway = tls_gateway(tmp_path, f'cert_file = "{chain}"\nkey_file = "{key}"\nreload_ms = 100\n')
+    try:
+        assert gateway.base.startswith("https://")
+        assert chat_over(gateway, trusting(first_ca))
+        # Plain HTTP to the TLS port gets no answer.
+        with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError)):
+            httpx.get(gateway.base.replace("https://", "http://") + "/health", timeout=5)
+
+        # Rotation: a certificate from another CA, written while serving, is used within the
+        # reload interval; a client that trusts only the old CA is now refused.
+        rotated_chain, rotated_key = issue(second_ca, tmp_path, "rotated")
+        with open(rotated_key, "rb") as k, open(rotated_chain, "rb") as c:
+            key_pem, chain_pem = k.read(), c.read()
+        replace(key, key_pem)
+        replace(chain, chain_pem)
+        assert wait_until(lambda: not handshake_fails(gateway, trusting(second_ca))), gateway.log.read_text()
+        assert handshake_fails(gateway, trusting(first_ca))
+        assert chat_over(gateway, trusting(second_ca))
+
+        # A broken file keeps the certificate in use, and the log says why.
+        replace(chain, b"-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+        assert wait_until(lambda: "previous certificate stays" in gateway.log.read_text())
+        assert chat_over(gateway, trusting(second_ca))
+    finally:
+        gateway.stop()
+
+
+def test_a_minimum_version_of_tls_1_3_refuses_tls_1_2_clients(tmp_path):
+    ca = trustme.CA()
+    chain, key = issue(ca, tmp_path, "server")
+    gateway = tls_gateway(tmp_path, f'cert_file = "{chain}"\nkey_file = "{key}"\nmin_version = "1.3"\n')
+    try:
+        assert handshake_fails(gateway, trusting(ca, maximum_version=ssl.TLSVersion.TLSv1_2))
+        assert chat_over(gateway, trusting(ca, minimum_version=ssl.TLSVersion.TLSv1_3))
+    finally:
+        gateway.stop()
+    # TLS 1.2 is served by default.
+    gateway = tls_gateway(tmp_path, f'cert_file = "{chain}"\nkey_file = "{key}"\n')
+    try:
+        assert chat_over(gateway, trusting(ca, maximum_version=ssl.TLSVersion.TLSv1_2))
+    finally:
+        gateway.stop()
+
+
+@pytest.mark.parametrize("mode", ["required", "optional"])
+def test_client_certificates(tmp_path, mode):
+    server_ca, client_ca, stranger_ca = trustme.CA(), trustme.CA(), trustme.CA()
+    chain, key = issue(server_ca, tmp_path, "server")
+    client_ca.cert_pem.write_to_path(str(tmp_path / "clients.pem"))
+    tls = f'cert_file = "{chain}"\nkey_file = "{key}"\nclient_ca_file = "clients.pem"\nclient_auth = "{mode}"\n'
+    gateway = tls_gateway(tmp_path, tls)
+    try:
+        assert chat_over(gateway, trusting(server_ca, client_ca.issue_cert("ops@example.com")))
+        # A certificate some other CA signed is refused in either mode.
+        assert handshake_fails(gateway, trusting(server_ca, stranger_ca.issue_cert("mallory@example.com")))
+        if mode == "required":
+            assert handshake_fails(gateway, trusting(server_ca))
+        else:
+            assert chat_over(gateway, trusting(server_ca))
+    finally:
+        gateway.stop()
+
+
+@pytest.mark.parametrize(
+    ("tls", "says"),
+    [
+        ('cert_file = "missing.crt"\nkey_file = "missing.key"\n', "missing.crt"),
+        ('cert_file = "{chain}"\nkey_file = "{other_key}"\n', "server.tls"),
+        ('cert_file = "{chain}"\nkey_file = "{key}"\nmin_version = "1.1"\n', "min_version"),
+        ('cert_file = "{chain}"\nkey_file = "{key}"\nclient_auth = "required"\n', "client_ca_file"),
+        ('cert_file = "{chain}"\nkey_file = "{key}"\nciphers = "all"\n', "ciphers"),
+    ],
+)
+def test_a_bad_tls_configuration_is_refused_at_startup(tmp_path, tls, says):
+    ca = trustme.CA()
+    chain, key = issue(ca, tmp_path, "server")
+    _, other_key = issue(ca, tmp_path, "other")
+    config = tmp_path / "bad.toml"
+    tls = tls.format(chain=chain, key=key, other_key=other_key)
+    config.write_text(config_text('[auth]\nmode = "none"\n\n[server.tls]\n' + tls, CHAT_MODEL))
+    import subprocess
+
+    from conftest import BIN
+
+    done = subprocess.run([str(BIN), "serve", "--config", str(config)], capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0
+    assert says in done.stderr, done.stderr
+
+
+def test_the_health_listener_serves_probes_in_plain_http_beside_tls(tmp_path):
+    ca = trustme.CA()
+    chain, key = issue(ca, tmp_path, "server")
+    gateway = tls_gateway(tmp_path, f'cert_file = "{chain}"\nkey_file = "{key}"\n', server='health_listen = "127.0.0.1:0"')
+    try:
+        assert gateway.health and gateway.health.startswith("http://")
+        assert httpx.get(f"{gateway.health}/health").json() == {"status": "ok"}
+        assert httpx.get(f"{gateway.health}/ready").status_code == 200
+        # Only the probes: the API is not reachable in plain HTTP.
+        refused = httpx.get(f"{gateway.health}/v1/models")
+        assert refused.status_code == 404 and "error" in refused.json()
+        assert httpx.post(f"{gateway.health}/v1/chat/completions", json={}).status_code == 404
+    finally:
+        gateway.stop()
+
+
+def stream_raw(base: str, body: dict, out: list, started: threading.Event | None = None) -> None:
+    """Streams a chat completion and appends (status, the raw bytes) to `out`."""
+    chunks = []
+    try:
+        with httpx.Client(timeout=30) as http:
+            with http.stream("POST", f"{base}/v1/chat/completions", json=body) as response:
+                for chunk in response.iter_raw():
+                    if started is not None and chunk:
+                        started.set()
+                    chunks.append(chunk)
+                out.append((response.status_code, b"".join(chunks)))
+    except httpx.HTTPError as e:  # a cut connection is what this test must never see
+        out.append((None, repr(e).encode() + b" after " + b"".join(chunks)))
+
+
+def events_of(raw: bytes) -> list[str]:
+    assert raw.endswith(b"\n\n"), f"cut mid-frame: {raw[-200:]!r}"
+    return [frame.decode() for frame in raw.split(b"\n\n") if frame]
+
+
+def test_sigterm_during_fifty_streams_ends_every_one_cleanly(tmp_path):
+    server = 'drain_delay_ms = 1000\ndrain_timeout_ms = 1000\nhealth_listen = "127.0.0.1:0"'
+    gateway = Gateway(tmp_path, config_text('[auth]\nmode = "none"', LONG_MODEL, server=server), {})
+    body = {"model": "long", "messages": HELLO, "max_tokens": 200, "stream": True}
+    results: list = []
+    started = [threading.Event() for _ in range(50)]
+    threads = [threading.Thread(target=stream_raw, args=(gateway.base, body, results, s)) for s in started]
+    try:
+        for t in threads:
+            t.start()
+        assert all(s.wait(10) for s in started), "streams did not start"
+        gateway.process.send_signal(signal.SIGTERM)
+        # Readiness turns first, while the listener still answers.
+        ready = httpx.get(f"{gateway.health}/ready", timeout=5)
+        assert ready.status_code == 503 and ready.json()["status"] == "draining"
+        for t in threads:
+            t.join(15)
+        assert gateway.process.wait(timeout=15) == 0
+    finally:
+        gateway.stop()
+    assert len(results) == 50
+    for status, raw in results:
+        assert status == 200, raw[-300:]
+        last = events_of(raw)[-1]
+        # 200 tokens at 20 ms outlast the 1 s deadline: each ends with the protocol's error event.
+        assert last.startswith("data: {\"error\""), last
+        assert "server_shutting_down" in last, last
+    assert "drain deadline reached" in gateway.log.read_text()
+
+
+def test_streams_that_finish_within_the_drain_deadline_finish(tmp_path):
+    gateway = Gateway(tmp_path, config_text('[auth]\nmode = "none"', LONG_MODEL, server="drain_timeout_ms = 10000"), {})
+    body = {"model": "long", "messages": HELLO, "max_tokens": 40, "stream": True}
+    results: list = []
+    started = [threading.Event() for _ in range(5)]
+    threads = [threading.Thread(target=stream_raw, args=(gateway.base, body, results, s)) for s in started]
+    try:
+        for t in threads:
+            t.start()
+        assert all(s.wait(10) for s in started)
+        began = time.monotonic()
+        gateway.process.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(15)
+        assert gateway.process.wait(timeout=15) == 0
+        # It exits once the last stream has ended, not at the deadline.
+        assert time.monotonic() - began < 5
+    finally:
+        gateway.stop()
+    for status, raw in results:
+        assert status == 200
+        assert events_of(raw)[-1] == "data: [DONE]"
+    # New connections are refused once the listener has closed.
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{gateway.base}/health", timeout=2)
