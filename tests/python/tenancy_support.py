@@ -104,7 +104,7 @@ class Gateway:
             stdout=subprocess.PIPE,
             stderr=self._log_file,
             text=True,
-            env=dict(os.environ, RUST_LOG="warn", **env),
+            env={**os.environ, "RUST_LOG": "warn", **env},
         )
         line = self.process.stdout.readline()
         match = re.match(r"turnpike listening on (https?://\S+)", line)

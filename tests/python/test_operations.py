@@ -261,3 +261,68 @@ def test_streams_that_finish_within_the_drain_deadline_finish(tmp_path):
     # New connections are refused once the listener has closed.
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{gateway.base}/health", timeout=2)
+
+
+def tenants_config(tenants: dict[str, str], server: str = "") -> str:
+    sections = '[auth]\nmode = "required"\nreload_interval_ms = 100\n'
+    for name, env in tenants.items():
+        sections += f'\n[tenants.{name}]\nmodels = ["*"]\nkeys = [{{ env = "{env}" }}]\n'
+    return config_text(sections, {**CHAT_MODEL, **LONG_MODEL}, server=server)
+
+
+def status_with(gateway: Gateway, key: str) -> int:
+    body = {"model": "chat", "messages": HELLO, "max_tokens": 4}
+    return httpx.post(f"{gateway.url}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code
+
+
+def test_a_config_reload_replaces_tenants_and_refuses_a_broken_file(tmp_path):
+    from tenancy_support import make_key
+    from test_hardening import metric
+
+    acme, beta = make_key(), make_key()
+    env = {"ACME_API_KEY": acme, "BETA_API_KEY": beta, "RUST_LOG": "warn,turnpike::audit=info"}
+    gateway = Gateway(tmp_path, tenants_config({"acme": "ACME_API_KEY"}), env)
+    try:
+        assert status_with(gateway, acme) == 200
+        assert status_with(gateway, beta) == 401
+        # A stream under way when its tenant is removed finishes on the state it started with.
+        results: list = []
+        started = threading.Event()
+        body = {"model": "long", "messages": HELLO, "max_tokens": 60, "stream": True}
+        stream = threading.Thread(
+            target=lambda: results.append(stream_with_key(gateway, acme, body, started)))
+        stream.start()
+        assert started.wait(10)
+        gateway.config.write_text(tenants_config({"beta": "BETA_API_KEY"}))
+        assert wait_until(lambda: status_with(gateway, beta) == 200), gateway.log.read_text()
+        assert status_with(gateway, acme) == 401
+        stream.join(15)
+        assert results and results[0][0] == 200 and events_of(results[0][1])[-1] == "data: [DONE]"
+        assert '"event":"config_reloaded"' in gateway.log.read_text()
+
+        # A file that fails validation is refused whole; the running configuration stays.
+        failed_before = metric(gateway.base, "turnpike_config_reloads_total", 'result="failed"')
+        broken = tenants_config({"beta": "BETA_API_KEY", "acme": "ACME_API_KEY"})
+        gateway.config.write_text(broken.replace("[tenants.acme]\n", "[tenants.acme]\nbogus = 1\n"))
+        assert wait_until(lambda: '"event":"config_reload_failed"' in gateway.log.read_text()), gateway.log.read_text()
+        assert "bogus" in gateway.log.read_text()
+        assert status_with(gateway, beta) == 200 and status_with(gateway, acme) == 401
+        assert metric(gateway.base, "turnpike_config_reloads_total", 'result="failed"') > failed_before
+
+        # SIGHUP reloads at once; a setting that needs a restart is named, not applied.
+        gateway.config.write_text(tenants_config({"acme": "ACME_API_KEY"}, server="request_timeout_ms = 5000"))
+        gateway.process.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: status_with(gateway, acme) == 200)
+        assert wait_until(lambda: "take effect on restart" in gateway.log.read_text())
+    finally:
+        gateway.stop()
+
+
+def stream_with_key(gateway: Gateway, key: str, body: dict, started: threading.Event):
+    chunks = []
+    with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {key}"}) as http:
+        with http.stream("POST", f"{gateway.url}/chat/completions", json=body) as response:
+            for chunk in response.iter_raw():
+                started.set()
+                chunks.append(chunk)
+            return response.status_code, b"".join(chunks)

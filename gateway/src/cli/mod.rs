@@ -14,7 +14,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::{Config, ConfigError};
 use crate::observability::LogFormat;
-use crate::server::{ServeError, Server, shutdown_signal};
+use crate::server::{ServeError, Server, reload, shutdown_signal};
 
 pub use plugin_check::PluginCommandError;
 
@@ -161,7 +161,24 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), CliError> {
         .build()
         .map_err(CliError::Runtime)?;
     runtime.block_on(async {
-        let server = Server::bind(&config).await?;
+        let mut server = Server::bind(&config).await?;
+        if let Some(file) = args.config.clone() {
+            let (path, model, name) = (file.clone(), args.model.clone(), args.name.clone());
+            let listen = args.listen;
+            server.reload_from(reload::Source {
+                file,
+                loader: Box::new(move || {
+                    let mut config = match &model {
+                        Some(model) => Config::with_model(Some(&path), model, name.as_deref())?,
+                        None => Config::load(&path)?,
+                    };
+                    if let Some(listen) = listen {
+                        config.listen = listen;
+                    }
+                    Ok(config)
+                }),
+            });
+        }
         let addr = server.local_addr()?;
         // One line on stdout for scripts and tests that start the gateway on port 0.
         let _ = writeln!(out, "turnpike listening on {}://{addr}", server.scheme());

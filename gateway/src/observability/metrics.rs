@@ -291,6 +291,12 @@ pub fn tls_reload(ok: bool) {
     metrics::counter!("turnpike_tls_reloads_total", "result" => result).increment(1);
 }
 
+/// A reload of the configuration (`result`: `ok`, or `failed`, when the running one stays).
+pub fn config_reload(ok: bool) {
+    let result = if ok { "ok" } else { "failed" };
+    metrics::counter!("turnpike_config_reloads_total", "result" => result).increment(1);
+}
+
 /// Whether the state store answered its last health probe.
 pub fn state_store_up(up: bool) {
     metrics::gauge!("turnpike_state_store_up").set(if up { 1.0 } else { 0.0 });

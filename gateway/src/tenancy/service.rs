@@ -3,7 +3,7 @@
 //! holds while it runs.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use super::auth::{Authenticator, Caller};
 use super::keys_file;
@@ -194,73 +194,5 @@ impl Tenancy {
             admission.seated(deadline).await?;
         }
         Ok(admission)
-    }
-
-    /// Re-reads the keys file every `interval` when it changed (and on SIGHUP), swapping the
-    /// directory; a file that fails to load keeps the current one. Every reload is audited.
-    pub fn watch_keys_file(
-        self: &Arc<Self>,
-        config: TenancyConfig,
-    ) -> Option<tokio::task::JoinHandle<()>> {
-        let path = config.keys_file.clone()?;
-        if !config.auth_required {
-            return None;
-        }
-        let this = Arc::clone(self);
-        Some(tokio::spawn(async move {
-            let modified = |p: &std::path::Path| {
-                std::fs::metadata(p)
-                    .and_then(|m| m.modified())
-                    .unwrap_or(SystemTime::UNIX_EPOCH)
-            };
-            let mut seen = modified(&path);
-            let mut tick = tokio::time::interval(config.reload_interval);
-            #[cfg(unix)]
-            let mut hup =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-            loop {
-                #[cfg(unix)]
-                let forced = match hup.as_mut() {
-                    Some(signal) => tokio::select! {
-                        _ = tick.tick() => false,
-                        _ = signal.recv() => true,
-                    },
-                    None => {
-                        tick.tick().await;
-                        false
-                    }
-                };
-                #[cfg(not(unix))]
-                let forced = {
-                    tick.tick().await;
-                    false
-                };
-                let now = modified(&path);
-                if now == seen && !forced {
-                    continue;
-                }
-                seen = now;
-                match keys_file::directory(&config) {
-                    Ok(directory) => {
-                        tracing::info!(
-                            target: "turnpike::audit",
-                            event = "keys_reloaded",
-                            file = %path.display(),
-                            tenants = directory.tenants.len(),
-                            keys = directory.keys.len(),
-                            "keys file reloaded"
-                        );
-                        this.auth.replace(directory);
-                    }
-                    Err(error) => tracing::error!(
-                        target: "turnpike::audit",
-                        event = "keys_reload_failed",
-                        file = %path.display(),
-                        %error,
-                        "keys file not reloaded; the previous keys stay in force"
-                    ),
-                }
-            }
-        }))
     }
 }

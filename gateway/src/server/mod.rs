@@ -4,6 +4,8 @@
 //! delay, streams still running at the deadline are cut with a clean error event, and what
 //! remains open a moment after that is dropped.
 
+pub mod reload;
+
 use crate::lifecycle::Lifecycle;
 use crate::listener::{self, tls::TlsSource};
 
@@ -50,7 +52,9 @@ pub struct Server {
     health: Option<tokio::net::TcpListener>,
     tls: Option<Arc<TlsSource>>,
     state: AppState,
-    keys_watch: Option<tokio::task::JoinHandle<()>>,
+    /// The configuration it was started with, and how to read it again (see [`reload`]).
+    config: Config,
+    reload: Option<reload::Source>,
     store_watch: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -81,7 +85,6 @@ impl Server {
             Tenancy::build(&config.tenancy, config.server.retry_after)
                 .map_err(ServeError::State)?,
         );
-        let keys_watch = tenancy.watch_keys_file(config.tenancy.clone());
         let store_watch = tenancy
             .store_health
             .watch(Arc::clone(tenancy.limiter.store()));
@@ -106,7 +109,8 @@ impl Server {
             health,
             tls,
             state,
-            keys_watch,
+            config: config.clone(),
+            reload: None,
             store_watch,
         })
     }
@@ -114,6 +118,12 @@ impl Server {
     /// The address actually bound (useful with port 0).
     pub fn local_addr(&self) -> Result<SocketAddr, ServeError> {
         Ok(self.listener.local_addr()?)
+    }
+
+    /// Re-reads `file` with `loader` while serving (see [`reload`]); without this only the keys
+    /// file is re-read.
+    pub fn reload_from(&mut self, source: reload::Source) {
+        self.reload = Some(source);
     }
 
     /// `https` with TLS, else `http`.
@@ -131,7 +141,7 @@ impl Server {
 
     /// Serves until `shutdown` completes, then drains (see the module's doc).
     pub async fn run(
-        self,
+        mut self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
         tracing::info!(
@@ -149,6 +159,7 @@ impl Server {
             }
         });
         let tls_watch = self.tls.as_ref().map(TlsSource::watch);
+        let config_watch = self.config_watch();
         let lifecycle = self.state.generator.lifecycle().clone();
         let (closing_tx, closing) = tokio::sync::watch::channel(Phase::Serving);
         let stopper = tokio::spawn(stop_in_phases(
@@ -179,12 +190,36 @@ impl Server {
         }
         stopper.abort();
         upkeep.abort();
-        let watches = [self.keys_watch, self.store_watch, tls_watch, health];
+        let watches = [config_watch, self.store_watch, tls_watch, health];
         for watch in watches.into_iter().flatten() {
             watch.abort();
         }
         tracing::info!("stopped");
         Ok(())
+    }
+}
+
+impl Server {
+    /// The reload watch: the config file when there is a loader, else the keys file alone
+    /// (when authentication reads one).
+    fn config_watch(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        let tenancy = Arc::clone(&self.state.tenancy);
+        let current = self.config.clone();
+        let (file, loader) = match self.reload.take() {
+            Some(source) => (Some(source.file), source.loader),
+            None if current.tenancy.auth_required && current.tenancy.keys_file.is_some() => {
+                let same = current.clone();
+                let loader: reload::Loader = Box::new(move || Ok(same.clone()));
+                (None, loader)
+            }
+            None => return None,
+        };
+        Some(reload::spawn(reload::Watch {
+            file,
+            loader,
+            current,
+            tenancy,
+        }))
     }
 }
 
