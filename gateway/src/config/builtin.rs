@@ -47,6 +47,7 @@ pub(super) fn config(
     Ok(Config {
         listen,
         server,
+        metrics: Default::default(),
         engines: vec![EngineConfig {
             name: "default".into(),
             plugin: plugin_beside_binary("turnpike_cuda"),

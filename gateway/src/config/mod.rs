@@ -68,6 +68,8 @@ pub struct Config {
     pub models: Option<Vec<ModelConfig>>,
     /// Authentication, tenants, limits, state and idempotency.
     pub tenancy: TenancyConfig,
+    /// Metric labels.
+    pub metrics: crate::observability::metrics::MetricsSettings,
 }
 
 /// Checks a tenant name (letters, digits, `-`, `_`, `.`; at most 64).

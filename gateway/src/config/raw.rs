@@ -36,6 +36,8 @@ pub(super) struct RawConfig {
     idempotency: crate::tenancy::settings::RawIdempotency,
     #[serde(default)]
     queue: crate::tenancy::settings::RawQueue,
+    #[serde(default)]
+    metrics: crate::observability::metrics::RawMetrics,
 }
 
 #[derive(Debug, Deserialize)]
@@ -212,6 +214,7 @@ impl RawConfig {
         })?;
         let server = self.server.validate(base)?;
         let defaults = self.defaults.validate()?;
+        let metrics = self.metrics.validate();
         let tenancy = crate::tenancy::settings::RawTenancy {
             auth: self.auth,
             plans: self.plans,
@@ -226,6 +229,7 @@ impl RawConfig {
                 return Err("models: listed without [[engines]] to serve them".into());
             }
             return super::builtin::config(listen, server, defaults, tenancy)
+                .map(|config| Config { metrics, ..config })
                 .map_err(|e| format!("built-in default: {e}"));
         };
         if raw_engines.is_empty() {
@@ -259,6 +263,7 @@ impl RawConfig {
             engines,
             models,
             tenancy,
+            metrics,
         })
     }
 }

@@ -2,6 +2,7 @@
 //! log line (id, endpoint, model, the client's `user`, streamed or not, tokens, duration). A
 //! request whose client went away before it ended is logged as abandoned when its record drops.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -23,6 +24,8 @@ pub(crate) struct RequestRecord {
     pub stream: bool,
     /// When it arrived.
     pub started: Instant,
+    /// When the first text or tool call was ready.
+    first_output: OnceLock<Instant>,
     /// Accounted already.
     settled: AtomicBool,
 }
@@ -44,14 +47,30 @@ impl RequestRecord {
             user,
             stream,
             started,
+            first_output: OnceLock::new(),
             settled: AtomicBool::new(false),
         }
     }
 
-    /// The request ended with these token counts.
+    /// The first text or tool call was ready at `at` (the first call counts): the time to first
+    /// token.
+    pub(crate) fn first_output(&self, at: Instant) {
+        if self.first_output.set(at).is_ok() {
+            metrics::time_to_first_token(&self.model, at.saturating_duration_since(self.started));
+        }
+    }
+
+    /// The request ended with these token counts: the tokens, and the time per output token
+    /// after the first.
     pub(crate) fn ended(&self, prompt_tokens: u64, completion_tokens: u64) {
         self.settled.store(true, Ordering::Relaxed);
         metrics::tokens(&self.model, prompt_tokens, completion_tokens);
+        if let Some(first) = self.first_output.get()
+            && completion_tokens > 1
+        {
+            let decoding = first.elapsed().as_secs_f64();
+            metrics::time_per_output_token(&self.model, decoding / (completion_tokens - 1) as f64);
+        }
         tracing::info!(
             target: "turnpike::request",
             id = %self.id,

@@ -6,14 +6,18 @@
 //! | `turnpike_http_request_duration_seconds` | histogram (to the response head) | `endpoint` |
 //! | `turnpike_errors_total` | counter | `code` |
 //! | `turnpike_tokens_total` | counter | `model`, `kind` (`prompt`, `completion`) |
-//! | `turnpike_time_to_first_token_seconds` | histogram | `model` |
+//! | `turnpike_time_to_first_token_seconds` | histogram (streamed and non-streamed) | `model` |
+//! | `turnpike_time_per_output_token_seconds` | histogram (per request: decode time over output tokens after the first) | `model` |
+//! | `turnpike_decode_tokens_per_second` | gauge (output tokens per second over the last few seconds) | `model` |
 //! | `turnpike_active_streams` | gauge | |
 //! | `turnpike_engine_queued`, `turnpike_engine_running` | gauge | `engine` |
 //! | `turnpike_engine_requests_total` | counter (the engine's own count) | `engine`, `outcome` |
 //! | `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` | gauge (the load figures routers read, in vLLM's names, from an engine's per-model stats) | `model_name` |
 //! | `turnpike_engine_replica_stat`, `turnpike_engine_replica_breaker` | gauge (per replica of an engine that serves from a pool: in flight, requests, errors, mean time to first token; breaker 0 closed, 1 half-open, 2 open) | `engine`, `model`, `replica`, `stat` |
 //! | `turnpike_engine_stat` | gauge (every numeric engine-specific stat: KV blocks, prefix hit rate, preemptions, ...) | `engine`, `model` (empty when engine-wide), `stat` |
-//! | `turnpike_rate_limited_total` | counter | `tenant`, `limit` (`requests`, `tokens`, `concurrency`) |
+//! | `turnpike_engine_queue_depth`, `turnpike_engine_batch_size`, `turnpike_engine_*_total`, `turnpike_engine_kv_cache_*`, `turnpike_gpu_memory_*` | the engine's well-known stats under their own names (see `engine_metrics`) | `engine`, `model`, `phase` |
+//! | `turnpike_rate_limit_dropped_total` | counter | `limit` (`requests`, `tokens`, `concurrency`); `tenant` with `[metrics] tenant_label = true` |
+//! | `turnpike_config_reloads_total`, `turnpike_tls_reloads_total` | counter | `result` (`ok`, `failed`) |
 //! | `turnpike_state_errors_total` | counter (state store failures) | `feature` |
 //! | `turnpike_concurrency_leases` | gauge (leases this replica holds) | |
 //! | `turnpike_queue_running`, `turnpike_queue_waiting` | gauge | `model` |
@@ -23,13 +27,14 @@
 //! | `turnpike_stored_values`, `turnpike_stored_value_bytes` | gauge (in-memory store: stored responses) | |
 //! | `turnpike_websocket_connections` | gauge (open WebSocket connections; at most `server.websocket_max_connections`) | |
 //! | `turnpike_http_connections` | gauge (open HTTP connections; at most `server.max_connections`) | |
-//! | `turnpike_http_connections_closed_total` | counter (connections and requests cut by the server's bounds) | `reason` (`limit`, `header_timeout`, `body_timeout`) |
+//! | `turnpike_http_connections_closed_total` | counter (connections and requests cut by the server's bounds) | `reason` (`limit`, `header_timeout`, `body_timeout`, `tls_handshake`) |
 //! | `turnpike_state_store_up` | gauge (1 while the state store answers its health probe, 0 while it does not) | |
 //!
 //! The recorder is process-wide; histogram samples are drained by [`upkeep`], which the server
 //! runs every few seconds, so memory stays bounded whether or not anyone scrapes.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -54,21 +59,33 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
+/// Exports the gauges of things open at zero, so a dashboard shows 0 before the first one.
+pub fn initialize() {
+    for gauge in [
+        "turnpike_active_streams",
+        "turnpike_websocket_connections",
+        "turnpike_http_connections",
+    ] {
+        metrics::gauge!(gauge).increment(0.0);
+    }
+}
+
 /// The Prometheus text exposition.
 pub fn render() -> String {
     handle()
         .map(|h| {
             h.run_upkeep();
-            h.render() + &render_replicas()
+            h.render() + &render_replicas() + &super::engine_metrics::render()
         })
         .unwrap_or_default()
 }
 
-/// Drains histogram samples; run periodically.
+/// Drains histogram samples and updates the generation rates; run periodically.
 pub fn upkeep() {
     if let Some(h) = handle() {
         h.run_upkeep();
     }
+    decode_rates();
 }
 
 /// One HTTP request finished its response head.
@@ -90,12 +107,53 @@ pub fn tokens(model: &str, prompt: u64, completion: u64) {
         .increment(prompt);
     metrics::counter!("turnpike_tokens_total", "model" => model.to_string(), "kind" => "completion")
         .increment(completion);
+    let mut decoded = DECODED.lock().unwrap_or_else(PoisonError::into_inner);
+    *decoded.totals.entry(model.to_string()).or_default() += completion;
+}
+
+/// Output tokens per model since the start, and what they were at the last [`upkeep`], for
+/// `turnpike_decode_tokens_per_second` (the generation rate over the last upkeep interval).
+#[derive(Debug)]
+struct Decoded {
+    totals: BTreeMap<String, u64>,
+    at_last: BTreeMap<String, u64>,
+    last: Option<std::time::Instant>,
+}
+
+static DECODED: Mutex<Decoded> = Mutex::new(Decoded {
+    totals: BTreeMap::new(),
+    at_last: BTreeMap::new(),
+    last: None,
+});
+
+/// Sets each model's generation rate since the last call.
+fn decode_rates() {
+    let mut decoded = DECODED.lock().unwrap_or_else(PoisonError::into_inner);
+    let now = std::time::Instant::now();
+    if let Some(last) = decoded.last {
+        let seconds = now.duration_since(last).as_secs_f64();
+        if seconds > 0.0 {
+            for (model, total) in &decoded.totals {
+                let before = decoded.at_last.get(model).copied().unwrap_or(0);
+                metrics::gauge!("turnpike_decode_tokens_per_second", "model" => model.clone())
+                    .set((total - before) as f64 / seconds);
+            }
+        }
+    }
+    decoded.at_last = decoded.totals.clone();
+    decoded.last = Some(now);
 }
 
 /// Time from arrival to the first generated text.
 pub fn time_to_first_token(model: &str, elapsed: Duration) {
     metrics::histogram!("turnpike_time_to_first_token_seconds", "model" => model.to_string())
         .record(elapsed.as_secs_f64());
+}
+
+/// A request's time per output token after the first (decode latency per token).
+pub fn time_per_output_token(model: &str, seconds: f64) {
+    metrics::histogram!("turnpike_time_per_output_token_seconds", "model" => model.to_string())
+        .record(seconds);
 }
 
 /// An engine's own counters, read at scrape time.
@@ -121,6 +179,7 @@ pub fn engine_stats(engine: &str, stats: &turnpike_engine_api::Stats) {
                         engine_stat(engine, model, stat, value);
                     }
                     load_gauges(model, per_model);
+                    super::engine_metrics::record(engine, model, per_model);
                     replica_stats(engine, model, per_model, &mut replicas);
                 }
             }
@@ -211,7 +270,7 @@ struct ReplicaText {
 static REPLICAS: Mutex<BTreeMap<String, ReplicaText>> = Mutex::new(BTreeMap::new());
 
 /// A label value as the exposition format writes it.
-fn escape(value: &str) -> String {
+pub(super) fn escape(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -302,10 +361,46 @@ pub fn state_store_up(up: bool) {
     metrics::gauge!("turnpike_state_store_up").set(if up { 1.0 } else { 0.0 });
 }
 
+/// What `[metrics]` configures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetricsSettings {
+    /// Per-tenant metrics carry a `tenant` label (one series per tenant; off by default).
+    pub tenant_label: bool,
+}
+
+/// `[metrics]` as written.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawMetrics {
+    tenant_label: bool,
+}
+
+impl RawMetrics {
+    /// The settings (every combination is valid).
+    pub fn validate(self) -> MetricsSettings {
+        MetricsSettings {
+            tenant_label: self.tenant_label,
+        }
+    }
+}
+
+/// Whether per-tenant metrics carry a `tenant` label (`[metrics] tenant_label`): off by default,
+/// so the number of series does not grow with the number of tenants.
+static TENANT_LABEL: AtomicBool = AtomicBool::new(false);
+
+/// Sets whether per-tenant metrics carry a `tenant` label.
+pub fn set_tenant_label(on: bool) {
+    TENANT_LABEL.store(on, Ordering::Relaxed);
+}
+
 /// A tenant limit refused a request.
 pub fn rate_limited(tenant: &str, limit: &'static str) {
-    metrics::counter!("turnpike_rate_limited_total", "tenant" => tenant.to_string(), "limit" => limit)
-        .increment(1);
+    if TENANT_LABEL.load(Ordering::Relaxed) {
+        metrics::counter!("turnpike_rate_limit_dropped_total", "limit" => limit, "tenant" => tenant.to_string())
+            .increment(1);
+    } else {
+        metrics::counter!("turnpike_rate_limit_dropped_total", "limit" => limit).increment(1);
+    }
 }
 
 /// A state store operation failed.

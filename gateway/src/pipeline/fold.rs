@@ -42,6 +42,8 @@ pub(crate) struct Folded {
     pub choices: Vec<ChoiceResult>,
     /// Token counts.
     pub totals: Totals,
+    /// When the first text or tool call came (for time to first token and per output token).
+    pub first_output: Option<std::time::Instant>,
 }
 
 /// Reads `stream` to its end; `choices` is the number of choices it holds.
@@ -52,8 +54,14 @@ pub(crate) async fn fold(
     let mut out = Folded {
         choices: vec![ChoiceResult::default(); choices],
         totals: Totals::default(),
+        first_output: None,
     };
     while let Some(event) = stream.next().await {
+        if out.first_output.is_none()
+            && matches!(event, GenEvent::Text { .. } | GenEvent::ToolCall { .. })
+        {
+            out.first_output = Some(std::time::Instant::now());
+        }
         match event {
             GenEvent::Text {
                 choice,

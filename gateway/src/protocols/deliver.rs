@@ -68,6 +68,9 @@ pub(crate) async fn deliver<R: Render>(
         .map_err(|_| ApiError::Timeout(settings.request_timeout))
         .and_then(|folded| folded)
         .inspect_err(|e| record.failed(e))?;
+    if let Some(at) = folded.first_output {
+        record.first_output(at);
+    }
     record.ended(folded.totals.prompt, folded.totals.completion);
     Ok(Delivered::Folded {
         folded,

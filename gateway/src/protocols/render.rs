@@ -153,10 +153,7 @@ impl<R: Render> Driver<R> {
                     && matches!(event, GenEvent::Text { .. } | GenEvent::ToolCall { .. })
                 {
                     self.first_text_seen = true;
-                    metrics::time_to_first_token(
-                        &self.timing.record.model,
-                        self.timing.started.elapsed(),
-                    );
+                    self.timing.record.first_output(std::time::Instant::now());
                 }
                 self.out
                     .extend(self.renderer.event(&event).into_iter().map(Out::Chunk));

@@ -72,6 +72,10 @@ impl Server {
         })
         .await
         .map_err(|e| std::io::Error::other(format!("engine loading panicked: {e}")))??;
+        // The recorder first: what the setup below reports (the store's state) must land in it.
+        metrics::handle();
+        metrics::initialize();
+        metrics::set_tenant_label(config.metrics.tenant_label);
         let tls = match &config.server.tls {
             Some(settings) => Some(TlsSource::new(settings.clone())?),
             None => None,

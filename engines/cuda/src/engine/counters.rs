@@ -15,4 +15,22 @@ pub struct Counters {
     pub failed: AtomicU64,
     /// Tokens a grammar forced, appended without sampling (fast-forward).
     pub forced_tokens: AtomicU64,
+    /// Device steps run.
+    pub steps: AtomicU64,
+    /// Prefill chunks (one per sequence and step) and decode rows computed, summed over steps:
+    /// divided by `steps`, the mean batch of each phase.
+    pub prefill_sequences: AtomicU64,
+    /// See `prefill_sequences`.
+    pub decode_sequences: AtomicU64,
+    /// Prompt tokens computed (prefill chunks) and generated tokens computed (decode rows).
+    pub prefill_tokens: AtomicU64,
+    /// See `prefill_tokens`.
+    pub decode_tokens: AtomicU64,
+    /// The last step's prefill chunks and decode rows.
+    pub last_prefill_batch: AtomicU64,
+    /// See `last_prefill_batch`.
+    pub last_decode_batch: AtomicU64,
+    /// Time spent running steps (forward and sampling), in microseconds: its rate is how busy
+    /// the device is.
+    pub busy_micros: AtomicU64,
 }

@@ -359,6 +359,8 @@ impl ModelRuntime {
             }
             extra["waiting"] = json!(s.waiting);
             extra["running"] = json!(s.running);
+            extra["prefilling"] = json!(s.prefilling);
+            extra["decoding"] = json!(s.running - s.prefilling);
             extra["preemptions"] = json!(s.preemptions);
             extra["kv_blocks_used"] = json!(s.kv.used);
             extra["kv_blocks_cached"] = json!(s.kv.cached);
@@ -367,6 +369,18 @@ impl ModelRuntime {
             extra["prefix_hit_tokens"] = json!(s.kv.prefix_hit_tokens);
             extra["evictions"] = json!(s.kv.evictions);
         }
+        for (key, counter) in [
+            ("steps", &c.steps),
+            ("prefill_sequences", &c.prefill_sequences),
+            ("decode_sequences", &c.decode_sequences),
+            ("prefill_tokens", &c.prefill_tokens),
+            ("decode_tokens", &c.decode_tokens),
+            ("last_prefill_batch", &c.last_prefill_batch),
+            ("last_decode_batch", &c.last_decode_batch),
+        ] {
+            extra[key] = json!(counter.load(Ordering::Relaxed));
+        }
+        extra["busy_seconds"] = json!(c.busy_micros.load(Ordering::Relaxed) as f64 / 1e6);
         if let Some(grammars) = &self.grammars {
             let (compiled, hits, cached) = grammars.counts();
             extra["grammars_compiled"] = json!(compiled);

@@ -218,6 +218,8 @@ impl Worker {
             self.publish();
             return;
         }
+        self.count_batch(&plan);
+        let began = std::time::Instant::now();
         let copies = planned_copies(&plan);
         let chunks: Vec<Chunk<'_>> = plan.chunks.iter().map(Chunk::planned).collect();
         let result = self.device.forward(&Batch {
@@ -235,6 +237,8 @@ impl Worker {
                 self.fail_plan(&plan);
             }
         }
+        let busy = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.counters.busy_micros.fetch_add(busy, Ordering::Relaxed);
         self.publish();
     }
 
@@ -253,6 +257,29 @@ impl Worker {
                 "the engine failed to run this request",
             );
         }
+    }
+
+    /// Adds a step's batch, by phase, to the counters.
+    fn count_batch(&self, plan: &StepPlan) {
+        let (mut prefill, mut prefill_tokens, mut decode, mut decode_tokens) = (0, 0, 0, 0);
+        for chunk in &plan.chunks {
+            if chunk.generated {
+                decode += 1;
+                decode_tokens += chunk.tokens.len() as u64;
+            } else {
+                prefill += 1;
+                prefill_tokens += chunk.tokens.len() as u64;
+            }
+        }
+        let c = &self.counters;
+        c.steps.fetch_add(1, Ordering::Relaxed);
+        c.prefill_sequences.fetch_add(prefill, Ordering::Relaxed);
+        c.decode_sequences.fetch_add(decode, Ordering::Relaxed);
+        c.prefill_tokens
+            .fetch_add(prefill_tokens, Ordering::Relaxed);
+        c.decode_tokens.fetch_add(decode_tokens, Ordering::Relaxed);
+        c.last_prefill_batch.store(prefill, Ordering::Relaxed);
+        c.last_decode_batch.store(decode, Ordering::Relaxed);
     }
 
     fn publish(&self) {

@@ -212,6 +212,9 @@ pub struct SchedulerStats {
     pub waiting: usize,
     /// Running sequences.
     pub running: usize,
+    /// Running sequences with more than one token left to compute (prefill, or a recompute
+    /// after preemption); the rest of `running` decode.
+    pub prefilling: usize,
     /// Preemptions so far.
     pub preemptions: u64,
     /// KV-cache counters.
@@ -391,6 +394,11 @@ impl Scheduler {
         SchedulerStats {
             waiting: self.fair.waiting_len(),
             running: self.running.len(),
+            prefilling: self
+                .running
+                .iter()
+                .filter(|id| self.seqs.get(id).is_some_and(|s| !s.is_decode()))
+                .count(),
             preemptions: self.preemptions,
             kv: self.blocks.stats(),
         }
