@@ -326,3 +326,91 @@ def stream_with_key(gateway: Gateway, key: str, body: dict, started: threading.E
                 started.set()
                 chunks.append(chunk)
             return response.status_code, b"".join(chunks)
+
+
+def redis_dump(redis) -> str:
+    """Every key and value in `redis` (strings and hashes), as text."""
+    import shutil
+    import subprocess
+
+    cli = shutil.which("redis-cli")
+    assert cli, "redis-cli is missing (it comes with redis-server)"
+    run = lambda *args: subprocess.run([cli, "-p", str(redis.port), *args], capture_output=True, text=True, check=True).stdout
+    out = []
+    for key in run("--scan").split():
+        kind = run("TYPE", key).strip()
+        out.append(key + " " + (run("GET", key) if kind == "string" else run("HGETALL", key) if kind == "hash" else kind))
+    return "\n".join(out)
+
+
+def answer_text(response: httpx.Response, stream: bool) -> str:
+    import json
+
+    if not stream:
+        return response.json()["choices"][0]["message"]["content"]
+    text = ""
+    for line in response.text.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:])["choices"]:
+                text += choice["delta"].get("content") or ""
+    return text
+
+
+def test_store_false_keeps_no_content_in_idempotency_records(tmp_path):
+    from tenancy_support import Redis
+
+    redis = Redis(tmp_path / "redis")
+    sections = f'[auth]\nmode = "none"\n\n[state]\nbackend = "redis"\nredis_url = "{redis.url}"\n'
+    gateway = Gateway(tmp_path, config_text(sections, CHAT_MODEL), {})
+    marker = "zebra-crossing-4411"
+    try:
+        def post(key: str, store: bool | None, stream: bool = False):
+            body = {"model": "chat", "messages": [{"role": "user", "content": f"say {marker}"}], "max_tokens": 30, "stream": stream}
+            if store is not None:
+                body["store"] = store
+            return httpx.post(f"{gateway.url}/chat/completions", json=body, headers={"Idempotency-Key": key}, timeout=10)
+
+        # Kept: a repeat replays the stored answer, which the store holds.
+        first = post("kept", None)
+        assert first.status_code == 200 and marker in first.text
+        again = post("kept", None)
+        assert again.headers.get("idempotent-replayed") == "true" and again.json() == first.json()
+        assert marker in redis_dump(redis)
+
+        import subprocess
+
+        subprocess.run(["redis-cli", "-p", str(redis.port), "FLUSHALL"], check=True, capture_output=True)
+        for stream in (False, True):
+            key = f"private-{stream}"
+            private = post(key, False, stream)
+            assert private.status_code == 200 and marker in answer_text(private, stream)
+            # A repeat is not run again, and cannot be replayed.
+            repeat = post(key, False, stream)
+            assert repeat.status_code == 409, repeat.text
+            assert repeat.json()["error"]["code"] == "idempotency_response_not_stored"
+        dump = redis_dump(redis)
+        assert "idem" in dump, dump  # the records exist ...
+        assert marker not in dump, dump  # ... without the prompt or the answer
+    finally:
+        gateway.stop()
+        redis.stop()
+
+
+@pytest.mark.parametrize("policy", ["plain", "hash"])
+def test_logs_never_carry_prompts_and_hash_client_identifiers_on_request(tmp_path, policy):
+    sections = f'[auth]\nmode = "none"\n\n[logging]\ncontent = "{policy}"\n'
+    gateway = Gateway(tmp_path, config_text(sections, CHAT_MODEL), {"RUST_LOG": "debug"})
+    marker = "okapi-umbrella-7731"
+    try:
+        body = {"model": "chat", "messages": [{"role": "user", "content": marker}], "max_tokens": 60, "user": "alice@example.com"}
+        answer = httpx.post(f"{gateway.url}/chat/completions", json=body, timeout=10)
+        assert answer.status_code == 200 and marker in answer.json()["choices"][0]["message"]["content"]
+        assert wait_until(lambda: "request finished" in gateway.log.read_text())
+    finally:
+        gateway.stop()
+    log = gateway.log.read_text()
+    assert marker not in log
+    if policy == "hash":
+        assert "alice" not in log and '"user":"sha256:' in log
+    else:
+        assert '"user":"alice@example.com"' in log

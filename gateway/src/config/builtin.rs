@@ -48,6 +48,7 @@ pub(super) fn config(
         listen,
         server,
         metrics: Default::default(),
+        logging: Default::default(),
         engines: vec![EngineConfig {
             name: "default".into(),
             plugin: plugin_beside_binary("turnpike_cuda"),

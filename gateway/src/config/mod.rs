@@ -70,6 +70,8 @@ pub struct Config {
     pub tenancy: TenancyConfig,
     /// Metric labels.
     pub metrics: crate::observability::metrics::MetricsSettings,
+    /// How client-supplied text appears in logs.
+    pub logging: crate::observability::LoggingSettings,
 }
 
 /// Checks a tenant name (letters, digits, `-`, `_`, `.`; at most 64).

@@ -38,6 +38,8 @@ pub(super) struct RawConfig {
     queue: crate::tenancy::settings::RawQueue,
     #[serde(default)]
     metrics: crate::observability::metrics::RawMetrics,
+    #[serde(default)]
+    logging: crate::observability::RawLogging,
 }
 
 #[derive(Debug, Deserialize)]
@@ -215,6 +217,7 @@ impl RawConfig {
         let server = self.server.validate(base)?;
         let defaults = self.defaults.validate()?;
         let metrics = self.metrics.validate();
+        let logging = self.logging.validate()?;
         let tenancy = crate::tenancy::settings::RawTenancy {
             auth: self.auth,
             plans: self.plans,
@@ -229,7 +232,11 @@ impl RawConfig {
                 return Err("models: listed without [[engines]] to serve them".into());
             }
             return super::builtin::config(listen, server, defaults, tenancy)
-                .map(|config| Config { metrics, ..config })
+                .map(|config| Config {
+                    metrics,
+                    logging,
+                    ..config
+                })
                 .map_err(|e| format!("built-in default: {e}"));
         };
         if raw_engines.is_empty() {
@@ -264,6 +271,7 @@ impl RawConfig {
             models,
             tenancy,
             metrics,
+            logging,
         })
     }
 }

@@ -18,8 +18,13 @@
 //!
 //! Records live in the [`Store`] for the configured time; the in-process [`hub::Hub`] carries
 //! the live stream to joiners on the same replica. A joiner on another replica waits for the
-//! record and replays it. Requests with `store: false` are deduplicated the same way; their
-//! content is kept no longer than the record's time to live.
+//! record and replays it.
+//!
+//! Requests with `"store": false` are deduplicated the same way while they run (a joiner on
+//! this replica reads the live stream, held in memory only), but their response is never
+//! written to the store: the finished record keeps the request's fingerprint hash, the status
+//! and the response headers, and a repeat gets 409 `idempotency_response_not_stored` rather
+//! than a second run.
 
 pub(crate) mod hub;
 pub(crate) mod record;
@@ -161,11 +166,11 @@ impl Idempotency {
     /// first time it runs; a repeat replays, joins or conflicts. `deadline` bounds a wait for
     /// another replica. HTTP requests come through [`Idempotency::run`]; WebSocket turns call
     /// this with their message's key, and read the response as the HTTP request would.
-    pub async fn guard<F, Fut>(
+    pub(crate) async fn guard<F, Fut>(
         self: &Arc<Self>,
         tenant: &str,
         key: &str,
-        fingerprint: &str,
+        fingerprint: &record::Fingerprint,
         deadline: Instant,
         work: F,
     ) -> Response
@@ -181,7 +186,7 @@ impl Idempotency {
         loop {
             match self
                 .store
-                .begin(&scoped, fingerprint, &owner, self.settings.lease)
+                .begin(&scoped, &fingerprint.hash, &owner, self.settings.lease)
                 .await
             {
                 Ok(Begin::Started) => break,
@@ -244,7 +249,8 @@ impl Idempotency {
         };
         // The work runs on its own, for as long as anyone listens; this request is one listener.
         let this = Arc::clone(self);
-        tokio::spawn(this.drive(scoped, owner, hub, work()));
+        let keep_content = fingerprint.keep_content;
+        tokio::spawn(this.drive(scoped, owner, hub, keep_content, work()));
         respond(listener, false).await.unwrap_or_else(still_running)
     }
 
@@ -256,6 +262,7 @@ impl Idempotency {
         scoped: String,
         owner: String,
         hub: Arc<Hub>,
+        keep_content: bool,
         work: impl std::future::Future<Output = Response> + Send + 'static,
     ) {
         // Should the work panic, the guard lets the hub and the record go, so the listeners
@@ -285,7 +292,8 @@ impl Idempotency {
         let status = response.status();
         let headers = Recorded::keep_headers(response.headers());
         let ended = hub.pump(response, lease / 3, keep).await;
-        self.settle(&scoped, &owner, status, headers, ended).await;
+        self.settle(&scoped, &owner, status, headers, ended, keep_content)
+            .await;
         self.forget_hub(&scoped, &hub);
     }
 
@@ -305,6 +313,7 @@ impl Idempotency {
         status: axum::http::StatusCode,
         headers: Vec<(String, String)>,
         ended: Ended,
+        keep_content: bool,
     ) {
         let result = match ended {
             Ended::Completed { failed, chunks }
@@ -313,7 +322,8 @@ impl Idempotency {
                 let record = Recorded {
                     status: status.as_u16(),
                     headers,
-                    chunks,
+                    chunks: chunks.filter(|_| keep_content),
+                    unstored: !keep_content,
                 };
                 match serde_json::to_vec(&record) {
                     Ok(bytes) => {
@@ -376,6 +386,12 @@ fn replay(bytes: &[u8]) -> Response {
         .into_response();
     };
     let Some(chunks) = recorded.chunks.clone() else {
+        if recorded.unstored {
+            return conflict(
+                "idempotency_response_not_stored",
+                "The request with this Idempotency-Key finished, but it set `store: false`, so its response was not kept. Send it again with a new Idempotency-Key to run it again.",
+            );
+        }
         return conflict(
             "idempotency_response_unavailable",
             "The request with this Idempotency-Key finished, but its response was too large to keep for replay.",

@@ -58,14 +58,15 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
 /// The fingerprint of a request: its method, path and body, where a JSON body counts by its
 /// content (object keys sorted, whitespace ignored), so a client that re-serialises the same
 /// request is not refused.
-pub(crate) fn fingerprint(method: &str, path: &str, body: &[u8]) -> String {
-    let canonical = match serde_json::from_slice::<Value>(body) {
+pub(crate) fn fingerprint(method: &str, path: &str, body: &[u8]) -> Fingerprint {
+    let (canonical, keep_content) = match serde_json::from_slice::<Value>(body) {
         Ok(value) => {
             let mut out = Vec::with_capacity(body.len());
             write_canonical(&value, &mut out);
-            out
+            let keep = value.get("store").and_then(Value::as_bool) != Some(false);
+            (out, keep)
         }
-        Err(_) => body.to_vec(),
+        Err(_) => (body.to_vec(), true),
     };
     let mut hasher = Sha256::new();
     hasher.update(method.as_bytes());
@@ -73,11 +74,23 @@ pub(crate) fn fingerprint(method: &str, path: &str, body: &[u8]) -> String {
     hasher.update(path.as_bytes());
     hasher.update(b"\n");
     hasher.update(&canonical);
-    hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    Fingerprint {
+        hash: hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        keep_content,
+    }
+}
+
+/// What a request is known by under its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fingerprint {
+    /// The hash of its method, path and canonical body.
+    pub hash: String,
+    /// Whether its response may be kept for replay: not when the body says `"store": false`.
+    pub keep_content: bool,
 }
 
 fn write_canonical(value: &Value, out: &mut Vec<u8>) {
@@ -118,8 +131,11 @@ pub(crate) struct Recorded {
     pub status: u16,
     /// Headers, in order.
     pub headers: Vec<(String, String)>,
-    /// Body chunks; `None` when the response was too large to keep.
+    /// Body chunks; `None` when the response was too large to keep, or not to be kept.
     pub chunks: Option<Vec<String>>,
+    /// The request said `"store": false`: its response was not kept.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unstored: bool,
 }
 
 impl Recorded {
@@ -179,6 +195,18 @@ mod tests {
     }
 
     #[test]
+    fn store_false_alone_keeps_no_content() {
+        assert!(fingerprint("POST", "/v1/x", br#"{"a":1}"#).keep_content);
+        assert!(fingerprint("POST", "/v1/x", br#"{"store":true}"#).keep_content);
+        assert!(fingerprint("POST", "/v1/x", b"not json").keep_content);
+        assert!(!fingerprint("POST", "/v1/x", br#"{"store":false}"#).keep_content);
+        // An unstored record says so, and reads back from records written before the flag.
+        let old: Recorded =
+            serde_json::from_str(r#"{"status":200,"headers":[],"chunks":null}"#).unwrap();
+        assert!(!old.unstored);
+    }
+
+    #[test]
     fn keys_are_checked() {
         let mut h = HeaderMap::new();
         assert!(key(&h).is_none());
@@ -205,6 +233,7 @@ mod tests {
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
             chunks: Some(vec!["data: {}\n\n".into(), "data: [DONE]\n\n".into()]),
+            unstored: false,
         };
         let bytes = serde_json::to_vec(&r).unwrap();
         assert_eq!(serde_json::from_slice::<Recorded>(&bytes).unwrap(), r);

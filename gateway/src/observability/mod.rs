@@ -4,4 +4,9 @@ mod engine_metrics;
 mod logging;
 pub mod metrics;
 
-pub use logging::{LogFormat, init_logging};
+pub use logging::{LogFormat, LoggingSettings, RawLogging, client_text, init_logging};
+
+/// Applies the `[logging]` policy.
+pub fn apply_logging(settings: LoggingSettings) {
+    logging::apply(settings);
+}

@@ -76,6 +76,7 @@ impl Server {
         metrics::handle();
         metrics::initialize();
         metrics::set_tenant_label(config.metrics.tenant_label);
+        crate::observability::apply_logging(config.logging);
         let tls = match &config.server.tls {
             Some(settings) => Some(TlsSource::new(settings.clone())?),
             None => None,

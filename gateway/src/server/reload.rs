@@ -120,6 +120,7 @@ impl Watch {
         let restart = needs_restart(&self.current, &next);
         self.tenancy.auth.replace(directory);
         metrics::set_tenant_label(next.metrics.tenant_label);
+        crate::observability::apply_logging(next.logging);
         tracing::info!(
             target: "turnpike::audit",
             event = "config_reloaded",
