@@ -18,6 +18,7 @@ fn sim(config: &str) -> EngineHandle {
 
 fn request(model: &str, params: GenerationParams) -> EngineRequest {
     EngineRequest {
+        trace_context: None,
         model: model.into(),
         prompt: vec![5, 6, 7],
         params,

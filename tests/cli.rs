@@ -43,7 +43,7 @@ fn plugin_check_passes_on_every_plugin() {
         );
         for line in [
             "plugin ",
-            "abi       1.0",
+            "abi       1.1",
             "model ",
             "generate  ok",
             "cancel    ok",

@@ -20,6 +20,7 @@ fn engine(fault: &str) -> EngineHandle {
 
 fn request(max_tokens: u32) -> EngineRequest {
     EngineRequest {
+        trace_context: None,
         model: "faulty".into(),
         prompt: vec![1, 2, 3],
         params: GenerationParams {

@@ -49,6 +49,7 @@ async fn run(
     p: GenerationParams,
 ) -> (Vec<u32>, FinalEvent) {
     let request = EngineRequest {
+        trace_context: None,
         model: model.into(),
         prompt: prompt.to_vec(),
         params: p,
@@ -165,6 +166,7 @@ async fn logprobs_are_well_formed() {
         ..params(20)
     };
     let request = EngineRequest {
+        trace_context: None,
         model: "sim".into(),
         prompt: vec![1],
         params: p,
@@ -199,6 +201,7 @@ async fn injected_faults() {
         {"id": "fail", "errors": {"fail_midstream_rate": 1.0, "fail_after_tokens": 3}}
     ]}));
     let request = |model: &str| EngineRequest {
+        trace_context: None,
         model: model.into(),
         prompt: vec![1],
         params: params(10),
@@ -226,6 +229,7 @@ async fn fault_rates_are_deterministic_per_seed() {
             .map(|_| {
                 engine
                     .submit(&EngineRequest {
+                        trace_context: None,
                         model: "sim".into(),
                         prompt: vec![1],
                         params: params(1),
@@ -249,6 +253,7 @@ async fn no_token_comes_before_the_latency_profile_allows() {
         sim(json!({"models": [{"id": "timed", "latency": {"ttft_ms": 80, "itl_ms": 10}}]}));
     let start = Instant::now();
     let request = EngineRequest {
+        trace_context: None,
         model: "timed".into(),
         prompt: vec![1],
         params: GenerationParams {
@@ -282,6 +287,7 @@ async fn the_queue_is_bounded_and_served_by_priority() {
         "models": [{"id": "m", "latency": {"ttft_ms": 100, "itl_ms": 5}}]
     }));
     let request = |priority: i32, max_tokens: u32| EngineRequest {
+        trace_context: None,
         model: "m".into(),
         prompt: vec![1],
         params: GenerationParams {
@@ -336,6 +342,7 @@ async fn with_no_queue_only_running_requests_are_accepted() {
         json!({"max_running": 2, "max_queued": 0, "models": [{"id": "m", "latency": {"itl_ms": 5}}]}),
     );
     let long = || EngineRequest {
+        trace_context: None,
         model: "m".into(),
         prompt: vec![1],
         params: GenerationParams {
@@ -366,6 +373,7 @@ async fn requests_the_model_cannot_serve_are_refused() {
     let submit = |prompt: Vec<u32>, p: GenerationParams| {
         engine
             .submit(&EngineRequest {
+                trace_context: None,
                 model: "m".into(),
                 prompt,
                 params: p,
@@ -509,6 +517,7 @@ async fn a_grammar_shapes_random_output() {
     }
     // What does not compile is refused at submit.
     let Err(bad) = engine.submit(&EngineRequest {
+        trace_context: None,
         model: "json".into(),
         prompt: vec![0],
         params: GenerationParams {

@@ -98,6 +98,7 @@ async fn through_sim(plugin: &Plugin) -> f64 {
         ..GenerationParams::default()
     };
     let request = EngineRequest {
+        trace_context: None,
         model: "bench".into(),
         prompt: vec![1, 2, 3],
         params,

@@ -120,6 +120,7 @@ pub async fn run_with(
     let mut tasks = tokio::task::JoinSet::new();
     for prompt in prompts {
         let request = EngineRequest {
+            trace_context: None,
             model: model.into(),
             prompt,
             params: params.clone(),

@@ -36,8 +36,10 @@ const struct TpEngineApiV1 *turnpike_engine_v1(void);
 
 /*
  Minor version of this ABI. Minors only append fields and functions.
+
+ - 1: `TpRequestV1.trace_context`.
  */
-#define TP_ABI_MINOR 0
+#define TP_ABI_MINOR 1
 
 /*
  Event flag: `logprob` is set (`TP_EVENT_TOKEN`).
@@ -178,6 +180,13 @@ typedef struct TpRequestV1 {
      model's capabilities declare it.
      */
     struct TpStr params_json;
+    /*
+     Since minor 1: the W3C trace context of the host's span for this request
+     (`traceparent`, e.g. `00-<32 hex trace id>-<16 hex span id>-01`), empty when the request
+     is not traced or the host is older. A plugin may make its own spans children of it, and
+     should send it on (as the `traceparent` header) to servers it calls for this request.
+     */
+    struct TpStr trace_context;
 } TpRequestV1;
 
 /*

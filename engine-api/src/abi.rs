@@ -16,7 +16,9 @@ use std::ffi::{c_char, c_void};
 /// Major version of this ABI. A new major means a new entry symbol (`turnpike_engine_v2`).
 pub const TP_ABI_MAJOR: u16 = 1;
 /// Minor version of this ABI. Minors only append fields and functions.
-pub const TP_ABI_MINOR: u16 = 0;
+///
+/// - 1: `TpRequestV1.trace_context`.
+pub const TP_ABI_MINOR: u16 = 1;
 /// Name of the symbol a plugin exports for ABI major 1:
 /// `const TpEngineApiV1 *turnpike_engine_v1(void);`
 pub const TP_ENTRY_SYMBOL_V1: &str = "turnpike_engine_v1";
@@ -154,6 +156,11 @@ pub struct TpRequestV1 {
     /// request_id, ...). Unknown keys must be ignored: the host sends a parameter only when the
     /// model's capabilities declare it.
     pub params_json: TpStr,
+    /// Since minor 1: the W3C trace context of the host's span for this request
+    /// (`traceparent`, e.g. `00-<32 hex trace id>-<16 hex span id>-01`), empty when the request
+    /// is not traced or the host is older. A plugin may make its own spans children of it, and
+    /// should send it on (as the `traceparent` header) to servers it calls for this request.
+    pub trace_context: TpStr,
 }
 
 /// An embeddings request. Borrowed for the duration of `embed`.

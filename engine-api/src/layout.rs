@@ -94,7 +94,7 @@ pub const ENGINE_API_V1_MIN_SIZE: u32 =
     (offset_of!(TpEngineApiV1, cancel) + size_of::<usize>()) as u32;
 /// Size of a v1.0 host table, the smallest a plugin accepts.
 pub const HOST_V1_0_SIZE: u32 = (offset_of!(TpHostV1, log) + size_of::<usize>()) as u32;
-/// Size of a v1.0 request, the smallest a plugin accepts.
+/// Size of a v1.0 request, the smallest a plugin accepts (minor 1 appended `trace_context`).
 pub const REQUEST_V1_0_SIZE: u32 =
     (offset_of!(TpRequestV1, params_json) + size_of::<TpStr>()) as u32;
 /// Size of a v1.0 embeddings request, the smallest a plugin accepts.
@@ -225,8 +225,16 @@ mod tests {
     }
 
     #[test]
-    fn v1_0_sizes_are_the_full_structs() {
-        assert_eq!(REQUEST_V1_0_SIZE as usize, size_of::<TpRequestV1>());
+    fn v1_0_sizes_are_the_structs_of_minor_0() {
+        // Minor 1 appended `trace_context` to the request; a v1.0 request stops before it.
+        assert_eq!(
+            REQUEST_V1_0_SIZE as usize,
+            offset_of!(TpRequestV1, trace_context)
+        );
+        assert_eq!(
+            REQUEST_V1_0_SIZE as usize + size_of::<TpStr>(),
+            size_of::<TpRequestV1>()
+        );
         assert_eq!(EVENT_V1_0_SIZE as usize, size_of::<TpEventV1>());
         assert_eq!(HOST_V1_0_SIZE as usize, size_of::<TpHostV1>());
         assert_eq!(

@@ -209,6 +209,9 @@ pub(super) fn newer_host_request(kit: &Kit<'_>) -> Result<(), Miss> {
             model: layout::tp_str(&kit.model.id),
             prompt: layout::tp_tokens(&prompt),
             params_json: layout::tp_str(params),
+            trace_context: layout::tp_str(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
         },
         unknown_field: u64::MAX,
     };

@@ -25,6 +25,8 @@ pub struct EngineRequest {
     pub prompt: Vec<u32>,
     /// Generation parameters.
     pub params: GenerationParams,
+    /// The W3C `traceparent` of the host's span for it, when traced (`TpRequestV1.trace_context`).
+    pub trace_context: Option<String>,
 }
 
 struct EngineInner {
@@ -174,8 +176,10 @@ impl EngineHandle {
         let params = serde_json::to_string(&request.params)
             .map_err(|e| EngineError::internal(format!("cannot serialise parameters: {e}")))?;
         let (sink, events) = sink_pair();
+        let trace = request.trace_context.as_deref().unwrap_or("");
         // SAFETY: a fresh bridge sink, handed to this one submit only.
-        let id = unsafe { self.submit_raw(&request.model, &request.prompt, &params, sink) }?;
+        let id =
+            unsafe { self.submit_parts(&request.model, &request.prompt, &params, trace, sink) }?;
         Ok(EventStream {
             events,
             id,
@@ -197,6 +201,22 @@ impl EngineHandle {
         params_json: &str,
         sink: TpSinkV1,
     ) -> Result<u64, EngineError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.submit_parts(model, prompt, params_json, "", sink) }
+    }
+
+    /// [`Self::submit_raw`] with the request's trace context.
+    ///
+    /// # Safety
+    /// As [`Self::submit_raw`].
+    unsafe fn submit_parts(
+        &self,
+        model: &str,
+        prompt: &[u32],
+        params_json: &str,
+        trace_context: &str,
+        sink: TpSinkV1,
+    ) -> Result<u64, EngineError> {
         let id = self.next_request_id();
         let request = TpRequestV1 {
             struct_size: size_of::<TpRequestV1>() as u32,
@@ -205,6 +225,7 @@ impl EngineHandle {
             model: layout::tp_str(model),
             prompt: layout::tp_tokens(prompt),
             params_json: layout::tp_str(params_json),
+            trace_context: layout::tp_str(trace_context),
         };
         // SAFETY: `request` borrows data that outlives the call; the caller vouches for `sink`.
         unsafe { self.submit_request(&request, sink) }.map(|()| id)

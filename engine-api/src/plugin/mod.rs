@@ -83,6 +83,9 @@ pub struct Request {
     pub prompt: Vec<u32>,
     /// Parsed, range-checked parameters.
     pub params: GenerationParams,
+    /// The host's W3C `traceparent` for this request; empty when it is not traced (since ABI
+    /// minor 1). Send it on as the `traceparent` header to servers called for this request.
+    pub trace_context: String,
 }
 
 /// An embeddings request, owned.

@@ -190,6 +190,8 @@ fn parse_request(request: *const TpRequestV1) -> Result<Request, EngineError> {
         // SAFETY: the ABI makes `prompt` valid for the call.
         prompt: unsafe { layout::tokens(raw.prompt) }.to_vec(),
         params: GenerationParams::from_json(&params).map_err(EngineError::invalid_request)?,
+        // Zero (an older host) reads as empty.
+        trace_context: utf8(raw.trace_context, "trace_context")?,
     })
 }
 

@@ -18,7 +18,9 @@
 //! request that fails before its first token is retried on another replica ([`run`]); each
 //! replica's `/health` is probed on an interval ([`health`]), which opens and closes breakers
 //! without waiting for traffic. Cancelling a request closes its connection, which every one of
-//! these servers takes as its cancel. Requests run on the plugin's own small Tokio runtime.
+//! these servers takes as its cancel. Requests run on the plugin's own small Tokio runtime. A
+//! traced request carries the gateway's `traceparent` on to the server, so a Turnpike node (or
+//! any server that honours W3C trace context) continues the same trace.
 
 mod config;
 mod discovery;

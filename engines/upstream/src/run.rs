@@ -110,10 +110,13 @@ async fn attempt(
 ) -> Attempt {
     let protocol = model.config.protocol;
     let started = Instant::now();
-    let request = match hyper::Request::post(format!("{}{}", replica.url, protocol.path()))
-        .header("content-type", "application/json")
-        .body(Full::new(body.clone()))
-    {
+    let mut builder = hyper::Request::post(format!("{}{}", replica.url, protocol.path()))
+        .header("content-type", "application/json");
+    if !req.trace_context.is_empty() {
+        // The gateway's trace goes on to the server (W3C trace context).
+        builder = builder.header("traceparent", req.trace_context.as_str());
+    }
+    let request = match builder.body(Full::new(body.clone())) {
         Ok(r) => r,
         Err(e) => return Attempt::Refused(Status::Internal, e.to_string(), sink),
     };

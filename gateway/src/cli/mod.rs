@@ -122,6 +122,9 @@ pub enum CliError {
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
+    /// Traces cannot be exported as configured.
+    #[error(transparent)]
+    Traces(#[from] crate::observability::traces::TracesError),
 }
 
 /// Runs a parsed command line; user-facing output goes to `out`.
@@ -160,6 +163,9 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), CliError> {
         .enable_all()
         .build()
         .map_err(CliError::Runtime)?;
+    if let Some(tracing) = &config.tracing {
+        crate::observability::traces::install(tracing, runtime.handle().clone())?;
+    }
     runtime.block_on(async {
         let mut server = Server::bind(&config).await?;
         if let Some(file) = args.config.clone() {
@@ -189,6 +195,9 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), CliError> {
         server.run(shutdown_signal()).await?;
         Ok::<(), CliError>(())
     })?;
+    // The last spans go out while the runtime still runs their exporter's requests.
+    let flushing = std::thread::spawn(crate::observability::traces::flush);
+    let _ = flushing.join();
     // Engines are destroyed as the registry drops; give in-flight plugin threads a moment.
     runtime.shutdown_timeout(Duration::from_secs(5));
     Ok(())

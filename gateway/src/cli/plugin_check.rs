@@ -172,6 +172,7 @@ fn submit(
     params: GenerationParams,
 ) -> Result<EventStream, String> {
     let request = EngineRequest {
+        trace_context: None,
         model: model.id.clone(),
         prompt: conformance::sample_prompt(model),
         params,

@@ -49,6 +49,7 @@ pub(super) fn config(
         server,
         metrics: Default::default(),
         logging: Default::default(),
+        tracing: None,
         engines: vec![EngineConfig {
             name: "default".into(),
             plugin: plugin_beside_binary("turnpike_cuda"),

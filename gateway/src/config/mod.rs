@@ -72,6 +72,8 @@ pub struct Config {
     pub metrics: crate::observability::metrics::MetricsSettings,
     /// How client-supplied text appears in logs.
     pub logging: crate::observability::LoggingSettings,
+    /// Where traces go; `None` exports none.
+    pub tracing: Option<crate::observability::traces::TracingSettings>,
 }
 
 /// Checks a tenant name (letters, digits, `-`, `_`, `.`; at most 64).

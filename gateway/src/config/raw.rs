@@ -40,6 +40,8 @@ pub(super) struct RawConfig {
     metrics: crate::observability::metrics::RawMetrics,
     #[serde(default)]
     logging: crate::observability::RawLogging,
+    #[serde(default)]
+    tracing: Option<crate::observability::traces::RawTracing>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -218,6 +220,7 @@ impl RawConfig {
         let defaults = self.defaults.validate()?;
         let metrics = self.metrics.validate();
         let logging = self.logging.validate()?;
+        let tracing = self.tracing.map(|t| t.validate()).transpose()?;
         let tenancy = crate::tenancy::settings::RawTenancy {
             auth: self.auth,
             plans: self.plans,
@@ -235,6 +238,7 @@ impl RawConfig {
                 .map(|config| Config {
                     metrics,
                     logging,
+                    tracing,
                     ..config
                 })
                 .map_err(|e| format!("built-in default: {e}"));
@@ -272,6 +276,7 @@ impl RawConfig {
             tenancy,
             metrics,
             logging,
+            tracing,
         })
     }
 }

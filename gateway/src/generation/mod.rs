@@ -21,6 +21,8 @@ mod tokens;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 pub(crate) use crate::pipeline::request::{
     GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, ToolChoice, Tools,
 };
@@ -116,7 +118,9 @@ impl Prepared {
 
     /// Waits, until `deadline`, for its place in the model's queue.
     pub async fn seated(&mut self, deadline: Instant) -> Result<(), ApiError> {
-        self.admission.seated(deadline).await
+        let queue_wait =
+            tracing::info_span!(target: crate::observability::traces::TARGET, "queue_wait");
+        self.admission.seated(deadline).instrument(queue_wait).await
     }
 
     /// Submits to the engine; a refusal is an error before any response is sent.
@@ -253,12 +257,22 @@ impl Generator {
         wait: bool,
     ) -> Result<Prepared, ApiError> {
         let model = self.model_for(caller, &req.model)?;
-        let mut plan = plan::plan(req, &model, &self.defaults, id, self.timing.retry_after)?;
+        let tokenize = tracing::info_span!(
+            target: crate::observability::traces::TARGET,
+            "tokenize",
+            prompt_tokens = tracing::field::Empty,
+        );
+        let mut plan = tokenize
+            .in_scope(|| plan::plan(req, &model, &self.defaults, id, self.timing.retry_after))?;
+        tokenize.record("prompt_tokens", plan.prompt_tokens() as i64);
+        drop(tokenize);
         // The engine schedules fairly between tenants by these.
         let tenant = &caller.principal.tenant;
         plan.job.params.tenant = Some(tenant.name.clone());
         plan.job.params.tenant_weight = tenant.plan.weight;
         let deadline = started + self.timing.request_timeout;
+        let queue_wait =
+            tracing::info_span!(target: crate::observability::traces::TARGET, "queue_wait");
         let admission = self
             .tenancy
             .admit(
@@ -270,6 +284,7 @@ impl Generator {
                 deadline,
                 wait,
             )
+            .instrument(queue_wait)
             .await?;
         Ok(Prepared {
             model,

@@ -24,6 +24,10 @@ pub(crate) struct RequestRecord {
     pub stream: bool,
     /// When it arrived.
     pub started: Instant,
+    /// The caller's correlation id (`X-Request-Trace`).
+    correlation: Option<std::sync::Arc<str>>,
+    /// The trace the request belongs to, when traces are exported.
+    trace_id: Option<String>,
     /// When the first text or tool call was ready.
     first_output: OnceLock<Instant>,
     /// Accounted already.
@@ -47,9 +51,17 @@ impl RequestRecord {
             user,
             stream,
             started,
+            correlation: None,
+            trace_id: crate::observability::traces::trace_id(&tracing::Span::current()),
             first_output: OnceLock::new(),
             settled: AtomicBool::new(false),
         }
+    }
+
+    /// The same record, with the caller's correlation id.
+    pub(crate) fn correlated(mut self, id: Option<std::sync::Arc<str>>) -> Self {
+        self.correlation = id;
+        self
     }
 
     /// The first text or tool call was ready at `at` (the first call counts): the time to first
@@ -78,6 +90,8 @@ impl RequestRecord {
             model = %self.model,
             user = %crate::observability::client_text(self.user.as_deref().unwrap_or("")),
             stream = self.stream,
+            correlation_id = self.correlation.as_deref().unwrap_or(""),
+            trace_id = self.trace_id.as_deref().unwrap_or(""),
             prompt_tokens,
             completion_tokens,
             ms = self.started.elapsed().as_secs_f64() * 1e3,
@@ -95,6 +109,8 @@ impl RequestRecord {
             model = %self.model,
             user = %crate::observability::client_text(self.user.as_deref().unwrap_or("")),
             stream = self.stream,
+            correlation_id = self.correlation.as_deref().unwrap_or(""),
+            trace_id = self.trace_id.as_deref().unwrap_or(""),
             status = error.status().as_u16(),
             code = error.detail().code.unwrap_or(""),
             ms = self.started.elapsed().as_secs_f64() * 1e3,
@@ -116,6 +132,8 @@ impl Drop for RequestRecord {
             model = %self.model,
             user = %crate::observability::client_text(self.user.as_deref().unwrap_or("")),
             stream = self.stream,
+            correlation_id = self.correlation.as_deref().unwrap_or(""),
+            trace_id = self.trace_id.as_deref().unwrap_or(""),
             ms = self.started.elapsed().as_secs_f64() * 1e3,
             "request abandoned by the client"
         );

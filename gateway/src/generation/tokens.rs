@@ -158,6 +158,7 @@ impl Generator {
             )
             .await?;
         let request = EngineRequest {
+            trace_context: crate::observability::traces::traceparent(&tracing::Span::current()),
             model: model.info.id.clone(),
             prompt: req.prompt,
             params: req.params,

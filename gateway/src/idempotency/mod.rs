@@ -39,6 +39,7 @@ use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
+use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::observability::metrics;
@@ -184,9 +185,12 @@ impl Idempotency {
         );
         let owner = crate::ids::new_id("own-");
         loop {
+            let begin_span =
+                tracing::info_span!(target: crate::observability::traces::TARGET, "idempotency");
             match self
                 .store
                 .begin(&scoped, &fingerprint.hash, &owner, self.settings.lease)
+                .instrument(begin_span)
                 .await
             {
                 Ok(Begin::Started) => break,
@@ -250,7 +254,11 @@ impl Idempotency {
         // The work runs on its own, for as long as anyone listens; this request is one listener.
         let this = Arc::clone(self);
         let keep_content = fingerprint.keep_content;
-        tokio::spawn(this.drive(scoped, owner, hub, keep_content, work()));
+        // The work stays in the request's trace.
+        tokio::spawn(
+            this.drive(scoped, owner, hub, keep_content, work())
+                .in_current_span(),
+        );
         respond(listener, false).await.unwrap_or_else(still_running)
     }
 

@@ -16,24 +16,61 @@ pub enum LogFormat {
     Text,
 }
 
-/// Installs the global subscriber, filtered by `RUST_LOG` or else `default_level`; a second call
-/// does nothing.
+/// The filter's directives as configured (`RUST_LOG` or the default level), and the handle that
+/// swaps the filter when traces are turned on.
+struct Filter {
+    directives: String,
+    handle: tracing_subscriber::reload::Handle<EnvFilter, tracing_subscriber::Registry>,
+}
+
+static FILTER: std::sync::OnceLock<Filter> = std::sync::OnceLock::new();
+
+/// `directives` with trace spans on or off.
+fn filter(directives: &str, traces: bool) -> EnvFilter {
+    let level = if traces { "info" } else { "off" };
+    let text = format!("{directives},{}={level}", super::traces::TARGET);
+    EnvFilter::try_new(&text)
+        .unwrap_or_else(|_| EnvFilter::new(format!("info,{}={level}", super::traces::TARGET)))
+}
+
+/// Installs the global subscriber, filtered by `RUST_LOG` or else `default_level`, with the
+/// (idle) trace layer; a second call does nothing.
 pub fn init_logging(format: LogFormat, default_level: &str) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let directives = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|d| EnvFilter::try_new(d).is_ok())
+        .unwrap_or_else(|| default_level.to_string());
+    let (filter_layer, handle) = tracing_subscriber::reload::Layer::new(filter(&directives, false));
     let json = match format {
         LogFormat::Auto => !std::io::stderr().is_terminal(),
         LogFormat::Json => true,
         LogFormat::Text => false,
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().flatten_event(true).try_init()
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry()
+        .with(filter_layer)
+        .with(super::traces::layer());
+    let installed = if json {
+        registry
+            .with(fmt.json().flatten_event(true).with_span_list(false))
+            .try_init()
     } else {
-        builder.try_init()
+        registry.with(fmt).try_init()
     };
+    if installed.is_ok() {
+        let _ = FILTER.set(Filter { directives, handle });
+    }
+}
+
+/// Lets trace spans be created (see `traces`).
+pub(super) fn enable_traces() {
+    if let Some(f) = FILTER.get()
+        && let Err(e) = f.handle.reload(filter(&f.directives, true))
+    {
+        tracing::warn!(error = %e, "cannot turn trace spans on");
+    }
 }
 
 /// What `[logging]` configures: how text a client supplies appears in log lines. Prompts and

@@ -1,8 +1,9 @@
-//! Observability: JSON or text logs, and Prometheus metrics. Traces join here.
+//! Observability: JSON or text logs, Prometheus metrics, and OpenTelemetry traces.
 
 mod engine_metrics;
 mod logging;
 pub mod metrics;
+pub mod traces;
 
 pub use logging::{LogFormat, LoggingSettings, RawLogging, client_text, init_logging};
 

@@ -23,6 +23,7 @@ use turnpike_engine_api::{
 use crate::engine_host::{EngineRun, ServedModel};
 use crate::error::ApiError;
 use crate::lifecycle::Lifecycle;
+use crate::observability::traces::TARGET as TRACE;
 use crate::text::decode::IncrementalDecoder;
 use crate::text::reasoning::{ReasoningMarkers, ReasoningSplitter};
 use crate::text::stop::{StopMatcher, StopOutcome};
@@ -206,6 +207,47 @@ pub(crate) struct GenStream {
     check: Option<OutputCheck>,
     /// Completes when the server cuts running generations on shutdown.
     cut: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// The trace spans of the engine's part, when traced.
+    spans: Option<EngineSpans>,
+}
+
+/// `engine`, from submit to the end, and beneath it `prefill` (to the first event), then
+/// `decode`.
+#[derive(Debug)]
+struct EngineSpans {
+    engine: tracing::Span,
+    phase: tracing::Span,
+    decoding: bool,
+}
+
+impl EngineSpans {
+    fn start(model: &str, prompt_tokens: u64) -> Option<Self> {
+        let engine = tracing::info_span!(
+            target: TRACE,
+            "engine",
+            model = model,
+            // Signed: OpenTelemetry's integers are i64 (a u64 would go as a string).
+            prompt_tokens = i64::try_from(prompt_tokens).unwrap_or(i64::MAX),
+            completion_tokens = tracing::field::Empty,
+        );
+        if engine.is_disabled() {
+            return None;
+        }
+        let phase = tracing::info_span!(target: TRACE, parent: &engine, "prefill");
+        Some(Self {
+            engine,
+            phase,
+            decoding: false,
+        })
+    }
+
+    /// The first event came: prefill is over.
+    fn first_event(&mut self) {
+        if !self.decoding {
+            self.decoding = true;
+            self.phase = tracing::info_span!(target: TRACE, parent: &self.engine, "decode");
+        }
+    }
 }
 
 impl std::fmt::Debug for GenStream {
@@ -220,6 +262,11 @@ impl std::fmt::Debug for GenStream {
 /// Starts every engine request; an engine refusal is an error before any response is sent.
 pub(crate) fn start(job: Job, lifecycle: &Lifecycle) -> Result<GenStream, ApiError> {
     let n = job.params.n;
+    let prompt_tokens = job.prompts.iter().map(|p| p.len() as u64).sum();
+    let spans = EngineSpans::start(&job.model.id, prompt_tokens);
+    let trace_context = spans
+        .as_ref()
+        .and_then(|s| crate::observability::traces::traceparent(&s.engine));
     let mut runs = Vec::with_capacity(job.prompts.len());
     let mut choices = Vec::with_capacity(job.prompts.len() * n as usize);
     let mut totals = Totals::default();
@@ -229,6 +276,7 @@ pub(crate) fn start(job: Job, lifecycle: &Lifecycle) -> Result<GenStream, ApiErr
             model: job.model.info.id.clone(),
             prompt,
             params: job.params.clone(),
+            trace_context: trace_context.clone(),
         };
         // On refusal, dropping `runs` cancels the requests already started.
         let run = job
@@ -280,6 +328,7 @@ pub(crate) fn start(job: Job, lifecycle: &Lifecycle) -> Result<GenStream, ApiErr
         tokens_seen: 0,
         check: job.check,
         cut: Box::pin(lifecycle.cut_signal()),
+        spans,
     })
 }
 
@@ -533,6 +582,11 @@ impl Stream for GenStream {
             }
             if this.runs.iter().all(|r| r.ended) {
                 this.done = true;
+                if let Some(spans) = this.spans.take() {
+                    spans
+                        .engine
+                        .record("completion_tokens", this.totals.completion as i64);
+                }
                 this.pending.push_back(GenEvent::Usage(this.totals));
                 continue;
             }
@@ -546,6 +600,9 @@ impl Stream for GenStream {
                 match this.runs[i].run.events.as_mut().poll_next(cx) {
                     Poll::Ready(Some(event)) => {
                         this.next_run = (i + 1) % count;
+                        if let Some(spans) = this.spans.as_mut() {
+                            spans.first_event();
+                        }
                         this.on_event(i, event);
                         progressed = true;
                         break;

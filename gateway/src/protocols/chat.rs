@@ -115,7 +115,8 @@ pub(crate) async fn complete(
         req.user.clone(),
         req.stream.unwrap_or(false),
         call.started,
-    );
+    )
+    .correlated(call.caller.correlation.clone());
     let Started {
         stream,
         record,

@@ -129,7 +129,8 @@ pub(crate) async fn complete(call: Call<'_>, req: &CompletionRequest) -> Result<
         req.user.clone(),
         req.stream.unwrap_or(false),
         call.started,
-    );
+    )
+    .correlated(call.caller.correlation.clone());
     let Started {
         stream,
         record,

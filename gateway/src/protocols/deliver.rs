@@ -4,6 +4,8 @@
 
 use super::StreamSettings;
 use super::render::{self, Events, Render, Timing};
+use tracing::Instrument;
+
 use crate::error::ApiError;
 use crate::generation::Generation;
 use crate::generation::record::RequestRecord;
@@ -17,8 +19,8 @@ pub(crate) enum Delivered<R> {
     Folded {
         /// Every choice and the usage.
         folded: Folded,
-        /// The request.
-        record: RequestRecord,
+        /// The request (boxed: it outweighs the streamed variant).
+        record: Box<RequestRecord>,
         /// What the stream would have been rendered with.
         renderer: R,
     },
@@ -58,12 +60,16 @@ pub(crate) async fn deliver<R: Render>(
             heartbeat: settings.heartbeat,
             deadline,
             record,
+            span: tracing::info_span!(target: crate::observability::traces::TARGET, "render", stream = true),
         };
         return Ok(Delivered::Streamed(render::events(
             stream, first, renderer, timing,
         )));
     }
+    let render =
+        tracing::info_span!(target: crate::observability::traces::TARGET, "render", stream = false);
     let folded = tokio::time::timeout_at(deadline.into(), fold::fold(stream, choices))
+        .instrument(render)
         .await
         .map_err(|_| ApiError::Timeout(settings.request_timeout))
         .and_then(|folded| folded)
@@ -74,7 +80,7 @@ pub(crate) async fn deliver<R: Render>(
     record.ended(folded.totals.prompt, folded.totals.completion);
     Ok(Delivered::Folded {
         folded,
-        record,
+        record: Box::new(record),
         renderer,
     })
 }

@@ -40,7 +40,8 @@ pub(crate) async fn embed(call: Call<'_>, req: EmbeddingRequest) -> Result<Reply
         req.user,
         false,
         call.started,
-    );
+    )
+    .correlated(call.caller.correlation.clone());
     record.ended(embedded.prompt_tokens, 0);
     let data = embedded
         .vectors

@@ -128,6 +128,8 @@ pub(crate) struct Timing {
     pub deadline: Instant,
     /// The request, accounted when the stream ends.
     pub record: RequestRecord,
+    /// The `render` trace span, open while the stream is rendered.
+    pub span: tracing::Span,
 }
 
 struct Driver<R> {
@@ -142,6 +144,8 @@ struct Driver<R> {
 
 impl<R: Render> Driver<R> {
     fn on_event(&mut self, event: Option<GenEvent>) {
+        let span = self.timing.span.clone();
+        let _rendering = span.enter();
         match event {
             None => {
                 self.out.push_back(Out::Done);

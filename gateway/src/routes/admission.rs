@@ -10,6 +10,7 @@ use axum::extract::{Request, State};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use tracing::Instrument;
 
 use super::AppState;
 use crate::clock::unix_now;
@@ -26,7 +27,10 @@ pub(super) async fn admission(
     let started = Instant::now();
     let tenancy = &state.tenancy;
     let now = i64::try_from(unix_now()).unwrap_or(i64::MAX);
-    let principal = match tenancy.auth.authenticate(request.headers(), now) {
+    let auth_span = tracing::info_span!(target: crate::observability::traces::TARGET, "auth");
+    let authenticated = auth_span.in_scope(|| tenancy.auth.authenticate(request.headers(), now));
+    drop(auth_span);
+    let principal = match authenticated {
         Ok(p) => p,
         Err(e) => return refuse(request, e, &LimitReport::default(), &state).await,
     };
@@ -43,9 +47,16 @@ pub(super) async fn admission(
     if let Err(e) = json_body(&request) {
         return refuse(request, e, &LimitReport::default(), &state).await;
     }
-    let caller = Caller::new(Arc::new(principal));
+    let caller =
+        Caller::new(Arc::new(principal)).correlated(super::trace::correlation_id(&request));
     let mut report = LimitReport::default();
-    if let Err(e) = tenancy.limiter.hit(&caller.principal, &mut report).await {
+    let limits_span = tracing::info_span!(target: crate::observability::traces::TARGET, "limits");
+    let limited = tenancy
+        .limiter
+        .hit(&caller.principal, &mut report)
+        .instrument(limits_span)
+        .await;
+    if let Err(e) = limited {
         return refuse(request, e, &report, &state).await;
     }
     caller.report(|r| r.requests = report.requests);

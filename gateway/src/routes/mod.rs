@@ -18,6 +18,7 @@ mod responses;
 mod responses_ws;
 pub mod settings;
 mod sse;
+mod trace;
 mod turn;
 mod websocket;
 
@@ -166,6 +167,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), body_deadline))
         .layer(middleware::from_fn(count_requests))
+        .layer(middleware::from_fn(trace::trace_request))
         .with_state(state);
     match cors {
         // Outermost, so preflights are answered before routing and every response is marked.

@@ -25,6 +25,8 @@ pub struct Caller {
     pub principal: Arc<Principal>,
     /// The limit levels seen so far, for the response headers.
     pub report: Arc<Mutex<LimitReport>>,
+    /// The caller's correlation id (`X-Request-Trace`), for the request's log line.
+    pub correlation: Option<Arc<str>>,
 }
 
 impl Caller {
@@ -33,7 +35,14 @@ impl Caller {
         Self {
             principal,
             report: Arc::default(),
+            correlation: None,
         }
+    }
+
+    /// The same caller, with its correlation id.
+    pub fn correlated(mut self, id: Option<&str>) -> Self {
+        self.correlation = id.map(Arc::from);
+        self
     }
 
     /// Updates the report.

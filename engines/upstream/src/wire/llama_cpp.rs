@@ -108,6 +108,7 @@ mod tests {
             id: 1,
             model: "m".into(),
             prompt: vec![1, 2, 3],
+            trace_context: String::new(),
             params: GenerationParams {
                 max_tokens: 5,
                 logprobs: true,

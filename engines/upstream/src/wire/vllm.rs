@@ -147,6 +147,7 @@ mod tests {
             id: 1,
             model: "m".into(),
             prompt: vec![9, 8],
+            trace_context: String::new(),
             params: GenerationParams {
                 n: 2,
                 logprobs: true,

@@ -251,7 +251,8 @@ pub(crate) async fn respond(
             call.caller,
             &turn.generation,
             &turn.id,
-            turn.record(req, &req.model, call.started),
+            turn.record(req, &req.model, call.started)
+                .correlated(call.caller.correlation.clone()),
         )
         .await?;
     let base = turn.base(req, logprobs);
@@ -304,7 +305,9 @@ async fn background(
         .generator
         .prepare(call.caller, &turn.generation, &turn.id, call.started, false)
         .await?;
-    let record = turn.record(req, &prepared.model.id, call.started);
+    let record = turn
+        .record(req, &prepared.model.id, call.started)
+        .correlated(call.caller.correlation.clone());
     responses.running.check_room()?;
     let base = turn.base(req, prepared.logprobs());
     let items = turn.items.clone();

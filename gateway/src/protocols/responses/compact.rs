@@ -81,7 +81,9 @@ pub(crate) async fn compact(
         ..req.clone()
     };
     let turn = begin(call, responses, &summarise, None).await?;
-    let record = turn.record(&summarise, &req.model, call.started);
+    let record = turn
+        .record(&summarise, &req.model, call.started)
+        .correlated(call.caller.correlation.clone());
     let Started {
         stream,
         record,
