@@ -13,15 +13,17 @@ from gateway_report import cpu, load
 GOAL = 0.9
 
 
-def main(runs: Path, results: Path, seconds: str, exported: str) -> None:
+def main(runs: Path, results: Path, seconds: str, exported: str, spans: str, dropped: str) -> None:
     doc = {"date": datetime.date.today().isoformat(), "cpu": cpu(), "seconds_per_run": int(seconds),
-           "exported_bytes": int(exported or 0), "runs": []}
+           "exported_bytes": int(exported or 0), "exported_spans": int(float(spans or 0)),
+           "dropped_spans": int(float(dropped or 0)), "runs": []}
     lines = ["# What tracing costs the gateway", "",
              f"The simulator at zero latency (about 20 output tokens); {doc['cpu']}, one machine, {seconds} s per "
              "run, oha, with `bench/run-tracing.sh`. Traced: every request sampled (`sample_ratio = 1.0`), ten "
              "spans each, exported as OTLP/HTTP protobuf in batches to a local sink "
-             f"({doc['exported_bytes'] / 1e6:.1f} MB received). Ratios are traced over untraced "
-             f"(goal ≥ {GOAL}).", "",
+             f"({doc['exported_spans']} spans, {doc['exported_bytes'] / 1e6:.1f} MB received, "
+             f"{doc['dropped_spans']} dropped at a full queue). Ratios are traced over untraced "
+             f"(goal ≥ {GOAL}); the sink runs on the same two cores.", "",
              "| case | requests/s untraced | requests/s traced | ratio | p99 untraced (ms) | p99 traced (ms) |",
              "|---|---:|---:|---:|---:|---:|"]
     for mode in ("plain", "stream"):
@@ -41,4 +43,4 @@ def main(runs: Path, results: Path, seconds: str, exported: str) -> None:
     print("\n".join(lines))
 
 
-main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "0")
+main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], *(sys.argv[4:7] + ["0"] * (7 - len(sys.argv))))

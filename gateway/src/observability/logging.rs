@@ -36,6 +36,7 @@ fn filter(directives: &str, traces: bool) -> EnvFilter {
 /// Installs the global subscriber, filtered by `RUST_LOG` or else `default_level`, with the
 /// (idle) trace layer; a second call does nothing.
 pub fn init_logging(format: LogFormat, default_level: &str) {
+    use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let directives = std::env::var("RUST_LOG")
@@ -48,16 +49,26 @@ pub fn init_logging(format: LogFormat, default_level: &str) {
         LogFormat::Json => true,
         LogFormat::Text => false,
     };
+    // Log lines do not carry trace spans (the request's line names its trace id): the writer
+    // never sees them, so it formats none of their fields.
+    let not_traces = tracing_subscriber::filter::filter_fn(|meta| {
+        !(meta.is_span() && meta.target() == super::traces::TARGET)
+    });
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let registry = tracing_subscriber::registry()
         .with(filter_layer)
         .with(super::traces::layer());
     let installed = if json {
         registry
-            .with(fmt.json().flatten_event(true).with_span_list(false))
+            .with(
+                fmt.json()
+                    .flatten_event(true)
+                    .with_span_list(false)
+                    .with_filter(not_traces),
+            )
             .try_init()
     } else {
-        registry.with(fmt).try_init()
+        registry.with(fmt.with_filter(not_traces)).try_init()
     };
     if installed.is_ok() {
         let _ = FILTER.set(Filter { directives, handle });

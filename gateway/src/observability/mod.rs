@@ -3,6 +3,7 @@
 mod engine_metrics;
 mod logging;
 pub mod metrics;
+mod trace_batch;
 pub mod traces;
 
 pub use logging::{LogFormat, LoggingSettings, RawLogging, client_text, init_logging};

@@ -4,7 +4,8 @@
 //!
 //! The `tracing` layer that turns spans into OpenTelemetry spans is installed with the logger at
 //! startup, before the configuration is read; what is not known then is held in two switches:
-//! the span processor (the batch exporter, set by [`install`]) and the sampling ratio. Until
+//! the span queue (`trace_batch`, drained into the exporter, set by [`install`]) and the
+//! sampler. Until
 //! [`install`], the log filter leaves [`TARGET`] off, so no span is even created and tracing
 //! costs nothing; `install` turns it on (see `logging`).
 //!
@@ -15,7 +16,6 @@
 //! join the trace and the upstream plugin sends it on to the engine servers it calls.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -26,10 +26,12 @@ use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
-    BatchSpanProcessor, Sampler, SdkTracerProvider, ShouldSample, SpanData, SpanProcessor,
+    Sampler, SdkTracerProvider, ShouldSample, SpanData, SpanExporter as _, SpanProcessor,
 };
 use serde::Deserialize;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::trace_batch::{Queue, Sizes};
 
 /// The `tracing` target of every span that becomes a trace span.
 pub const TARGET: &str = "turnpike::trace";
@@ -98,15 +100,25 @@ impl RawTracing {
 #[error("cannot set up the trace exporter: {0}")]
 pub struct TracesError(String);
 
-/// The provider behind the layer, and the switches it reads.
+/// The provider behind the layer, and the switch it reads.
 struct Switches {
     provider: SdkTracerProvider,
-    processor: Arc<OnceLock<BatchSpanProcessor>>,
+    queue: Arc<OnceLock<Arc<Queue>>>,
 }
 
+/// What [`flush`] needs: the queue, the exporter and the runtime its requests run on.
+struct Export {
+    queue: Arc<Queue>,
+    exporter: Arc<opentelemetry_otlp::SpanExporter>,
+    runtime: tokio::runtime::Handle,
+}
+
+static EXPORT: OnceLock<Export> = OnceLock::new();
+
 static SWITCHES: OnceLock<Switches> = OnceLock::new();
-/// The sampling ratio's bits (`f64::to_bits`); 0.0 until [`install`].
-static RATIO: AtomicU64 = AtomicU64::new(0);
+/// The sampler [`install`] sets: a sampled parent is followed, else the configured share of
+/// new traces is kept. Nothing is sampled before.
+static SAMPLER: OnceLock<Sampler> = OnceLock::new();
 
 /// The layer that makes OpenTelemetry spans of [`TARGET`] spans, for the logger to install.
 pub(super) fn layer<S>()
@@ -115,20 +127,23 @@ where
     S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
 {
     let switches = SWITCHES.get_or_init(|| {
-        let processor = Arc::new(OnceLock::new());
+        let queue = Arc::new(OnceLock::new());
         let provider = SdkTracerProvider::builder()
             .with_sampler(RatioSampler)
-            .with_span_processor(Switched(Arc::clone(&processor)))
+            .with_span_processor(Switched(Arc::clone(&queue)))
             .build();
-        Switches {
-            provider,
-            processor,
-        }
+        Switches { provider, queue }
     });
     tracing_opentelemetry::layer()
         .with_tracer(switches.provider.tracer("turnpike"))
+        // Only what a trace needs: no busy/idle times, thread, source location or target
+        // attributes on every span, and no OpenTelemetry context switch on every enter (a
+        // stream's body enters its span at each poll).
         .with_tracked_inactivity(false)
         .with_threads(false)
+        .with_location(false)
+        .with_target(false)
+        .with_context_activation(false)
 }
 
 /// Starts exporting: spans of [`TARGET`] are created from now on and sent to `settings`'
@@ -142,33 +157,45 @@ pub fn install(
             "the logger was set up without the trace layer".into(),
         ));
     };
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
-        .with_http_client(SpawnedClient::new(runtime))
+        .with_http_client(SpawnedClient::new(runtime.clone()))
         .with_protocol(Protocol::HttpBinary)
         .with_endpoint(settings.endpoint.clone())
         .with_timeout(Duration::from_secs(10))
         .build()
         .map_err(|e| TracesError(e.to_string()))?;
-    let mut processor = BatchSpanProcessor::builder(exporter).build();
-    processor.set_resource(
+    exporter.set_resource(
         &opentelemetry_sdk::Resource::builder_empty()
             .with_service_name(settings.service_name.clone())
             .build(),
     );
-    if switches.processor.set(processor).is_err() {
+    let queue = Queue::new(Sizes::from_env());
+    if switches.queue.set(Arc::clone(&queue)).is_err() {
         tracing::warn!("traces were already being exported; the first [tracing] stays");
+        return Ok(());
     }
-    RATIO.store(settings.sample_ratio.to_bits(), Ordering::Relaxed);
+    let exporter = Arc::new(exporter);
+    runtime.spawn(Arc::clone(&queue).run(Arc::clone(&exporter)));
+    let _ = EXPORT.set(Export {
+        queue,
+        exporter,
+        runtime,
+    });
+    let _ = SAMPLER.set(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+        settings.sample_ratio,
+    ))));
     super::logging::enable_traces();
     tracing::info!(endpoint = %settings.endpoint, ratio = settings.sample_ratio, "exporting traces");
     Ok(())
 }
 
-/// Sends the spans still buffered (on shutdown).
+/// Sends the spans still queued (on shutdown); call it from outside the runtime.
 pub fn flush() {
-    if let Some(processor) = SWITCHES.get().and_then(|s| s.processor.get()) {
-        let _ = processor.force_flush();
+    if let Some(export) = EXPORT.get() {
+        export
+            .runtime
+            .block_on(export.queue.export_all(export.exporter.as_ref()));
     }
 }
 
@@ -227,8 +254,7 @@ impl ShouldSample for RatioSampler {
         attributes: &[opentelemetry::KeyValue],
         links: &[opentelemetry::trace::Link],
     ) -> opentelemetry_sdk::trace::SamplingResult {
-        let ratio = f64::from_bits(RATIO.load(Ordering::Relaxed));
-        Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))).should_sample(
+        SAMPLER.get().unwrap_or(&Sampler::AlwaysOff).should_sample(
             parent_context,
             trace_id,
             name,
@@ -239,36 +265,30 @@ impl ShouldSample for RatioSampler {
     }
 }
 
-/// Forwards to the batch processor once there is one.
+/// Queues finished spans once there is a queue.
 #[derive(Debug)]
-struct Switched(Arc<OnceLock<BatchSpanProcessor>>);
+struct Switched(Arc<OnceLock<Arc<Queue>>>);
 
 impl SpanProcessor for Switched {
-    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
-        if let Some(p) = self.0.get() {
-            p.on_start(span, cx);
-        }
-    }
+    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
 
     fn on_end(&self, span: SpanData) {
-        if let Some(p) = self.0.get() {
-            p.on_end(span);
+        if let Some(queue) = self.0.get() {
+            queue.push(span);
         }
     }
 
     fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
-        self.0.get().map_or(Ok(()), SpanProcessor::force_flush)
+        Ok(())
     }
 
-    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
-        self.0
-            .get()
-            .map_or(Ok(()), |p| p.shutdown_with_timeout(timeout))
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        Ok(())
     }
 }
 
-/// The exporter's HTTP client: the batch processor exports from a thread of its own, outside
-/// any Tokio runtime, so each request runs on the server's runtime and is awaited from there.
+/// The exporter's HTTP client: each request runs on the server's runtime, so an export started
+/// from outside it (the flush on shutdown) works as well as the queue's own task.
 #[derive(Debug, Clone)]
 struct SpawnedClient {
     runtime: tokio::runtime::Handle,
@@ -282,6 +302,9 @@ impl SpawnedClient {
     fn new(runtime: tokio::runtime::Handle) -> Self {
         let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        // A request's head and body go out as separate writes: without this, Nagle's
+        // algorithm holds the body until the collector's delayed ACK (tens of milliseconds).
+        connector.set_nodelay(true);
         let client =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                 .build(connector);

@@ -60,7 +60,7 @@ pub(crate) async fn deliver<R: Render>(
             heartbeat: settings.heartbeat,
             deadline,
             record,
-            span: tracing::info_span!(target: crate::observability::traces::TARGET, "render", stream = true),
+            _span: tracing::info_span!(target: crate::observability::traces::TARGET, "render", stream = true),
         };
         return Ok(Delivered::Streamed(render::events(
             stream, first, renderer, timing,

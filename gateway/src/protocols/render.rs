@@ -128,8 +128,8 @@ pub(crate) struct Timing {
     pub deadline: Instant,
     /// The request, accounted when the stream ends.
     pub record: RequestRecord,
-    /// The `render` trace span, open while the stream is rendered.
-    pub span: tracing::Span,
+    /// The `render` trace span, held open while the stream is rendered.
+    pub _span: tracing::Span,
 }
 
 struct Driver<R> {
@@ -144,8 +144,6 @@ struct Driver<R> {
 
 impl<R: Render> Driver<R> {
     fn on_event(&mut self, event: Option<GenEvent>) {
-        let span = self.timing.span.clone();
-        let _rendering = span.enter();
         match event {
             None => {
                 self.out.push_back(Out::Done);

@@ -59,10 +59,22 @@ pub(super) async fn trace_request(request: Request, next: Next) -> Response {
     response
 }
 
-/// A response body that holds its request's span open (and polls inside it) until it ends.
+/// A response body that holds its request's span open until it ends. It does not enter the span
+/// at each poll: what runs in the body (the rendering of a stream) names its spans' parents
+/// itself, and entering costs on every chunk. It enters once as it drops, because the span's
+/// end time is its last exit (an entered span that is never entered again ends where the
+/// handler returned, before the stream).
 struct Spanned {
     body: Body,
     span: tracing::Span,
+}
+
+impl Drop for Spanned {
+    fn drop(&mut self) {
+        // The body first (its spans close inside the request's), then the request's end.
+        drop(std::mem::replace(&mut self.body, Body::empty()));
+        let _last = self.span.enter();
+    }
 }
 
 impl HttpBody for Spanned {
@@ -73,9 +85,7 @@ impl HttpBody for Spanned {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
-        let this = &mut *self;
-        let _entered = this.span.enter();
-        Pin::new(&mut this.body).poll_frame(cx)
+        Pin::new(&mut self.body).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
