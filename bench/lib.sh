@@ -104,13 +104,15 @@ start_litellm() { # on port 4102
 }
 
 # oha against URL with BODY (its `"stream"` set per mode), at 1 and 64 concurrent requests, into
-# $work/runs/NAME-MODE-cC.json.
+# $work/runs/NAME-MODE-cC.json; the array oha_flags adds flags (`--insecure` for a test
+# certificate).
+oha_flags=()
 run_load() { # NAME URL BODY_WITHOUT_CLOSING_BRACE
   local name="$1" url="$2" body="$3"
   for mode in plain stream; do
     local stream=false
     [ "$mode" = stream ] && stream=true
-    local args=(--no-tui --output-format json -m POST -H "content-type: application/json" -H "authorization: Bearer sk-bench" -d "$body,\"stream\":$stream}")
+    local args=(--no-tui "${oha_flags[@]}" --output-format json -m POST -H "content-type: application/json" -H "authorization: Bearer sk-bench" -d "$body,\"stream\":$stream}")
     "$work/tools/bin/oha" "${args[@]}" -c 16 -z 2s "$url" > /dev/null # warm-up
     for c in 1 64; do
       echo "  $name $mode c=$c"

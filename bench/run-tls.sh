@@ -26,21 +26,12 @@ server_toml 4120 > "$work/tls-off.toml"
 server_toml 4121 tls > "$work/tls-on.toml"
 
 chat='{"model":"sim","messages":[{"role":"user","content":"Hello, how are you today?"}],"max_tokens":20'
+oha_flags=(--insecure)
 load() { # NAME URL
-  local name="$1" url="$2"
-  for mode in plain stream; do
-    local stream=false
-    [ "$mode" = stream ] && stream=true
-    local args=(--no-tui --insecure --output-format json -m POST -H "content-type: application/json" -d "$chat,\"stream\":$stream}")
-    "$work/tools/bin/oha" "${args[@]}" -c 16 -z 2s "$url" > /dev/null # warm-up
-    for c in 1 64; do
-      echo "  $name $mode c=$c"
-      "$work/tools/bin/oha" "${args[@]}" -c "$c" -z "${seconds}s" "$url" > "$work/runs/$name-$mode-c$c.json"
-    done
-  done
-  echo "  $name plain c=64, a connection per request"
+  run_load "$1" "$2" "$chat"
+  echo "  $1 plain c=64, a connection per request"
   "$work/tools/bin/oha" --no-tui --insecure --output-format json -m POST -H "content-type: application/json" \
-    -d "$chat,\"stream\":false}" --disable-keepalive -c 64 -z "${seconds}s" "$url" > "$work/runs/$name-fresh-c64.json"
+    -d "$chat,\"stream\":false}" --disable-keepalive -c 64 -z "${seconds}s" "$2" > "$work/runs/$1-fresh-c64.json"
 }
 
 for side in off on; do

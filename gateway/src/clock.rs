@@ -1,5 +1,6 @@
 //! Time as the protocols write it: whole seconds since the Unix epoch, and waits as OpenAI's
-//! rate-limit headers and messages spell them (`250ms`, `1.5s`, `6m0s`).
+//! rate-limit headers and messages spell them (`250ms`, `1.5s`, `6m0s`); and the beat file
+//! watches reload on ([`ReloadBeat`]).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -28,6 +29,42 @@ pub(crate) fn format_reset(d: Duration) -> String {
         format!("{h}h{m}m{s}s")
     } else {
         format!("{m}m{s}s")
+    }
+}
+
+/// The beat of a file watch: a tick every interval, or at once on SIGHUP (the operator's "reload
+/// now"). Each watch (TLS files, the configuration) holds its own; every one of them hears the
+/// signal.
+#[derive(Debug)]
+pub(crate) struct ReloadBeat {
+    tick: tokio::time::Interval,
+    #[cfg(unix)]
+    hangup: Option<tokio::signal::unix::Signal>,
+}
+
+impl ReloadBeat {
+    /// Ticks every `every` (the first at once); listens for SIGHUP where there is one.
+    pub(crate) fn new(every: Duration) -> Self {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self {
+            tick,
+            #[cfg(unix)]
+            hangup: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
+        }
+    }
+
+    /// Waits for the next beat; `true` when it was SIGHUP.
+    pub(crate) async fn next(&mut self) -> bool {
+        #[cfg(unix)]
+        if let Some(signal) = self.hangup.as_mut() {
+            return tokio::select! {
+                _ = self.tick.tick() => false,
+                _ = signal.recv() => true,
+            };
+        }
+        self.tick.tick().await;
+        false
     }
 }
 

@@ -206,17 +206,24 @@ def events_of(raw: bytes) -> list[str]:
     return [frame.decode() for frame in raw.split(b"\n\n") if frame]
 
 
+def start_streams(base: str, body: dict, count: int) -> tuple[list, list]:
+    """`count` streams of `body` on threads, each under way (its first bytes in) on return;
+    returns the threads and the list their (status, raw bytes) land in."""
+    results: list = []
+    started = [threading.Event() for _ in range(count)]
+    threads = [threading.Thread(target=stream_raw, args=(base, body, results, s)) for s in started]
+    for t in threads:
+        t.start()
+    assert all(s.wait(10) for s in started), "streams did not start"
+    return threads, results
+
+
 def test_sigterm_during_fifty_streams_ends_every_one_cleanly(tmp_path):
     server = 'drain_delay_ms = 1000\ndrain_timeout_ms = 1000\nhealth_listen = "127.0.0.1:0"'
     gateway = Gateway(tmp_path, config_text('[auth]\nmode = "none"', LONG_MODEL, server=server), {})
     body = {"model": "long", "messages": HELLO, "max_tokens": 200, "stream": True}
-    results: list = []
-    started = [threading.Event() for _ in range(50)]
-    threads = [threading.Thread(target=stream_raw, args=(gateway.base, body, results, s)) for s in started]
     try:
-        for t in threads:
-            t.start()
-        assert all(s.wait(10) for s in started), "streams did not start"
+        threads, results = start_streams(gateway.base, body, 50)
         gateway.process.send_signal(signal.SIGTERM)
         # Readiness turns first, while the listener still answers.
         ready = httpx.get(f"{gateway.health}/ready", timeout=5)
@@ -239,13 +246,8 @@ def test_sigterm_during_fifty_streams_ends_every_one_cleanly(tmp_path):
 def test_streams_that_finish_within_the_drain_deadline_finish(tmp_path):
     gateway = Gateway(tmp_path, config_text('[auth]\nmode = "none"', LONG_MODEL, server="drain_timeout_ms = 10000"), {})
     body = {"model": "long", "messages": HELLO, "max_tokens": 40, "stream": True}
-    results: list = []
-    started = [threading.Event() for _ in range(5)]
-    threads = [threading.Thread(target=stream_raw, args=(gateway.base, body, results, s)) for s in started]
     try:
-        for t in threads:
-            t.start()
-        assert all(s.wait(10) for s in started)
+        threads, results = start_streams(gateway.base, body, 5)
         began = time.monotonic()
         gateway.process.send_signal(signal.SIGTERM)
         for t in threads:

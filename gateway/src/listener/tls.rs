@@ -250,28 +250,9 @@ impl TlsSource {
     pub fn watch(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let this = Arc::clone(self);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(this.settings.reload_interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            #[cfg(unix)]
-            let mut hangup =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+            let mut beat = crate::clock::ReloadBeat::new(this.settings.reload_interval);
             loop {
-                #[cfg(unix)]
-                let forced = match hangup.as_mut() {
-                    Some(signal) => tokio::select! {
-                        _ = tick.tick() => false,
-                        _ = signal.recv() => true,
-                    },
-                    None => {
-                        tick.tick().await;
-                        false
-                    }
-                };
-                #[cfg(not(unix))]
-                let forced = {
-                    tick.tick().await;
-                    false
-                };
+                let forced = beat.next().await;
                 let changed = *this.seen.read().unwrap_or_else(PoisonError::into_inner)
                     != stamps(&this.settings);
                 if forced || changed {

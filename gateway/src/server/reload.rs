@@ -54,29 +54,10 @@ pub(super) struct Watch {
 /// Watches until aborted.
 pub(super) fn spawn(mut watch: Watch) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(watch.current.tenancy.reload_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut beat = crate::clock::ReloadBeat::new(watch.current.tenancy.reload_interval);
         let mut seen = watch.stamps();
-        #[cfg(unix)]
-        let mut hangup =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
         loop {
-            #[cfg(unix)]
-            let forced = match hangup.as_mut() {
-                Some(signal) => tokio::select! {
-                    _ = tick.tick() => false,
-                    _ = signal.recv() => true,
-                },
-                None => {
-                    tick.tick().await;
-                    false
-                }
-            };
-            #[cfg(not(unix))]
-            let forced = {
-                tick.tick().await;
-                false
-            };
+            let forced = beat.next().await;
             if watch.stamps() == seen && !forced {
                 continue;
             }
