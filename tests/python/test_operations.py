@@ -416,3 +416,28 @@ def test_logs_never_carry_prompts_and_hash_client_identifiers_on_request(tmp_pat
         assert "alice" not in log and '"user":"sha256:' in log
     else:
         assert '"user":"alice@example.com"' in log
+
+
+def test_a_request_waiting_in_the_queue_at_the_cut_hears_server_shutting_down(tmp_path):
+    sections = '[auth]\nmode = "none"\n\n[queue]\nmax_running = 1\n'
+    gateway = Gateway(tmp_path, config_text(sections, LONG_MODEL, server="drain_timeout_ms = 500"), {})
+    body = {"model": "long", "messages": HELLO, "max_tokens": 200, "stream": True}
+    waiting: list = []
+    try:
+        threads, results = start_streams(gateway.base, body, 1)
+        # This one waits for the model's one place, held by the stream.
+        waiter = threading.Thread(target=lambda: waiting.append(httpx.post(
+            f"{gateway.url}/chat/completions", json={**body, "stream": False}, timeout=30)))
+        waiter.start()
+        time.sleep(0.3)
+        gateway.process.send_signal(signal.SIGTERM)
+        waiter.join(15)
+        for t in threads:
+            t.join(15)
+        assert gateway.process.wait(timeout=15) == 0
+    finally:
+        gateway.stop()
+    assert waiting, "the waiting request got no answer"
+    assert waiting[0].status_code == 503, waiting[0].text
+    assert waiting[0].json()["error"]["code"] == "server_shutting_down"
+    assert events_of(results[0][1])[-1].startswith('data: {"error"')

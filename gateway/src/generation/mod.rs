@@ -120,13 +120,27 @@ impl Prepared {
     pub async fn seated(&mut self, deadline: Instant) -> Result<(), ApiError> {
         let queue_wait =
             tracing::info_span!(target: crate::observability::traces::TARGET, "queue_wait");
-        self.admission.seated(deadline).instrument(queue_wait).await
+        let seating = self.admission.seated(deadline).instrument(queue_wait);
+        until_cut(&self.lifecycle, self.job.retry_after, seating).await?
     }
 
     /// Submits to the engine; a refusal is an error before any response is sent.
     pub fn start(self) -> Result<Generation, ApiError> {
         let stream = run::start(self.job, &self.lifecycle)?;
         Ok(Generation::new(stream, self.admission))
+    }
+}
+
+/// `work`, unless the server cuts running generations first (a request still waiting for its
+/// place in a queue then hears `server_shutting_down` rather than nothing at all).
+async fn until_cut<T>(
+    lifecycle: &Lifecycle,
+    retry_after: Duration,
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, ApiError> {
+    tokio::select! {
+        done = work => Ok(done),
+        () = lifecycle.cut_signal() => Err(ApiError::ShuttingDown { retry_after }),
     }
 }
 
@@ -284,8 +298,8 @@ impl Generator {
                 deadline,
                 wait,
             )
-            .instrument(queue_wait)
-            .await?;
+            .instrument(queue_wait);
+        let admission = until_cut(&self.lifecycle, self.timing.retry_after, admission).await??;
         Ok(Prepared {
             model,
             prompt_texts: plan.prompt_texts,
