@@ -142,13 +142,18 @@ def test_one_trace_through_the_upstream_plugin_to_a_node(tmp_path, receiver):
         trace_id = secrets.token_hex(16)
         assert chat(front.base, {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"}).status_code == 200
         assert receiver.wait_for(
-            lambda spans: {("front", "engine"), ("node", "POST /generate")}
+            lambda spans: {("front", "engine"), ("node", "POST /generate"), ("node", "engine")}
             <= {(svc, s.name) for svc, s in spans if s.trace_id.hex() == trace_id})
         spans = receiver.trace(trace_id)
         front_engine = next(s for svc, s in spans if svc == "front" and s.name == "engine")
         node_root = next(s for svc, s in spans if svc == "node" and s.name == "POST /generate")
-        # The node's request is the child of the front's engine span.
+        # The node's request is the child of the front's engine span, and its engine span the
+        # child of its request.
         assert node_root.parent_span_id == front_engine.span_id
+        node_engine = next(s for svc, s in spans if svc == "node" and s.name == "engine")
+        assert node_engine.parent_span_id == node_root.span_id
+        counts = {a.key: a.value.int_value for a in node_engine.attributes}
+        assert counts["prompt_tokens"] > 0 and counts["completion_tokens"] > 0
     finally:
         front.stop()
         node.stop()

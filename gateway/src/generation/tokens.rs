@@ -42,6 +42,8 @@ pub struct TokenRun {
     /// Completes when the server cuts running generations on shutdown.
     cut: Pin<Box<WaitForCancellationFutureOwned>>,
     ended: bool,
+    /// The `engine` trace span (disabled when traces are off).
+    span: tracing::Span,
 }
 
 impl std::fmt::Debug for TokenRun {
@@ -67,7 +69,10 @@ impl Stream for TokenRun {
                 this.tokens += 1;
                 this.admission.record(this.tokens);
             }
-            Poll::Ready(Some(EngineEvent::Final(_)) | None) => this.ended = true,
+            Poll::Ready(Some(EngineEvent::Final(_)) | None) => {
+                this.ended = true;
+                this.span.record("completion_tokens", this.tokens as i64);
+            }
             Poll::Ready(Some(_)) => {}
             Poll::Pending => {
                 if this.cut.as_mut().poll(cx).is_ready() {
@@ -157,8 +162,15 @@ impl Generator {
                 true,
             )
             .await?;
+        let span = tracing::info_span!(
+            target: crate::observability::traces::TARGET,
+            "engine",
+            model = %model.id,
+            prompt_tokens = req.prompt.len() as i64,
+            completion_tokens = tracing::field::Empty,
+        );
         let request = EngineRequest {
-            trace_context: crate::observability::traces::traceparent(&tracing::Span::current()),
+            trace_context: crate::observability::traces::traceparent(&span),
             model: model.info.id.clone(),
             prompt: req.prompt,
             params: req.params,
@@ -174,6 +186,7 @@ impl Generator {
             model_id: model.id.clone(),
             cut: Box::pin(self.lifecycle().cut_signal()),
             ended: false,
+            span,
         })
     }
 }
