@@ -9,6 +9,7 @@ mod builtin;
 mod env;
 mod hub;
 mod raw;
+mod raw_server;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -6,6 +6,7 @@
 //! The engine always streams ([`run::GenStream`]); everything else is rendering.
 
 pub(crate) mod budget;
+mod engine_spans;
 pub(crate) mod fold;
 pub(crate) mod guided;
 pub(crate) mod params;

@@ -23,12 +23,12 @@ use turnpike_engine_api::{
 use crate::engine_host::{EngineRun, ServedModel};
 use crate::error::ApiError;
 use crate::lifecycle::Lifecycle;
-use crate::observability::traces::TARGET as TRACE;
 use crate::text::decode::IncrementalDecoder;
 use crate::text::reasoning::{ReasoningMarkers, ReasoningSplitter};
 use crate::text::stop::{StopMatcher, StopOutcome};
 use crate::text::tools::{ToolCallFormat, ToolCallParser, ToolOutput};
 
+use super::engine_spans::EngineSpans;
 use super::validate::OutputCheck;
 
 /// What to generate.
@@ -209,45 +209,6 @@ pub(crate) struct GenStream {
     cut: Pin<Box<WaitForCancellationFutureOwned>>,
     /// The trace spans of the engine's part, when traced.
     spans: Option<EngineSpans>,
-}
-
-/// `engine`, from submit to the end, and beneath it `prefill` (to the first event), then
-/// `decode`.
-#[derive(Debug)]
-struct EngineSpans {
-    engine: tracing::Span,
-    phase: tracing::Span,
-    decoding: bool,
-}
-
-impl EngineSpans {
-    fn start(model: &str, prompt_tokens: u64) -> Option<Self> {
-        let engine = tracing::info_span!(
-            target: TRACE,
-            "engine",
-            model = model,
-            // Signed: OpenTelemetry's integers are i64 (a u64 would go as a string).
-            prompt_tokens = i64::try_from(prompt_tokens).unwrap_or(i64::MAX),
-            completion_tokens = tracing::field::Empty,
-        );
-        if engine.is_disabled() {
-            return None;
-        }
-        let phase = tracing::info_span!(target: TRACE, parent: &engine, "prefill");
-        Some(Self {
-            engine,
-            phase,
-            decoding: false,
-        })
-    }
-
-    /// The first event came: prefill is over.
-    fn first_event(&mut self) {
-        if !self.decoding {
-            self.decoding = true;
-            self.phase = tracing::info_span!(target: TRACE, parent: &self.engine, "decode");
-        }
-    }
 }
 
 impl std::fmt::Debug for GenStream {
