@@ -108,7 +108,12 @@ pub fn tokens(model: &str, prompt: u64, completion: u64) {
     metrics::counter!("turnpike_tokens_total", "model" => model.to_string(), "kind" => "completion")
         .increment(completion);
     let mut decoded = DECODED.lock().unwrap_or_else(PoisonError::into_inner);
-    *decoded.totals.entry(model.to_string()).or_default() += completion;
+    match decoded.totals.get_mut(model) {
+        Some(total) => *total += completion,
+        None => {
+            decoded.totals.insert(model.to_string(), completion);
+        }
+    }
 }
 
 /// Output tokens per model since the start, and what they were at the last [`upkeep`], for

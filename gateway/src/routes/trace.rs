@@ -31,20 +31,25 @@ pub(super) fn correlation_id(request: &Request) -> Option<&str> {
 /// Runs `request` inside its trace span and echoes its correlation id.
 pub(super) async fn trace_request(request: Request, next: Next) -> Response {
     let echo = correlation_id(&request).and_then(|v| HeaderValue::from_str(v).ok());
-    let route = request.extensions().get::<MatchedPath>().map_or_else(
-        || request.uri().path().to_string(),
-        |p| p.as_str().to_string(),
-    );
     let span = tracing::info_span!(
         target: traces::TARGET,
         "request",
-        otel.name = %format!("{} {route}", request.method()),
+        otel.name = tracing::field::Empty,
         otel.kind = "server",
         http.request.method = %request.method(),
-        http.route = %route,
+        http.route = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
         correlation_id = echo.as_ref().and_then(|v| v.to_str().ok()).unwrap_or(""),
     );
+    if !span.is_disabled() {
+        // Only a traced request pays for naming its span.
+        let route = request
+            .extensions()
+            .get::<MatchedPath>()
+            .map_or_else(|| request.uri().path(), |p| p.as_str());
+        span.record("otel.name", format!("{} {route}", request.method()));
+        span.record("http.route", route);
+    }
     let mut response = if span.is_disabled() {
         next.run(request).await
     } else {
