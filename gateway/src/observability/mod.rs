@@ -8,7 +8,8 @@ pub mod traces;
 
 pub use logging::{LogFormat, LoggingSettings, RawLogging, client_text, init_logging};
 
-/// Applies the `[logging]` policy.
-pub fn apply_logging(settings: LoggingSettings) {
-    logging::apply(settings);
+/// Applies the `[metrics]` labels and the `[logging]` policy (at startup and on every reload).
+pub fn apply(metrics_settings: metrics::MetricsSettings, logging_settings: LoggingSettings) {
+    metrics::set_tenant_label(metrics_settings.tenant_label);
+    logging::apply(logging_settings);
 }

@@ -75,8 +75,7 @@ impl Server {
         // The recorder first: what the setup below reports (the store's state) must land in it.
         metrics::handle();
         metrics::initialize();
-        metrics::set_tenant_label(config.metrics.tenant_label);
-        crate::observability::apply_logging(config.logging);
+        crate::observability::apply(config.metrics, config.logging);
         let tls = match &config.server.tls {
             Some(settings) => Some(TlsSource::new(settings.clone())?),
             None => None,

@@ -100,8 +100,7 @@ impl Watch {
         let (tenants, keys) = (directory.tenants.len(), directory.keys.len());
         let restart = needs_restart(&self.current, &next);
         self.tenancy.auth.replace(directory);
-        metrics::set_tenant_label(next.metrics.tenant_label);
-        crate::observability::apply_logging(next.logging);
+        crate::observability::apply(next.metrics, next.logging);
         tracing::info!(
             target: "turnpike::audit",
             event = "config_reloaded",
