@@ -176,6 +176,17 @@ pub enum ApiError {
         /// What happened.
         message: String,
     },
+    /// The request clashes with the current state (409).
+    #[error("{message}")]
+    Conflict {
+        /// What clashes (`managed_elsewhere`, `state_changed`).
+        code: &'static str,
+        /// What happened.
+        message: String,
+    },
+    /// An `If-Match` precondition did not hold (412).
+    #[error("{0}")]
+    PreconditionFailed(String),
     #[error("The server had an error while processing your request.")]
     Internal {
         /// What happened (logged).
@@ -252,7 +263,8 @@ impl ApiError {
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::StateUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::InvalidHeader { .. } => StatusCode::BAD_REQUEST,
-            Self::Idempotency { .. } => StatusCode::CONFLICT,
+            Self::Idempotency { .. } | Self::Conflict { .. } => StatusCode::CONFLICT,
+            Self::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
         }
     }
 
@@ -326,7 +338,14 @@ impl ApiError {
                 Some((*header).to_string()),
                 Some("invalid_header"),
             ),
-            Self::Idempotency { code, .. } => ("invalid_request_error", None, Some(*code)),
+            Self::Idempotency { code, .. } | Self::Conflict { code, .. } => {
+                ("invalid_request_error", None, Some(*code))
+            }
+            Self::PreconditionFailed(_) => (
+                "invalid_request_error",
+                Some("If-Match".into()),
+                Some("precondition_failed"),
+            ),
         };
         ErrorDetail {
             message: self.to_string(),

@@ -38,6 +38,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod admin;
 pub(crate) mod body;
 pub mod cli;
 pub(crate) mod clock;

@@ -1,5 +1,6 @@
 //! The command line: `turnpike [serve]`, `turnpike plugin check`, `turnpike plugin conformance`.
 
+mod admin;
 mod keys;
 mod make_model;
 mod plugin_check;
@@ -51,6 +52,8 @@ pub enum Command {
     /// Make API keys and manage the keys file.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
+    /// Change tenants, plans, keys and the model map of a running gateway (its admin API).
+    Admin(admin::AdminArgs),
     /// Write a Llama-family model folder with deterministic random weights (for tests, demos
     /// and benchmarks).
     MakeModel(make_model::MakeModelArgs),
@@ -116,6 +119,9 @@ pub enum CliError {
     /// A keys command failed.
     #[error(transparent)]
     Keys(#[from] keys::KeysError),
+    /// An admin command failed.
+    #[error(transparent)]
+    Admin(#[from] admin::AdminCliError),
     /// `make-model` failed.
     #[error(transparent)]
     MakeModel(#[from] make_model::MakeModelError),
@@ -139,6 +145,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
             Ok(plugin_check::conformance(&args, out)?)
         }
         Command::Keys(command) => Ok(keys::run(command, out)?),
+        Command::Admin(args) => Ok(admin::run(&args, out)?),
         Command::MakeModel(args) => Ok(make_model::run(&args, out)?),
     }
 }

@@ -50,6 +50,7 @@ pub(super) fn config(
         metrics: Default::default(),
         logging: Default::default(),
         tracing: None,
+        admin: None,
         engines: vec![EngineConfig {
             name: "default".into(),
             plugin: plugin_beside_binary("turnpike_cuda"),

@@ -75,6 +75,8 @@ pub struct Config {
     pub logging: crate::observability::LoggingSettings,
     /// Where traces go; `None` exports none.
     pub tracing: Option<crate::observability::traces::TracingSettings>,
+    /// The admin API; `None` when off.
+    pub admin: Option<crate::admin::AdminSettings>,
 }
 
 /// Checks a tenant name (letters, digits, `-`, `_`, `.`; at most 64).

@@ -9,6 +9,7 @@ use super::{
     CanaryConfig, Config, DEFAULT_LISTEN, Defaults, EngineConfig, EngineTarget, ModelConfig,
     StructuredOutput,
 };
+use crate::engine_host::settings::{is_date, is_model_id};
 use crate::text::reasoning::ReasoningMarkers;
 use crate::text::tools::ToolCallFormat;
 
@@ -41,6 +42,8 @@ pub(super) struct RawConfig {
     logging: crate::observability::RawLogging,
     #[serde(default)]
     tracing: Option<crate::observability::traces::RawTracing>,
+    #[serde(default)]
+    admin: crate::admin::settings::RawAdmin,
 }
 
 /// The seed's suggested defaults (section 18).
@@ -131,41 +134,6 @@ struct RawCanary {
     tenants: Vec<String>,
 }
 
-/// `YYYY-MM-DD`, a day the calendar has.
-fn is_date(s: &str) -> bool {
-    let b = s.as_bytes();
-    let shaped = b.len() == 10
-        && b[4] == b'-'
-        && b[7] == b'-'
-        && b.iter()
-            .enumerate()
-            .all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit());
-    if !shaped {
-        return false;
-    }
-    let (Ok(year), Ok(month), Ok(day)) = (
-        s[..4].parse::<u32>(),
-        s[5..7].parse::<u32>(),
-        s[8..10].parse::<u32>(),
-    ) else {
-        return false;
-    };
-    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
-    let days = match month {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if leap => 29,
-        2 => 28,
-        _ => return false,
-    };
-    (1..=days).contains(&day)
-}
-
-/// A public model id: not empty, no whitespace or control characters.
-fn is_model_id(s: &str) -> bool {
-    !s.is_empty() && !s.chars().any(|c| c.is_whitespace() || c.is_control())
-}
-
 impl RawConfig {
     /// Validates; relative paths are taken relative to `base` (the file's directory).
     pub(super) fn validate(self, base: &Path) -> Result<Config, String> {
@@ -187,6 +155,13 @@ impl RawConfig {
             queue: self.queue,
         }
         .validate(base, self.engines.is_none())?;
+        let client_ca = server
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.client_ca_file.is_some());
+        let admin = self
+            .admin
+            .validate(base, tenancy.auth_required, client_ca)?;
         let Some(raw_engines) = self.engines else {
             if self.models.is_some() {
                 return Err("models: listed without [[engines]] to serve them".into());
@@ -196,6 +171,7 @@ impl RawConfig {
                     metrics,
                     logging,
                     tracing,
+                    admin,
                     ..config
                 })
                 .map_err(|e| format!("built-in default: {e}"));
@@ -234,6 +210,7 @@ impl RawConfig {
             metrics,
             logging,
             tracing,
+            admin,
         })
     }
 }

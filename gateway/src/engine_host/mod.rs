@@ -7,6 +7,7 @@
 //! configured.
 
 pub mod backend;
+pub mod model_map;
 pub mod models;
 pub mod routed;
 pub mod settings;
@@ -18,7 +19,8 @@ use turnpike_engine_api::host::{Plugin, PluginError};
 use turnpike_engine_api::{EngineError, ModelInfo};
 
 pub use backend::{Backend, EngineRun, PluginBackend};
-pub use models::{ModelRegistry, ServedModel};
+pub use model_map::ModelMap;
+pub use models::{ListedModel, ModelRegistry, ServedModel};
 
 pub use settings::{Defaults, EngineConfig, ModelConfig, StructuredOutput};
 

@@ -3,13 +3,14 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
 use turnpike_engine_api::ModelInfo;
 
 use super::EngineHostError;
 use super::backend::Backend;
+use super::model_map::ModelMap;
 use super::settings::ModelConfig;
 use crate::text::template::ChatTemplate;
 use crate::text::tokenizer::TextTokenizer;
@@ -61,6 +62,19 @@ pub struct ModelRegistry {
     listing: Vec<(String, Arc<ServedModel>)>,
     /// Each engine once, for readiness.
     engines: Vec<(String, Arc<dyn Backend>)>,
+    /// The admin API's aliases and shutdown dates over the configured ids.
+    map: RwLock<Arc<ModelMap>>,
+}
+
+/// One public id as `GET /v1/models` lists it.
+#[derive(Debug, Clone)]
+pub struct ListedModel {
+    /// The id.
+    pub id: String,
+    /// The model it names.
+    pub model: Arc<ServedModel>,
+    /// When it stops being served, if announced.
+    pub shutdown_date: Option<String>,
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>, String> {
@@ -224,14 +238,70 @@ impl ModelRegistry {
         Ok(())
     }
 
-    /// The model a public id names.
+    /// The model a configured public id names (no alias of the model map).
     pub fn get(&self, id: &str) -> Option<&Arc<ServedModel>> {
         self.by_id.get(id)
     }
 
-    /// Every public id and its model, in configuration order.
+    /// The model a public id names: a configured id, or an alias of the model map.
+    pub fn resolve(&self, id: &str) -> Option<Arc<ServedModel>> {
+        if let Some(model) = self.by_id.get(id) {
+            return Some(Arc::clone(model));
+        }
+        let map = self.map();
+        let target = map.aliases.get(id)?;
+        self.by_id.get(target).cloned()
+    }
+
+    /// Every configured public id and its model, in configuration order.
     pub fn listing(&self) -> impl Iterator<Item = (&str, &Arc<ServedModel>)> {
         self.listing.iter().map(|(id, m)| (id.as_str(), m))
+    }
+
+    /// Every public id with its model and shutdown date: the configured ones in configuration
+    /// order, then the model map's aliases.
+    pub fn entries(&self) -> Vec<ListedModel> {
+        let map = self.map();
+        let listed = |id: &str, model: &Arc<ServedModel>| ListedModel {
+            id: id.to_string(),
+            model: Arc::clone(model),
+            shutdown_date: map
+                .shutdown_dates
+                .get(id)
+                .cloned()
+                .or_else(|| model.shutdown_date.clone()),
+        };
+        let configured = self.listing.iter().map(|(id, m)| listed(id, m));
+        let aliases = map
+            .aliases
+            .iter()
+            .filter_map(|(alias, target)| self.by_id.get(target).map(|m| listed(alias, m)));
+        configured.chain(aliases).collect()
+    }
+
+    /// The model map in force.
+    pub fn map(&self) -> Arc<ModelMap> {
+        Arc::clone(
+            &self
+                .map
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Why `map` cannot stand over this registry's ids, if it cannot.
+    pub fn check_map(&self, map: &ModelMap) -> Result<(), String> {
+        map.check(&|id| self.by_id.contains_key(id))
+    }
+
+    /// Checks `map` and puts it in force.
+    pub fn set_map(&self, map: ModelMap) -> Result<(), String> {
+        self.check_map(&map)?;
+        *self
+            .map
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(map);
+        Ok(())
     }
 
     /// Each engine once, with its name.

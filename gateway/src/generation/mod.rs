@@ -185,8 +185,7 @@ impl Generator {
     pub fn model_for(&self, caller: &Caller, name: &str) -> Result<Arc<ServedModel>, ApiError> {
         let model = self
             .registry
-            .get(name)
-            .cloned()
+            .resolve(name)
             .ok_or_else(|| ApiError::ModelNotFound(name.to_string()))?;
         self.tenancy.check_model(caller, &model, name)?;
         Ok(model)

@@ -34,6 +34,29 @@ use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::observability::metrics;
 
+/// The client certificate a TLS connection presented and the server verified: a request
+/// extension on every request of that connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCertificate {
+    /// `sha256:<hex>` of the leaf certificate (DER).
+    pub fingerprint: String,
+}
+
+impl ClientCertificate {
+    /// The verified leaf certificate of a completed handshake, if the client sent one.
+    fn of(connection: &rustls::ServerConnection) -> Option<Self> {
+        use sha2::Digest as _;
+        let leaf = connection.peer_certificates()?.first()?;
+        let hex: String = sha2::Sha256::digest(leaf.as_ref())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Some(Self {
+            fingerprint: format!("sha256:{hex}"),
+        })
+    }
+}
+
 /// Bounds on connections.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectionLimits {
@@ -101,7 +124,13 @@ pub async fn serve(
                 let handshake_timeout = limits.header_read_timeout;
                 tokio::spawn(async move {
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => connection(&builder, stream, app, stop).await,
+                        Ok(Ok(stream)) => {
+                            let app = match ClientCertificate::of(stream.get_ref().1) {
+                                Some(certificate) => app.layer(axum::Extension(certificate)),
+                                None => app,
+                            };
+                            connection(&builder, stream, app, stop).await;
+                        }
                         Ok(Err(e)) => {
                             tracing::debug!(error = %e, "TLS handshake failed");
                             metrics::connection_closed("tls_handshake");

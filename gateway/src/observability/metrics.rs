@@ -361,6 +361,22 @@ pub fn config_reload(ok: bool) {
     metrics::counter!("turnpike_config_reloads_total", "result" => result).increment(1);
 }
 
+/// A change through the admin API (`action`: `tenant.put`, …; `result`: `ok` or why not).
+pub fn admin_change(action: &'static str, result: &'static str) {
+    metrics::counter!("turnpike_admin_changes_total", "action" => action, "result" => result)
+        .increment(1);
+}
+
+/// The admin state's revision in force on this replica.
+pub fn admin_revision(revision: u64) {
+    metrics::gauge!("turnpike_admin_state_revision").set(revision as f64);
+}
+
+/// A shared admin state this replica could not read or apply (it keeps the one in force).
+pub fn admin_sync_failed() {
+    metrics::counter!("turnpike_admin_sync_failures_total").increment(1);
+}
+
 /// Whether the state store answered its last health probe.
 pub fn state_store_up(up: bool) {
     metrics::gauge!("turnpike_state_store_up").set(if up { 1.0 } else { 0.0 });

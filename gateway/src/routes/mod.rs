@@ -3,6 +3,7 @@
 //! [`crate::protocols::Reply`] ([`sse`]); WebSocket turns frame the same replies as messages
 //! ([`websocket`]).
 
+mod admin;
 mod admission;
 mod chat;
 mod chat_ws;
@@ -57,6 +58,8 @@ pub struct AppState {
     pub responses: Responses,
     /// Permits for open WebSocket connections (`server.websocket_max_connections`).
     pub websockets: Arc<tokio::sync::Semaphore>,
+    /// The admin API, when `[admin]` enables it.
+    pub admin: Option<Arc<crate::admin::Admin>>,
 }
 
 impl AppState {
@@ -91,6 +94,15 @@ impl AppState {
             generator,
             tenancy,
             responses,
+            admin: None,
+        }
+    }
+
+    /// The same state, serving the admin API.
+    pub fn with_admin(self, admin: Arc<crate::admin::Admin>) -> Self {
+        Self {
+            admin: Some(admin),
+            ..self
         }
     }
 
@@ -115,8 +127,7 @@ impl AppState {
     /// The model a request names, or 404.
     pub fn model(&self, id: &str) -> Result<Arc<ServedModel>, ApiError> {
         self.registry
-            .get(id)
-            .cloned()
+            .resolve(id)
             .ok_or_else(|| ApiError::ModelNotFound(id.to_string()))
     }
 }
@@ -154,8 +165,11 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             admission::admission,
         ));
-    let router = Router::new()
-        .merge(api)
+    let mut router = Router::new().merge(api);
+    if state.admin.is_some() {
+        router = router.nest("/admin/v1", admin_router(&state));
+    }
+    let router = router
         .route("/health", get(health::health))
         .route("/model_info", get(generate::model_info))
         .route("/get_model_info", get(generate::model_info))
@@ -174,6 +188,35 @@ pub fn router(state: AppState) -> Router {
         Some(cors) => router.layer(cors),
         None => router,
     }
+}
+
+/// `/admin/v1`: the admin API, behind its own authorization.
+fn admin_router(state: &AppState) -> Router<AppState> {
+    use axum::routing::put;
+    Router::new()
+        .route("/state", get(admin::read_state))
+        .route("/tenants", get(admin::list_tenants))
+        .route(
+            "/tenants/{name}",
+            put(admin::put_limits).delete(admin::delete_limits),
+        )
+        .route("/plans", get(admin::list_plans))
+        .route(
+            "/plans/{name}",
+            put(admin::put_limits).delete(admin::delete_limits),
+        )
+        .route("/keys", get(admin::list_keys).post(admin::create_key))
+        .route("/keys/{id}/{action}", post(admin::key_action))
+        .route("/models", get(admin::list_models))
+        .route(
+            "/models/{kind}/{*id}",
+            put(admin::put_map).delete(admin::delete_map),
+        )
+        .route("/audit", get(admin::audit))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            admin::authorize,
+        ))
 }
 
 /// The health listener's router: `/health` and `/ready` only, without authentication (see

@@ -5,18 +5,18 @@ use axum::extract::{Path, State};
 use axum::{Extension, Json};
 
 use super::AppState;
-use crate::engine_host::ServedModel;
+use crate::engine_host::ListedModel;
 use crate::error::ApiError;
 use crate::openai::models::{Model, ModelList};
 use crate::tenancy::Caller;
 
-fn wire(id: &str, model: &ServedModel) -> Model {
+fn wire(listed: ListedModel) -> Model {
     Model {
-        id: id.to_string(),
+        id: listed.id,
         object: "model",
-        created: model.created,
-        owned_by: model.owned_by.clone(),
-        shutdown_date: model.shutdown_date.clone(),
+        created: listed.model.created,
+        owned_by: listed.model.owned_by.clone(),
+        shutdown_date: listed.shutdown_date,
     }
 }
 
@@ -29,9 +29,14 @@ pub(super) async fn list(
         object: "list",
         data: state
             .registry
-            .listing()
-            .filter(|(id, m)| caller.principal.may_use([*id, m.id.as_str()].into_iter()))
-            .map(|(id, m)| wire(id, m))
+            .entries()
+            .into_iter()
+            .filter(|m| {
+                caller
+                    .principal
+                    .may_use([m.id.as_str(), m.model.id.as_str()].into_iter())
+            })
+            .map(wire)
             .collect(),
     })
 }
@@ -48,13 +53,18 @@ pub(super) async fn retrieve(
             format!("the model id in the path is not valid: {e}"),
         )
     })?;
-    let model = state.model(&id)?;
+    let listed = state
+        .registry
+        .entries()
+        .into_iter()
+        .find(|m| m.id == id)
+        .ok_or_else(|| ApiError::ModelNotFound(id.clone()))?;
     // A model the caller may not use is, to the caller, one that does not exist.
     if !caller
         .principal
-        .may_use([id.as_str(), model.id.as_str()].into_iter())
+        .may_use([id.as_str(), listed.model.id.as_str()].into_iter())
     {
         return Err(ApiError::ModelNotFound(id));
     }
-    Ok(Json(wire(&id, &model)))
+    Ok(Json(wire(listed)))
 }

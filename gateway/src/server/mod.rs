@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::admin::Admin;
 use crate::config::Config;
 use crate::engine_host::{self, EngineHostError};
 use crate::observability::metrics;
@@ -102,12 +103,22 @@ impl Server {
             idempotency = config.tenancy.idempotency.is_some(),
             "tenancy ready"
         );
-        let state = AppState::new(
-            Arc::new(registry),
+        let registry = Arc::new(registry);
+        let mut state = AppState::new(
+            Arc::clone(&registry),
             Arc::new(config.server.clone()),
             Arc::new(config.defaults.clone()),
-            tenancy,
+            Arc::clone(&tenancy),
         );
+        if let Some(settings) = &config.admin {
+            let admin = Admin::new(settings.clone(), tenancy, registry);
+            // The shared state as it stands; a store still away is read by the sync later.
+            match admin.sync().await {
+                Ok(_) => tracing::info!(revision = admin.snapshot().revision, "admin API ready"),
+                Err(e) => tracing::error!(error = %e, "admin state not read yet; the sync retries"),
+            }
+            state = state.with_admin(admin);
+        }
         Ok(Self {
             listener,
             health,
@@ -163,6 +174,7 @@ impl Server {
             }
         });
         let tls_watch = self.tls.as_ref().map(TlsSource::watch);
+        let admin_sync = self.state.admin.as_ref().map(Admin::spawn_sync);
         let config_watch = self.config_watch();
         let lifecycle = self.state.generator.lifecycle().clone();
         let (closing_tx, closing) = tokio::sync::watch::channel(Phase::Serving);
@@ -194,7 +206,13 @@ impl Server {
         }
         stopper.abort();
         upkeep.abort();
-        let watches = [config_watch, self.store_watch, tls_watch, health];
+        let watches = [
+            config_watch,
+            self.store_watch,
+            tls_watch,
+            health,
+            admin_sync,
+        ];
         for watch in watches.into_iter().flatten() {
             watch.abort();
         }

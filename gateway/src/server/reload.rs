@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{Config, ConfigError};
 use crate::observability::metrics;
-use crate::tenancy::{Directory, Tenancy, keys_file};
+use crate::tenancy::{Directory, Tenancy};
 
 /// Reads the configuration again, the way the server was started.
 pub type Loader = Box<dyn Fn() -> Result<Config, ConfigError> + Send + Sync>;
@@ -94,12 +94,10 @@ impl Watch {
     /// Reads, validates and applies; the running configuration stays on error.
     fn reload(&mut self) -> Result<(), String> {
         let next = (self.loader)().map_err(|e| e.to_string())?;
-        let directory = keys_file::directory(&next.tenancy)?;
         let before = fingerprint(&self.tenancy.auth.directory());
-        let after = fingerprint(&directory);
-        let (tenants, keys) = (directory.tenants.len(), directory.keys.len());
+        let (tenants, keys) = self.tenancy.install_config(&next.tenancy)?;
+        let after = fingerprint(&self.tenancy.auth.directory());
         let restart = needs_restart(&self.current, &next);
-        self.tenancy.auth.replace(directory);
         crate::observability::apply(next.metrics, next.logging);
         tracing::info!(
             target: "turnpike::audit",

@@ -15,8 +15,10 @@ use governor::middleware::StateInformationMiddleware;
 use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 
+use super::revisions::Revisions;
 use super::{
-    Begin, Level, Store, StoreError, StoreFuture, Take, Window, level_of, refill, time_to,
+    Begin, Commit, Level, Revision, Store, StoreError, StoreFuture, Take, Window, level_of, refill,
+    time_to,
 };
 use crate::observability::metrics;
 
@@ -61,6 +63,7 @@ pub(crate) struct MemoryStore {
     leases: Mutex<HashMap<String, HashMap<String, Instant>>>,
     records: Mutex<Records>,
     values: Mutex<Values>,
+    revisions: Revisions,
 }
 
 /// Stored values (responses), bounded like the idempotency records.
@@ -125,6 +128,7 @@ impl MemoryStore {
             leases: Mutex::default(),
             records: Mutex::default(),
             values: Mutex::default(),
+            revisions: Revisions::default(),
         }
     }
 
@@ -475,6 +479,22 @@ impl Store for MemoryStore {
         let removed = values.remove(key);
         metrics::stored_values(values.entries.len(), values.bytes);
         ready(removed)
+    }
+
+    fn revision<'a>(&'a self, key: &'a str) -> StoreFuture<'a, u64> {
+        ready(self.revisions.number(key))
+    }
+
+    fn read_revision<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Revision>> {
+        ready(self.revisions.read(key))
+    }
+
+    fn commit<'a>(&'a self, commit: Commit<'a>) -> StoreFuture<'a, bool> {
+        ready(self.revisions.commit(commit))
+    }
+
+    fn log_tail<'a>(&'a self, log: &'a str, count: usize) -> StoreFuture<'a, Vec<Vec<u8>>> {
+        ready(self.revisions.tail(log, count))
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {

@@ -1,6 +1,7 @@
 //! Shared request state behind one trait, [`Store`]: rate buckets, token budgets,
-//! concurrency leases, idempotency records and stored values (responses kept for
-//! `previous_response_id`).
+//! concurrency leases, idempotency records, stored values (responses kept for
+//! `previous_response_id`), and revisioned records with their append-only logs (the admin API's
+//! state and its audit trail).
 //!
 //! Two backends: [`memory::MemoryStore`] (the default, one process) and [`redis::RedisStore`]
 //! (shared by every gateway replica). The trait is small and speaks plain data (keys, numbers,
@@ -15,6 +16,7 @@
 pub(crate) mod health;
 pub(crate) mod memory;
 pub(crate) mod redis;
+pub(crate) mod revisions;
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -74,6 +76,33 @@ pub enum Begin {
     Done(Vec<u8>),
     /// The key was used with a different request.
     Conflict,
+}
+
+/// One revision of a revisioned record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revision {
+    /// Its number, counting from 1.
+    pub number: u64,
+    /// Its value.
+    pub value: Vec<u8>,
+}
+
+/// A change to a revisioned record and the log entry that records it, committed together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Commit<'a> {
+    /// The record.
+    pub key: &'a str,
+    /// The revision the change was made against (0: none yet); the commit fails if the record
+    /// moved on since.
+    pub expected: u64,
+    /// The new value (revision `expected + 1`).
+    pub value: Vec<u8>,
+    /// The log the entry is appended to.
+    pub log: &'a str,
+    /// The entry.
+    pub entry: Vec<u8>,
+    /// How many of the log's newest entries are kept.
+    pub keep: usize,
 }
 
 /// The state backend.
@@ -146,6 +175,19 @@ pub trait Store: Send + Sync + Debug {
 
     /// Removes `key`; whether it was there.
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool>;
+
+    /// The revision number of the record `key` (0: none yet): a cheap read for polling.
+    fn revision<'a>(&'a self, key: &'a str) -> StoreFuture<'a, u64>;
+
+    /// The newest revision of the record `key`.
+    fn read_revision<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Revision>>;
+
+    /// Writes the next revision and appends its log entry in one atomic step, only if the
+    /// record is still at `commit.expected`; `false` when another writer got there first.
+    fn commit<'a>(&'a self, commit: Commit<'a>) -> StoreFuture<'a, bool>;
+
+    /// The newest `count` entries of `log`, oldest first.
+    fn log_tail<'a>(&'a self, log: &'a str, count: usize) -> StoreFuture<'a, Vec<Vec<u8>>>;
 
     /// Whether the backend answers.
     fn ping(&self) -> StoreFuture<'_, ()>;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
-use super::{Begin, Store, StoreError, StoreFuture, Take, Window, level_of};
+use super::{Begin, Commit, Revision, Store, StoreError, StoreFuture, Take, Window, level_of};
 
 /// State in Redis.
 #[derive(Clone)]
@@ -42,6 +42,7 @@ struct Scripts {
     renew: Script,
     begin: Script,
     owned: Script,
+    commit: Script,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -100,6 +101,7 @@ impl RedisStore {
                 renew: Script::new(include_str!("scripts/renew.lua")),
                 begin: Script::new(include_str!("scripts/begin.lua")),
                 owned: Script::new(include_str!("scripts/owned.lua")),
+                commit: Script::new(include_str!("scripts/commit.lua")),
             }),
         })
     }
@@ -351,6 +353,52 @@ impl Store for RedisStore {
     fn delete<'a>(&'a self, key: &'a str) -> StoreFuture<'a, bool> {
         let command = redis::cmd("DEL").arg(key).to_owned();
         Box::pin(async move { self.query::<i64>(command, "delete").await.map(|n| n > 0) })
+    }
+
+    fn revision<'a>(&'a self, key: &'a str) -> StoreFuture<'a, u64> {
+        let command = redis::cmd("HGET").arg(key).arg("rev").to_owned();
+        Box::pin(async move {
+            Ok(self
+                .query::<Option<u64>>(command, "revision")
+                .await?
+                .unwrap_or(0))
+        })
+    }
+
+    fn read_revision<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Revision>> {
+        let command = redis::cmd("HMGET")
+            .arg(key)
+            .arg("rev")
+            .arg("val")
+            .to_owned();
+        Box::pin(async move {
+            let (number, value) = self
+                .query::<(Option<u64>, Option<Vec<u8>>)>(command, "read_revision")
+                .await?;
+            Ok(number
+                .zip(value)
+                .map(|(number, value)| Revision { number, value }))
+        })
+    }
+
+    fn commit<'a>(&'a self, commit: Commit<'a>) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let keys = [commit.key.to_string(), commit.log.to_string()];
+            let args = vec![
+                commit.expected.to_string().into_bytes(),
+                commit.value,
+                commit.entry,
+                commit.keep.max(1).to_string().into_bytes(),
+            ];
+            let reply = self.run(&self.scripts.commit, &keys, args).await?;
+            Ok(integer(&reply)? == 1)
+        })
+    }
+
+    fn log_tail<'a>(&'a self, log: &'a str, count: usize) -> StoreFuture<'a, Vec<Vec<u8>>> {
+        let start = -i64::try_from(count.max(1)).unwrap_or(i64::MAX);
+        let command = redis::cmd("LRANGE").arg(log).arg(start).arg(-1).to_owned();
+        Box::pin(async move { self.query::<Vec<Vec<u8>>>(command, "log_tail").await })
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {

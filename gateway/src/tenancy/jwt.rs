@@ -181,6 +181,7 @@ fn required(claims: &Map<String, Value>, name: &str, want: Option<&str>) -> Resu
 }
 
 /// Scopes from `model:NAME` and `endpoint:NAME` items; a kind with no items is not narrowed.
+/// `admin` (or `endpoint:admin`) grants the admin API.
 pub fn scopes_from(items: &[String]) -> Scopes {
     let models: Vec<String> = items
         .iter()
@@ -192,7 +193,10 @@ pub fn scopes_from(items: &[String]) -> Scopes {
         .filter_map(|s| s.strip_prefix("endpoint:"))
         .filter_map(Endpoint::parse)
         .collect();
-    let named_endpoints = items.iter().any(|s| s.starts_with("endpoint:"));
+    let admin = items.iter().any(|s| s == "admin" || s == "endpoint:admin");
+    let named_endpoints = items
+        .iter()
+        .any(|s| s.starts_with("endpoint:") && s != "endpoint:admin");
     Scopes {
         models: if models.is_empty() {
             NameSet::All
@@ -200,6 +204,7 @@ pub fn scopes_from(items: &[String]) -> Scopes {
             NameSet::from_list(&models)
         },
         endpoints: named_endpoints.then_some(endpoints),
+        admin,
     }
 }
 
@@ -298,5 +303,8 @@ mod tests {
         let s = scopes_from(&["endpoint:chat".into(), "endpoint:bogus".into()]);
         assert_eq!(s.models, NameSet::All);
         assert_eq!(s.endpoints, Some([Endpoint::Chat].into_iter().collect()));
+        assert!(!s.admin);
+        let s = scopes_from(&["admin".into(), "model:a".into()]);
+        assert!(s.admin && s.endpoints.is_none());
     }
 }

@@ -1,5 +1,7 @@
 //! The keys file: API keys (their hashes) and, optionally, more plans and tenants, read at
-//! start and again whenever it changes, without a restart. `turnpike keys` writes it.
+//! start and again whenever it changes, without a restart. `turnpike keys` writes it. The admin
+//! API keeps the same document ([`KeysDoc`]) in the state store, and [`compose`] validates all
+//! three layers (configuration, keys file, admin) one way.
 //!
 //! ```toml
 //! [[keys]]
@@ -14,14 +16,13 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::settings::{RawLimits, TenancyConfig, endpoints, tenants};
-use super::{Directory, KeyRecord, NameSet, Scopes, keys};
+use super::settings::{RawLimits, TenancyConfig, scopes, tenants};
+use super::{Directory, KeyRecord, keys};
 
 /// One stored key as written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -50,15 +51,19 @@ pub struct StoredKey {
     pub revoked: bool,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// Plans, tenants and keys as a keys file (or the admin API's state) holds them.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct RawKeysFile {
-    #[serde(default)]
-    plans: BTreeMap<String, RawLimits>,
-    #[serde(default)]
-    tenants: BTreeMap<String, RawLimits>,
-    #[serde(default)]
-    keys: Vec<StoredKey>,
+pub struct KeysDoc {
+    /// Plans by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub plans: BTreeMap<String, RawLimits>,
+    /// Tenants by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenants: BTreeMap<String, RawLimits>,
+    /// Keys.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<StoredKey>,
 }
 
 /// RFC 3339 text as Unix seconds.
@@ -80,38 +85,60 @@ pub fn format_time(unix: i64) -> String {
 
 /// The keys of a keys file's text.
 pub fn parse_keys(text: &str) -> Result<Vec<StoredKey>, String> {
-    let raw: RawKeysFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    let raw: KeysDoc = toml::from_str(text).map_err(|e| e.to_string())?;
     Ok(raw.keys)
+}
+
+/// The keys file's document (empty without one).
+pub fn read(config: &TenancyConfig) -> Result<KeysDoc, String> {
+    let Some(path) = &config.keys_file else {
+        return Ok(KeysDoc::default());
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The directory: the configuration's tenants and keys, plus the keys file's.
 pub fn directory(config: &TenancyConfig) -> Result<Directory, String> {
+    compose(config, &read(config)?, None)
+}
+
+/// The directory of the configuration, its keys file's document `file`, and `managed` (the
+/// admin API's state, named `admin` in errors), each validated the same way. A plan of an
+/// earlier layer is usable in a later one; a name defined twice is an error.
+pub fn compose(
+    config: &TenancyConfig,
+    file: &KeysDoc,
+    managed: Option<&KeysDoc>,
+) -> Result<Directory, String> {
     let mut directory = config.directory.clone();
-    let Some(path) = &config.keys_file else {
-        return Ok(directory);
-    };
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    merge(&text, path, config, &mut directory)?;
+    let mut plans = config.plans.clone();
+    let file_name = config
+        .keys_file
+        .as_deref()
+        .map_or_else(|| "keys file".to_string(), |p| p.display().to_string());
+    merge(file, &file_name, &mut plans, &mut directory)?;
+    if let Some(managed) = managed {
+        merge(managed, "admin", &mut plans, &mut directory)?;
+    }
     Ok(directory)
 }
 
 fn merge(
-    text: &str,
-    path: &Path,
-    config: &TenancyConfig,
+    doc: &KeysDoc,
+    source: &str,
+    plans: &mut BTreeMap<String, RawLimits>,
     directory: &mut Directory,
 ) -> Result<(), String> {
-    let at = |e: String| format!("{}: {e}", path.display());
-    let raw: RawKeysFile = toml::from_str(text).map_err(|e| at(e.to_string()))?;
-    let mut plans = config.plans.clone();
-    for (name, plan) in raw.plans {
-        if plans.insert(name.clone(), plan).is_some() {
+    let at = |e: String| format!("{source}: {e}");
+    for (name, plan) in &doc.plans {
+        if plans.insert(name.clone(), plan.clone()).is_some() {
             return Err(at(format!("plans.{name}: plan defined twice")));
         }
     }
     let env = |name: &str| std::env::var(name).ok();
-    tenants(&plans, &raw.tenants, &env, directory).map_err(at)?;
-    for (i, k) in raw.keys.into_iter().enumerate() {
+    tenants(plans, &doc.tenants, &env, directory).map_err(at)?;
+    for (i, k) in doc.keys.iter().enumerate() {
         let place = format!("keys[{i}]");
         let record = KeyRecord {
             hash: keys::parse_hash(&k.hash)
@@ -122,13 +149,10 @@ fn merge(
                 .map(|t| parse_time(t, &format!("{place}.expires")))
                 .transpose()
                 .map_err(at)?,
-            scopes: Scopes {
-                models: k.models.as_deref().map_or(NameSet::All, NameSet::from_list),
-                endpoints: endpoints(k.endpoints.as_deref(), &place).map_err(at)?,
-            },
+            scopes: scopes(k.models.as_deref(), k.endpoints.as_deref(), &place).map_err(at)?,
             revoked: k.revoked,
-            id: k.id,
-            tenant: k.tenant,
+            id: k.id.clone(),
+            tenant: k.tenant.clone(),
         };
         let id_ok = record.id.len() == keys::ID_LEN
             && record

@@ -125,6 +125,9 @@ pub struct Scopes {
     pub models: NameSet,
     /// Endpoints it may call (`None`: all).
     pub endpoints: Option<BTreeSet<Endpoint>>,
+    /// Whether it may call the admin API. Never implied: a key gets it only by naming `admin`
+    /// among its endpoints, a token by an `admin` scope item.
+    pub admin: bool,
 }
 
 /// A tenant's limits.
@@ -205,6 +208,11 @@ impl Principal {
     /// Whether the caller may use a model known by any of `names`.
     pub fn may_use<'a>(&self, names: impl Iterator<Item = &'a str> + Clone) -> bool {
         self.tenant.plan.models.allows_any(names.clone()) && self.scopes.models.allows_any(names)
+    }
+
+    /// Whether the caller may call the admin API.
+    pub fn is_admin(&self) -> bool {
+        self.scopes.admin
     }
 
     /// Whether the caller may call `endpoint`.

@@ -5,8 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::Directory;
 use super::auth::{Authenticator, Caller};
-use super::keys_file;
+use super::keys_file::{self, KeysDoc};
 use super::limits::{Limiter, StreamPermit, TokenHold};
 use super::queue::{QueueEntry, Queues};
 use super::settings::TenancyConfig;
@@ -33,6 +34,17 @@ pub struct Tenancy {
     /// Whether every generation needs the store: a request, token or concurrency limit fails
     /// closed, so while the store is away nothing can be served (`/ready` says so).
     pub needs_store: bool,
+    /// What the directory is composed from.
+    layers: std::sync::Mutex<Layers>,
+}
+
+/// The layers of the tenant directory: the configuration (with its keys file) and the admin
+/// API's document. A change to one is composed with the others, validated, then swapped in
+/// whole; one that fails validation changes nothing.
+#[derive(Debug, Clone)]
+struct Layers {
+    config: TenancyConfig,
+    managed: Option<Arc<KeysDoc>>,
 }
 
 /// What a running generation holds: its token reservation, its concurrency lease and its place
@@ -128,7 +140,51 @@ impl Tenancy {
                 && (closed(failure.requests)
                     || closed(failure.tokens)
                     || closed(failure.concurrency)),
+            layers: std::sync::Mutex::new(Layers {
+                config: config.clone(),
+                managed: None,
+            }),
         })
+    }
+
+    fn layers(&self) -> std::sync::MutexGuard<'_, Layers> {
+        // Layers change by whole assignments; a poisoned lock holds consistent data.
+        self.layers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The state store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        self.limiter.store()
+    }
+
+    /// The directory `managed` would make with the configuration in force, or why it is invalid.
+    pub fn check_managed(&self, managed: &KeysDoc) -> Result<Directory, String> {
+        let config = self.layers().config.clone();
+        keys_file::compose(&config, &keys_file::read(&config)?, Some(managed))
+    }
+
+    /// Replaces the admin API's layer and swaps in the directory it makes.
+    pub fn install_managed(&self, managed: Arc<KeysDoc>) -> Result<(), String> {
+        let mut layers = self.layers();
+        let config = &layers.config;
+        let directory = keys_file::compose(config, &keys_file::read(config)?, Some(&managed))?;
+        self.auth.replace(directory);
+        layers.managed = Some(managed);
+        Ok(())
+    }
+
+    /// Replaces the configuration's layer (a reload) and swaps in the directory it makes with
+    /// the admin API's; returns that directory's size (tenants, keys).
+    pub fn install_config(&self, config: &TenancyConfig) -> Result<(usize, usize), String> {
+        let mut layers = self.layers();
+        let file = keys_file::read(config)?;
+        let directory = keys_file::compose(config, &file, layers.managed.as_deref())?;
+        let size = (directory.tenants.len(), directory.keys.len());
+        self.auth.replace(directory);
+        layers.config = config.clone();
+        Ok(size)
     }
 
     /// Refuses a model the caller may not use (403).

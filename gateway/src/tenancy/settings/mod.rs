@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::limits::{FailureMode, FailureModes};
 use super::queue::QueueLimits;
@@ -61,34 +61,54 @@ impl PartialEq for SharedJwt {
     }
 }
 
-/// Limits as written, in a plan or a tenant.
-#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+/// Limits as written, in a plan or a tenant (the admin API takes and shows them as JSON).
+#[derive(Debug, Default, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimits {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     plan: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     requests_per_second: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     requests_per_minute: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     requests_per_day: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     tokens_per_minute: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     tokens_per_day: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     concurrent_streams: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     models: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     priority_weight: Option<u32>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     keys: Vec<RawEnvKey>,
 }
 
 /// A key given to a tenant through an environment variable.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct RawEnvKey {
     env: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     models: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     endpoints: Option<Vec<String>>,
 }
 
 impl RawLimits {
+    /// Whether it gives keys through environment variables (only a file can).
+    pub fn has_env_keys(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// The plan it names.
+    pub fn plan_name(&self) -> Option<&str> {
+        self.plan.as_deref()
+    }
+
     /// Fields set here win over the plan's.
     fn over(&self, plan: &RawLimits) -> RawLimits {
         RawLimits {
@@ -143,24 +163,39 @@ pub(crate) fn check_name(kind: &str, name: &str) -> Result<(), String> {
     }
 }
 
-/// Endpoint scope names.
-pub(crate) fn endpoints(
-    list: Option<&[String]>,
+/// The scopes of a key as written: a model list and endpoint names, where `admin` grants the
+/// admin API (and nothing else unless other endpoints are named too).
+pub(crate) fn scopes(
+    models: Option<&[String]>,
+    endpoints: Option<&[String]>,
     at: &str,
-) -> Result<Option<BTreeSet<Endpoint>>, String> {
-    let Some(list) = list else { return Ok(None) };
-    list.iter()
-        .map(|name| {
-            Endpoint::parse(name).ok_or_else(|| {
-                let known: Vec<&str> = Endpoint::ALL.iter().map(|(_, n)| *n).collect();
-                format!(
-                    "{at}: unknown endpoint `{name}` (known: {})",
-                    known.join(", ")
-                )
-            })
+) -> Result<Scopes, String> {
+    let mut admin = false;
+    let endpoints = endpoints
+        .map(|list| {
+            list.iter()
+                .filter(|name| {
+                    let is_admin = name.as_str() == "admin";
+                    admin |= is_admin;
+                    !is_admin
+                })
+                .map(|name| {
+                    Endpoint::parse(name).ok_or_else(|| {
+                        let known: Vec<&str> = Endpoint::ALL.iter().map(|(_, n)| *n).collect();
+                        format!(
+                            "{at}: unknown endpoint `{name}` (known: {}, admin)",
+                            known.join(", ")
+                        )
+                    })
+                })
+                .collect::<Result<BTreeSet<_>, _>>()
         })
-        .collect::<Result<_, _>>()
-        .map(Some)
+        .transpose()?;
+    Ok(Scopes {
+        models: models.map_or(NameSet::All, NameSet::from_list),
+        endpoints,
+        admin,
+    })
 }
 
 /// Tenants from plans and tenant tables, keys from the environment (`vars`).
@@ -210,10 +245,7 @@ pub(crate) fn tenants(
                 hash: keys::hash(key.trim()),
                 tenant: name.clone(),
                 expires_at: None,
-                scopes: Scopes {
-                    models: k.models.as_deref().map_or(NameSet::All, NameSet::from_list),
-                    endpoints: endpoints(k.endpoints.as_deref(), &at)?,
-                },
+                scopes: scopes(k.models.as_deref(), k.endpoints.as_deref(), &at)?,
                 revoked: false,
             };
             if directory.keys.insert(record.id.clone(), record).is_some() {

@@ -1,0 +1,95 @@
+//! The admin API's layer over the configured model namespace: more aliases (each naming a
+//! configured id, such as a pinned `name-YYYY-MM-DD`, so clients can be moved between versions
+//! without a restart) and announced shutdown dates. It is plain data, checked against the
+//! registry's configured ids, and swapped whole: a request resolves its model once, against one
+//! map.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::settings::{is_date, is_model_id};
+
+/// Aliases and shutdown dates set while serving.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelMap {
+    /// Alias → the configured id it names.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub aliases: BTreeMap<String, String>,
+    /// Public id (configured or alias) → `YYYY-MM-DD` it stops being served, shown as
+    /// `shutdown_date`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub shutdown_dates: BTreeMap<String, String>,
+}
+
+impl ModelMap {
+    /// Why the map cannot stand over the configured ids `configured`, if it cannot.
+    pub fn check(&self, configured: &dyn Fn(&str) -> bool) -> Result<(), String> {
+        for (alias, target) in &self.aliases {
+            let at = format!("models.aliases.{alias}");
+            if !is_model_id(alias) {
+                return Err(format!("{at}: `{alias}` is not a usable model name"));
+            }
+            if configured(alias) {
+                return Err(format!(
+                    "{at}: `{alias}` is a configured model id; an alias cannot replace it"
+                ));
+            }
+            if !configured(target) {
+                return Err(format!(
+                    "{at}: no configured model `{target}` (an alias names a configured id, not another alias)"
+                ));
+            }
+        }
+        for (id, date) in &self.shutdown_dates {
+            let at = format!("models.shutdown_dates.{id}");
+            if !configured(id) && !self.aliases.contains_key(id) {
+                return Err(format!("{at}: no model or alias `{id}`"));
+            }
+            if !is_date(date) {
+                return Err(format!("{at}: `{date}` is not a date like 2027-01-31"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(aliases: &[(&str, &str)], dates: &[(&str, &str)]) -> ModelMap {
+        let own = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        ModelMap {
+            aliases: own(aliases),
+            shutdown_dates: own(dates),
+        }
+    }
+
+    #[test]
+    fn aliases_name_configured_ids_only() {
+        let configured = |id: &str| matches!(id, "sim" | "sim-2026-01-01");
+        assert!(
+            map(&[("stable", "sim-2026-01-01")], &[("stable", "2027-01-31")])
+                .check(&configured)
+                .is_ok()
+        );
+        let errors = [
+            map(&[("sim", "sim-2026-01-01")], &[]),
+            map(&[("x", "nope")], &[]),
+            map(&[("x", "sim"), ("y", "x")], &[]),
+            map(&[("bad name", "sim")], &[]),
+            map(&[], &[("nope", "2027-01-31")]),
+            map(&[], &[("sim", "2027-02-30")]),
+        ];
+        for m in errors {
+            assert!(m.check(&configured).is_err(), "{m:?}");
+        }
+    }
+}
