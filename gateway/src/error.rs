@@ -184,6 +184,24 @@ pub enum ApiError {
         /// What happened.
         message: String,
     },
+    /// A gateway plugin's guard refused the request (its 4xx status, code and message).
+    #[error("{message}")]
+    PluginRejected {
+        /// 400 to 499.
+        status: u16,
+        /// The plugin's code.
+        code: String,
+        /// What the client is told.
+        message: String,
+    },
+    /// A gateway plugin failed and its failure mode is closed (503; the detail is logged).
+    #[error("A request filter of this gateway is unavailable; retry after a short wait.")]
+    PluginFailed {
+        /// Which plugin and what happened.
+        detail: String,
+        /// When to retry.
+        retry_after: Duration,
+    },
     /// An `If-Match` precondition did not hold (412).
     #[error("{0}")]
     PreconditionFailed(String),
@@ -265,6 +283,10 @@ impl ApiError {
             Self::InvalidHeader { .. } => StatusCode::BAD_REQUEST,
             Self::Idempotency { .. } | Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::PreconditionFailed(_) => StatusCode::PRECONDITION_FAILED,
+            Self::PluginRejected { status, .. } => {
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_REQUEST)
+            }
+            Self::PluginFailed { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -346,6 +368,12 @@ impl ApiError {
                 Some("If-Match".into()),
                 Some("precondition_failed"),
             ),
+            Self::PluginRejected { .. } => ("invalid_request_error", None, None),
+            Self::PluginFailed { .. } => ("server_error", None, Some("plugin_unavailable")),
+        };
+        let code = match self {
+            Self::PluginRejected { code, .. } => Some(std::borrow::Cow::Owned(code.clone())),
+            _ => code.map(std::borrow::Cow::Borrowed),
         };
         ErrorDetail {
             message: self.to_string(),
@@ -361,7 +389,8 @@ impl ApiError {
             Self::Overloaded { retry_after, .. }
             | Self::Unavailable { retry_after, .. }
             | Self::ShuttingDown { retry_after }
-            | Self::StateUnavailable { retry_after, .. } => Some(*retry_after),
+            | Self::StateUnavailable { retry_after, .. }
+            | Self::PluginFailed { retry_after, .. } => Some(*retry_after),
             Self::RateLimited(r) if !r.never => Some(r.retry_after),
             _ => None,
         }
@@ -375,11 +404,24 @@ impl ApiError {
             Self::Overloaded { .. }
             | Self::Unavailable { .. }
             | Self::ShuttingDown { .. }
-            | Self::StateUnavailable { .. } => Some(true),
+            | Self::StateUnavailable { .. }
+            | Self::PluginFailed { .. } => Some(true),
             // Only a plan change helps a request larger than a limit.
             Self::RateLimited(r) => Some(!r.never),
             Self::Timeout(_) | Self::Internal { .. } => Some(false),
             _ => None,
+        }
+    }
+
+    /// Its code as a metric label: a plugin's own codes are one label, so the label set stays
+    /// bounded.
+    pub fn metric_code(&self) -> &'static str {
+        match self {
+            Self::PluginRejected { .. } => "plugin_rejected",
+            _ => match self.detail().code {
+                Some(std::borrow::Cow::Borrowed(code)) => code,
+                _ => "server_error",
+            },
         }
     }
 
@@ -391,6 +433,7 @@ impl ApiError {
             Self::StateUnavailable { detail, .. } => {
                 tracing::warn!(%detail, "state store unavailable");
             }
+            Self::PluginFailed { detail, .. } => tracing::warn!(%detail, "gateway plugin failed"),
             _ => {}
         }
     }
@@ -485,7 +528,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         self.log();
         let detail = self.detail();
-        crate::observability::metrics::error(detail.code.unwrap_or("server_error"));
+        crate::observability::metrics::error(self.metric_code());
         let mut response = (self.status(), Json(ErrorBody { error: detail })).into_response();
         if let Some(retry) = self.should_retry() {
             let value = HeaderValue::from_static(if retry { "true" } else { "false" });

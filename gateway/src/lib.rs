@@ -22,6 +22,10 @@
 //! | 8 | `pipeline` (`run`) | submit one engine request per prompt and merge their events into text, stops, tool calls, logprobs |
 //! | 9 | [`engine_host`] | the plugin's `submit` through the C ABI, its events back as a tokio stream (a model with standbys or a canary picks its engine here, `engine_host::routed`) |
 //!
+//! Beside it, `/admin/v1` goes through `routes` (`admin`: an administrator's credential, a
+//! client certificate when required) to [`admin`], which commits a change to the shared state
+//! with its audit entry and swaps [`tenancy`]'s directory and [`engine_host`]'s model map.
+//!
 //! Back up: `protocols::render` drives the protocol's renderer over the generation into typed
 //! items, or `protocols::deliver` folds it into one answer; `routes::sse` frames those as
 //! server-sent events or one JSON body, `routes::websocket` as WebSocket messages. Dropping the
@@ -30,7 +34,7 @@
 //! # Layers
 //!
 //! Imports only point down: [`cli`] → [`server`] → [`config`] (composes the settings each
-//! component owns) → [`routes`] → `protocols` → `generation` → [`tenancy`], `idempotency`,
+//! component owns) → [`routes`] → [`admin`] (beside the protocols) → `protocols` → `generation` → [`tenancy`], `idempotency`,
 //! `pipeline` → [`engine_host`] → [`text`] → `store`, [`observability`], and at the bottom
 //! `error`, `openai` (wire types), `ids`, `clock`, [`lifecycle`] (serving, draining, cut: set
 //! by the server on a stop signal, read by readiness and every generation stream). Below `config`, no module imports `routes`;
@@ -53,6 +57,7 @@ pub mod listener;
 pub mod observability;
 pub(crate) mod openai;
 pub(crate) mod pipeline;
+pub mod plugins;
 pub(crate) mod protocols;
 pub mod routes;
 pub mod server;

@@ -141,6 +141,33 @@ pub fn faulty_plugin() -> PathBuf {
     cdylib("turnpike-faulty-plugin", "turnpike_faulty_plugin")
 }
 
+/// A shipped gateway plugin (`plugins/NAME`).
+pub fn gateway_plugin(name: &str) -> PathBuf {
+    cdylib(
+        &format!("turnpike-plugin-{name}"),
+        &format!("turnpike_plugin_{name}"),
+    )
+}
+
+/// The rule-breaking gateway plugin.
+pub fn faulty_gateway_plugin() -> PathBuf {
+    cdylib(
+        "turnpike-faulty-gateway-plugin",
+        "turnpike_faulty_gateway_plugin",
+    )
+}
+
+/// The C example gateway plugin, compiled against the checked-in header.
+pub fn c_gateway_plugin() -> PathBuf {
+    let root = workspace_root();
+    c::shared_library(
+        "mild_words",
+        &[root.join("examples/c-gateway-plugin/mild_words.c")],
+        &root.join("plugin-api/include"),
+        &[],
+    )
+}
+
 /// The C example plugin, compiled against the checked-in header.
 pub fn c_example_plugin() -> PathBuf {
     let root = workspace_root();

@@ -86,6 +86,8 @@ pub enum PluginCommand {
     Check(PluginArgs),
     /// Run the conformance kit over a plugin.
     Conformance(PluginArgs),
+    /// Run the gateway plugin conformance kit over a gateway plugin (guards, transforms, tools).
+    GatewayConformance(PluginArgs),
 }
 
 /// Arguments of the plugin subcommands.
@@ -140,6 +142,10 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Plugin(PluginCommand::Check(args)) => {
             let runtime = current_thread_runtime()?;
             Ok(runtime.block_on(plugin_check::check(&args, out))?)
+        }
+        Command::Plugin(PluginCommand::GatewayConformance(args)) => {
+            let runtime = current_thread_runtime()?;
+            Ok(runtime.block_on(plugin_check::gateway_conformance(&args, out))?)
         }
         Command::Plugin(PluginCommand::Conformance(args)) => {
             Ok(plugin_check::conformance(&args, out)?)

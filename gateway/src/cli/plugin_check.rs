@@ -241,3 +241,29 @@ pub(super) fn conformance(
     }
     Ok(())
 }
+
+/// Runs the gateway plugin conformance kit and prints its report.
+pub(super) async fn gateway_conformance(
+    args: &PluginArgs,
+    out: &mut dyn Write,
+) -> Result<(), PluginCommandError> {
+    let config =
+        plugin_config(args.config.as_deref()).map_err(|message| PluginCommandError::Config {
+            path: args.path.clone(),
+            message,
+        })?;
+    let report = turnpike_plugin_api::conformance::run(&args.path, &config).await;
+    for check in &report.checks {
+        let mark = if check.passed { "ok  " } else { "FAIL" };
+        let _ = writeln!(out, "{mark} {}: {}", check.name, check.detail);
+    }
+    let failed = report.failures().len();
+    if failed > 0 {
+        return Err(PluginCommandError::Conformance {
+            path: args.path.clone(),
+            failed,
+            total: report.checks.len(),
+        });
+    }
+    Ok(())
+}

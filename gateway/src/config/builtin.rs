@@ -51,6 +51,7 @@ pub(super) fn config(
         logging: Default::default(),
         tracing: None,
         admin: None,
+        plugins: Vec::new(),
         engines: vec![EngineConfig {
             name: "default".into(),
             plugin: plugin_beside_binary("turnpike_cuda"),

@@ -77,6 +77,8 @@ pub struct Config {
     pub tracing: Option<crate::observability::traces::TracingSettings>,
     /// The admin API; `None` when off.
     pub admin: Option<crate::admin::AdminSettings>,
+    /// Gateway plugins, in the order they run.
+    pub plugins: Vec<crate::plugins::settings::PluginConfig>,
 }
 
 /// Checks a tenant name (letters, digits, `-`, `_`, `.`; at most 64).

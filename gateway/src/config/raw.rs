@@ -44,6 +44,8 @@ pub(super) struct RawConfig {
     tracing: Option<crate::observability::traces::RawTracing>,
     #[serde(default)]
     admin: crate::admin::settings::RawAdmin,
+    #[serde(default)]
+    plugins: Vec<crate::plugins::settings::RawPlugin>,
 }
 
 /// The seed's suggested defaults (section 18).
@@ -162,6 +164,7 @@ impl RawConfig {
         let admin = self
             .admin
             .validate(base, tenancy.auth_required, client_ca)?;
+        let plugins = validate_plugins(self.plugins, base)?;
         let Some(raw_engines) = self.engines else {
             if self.models.is_some() {
                 return Err("models: listed without [[engines]] to serve them".into());
@@ -172,6 +175,7 @@ impl RawConfig {
                     logging,
                     tracing,
                     admin,
+                    plugins,
                     ..config
                 })
                 .map_err(|e| format!("built-in default: {e}"));
@@ -211,8 +215,36 @@ impl RawConfig {
             logging,
             tracing,
             admin,
+            plugins,
         })
     }
+}
+
+fn validate_plugins(
+    raw: Vec<crate::plugins::settings::RawPlugin>,
+    base: &Path,
+) -> Result<Vec<crate::plugins::settings::PluginConfig>, String> {
+    let to_json = |table: toml::Table| {
+        let mut value = toml::Value::Table(table);
+        expand_config_dir(&mut value, base);
+        serde_json::to_string(&value)
+            .map_err(|e| format!("config: cannot be expressed as JSON: {e}"))
+    };
+    let mut names = HashSet::new();
+    let mut plugins = Vec::with_capacity(raw.len());
+    for (i, plugin) in raw.into_iter().enumerate() {
+        let plugin = plugin
+            .validate(base, &to_json)
+            .map_err(|e| format!("plugins[{i}]: {e}"))?;
+        if !names.insert(plugin.name.clone()) {
+            return Err(format!(
+                "plugins[{i}]: plugin name `{}` is used twice",
+                plugin.name
+            ));
+        }
+        plugins.push(plugin);
+    }
+    Ok(plugins)
 }
 
 impl RawDefaults {

@@ -55,6 +55,8 @@ pub struct Generator {
     tenancy: Arc<Tenancy>,
     timing: Timing,
     lifecycle: Lifecycle,
+    /// Gateway plugins: guards before the plan, transforms over the output.
+    plugins: Arc<crate::plugins::PluginHost>,
 }
 
 /// A generation checked, tokenized and admitted: ready to start.
@@ -67,6 +69,7 @@ pub struct Prepared {
     job: Job,
     admission: Admission,
     lifecycle: Lifecycle,
+    transforms: Option<crate::plugins::OutputTransforms>,
 }
 
 /// A started generation, with what its protocol renders it by.
@@ -127,7 +130,7 @@ impl Prepared {
     /// Submits to the engine; a refusal is an error before any response is sent.
     pub fn start(self) -> Result<Generation, ApiError> {
         let stream = run::start(self.job, &self.lifecycle)?;
-        Ok(Generation::new(stream, self.admission))
+        Ok(Generation::new(stream, self.admission, self.transforms))
     }
 }
 
@@ -158,7 +161,13 @@ impl Generator {
             tenancy,
             timing,
             lifecycle: Lifecycle::default(),
+            plugins: Arc::default(),
         }
+    }
+
+    /// The same facade, running `plugins`.
+    pub fn with_plugins(self, plugins: Arc<crate::plugins::PluginHost>) -> Self {
+        Self { plugins, ..self }
     }
 
     /// Where the server is in its life: a cut ends every generation still running.
@@ -232,7 +241,9 @@ impl Generator {
         id: &str,
         mut record: RequestRecord,
     ) -> Result<Started, ApiError> {
-        let mut prepared = self.prepare(caller, req, id, record.started, true).await?;
+        let mut prepared = self
+            .prepare(caller, req, id, record.endpoint, record.started, true)
+            .await?;
         record.model.clone_from(&prepared.model.id);
         let (model, n, logprobs) = (
             Arc::clone(&prepared.model),
@@ -266,10 +277,22 @@ impl Generator {
         caller: &Caller,
         req: &GenerationRequest,
         id: &str,
+        endpoint: &str,
         started: Instant,
         wait: bool,
     ) -> Result<Prepared, ApiError> {
         let model = self.model_for(caller, &req.model)?;
+        let scope = crate::plugins::Scope {
+            tenant: &caller.principal.tenant.name,
+            model: [req.model.as_str(), model.id.as_str()],
+            endpoint,
+        };
+        let guarded = if self.plugins.is_empty() {
+            None
+        } else {
+            self.plugins.guard(scope, req).await?
+        };
+        let req = guarded.as_ref().unwrap_or(req);
         let tokenize = tracing::info_span!(
             target: crate::observability::traces::TARGET,
             "tokenize",
@@ -299,12 +322,18 @@ impl Generator {
             )
             .instrument(queue_wait);
         let admission = until_cut(&self.lifecycle, self.timing.retry_after, admission).await??;
+        let transforms = if self.plugins.is_empty() {
+            None
+        } else {
+            self.plugins.transforms(scope)
+        };
         Ok(Prepared {
             model,
             prompt_texts: plan.prompt_texts,
             job: plan.job,
             admission,
             lifecycle: self.lifecycle.clone(),
+            transforms,
         })
     }
 }

@@ -112,7 +112,7 @@ impl RequestRecord {
             correlation_id = self.correlation.as_deref().unwrap_or(""),
             trace_id = self.trace_id.as_deref().unwrap_or(""),
             status = error.status().as_u16(),
-            code = error.detail().code.unwrap_or(""),
+            code = error.metric_code(),
             ms = self.started.elapsed().as_secs_f64() * 1e3,
             "request failed"
         );

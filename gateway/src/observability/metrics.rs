@@ -29,6 +29,10 @@
 //! | `turnpike_http_connections` | gauge (open HTTP connections; at most `server.max_connections`) | |
 //! | `turnpike_http_connections_closed_total` | counter (connections and requests cut by the server's bounds) | `reason` (`limit`, `header_timeout`, `body_timeout`, `tls_handshake`) |
 //! | `turnpike_state_store_up` | gauge (1 while the state store answers its health probe, 0 while it does not) | |
+//! | `turnpike_plugin_calls_total` | counter (gateway plugin hook calls) | `plugin`, `hook` (`guard`, `transform`), `outcome` |
+//! | `turnpike_plugin_call_duration_seconds` | histogram | `plugin`, `hook` |
+//! | `turnpike_admin_changes_total` | counter (admin API changes) | `action`, `result` |
+//! | `turnpike_admin_state_revision`, `turnpike_admin_sync_failures_total` | gauge, counter (the admin state in force here; syncs that failed) | |
 //!
 //! The recorder is process-wide; histogram samples are drained by [`upkeep`], which the server
 //! runs every few seconds, so memory stays bounded whether or not anyone scrapes.
@@ -359,6 +363,16 @@ pub fn tls_reload(ok: bool) {
 pub fn config_reload(ok: bool) {
     let result = if ok { "ok" } else { "failed" };
     metrics::counter!("turnpike_config_reloads_total", "result" => result).increment(1);
+}
+
+/// One call of a gateway plugin's hook (`outcome`: `allow`, `reject`, `rewrite`, `ok`,
+/// `failed`, `timeout`), and how long it took.
+pub fn plugin_call(plugin: &str, hook: &'static str, outcome: &'static str, took: Duration) {
+    let plugin = plugin.to_string();
+    metrics::counter!("turnpike_plugin_calls_total", "plugin" => plugin.clone(), "hook" => hook, "outcome" => outcome)
+        .increment(1);
+    metrics::histogram!("turnpike_plugin_call_duration_seconds", "plugin" => plugin, "hook" => hook)
+        .record(took.as_secs_f64());
 }
 
 /// A change through the admin API (`action`: `tenant.put`, …; `result`: `ok` or why not).

@@ -19,6 +19,6 @@ pub struct ErrorDetail {
     pub kind: &'static str,
     /// The request parameter at fault.
     pub param: Option<String>,
-    /// A machine-readable code, such as `model_not_found`.
-    pub code: Option<&'static str>,
+    /// A machine-readable code, such as `model_not_found` (a plugin's rejection names its own).
+    pub code: Option<std::borrow::Cow<'static, str>>,
 }

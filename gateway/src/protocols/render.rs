@@ -173,7 +173,7 @@ impl<R: Render> Driver<R> {
         e.log();
         self.timing.record.failed(&e);
         let error = e.detail();
-        metrics::error(error.code.unwrap_or("server_error"));
+        metrics::error(e.metric_code());
         let chunks = self.renderer.failure(&error);
         self.out.push_back(Out::Failed {
             status: e.status(),

@@ -98,6 +98,14 @@ impl AppState {
         }
     }
 
+    /// The same state, running gateway plugins.
+    pub fn with_plugins(self, plugins: Arc<crate::plugins::PluginHost>) -> Self {
+        Self {
+            generator: self.generator.with_plugins(plugins),
+            ..self
+        }
+    }
+
     /// The same state, serving the admin API.
     pub fn with_admin(self, admin: Arc<crate::admin::Admin>) -> Self {
         Self {

@@ -38,6 +38,9 @@ pub enum ServeError {
     /// The TLS certificate, key or client CA cannot be used.
     #[error("tls: {0}")]
     Tls(#[from] listener::tls::TlsError),
+    /// A gateway plugin failed to load.
+    #[error(transparent)]
+    Plugins(#[from] crate::plugins::PluginLoadError),
     /// The state store or the tenant directory cannot be set up.
     #[error("tenancy: {0}")]
     State(crate::store::StoreError),
@@ -110,6 +113,16 @@ impl Server {
             Arc::new(config.defaults.clone()),
             Arc::clone(&tenancy),
         );
+        if !config.plugins.is_empty() {
+            let settings = config.plugins.clone();
+            let retry_after = config.server.retry_after;
+            let plugins = tokio::task::spawn_blocking(move || {
+                crate::plugins::PluginHost::load(&settings, retry_after)
+            })
+            .await
+            .map_err(|e| std::io::Error::other(format!("plugin loading panicked: {e}")))??;
+            state = state.with_plugins(Arc::new(plugins));
+        }
         if let Some(settings) = &config.admin {
             let admin = Admin::new(settings.clone(), tenancy, registry);
             // The shared state as it stands; a store still away is read by the sync later.

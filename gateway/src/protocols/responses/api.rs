@@ -303,7 +303,14 @@ async fn background(
 ) -> Result<(Reply, Vec<Value>), ApiError> {
     let prepared = call
         .generator
-        .prepare(call.caller, &turn.generation, &turn.id, call.started, false)
+        .prepare(
+            call.caller,
+            &turn.generation,
+            &turn.id,
+            "responses",
+            call.started,
+            false,
+        )
         .await?;
     let record = turn
         .record(req, &prepared.model.id, call.started)

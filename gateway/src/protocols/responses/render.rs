@@ -490,8 +490,9 @@ impl EventRenderer {
         self.close_message(&mut out, "incomplete");
         self.response.status = "failed".into();
         self.response.output = std::mem::take(&mut self.output);
-        self.response.error =
-            Some(json!({"code": error.code.unwrap_or("server_error"), "message": error.message}));
+        self.response.error = Some(
+            json!({"code": error.code.as_deref().unwrap_or("server_error"), "message": error.message}),
+        );
         self.emit_response(&mut out, "response.failed");
         out
     }

@@ -1,0 +1,244 @@
+//! Gateway plugins on the request path: each configured plugin (a shared library speaking the
+//! gateway plugin ABI, `turnpike-plugin-api`) is loaded once, attached to some models and
+//! tenants, and run in the configured order.
+//!
+//! - A **guard** sees the request before it is templated and tokenized ([`PluginHost::guard`]):
+//!   it lets it through, refuses it with its own 4xx status and code, or rewrites its texts
+//!   (the next guard sees the rewrite).
+//! - A **transform** sees each choice's output text as it streams ([`OutputTransforms`]), and may
+//!   replace parts of it; non-streamed answers are a fold of the same events, so both agree.
+//!
+//! A guard runs on a blocking thread under its plugin's `timeout_ms`, so a slow or stuck plugin
+//! cannot stall the server's threads; a transform runs inline (it is called per piece of text and
+//! must be quick; the conformance kit measures it). A hook that fails, panics or overruns fails
+//! the request when its plugin's `failure` is `closed` (503 `plugin_unavailable`; in a stream,
+//! the error event), and is skipped when it is `open`. Each call is counted and timed
+//! (`turnpike_plugin_calls_total`, `turnpike_plugin_call_duration_seconds`) and traced (a
+//! `plugin` span per guard).
+
+mod guard;
+pub mod settings;
+mod transform;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument as _;
+use turnpike_plugin_api::docs::{TransformContext, Verdict};
+use turnpike_plugin_api::host::{PluginError, PluginInstance, PluginLibrary};
+
+use crate::error::ApiError;
+use crate::observability::metrics;
+use crate::pipeline::request::GenerationRequest;
+use settings::{OnFailure, PluginConfig};
+pub(crate) use transform::OutputTransforms;
+
+/// Why the plugins could not be loaded.
+#[derive(Debug, thiserror::Error)]
+#[error("plugin `{name}`: {source}")]
+pub struct PluginLoadError {
+    /// Which.
+    pub name: String,
+    /// Why.
+    #[source]
+    pub source: PluginError,
+}
+
+/// One loaded plugin and where it applies.
+#[derive(Debug)]
+struct Attached {
+    config: PluginConfig,
+    instance: Arc<PluginInstance>,
+}
+
+/// The loaded plugins, in order.
+#[derive(Debug, Default)]
+pub struct PluginHost {
+    attached: Vec<Attached>,
+    retry_after: Duration,
+}
+
+/// Who is asking and for what: the plugins attached to the model and tenant apply.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scope<'a> {
+    /// The tenant.
+    pub tenant: &'a str,
+    /// The model as asked and as served.
+    pub model: [&'a str; 2],
+    /// The endpoint (`chat`, `completions`, `responses`).
+    pub endpoint: &'a str,
+}
+
+impl PluginHost {
+    /// Loads and creates every plugin (blocking: a plugin may read files as it starts).
+    pub fn load(configs: &[PluginConfig], retry_after: Duration) -> Result<Self, PluginLoadError> {
+        let mut attached = Vec::with_capacity(configs.len());
+        for config in configs {
+            let fail = |source| PluginLoadError {
+                name: config.name.clone(),
+                source,
+            };
+            let library = PluginLibrary::load(&config.library).map_err(fail)?;
+            let instance = library
+                .create(&config.config_json, &config.name)
+                .map_err(fail)?;
+            tracing::info!(plugin = %config.name, library = %library.name(), version = %library.version(), hooks = ?instance.hooks(), tools = instance.tools().len(), "gateway plugin loaded");
+            attached.push(Attached {
+                config: config.clone(),
+                instance,
+            });
+        }
+        Ok(Self {
+            attached,
+            retry_after,
+        })
+    }
+
+    /// Whether no plugin is loaded.
+    pub fn is_empty(&self) -> bool {
+        self.attached.is_empty()
+    }
+
+    fn applying<'a>(&'a self, scope: Scope<'a>) -> impl Iterator<Item = &'a Attached> + 'a {
+        self.attached.iter().filter(move |a| {
+            a.config.models.allows_any(scope.model.into_iter())
+                && a.config.tenants.allows_any(std::iter::once(scope.tenant))
+        })
+    }
+
+    fn failed(&self, plugin: &Attached, hook: &str, why: String) -> Option<ApiError> {
+        let detail = format!("plugin `{}` {hook}: {why}", plugin.config.name);
+        match plugin.config.failure {
+            OnFailure::Closed => Some(ApiError::PluginFailed {
+                detail,
+                retry_after: self.retry_after,
+            }),
+            OnFailure::Open => {
+                tracing::warn!(%detail, "gateway plugin failed; skipped (failure = open)");
+                None
+            }
+        }
+    }
+
+    /// Runs the guards that apply, in order: `Ok(None)` lets `req` through as it is,
+    /// `Ok(Some(rewritten))` lets the rewrite through, `Err` refuses it.
+    pub(crate) async fn guard(
+        &self,
+        scope: Scope<'_>,
+        req: &GenerationRequest,
+    ) -> Result<Option<GenerationRequest>, ApiError> {
+        let mut current: Option<GenerationRequest> = None;
+        for plugin in self.applying(scope).filter(|a| a.instance.hooks().guard) {
+            let seen = guard::guard_request(
+                current.as_ref().unwrap_or(req),
+                scope.tenant,
+                scope.model[0],
+                scope.endpoint,
+            );
+            let instance = Arc::clone(&plugin.instance);
+            let span = tracing::info_span!(target: crate::observability::traces::TARGET, "plugin", plugin = %plugin.config.name, hook = "guard");
+            let started = Instant::now();
+            let call = tokio::task::spawn_blocking(move || instance.guard(&seen));
+            let outcome = tokio::time::timeout(plugin.config.timeout, call)
+                .instrument(span)
+                .await;
+            let verdict = match outcome {
+                Ok(Ok(Ok(verdict))) => verdict,
+                Ok(Ok(Err(e))) => {
+                    metrics::plugin_call(&plugin.config.name, "guard", "failed", started.elapsed());
+                    match self.failed(plugin, "guard", e.to_string()) {
+                        Some(error) => return Err(error),
+                        None => continue,
+                    }
+                }
+                Ok(Err(join)) => {
+                    metrics::plugin_call(&plugin.config.name, "guard", "failed", started.elapsed());
+                    match self.failed(plugin, "guard", join.to_string()) {
+                        Some(error) => return Err(error),
+                        None => continue,
+                    }
+                }
+                Err(_) => {
+                    metrics::plugin_call(
+                        &plugin.config.name,
+                        "guard",
+                        "timeout",
+                        started.elapsed(),
+                    );
+                    let why = format!("no verdict within {:?}", plugin.config.timeout);
+                    match self.failed(plugin, "guard", why) {
+                        Some(error) => return Err(error),
+                        None => continue,
+                    }
+                }
+            };
+            let took = started.elapsed();
+            match verdict {
+                Verdict::Allow => metrics::plugin_call(&plugin.config.name, "guard", "allow", took),
+                Verdict::Reject(r) => {
+                    metrics::plugin_call(&plugin.config.name, "guard", "reject", took);
+                    return Err(ApiError::PluginRejected {
+                        status: r.status,
+                        code: r.code,
+                        message: r.message,
+                    });
+                }
+                Verdict::Rewrite(rewritten) => {
+                    metrics::plugin_call(&plugin.config.name, "guard", "rewrite", took);
+                    let next = guard::apply_rewrite(current.as_ref().unwrap_or(req), &rewritten);
+                    current = Some(next);
+                }
+            }
+        }
+        Ok(current)
+    }
+
+    /// The response transforms that apply, if any.
+    pub(crate) fn transforms(self: &Arc<Self>, scope: Scope<'_>) -> Option<OutputTransforms> {
+        let indices: Vec<usize> = self
+            .attached
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.instance.hooks().transform)
+            .filter(|(_, a)| {
+                a.config.models.allows_any(scope.model.into_iter())
+                    && a.config.tenants.allows_any(std::iter::once(scope.tenant))
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if indices.is_empty() {
+            return None;
+        }
+        let host = Arc::clone(self);
+        let (tenant, model, endpoint) = (
+            scope.tenant.to_string(),
+            scope.model[0].to_string(),
+            scope.endpoint.to_string(),
+        );
+        let open = move |choice: u32| {
+            let context = TransformContext {
+                tenant: tenant.clone(),
+                model: model.clone(),
+                endpoint: endpoint.clone(),
+                choice,
+            };
+            let mut chain = Vec::new();
+            for &i in &indices {
+                let plugin = &host.attached[i];
+                match plugin.instance.open_transform(&context) {
+                    Ok(handle) => chain.push(transform::Link {
+                        plugin: plugin.config.name.clone(),
+                        handle,
+                    }),
+                    Err(e) => {
+                        if let Some(error) = host.failed(plugin, "transform_open", e.to_string()) {
+                            return Err(error);
+                        }
+                    }
+                }
+            }
+            Ok(chain)
+        };
+        Some(OutputTransforms::new(Box::new(open), self.retry_after))
+    }
+}
