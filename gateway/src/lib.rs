@@ -17,6 +17,7 @@
 //! | 3 | [`routes`] (`chat`) | the handler: extract the body, call its protocol, frame the reply |
 //! | 4 | `protocols` (`chat`) | translate the wire request into the one `GenerationRequest` |
 //! | 5 | `generation` | the facade: model lookup and the caller's scope, then the plan, admission, start |
+//! | 5½ | [`plugins`] | the gateway plugins' guards attached to the model and tenant: allow, refuse or rewrite |
 //! | 6 | `pipeline` (`plan`) | check parameters against the model, template and tokenize within the prompt budget |
 //! | 7 | [`tenancy`] (`admit`) | reserve tokens on the exact prompt, take a concurrency lease and a queue place (limits, phase 2) |
 //! | 8 | `pipeline` (`run`) | submit one engine request per prompt and merge their events into text, stops, tool calls, logprobs |
@@ -29,12 +30,13 @@
 //! Back up: `protocols::render` drives the protocol's renderer over the generation into typed
 //! items, or `protocols::deliver` folds it into one answer; `routes::sse` frames those as
 //! server-sent events or one JSON body, `routes::websocket` as WebSocket messages. Dropping the
-//! stream cancels the engine work and settles the tenant's tokens.
+//! stream cancels the engine work and settles the tenant's tokens. The plugins' response
+//! transforms sit between the merged events and the renderers (`generation::Generation`).
 //!
 //! # Layers
 //!
 //! Imports only point down: [`cli`] → [`server`] → [`config`] (composes the settings each
-//! component owns) → [`routes`] → [`admin`] (beside the protocols) → `protocols` → `generation` → [`tenancy`], `idempotency`,
+//! component owns) → [`routes`] → [`admin`] (beside the protocols) → `protocols` → `generation` → [`tenancy`], `idempotency`, [`plugins`],
 //! `pipeline` → [`engine_host`] → [`text`] → `store`, [`observability`], and at the bottom
 //! `error`, `openai` (wire types), `ids`, `clock`, [`lifecycle`] (serving, draining, cut: set
 //! by the server on a stop signal, read by readiness and every generation stream). Below `config`, no module imports `routes`;

@@ -17,6 +17,7 @@ mod embed;
 pub(crate) mod record;
 mod stream;
 mod tokens;
+pub(crate) mod tool_loop;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -165,6 +166,49 @@ impl Generator {
         }
     }
 
+    /// The gateway plugins it runs.
+    pub(crate) fn plugins(&self) -> Arc<crate::plugins::PluginHost> {
+        Arc::clone(&self.plugins)
+    }
+
+    /// The server tools to offer `req` (none when it cannot loop: `n` > 1, no chat prompt, no
+    /// tool-call format, or tools refused with `tool_choice: none`), less names the client's own
+    /// tools take.
+    fn server_tools(
+        &self,
+        caller: &Caller,
+        req: &GenerationRequest,
+        endpoint: &str,
+    ) -> Vec<crate::plugins::ServerTool> {
+        if self.plugins.is_empty()
+            || !matches!(req.prompt, Prompt::Chat { .. })
+            || matches!(req.tools.choice, ToolChoice::None)
+            || req
+                .sampling
+                .n
+                .as_ref()
+                .and_then(|n| n.as_u64())
+                .unwrap_or(1)
+                != 1
+        {
+            return Vec::new();
+        }
+        let Ok(model) = self.model_for(caller, &req.model) else {
+            return Vec::new();
+        };
+        if model.tool_call_parser.is_none() {
+            return Vec::new();
+        }
+        let scope = crate::plugins::Scope {
+            tenant: &caller.principal.tenant.name,
+            model: [req.model.as_str(), model.id.as_str()],
+            endpoint,
+        };
+        let mut tools = self.plugins.server_tools(scope);
+        tools.retain(|t| !req.tools.names.contains(&t.spec.name));
+        tools
+    }
+
     /// The same facade, running `plugins`.
     pub fn with_plugins(self, plugins: Arc<crate::plugins::PluginHost>) -> Self {
         Self { plugins, ..self }
@@ -241,6 +285,9 @@ impl Generator {
         id: &str,
         mut record: RequestRecord,
     ) -> Result<Started, ApiError> {
+        let server_tools = self.server_tools(caller, req, record.endpoint);
+        let offered = (!server_tools.is_empty()).then(|| tool_loop::offer(req, &server_tools));
+        let req = offered.as_ref().unwrap_or(req);
         let mut prepared = self
             .prepare(caller, req, id, record.endpoint, record.started, true)
             .await?;
@@ -252,7 +299,18 @@ impl Generator {
         );
         let prompts = prepared.prompts();
         let prompt_texts = std::mem::take(&mut prepared.prompt_texts);
-        let stream = prepared.start().inspect_err(|e| record.failed(e))?;
+        let mut stream = prepared.start().inspect_err(|e| record.failed(e))?;
+        if !server_tools.is_empty() {
+            stream = stream.with_tool_loop(tool_loop::ToolLoop::new(
+                self.clone(),
+                caller.clone(),
+                req.clone(),
+                id.to_string(),
+                record.endpoint,
+                record.started,
+                server_tools,
+            ));
+        }
         if let Some(route) = stream.route() {
             let route = route.to_string();
             caller.report(|r| r.route = Some(route));

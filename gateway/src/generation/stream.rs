@@ -1,23 +1,34 @@
 //! [`Generation`]: the engine's merged event stream together with the tenant's hold on its
 //! limits, so that however the stream ends (its last event, an error, a client that left) the
 //! tenant is charged the tokens actually used and its concurrency lease and queue place return.
+//!
+//! Between the engine's events and the protocol sit, when configured, the gateway plugins'
+//! response transforms, and the server-tool loop ([`super::tool_loop`]): a round that ends in
+//! calls of the gateway's own tools is followed by another round, on the same stream.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use futures_core::Stream;
 
+use super::tool_loop::ToolLoop;
 use crate::pipeline::run::{GenEvent, GenStream};
 use crate::plugins::OutputTransforms;
 use crate::tenancy::Admission;
 
-/// A started generation. Dropping it cancels every engine request still running.
+/// A started generation. Dropping it cancels every engine request still running (and every
+/// tool call the gateway is running for it).
 #[derive(Debug)]
 pub struct Generation {
     stream: GenStream,
     admission: Admission,
-    /// The gateway plugins' response transforms, with the events they made not yet taken.
-    transforms: Option<(OutputTransforms, std::collections::VecDeque<GenEvent>)>,
+    /// The gateway plugins' response transforms.
+    transforms: Option<OutputTransforms>,
+    /// The server-tool loop, when the model was offered the gateway's tools.
+    tool_loop: Option<Box<ToolLoop>>,
+    /// Events made and not yet taken.
+    ready: VecDeque<GenEvent>,
 }
 
 impl Generation {
@@ -29,7 +40,17 @@ impl Generation {
         Self {
             stream,
             admission,
-            transforms: transforms.map(|t| (t, Default::default())),
+            transforms,
+            tool_loop: None,
+            ready: VecDeque::new(),
+        }
+    }
+
+    /// The same generation, continued by `tool_loop` while the model calls server tools.
+    pub(super) fn with_tool_loop(self, tool_loop: ToolLoop) -> Self {
+        Self {
+            tool_loop: Some(Box::new(tool_loop)),
+            ..self
         }
     }
 
@@ -42,6 +63,27 @@ impl Generation {
     pub fn engine_started(&self) -> bool {
         self.stream.engine_started()
     }
+
+    /// Takes in the next round: its stream, limits and transforms replace this round's.
+    fn continue_with(&mut self, next: Generation) {
+        self.stream = next.stream;
+        // The finished round's hold goes back as it drops (its tokens were recorded).
+        self.admission = next.admission;
+        self.transforms = next.transforms;
+    }
+
+    fn take_in(&mut self, event: GenEvent) {
+        let events = match self.transforms.as_mut() {
+            Some(transforms) => transforms.apply(event),
+            None => vec![event],
+        };
+        for event in events {
+            match self.tool_loop.as_mut() {
+                Some(tool_loop) => tool_loop.observe(event, &mut self.ready),
+                None => self.ready.push_back(event),
+            }
+        }
+    }
 }
 
 impl Stream for Generation {
@@ -50,19 +92,41 @@ impl Stream for Generation {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<GenEvent>> {
         let this = &mut *self;
         loop {
-            if let Some((_, ready)) = this.transforms.as_mut()
-                && let Some(event) = ready.pop_front()
-            {
+            if let Some(event) = this.ready.pop_front() {
                 return Poll::Ready(Some(event));
+            }
+            if let Some(tool_loop) = this.tool_loop.as_mut()
+                && let Some(next) = tool_loop.poll_next_round(cx)
+            {
+                match next {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok((generation, events))) => {
+                        this.continue_with(generation);
+                        this.ready.extend(events);
+                        continue;
+                    }
+                    Poll::Ready(Err(error)) => {
+                        this.tool_loop = None;
+                        return Poll::Ready(Some(GenEvent::Error(error)));
+                    }
+                }
             }
             let polled = Pin::new(&mut this.stream).poll_next(cx);
             // What a drop (cancel, error) settles with: every token the engines sent so far.
             this.admission.record(this.stream.tokens_used());
-            match (polled, this.transforms.as_mut()) {
-                (Poll::Ready(Some(event)), Some((transforms, ready))) => {
-                    ready.extend(transforms.apply(event));
+            match polled {
+                Poll::Ready(Some(event)) => this.take_in(event),
+                Poll::Ready(None) => {
+                    if this
+                        .tool_loop
+                        .as_ref()
+                        .is_some_and(|tool_loop| tool_loop.has_next_round())
+                    {
+                        continue;
+                    }
+                    return Poll::Ready(None);
                 }
-                (polled, _) => return polled,
+                Poll::Pending => return Poll::Pending,
             }
         }
     }

@@ -204,6 +204,17 @@ pub enum OutputItem {
         arguments: String,
         status: String,
     },
+    /// A tool the gateway ran for the model (a gateway plugin's server tool), shown as OpenAI
+    /// shows a hosted MCP tool's call: its server, arguments, and output or error.
+    McpCall {
+        id: String,
+        server_label: String,
+        name: String,
+        arguments: String,
+        output: Option<String>,
+        error: Option<String>,
+        status: String,
+    },
 }
 
 impl OutputItem {
@@ -212,7 +223,8 @@ impl OutputItem {
         match self {
             Self::Message { id, .. }
             | Self::Reasoning { id, .. }
-            | Self::FunctionCall { id, .. } => id,
+            | Self::FunctionCall { id, .. }
+            | Self::McpCall { id, .. } => id,
         }
     }
 }

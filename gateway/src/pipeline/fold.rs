@@ -18,6 +18,8 @@ pub(crate) struct ChoiceResult {
     pub text_offsets: Vec<u64>,
     /// Tool calls, in order.
     pub tool_calls: Vec<FoldedCall>,
+    /// Server tools the gateway ran for it, in order.
+    pub server_tools: Vec<super::run::ServerToolRun>,
     /// Why it ended.
     pub finish: Option<Finished>,
     /// Characters in `text` so far (kept so offsets cost nothing per token).
@@ -101,6 +103,11 @@ pub(crate) async fn fold(
             GenEvent::Finish { choice, reason } => {
                 if let Some(c) = out.choices.get_mut(choice as usize) {
                     c.finish = Some(reason);
+                }
+            }
+            GenEvent::ServerTool(run) => {
+                if let Some(c) = out.choices.get_mut(run.choice as usize) {
+                    c.server_tools.push(*run);
                 }
             }
             GenEvent::Usage(totals) => out.totals = totals,

@@ -120,6 +120,23 @@ pub struct Totals {
     pub reasoning: u64,
 }
 
+/// A server tool call the gateway ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerToolRun {
+    /// The choice it belongs to.
+    pub choice: u32,
+    /// The model's call id (`call_...`).
+    pub call_id: String,
+    /// The plugin that ran it.
+    pub server: String,
+    /// The tool.
+    pub name: String,
+    /// Its arguments as the model wrote them.
+    pub arguments: String,
+    /// Its output, or why it failed (shown to the model either way).
+    pub output: Result<String, String>,
+}
+
 /// What a generation yields.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GenEvent {
@@ -152,6 +169,9 @@ pub enum GenEvent {
         /// Arguments as JSON text.
         arguments: String,
     },
+    /// A tool the gateway ran for the model (a gateway plugin's server tool), and its outcome;
+    /// the next round of the conversation follows.
+    ServerTool(Box<ServerToolRun>),
     /// A choice ended.
     Finish {
         /// Choice index.

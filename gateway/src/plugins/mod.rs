@@ -7,6 +7,10 @@
 //!   (the next guard sees the rewrite).
 //! - A **transform** sees each choice's output text as it streams ([`OutputTransforms`]), and may
 //!   replace parts of it; non-streamed answers are a fold of the same events, so both agree.
+//! - A **server tool** is offered to the model beside the client's tools
+//!   ([`PluginHost::server_tools`]); when the model calls one, the gateway runs it
+//!   ([`PluginHost::run_tool`], under the plugin's `tool_timeout_ms`, cancelled when the request
+//!   goes away) and the conversation continues (`generation::tool_loop`).
 //!
 //! A guard runs on a blocking thread under its plugin's `timeout_ms`, so a slow or stuck plugin
 //! cannot stall the server's threads; a transform runs inline (it is called per piece of text and
@@ -20,11 +24,15 @@ mod guard;
 pub mod settings;
 mod transform;
 
+use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
 use tracing::Instrument as _;
-use turnpike_plugin_api::docs::{TransformContext, Verdict};
+use turnpike_plugin_api::abi::TG_STATUS_OK;
+use turnpike_plugin_api::docs::{ToolCall, ToolSpec, TransformContext, Verdict};
 use turnpike_plugin_api::host::{PluginError, PluginInstance, PluginLibrary};
 
 use crate::error::ApiError;
@@ -56,6 +64,33 @@ struct Attached {
 pub struct PluginHost {
     attached: Vec<Attached>,
     retry_after: Duration,
+    /// Ids of tool calls, unique per process.
+    next_call: AtomicU64,
+}
+
+/// A tool a plugin runs for the model.
+#[derive(Debug, Clone)]
+pub(crate) struct ServerTool {
+    /// What the model is shown.
+    pub spec: ToolSpec,
+    /// Which plugin runs it.
+    plugin: usize,
+}
+
+/// Cancels a tool call that is dropped before it answered (the request went away, or its
+/// deadline passed).
+struct CancelOnDrop {
+    instance: Arc<PluginInstance>,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            self.instance.cancel_tool(self.id);
+        }
+    }
 }
 
 /// Who is asking and for what: the plugins attached to the model and tenant apply.
@@ -91,7 +126,109 @@ impl PluginHost {
         Ok(Self {
             attached,
             retry_after,
+            next_call: AtomicU64::new(1),
         })
+    }
+
+    /// The server tools offered to a request in `scope`: each applying plugin's, in order (a
+    /// name an earlier plugin took is skipped).
+    pub(crate) fn server_tools(&self, scope: Scope<'_>) -> Vec<ServerTool> {
+        let mut seen = HashSet::new();
+        let mut tools = Vec::new();
+        for (i, plugin) in self.attached.iter().enumerate() {
+            let applies = plugin.instance.hooks().tools
+                && plugin.config.models.allows_any(scope.model.into_iter())
+                && plugin
+                    .config
+                    .tenants
+                    .allows_any(std::iter::once(scope.tenant));
+            if !applies {
+                continue;
+            }
+            for spec in plugin.instance.tools() {
+                if seen.insert(spec.name.clone()) {
+                    tools.push(ServerTool {
+                        spec: spec.clone(),
+                        plugin: i,
+                    });
+                }
+            }
+        }
+        tools
+    }
+
+    /// The name of the plugin that runs `tool`.
+    pub(crate) fn server_of(&self, tool: &ServerTool) -> &str {
+        &self.attached[tool.plugin].config.name
+    }
+
+    /// Runs `tool` with the model's `arguments`: its output, or why it failed (a message the
+    /// model is shown). Dropping the future cancels the call.
+    pub(crate) async fn run_tool(
+        &self,
+        tool: &ServerTool,
+        arguments: &str,
+        tenant: &str,
+        model: &str,
+    ) -> Result<String, String> {
+        let plugin = &self.attached[tool.plugin];
+        let id = self.next_call.fetch_add(1, Ordering::Relaxed);
+        let call = ToolCall {
+            name: tool.spec.name.clone(),
+            arguments: serde_json::from_str(arguments)
+                .unwrap_or_else(|_| Value::String(arguments.to_string())),
+            deadline_ms: plugin.config.tool_timeout.as_millis() as u64,
+            tenant: tenant.to_string(),
+            model: model.to_string(),
+        };
+        let name = &plugin.config.name;
+        let span = tracing::info_span!(target: crate::observability::traces::TARGET, "plugin", plugin = %name, hook = "tool", tool = %tool.spec.name);
+        let started = Instant::now();
+        let answer = match plugin.instance.call_tool(id, &call) {
+            Ok(answer) => answer,
+            Err(e) => {
+                metrics::plugin_call(name, "tool", "failed", started.elapsed());
+                return Err(format!(
+                    "the tool `{}` could not start: {e}",
+                    tool.spec.name
+                ));
+            }
+        };
+        let mut guard = CancelOnDrop {
+            instance: Arc::clone(&plugin.instance),
+            id,
+            armed: true,
+        };
+        let outcome = tokio::time::timeout(plugin.config.tool_timeout, answer)
+            .instrument(span)
+            .await;
+        let took = started.elapsed();
+        let result = match outcome {
+            Ok(Ok((status, text))) => {
+                guard.armed = false;
+                if status == TG_STATUS_OK {
+                    metrics::plugin_call(name, "tool", "ok", took);
+                    Ok(text)
+                } else {
+                    metrics::plugin_call(name, "tool", "failed", took);
+                    Err(text)
+                }
+            }
+            Ok(Err(_)) => {
+                guard.armed = false;
+                metrics::plugin_call(name, "tool", "failed", took);
+                Err("the tool's plugin dropped the call".into())
+            }
+            Err(_) => {
+                metrics::plugin_call(name, "tool", "timeout", took);
+                Err(format!(
+                    "the tool `{}` did not answer within {:?}",
+                    tool.spec.name, plugin.config.tool_timeout
+                ))
+            }
+        };
+        drop(guard);
+        result
     }
 
     /// Whether no plugin is loaded.

@@ -338,7 +338,8 @@ impl Render for ChunkRenderer {
                     Some(Usage::new(t.prompt, t.completion, t.cached).with_reasoning(t.reasoning)),
                 )]
             }
-            GenEvent::Usage(_) | GenEvent::Error(_) => Vec::new(),
+            // The gateway's own tool rounds are not the client's: chat shows their answer only.
+            GenEvent::Usage(_) | GenEvent::Error(_) | GenEvent::ServerTool(_) => Vec::new(),
         }
     }
 }

@@ -284,6 +284,7 @@ impl Render for CompletionRenderer {
             )],
             GenEvent::Usage(_)
             | GenEvent::Error(_)
+            | GenEvent::ServerTool(_)
             | GenEvent::ToolCall { .. }
             | GenEvent::Reasoning { .. } => Vec::new(),
         }

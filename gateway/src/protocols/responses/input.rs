@@ -321,6 +321,30 @@ pub(crate) fn to_messages(instructions: Option<&str>, items: &[Value]) -> Vec<Ch
                 content: Content::Text(field("output")),
                 tool_call_id: field("call_id"),
             }),
+            // A server tool the gateway ran: the call, then its result, as the model saw them.
+            Some("mcp_call") => {
+                let call_id = format!("call_{}", field("id").trim_start_matches("mcp_"));
+                messages.push(ChatMessage::Assistant {
+                    content: None,
+                    tool_calls: Some(vec![ToolCall {
+                        id: call_id.clone(),
+                        kind: "function".into(),
+                        function: FunctionCall {
+                            name: field("name"),
+                            arguments: field("arguments"),
+                        },
+                    }]),
+                    name: None,
+                });
+                let result = match item.get("error").and_then(Value::as_str) {
+                    Some(error) => format!("error: {error}"),
+                    None => field("output"),
+                };
+                messages.push(ChatMessage::Tool {
+                    content: Content::Text(result),
+                    tool_call_id: call_id,
+                });
+            }
             _ => {}
         }
     }

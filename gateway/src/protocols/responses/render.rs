@@ -16,7 +16,7 @@ use crate::openai::responses::{
     IncompleteDetails, OutputItem, OutputText, ResponseObject, ResponseUsage,
 };
 use crate::pipeline::fold::Folded;
-use crate::pipeline::run::{Finished, GenEvent, TokenLogprob};
+use crate::pipeline::run::{Finished, GenEvent, ServerToolRun, TokenLogprob};
 use crate::protocols::render::{Chunk, Render};
 
 /// Ends `response`: its output, status (`incomplete` when the token limit cut it) and usage.
@@ -33,7 +33,9 @@ pub(crate) fn finish(
             OutputItem::Message { content, .. } => {
                 Some(content.iter().map(|c| c.text.as_str()).collect::<String>())
             }
-            OutputItem::FunctionCall { .. } | OutputItem::Reasoning { .. } => None,
+            OutputItem::FunctionCall { .. }
+            | OutputItem::Reasoning { .. }
+            | OutputItem::McpCall { .. } => None,
         })
         .collect();
     response.output = output;
@@ -63,6 +65,7 @@ pub(crate) fn folded_output(folded: &Folded, summary: bool) -> (Vec<OutputItem>,
     if !choice.reasoning.is_empty() {
         output.push(reasoning_item(new_id("rs_"), &choice.reasoning, summary));
     }
+    output.extend(choice.server_tools.iter().map(mcp_call_item));
     if choice.tool_calls.is_empty() || !choice.text.trim().is_empty() {
         output.push(message_item(
             new_id("msg_"),
@@ -81,6 +84,24 @@ pub(crate) fn folded_output(folded: &Folded, summary: bool) -> (Vec<OutputItem>,
         });
     }
     (output, choice.finish)
+}
+
+/// The item of a server tool the gateway ran.
+fn mcp_call_item(run: &ServerToolRun) -> OutputItem {
+    OutputItem::McpCall {
+        id: format!("mcp_{}", run.call_id.trim_start_matches("call_")),
+        server_label: run.server.clone(),
+        name: run.name.clone(),
+        arguments: run.arguments.clone(),
+        output: run.output.as_ref().ok().cloned(),
+        error: run.output.as_ref().err().cloned(),
+        status: if run.output.is_ok() {
+            "completed"
+        } else {
+            "failed"
+        }
+        .into(),
+    }
 }
 
 /// A reasoning item: the text as its one summary part when a summary was asked for, else an
@@ -447,6 +468,34 @@ impl EventRenderer {
                     json!({"item_id": item_id, "output_index": index, "name": name, "arguments": arguments}),
                 );
                 let done = item(arguments, "completed");
+                self.emit(
+                    &mut out,
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": done}),
+                );
+                self.output.push(done);
+            }
+            GenEvent::ServerTool(run) => {
+                self.close_reasoning(&mut out);
+                self.close_message(&mut out, "completed");
+                let index = self.output.len();
+                let done = mcp_call_item(run);
+                let mut added = done.clone();
+                if let OutputItem::McpCall {
+                    output,
+                    error,
+                    status,
+                    ..
+                } = &mut added
+                {
+                    (*output, *error) = (None, None);
+                    *status = "in_progress".into();
+                }
+                self.emit(
+                    &mut out,
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": added}),
+                );
                 self.emit(
                     &mut out,
                     "response.output_item.done",

@@ -7,7 +7,7 @@
 //! - `transform_chunky`: the transform marks every piece it is fed, so its output depends on
 //!   how the text was cut;
 //! - `transform_panic`: the transform panics on its third piece;
-//! - `tool_silent`: the tool keeps its calls and never answers them.
+//! - `tool_silent`: the tool keeps its calls and never answers them (a cancel is logged).
 //!
 //! With nothing broken it is a well-behaved plugin: it allows every request, passes text
 //! through, and its tool `echo` answers its arguments.
@@ -27,6 +27,7 @@ use turnpike_plugin_api::plugin::{GatewayPlugin, Hooks, Host, ToolDone, ToolOutc
 pub struct Faulty {
     broken: String,
     kept: Mutex<Vec<ToolDone>>,
+    host: Host,
 }
 
 struct Chunky {
@@ -56,7 +57,7 @@ impl GatewayPlugin for Faulty {
         tools: true,
     };
 
-    fn create(config: &Value, _host: Host) -> Result<Self, String> {
+    fn create(config: &Value, host: Host) -> Result<Self, String> {
         Ok(Self {
             broken: config
                 .get("break")
@@ -64,6 +65,7 @@ impl GatewayPlugin for Faulty {
                 .unwrap_or_default()
                 .to_string(),
             kept: Mutex::new(Vec::new()),
+            host,
         })
     }
 
@@ -109,6 +111,13 @@ impl GatewayPlugin for Faulty {
         }
         done.finish(ToolOutcome::Done(call.arguments.to_string()));
         Ok(())
+    }
+
+    fn cancel_tool(&self, id: u64) {
+        self.host.log(
+            turnpike_plugin_api::plugin::LogLevel::Info,
+            &format!("tool call {id} cancelled"),
+        );
     }
 }
 
