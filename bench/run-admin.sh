@@ -18,12 +18,14 @@ pids+=($!)
 admin_key=$(target/release/turnpike keys generate | tail -1)
 export ADMIN_KEY="$admin_key"
 
+db=0
 for interval in 250 50; do
+  db=$((db + 1)) # a fresh database per interval, so each run starts at revision 0
   for side in 1 2; do
     {
       printf '[server]\nlisten = "127.0.0.1:%s"\n\n' "$((4140 + side))"
       printf '[auth]\nmode = "required"\n\n[tenants.ops]\nkeys = [{ env = "ADMIN_KEY", endpoints = ["admin"] }]\n\n'
-      printf '[state]\nbackend = "redis"\nredis_url = "redis://127.0.0.1:%s/%s"\n\n' "$redis_port" "$interval"
+      printf '[state]\nbackend = "redis"\nredis_url = "redis://127.0.0.1:%s/%s"\n\n' "$redis_port" "$db"
       printf '[admin]\nenabled = true\nsync_interval_ms = %s\n\n' "$interval"
       sim_engine_toml 64
     } > "$work/admin-$side.toml"
