@@ -25,6 +25,10 @@ pub struct ToolSpec {
     /// Its arguments' JSON Schema.
     #[serde(default = "empty_object_schema")]
     pub parameters: Value,
+    /// The server it belongs to (an MCP server's label), shown with its calls; the plugin's
+    /// name when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
 }
 
 fn empty_object_schema() -> Value {

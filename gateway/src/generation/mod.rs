@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 pub(crate) use crate::pipeline::request::{
-    GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, ToolChoice, Tools,
+    GenerationRequest, HostedServer, OutputFormat, ParamNames, Prompt, Sampling, ToolChoice, Tools,
 };
 pub(crate) use embed::EmbeddingRequest;
 pub(crate) use stream::Generation;
@@ -171,33 +171,41 @@ impl Generator {
         Arc::clone(&self.plugins)
     }
 
-    /// The server tools to offer `req` (none when it cannot loop: `n` > 1, no chat prompt, no
-    /// tool-call format, or tools refused with `tool_choice: none`), less names the client's own
-    /// tools take.
+    /// The server tools to offer `req`: every one configured for its model and tenant, or those
+    /// of the servers it names (`tools.hosted`), less names the client's own tools take. None
+    /// when it cannot loop (`n` > 1, no chat prompt, no tool-call format, `tool_choice: none`);
+    /// a request that names servers then, or names one that is not there, is refused.
     fn server_tools(
         &self,
         caller: &Caller,
         req: &GenerationRequest,
         endpoint: &str,
-    ) -> Vec<crate::plugins::ServerTool> {
-        if self.plugins.is_empty()
-            || !matches!(req.prompt, Prompt::Chat { .. })
-            || matches!(req.tools.choice, ToolChoice::None)
-            || req
-                .sampling
-                .n
-                .as_ref()
-                .and_then(|n| n.as_u64())
-                .unwrap_or(1)
-                != 1
-        {
-            return Vec::new();
-        }
-        let Ok(model) = self.model_for(caller, &req.model) else {
-            return Vec::new();
+    ) -> Result<Vec<crate::plugins::ServerTool>, ApiError> {
+        let hosted = req.tools.hosted.as_deref();
+        let refuse = |why: &str| match hosted.and_then(|h| h.first()) {
+            Some(first) => Err(ApiError::unsupported(first.param.clone(), why)),
+            None => Ok(Vec::new()),
         };
+        let n = req
+            .sampling
+            .n
+            .as_ref()
+            .and_then(|n| n.as_u64())
+            .unwrap_or(1);
+        if !matches!(req.prompt, Prompt::Chat { .. }) || n != 1 {
+            return refuse("the gateway runs its tools for one choice of a conversation (n = 1)");
+        }
+        if matches!(req.tools.choice, ToolChoice::None) {
+            return Ok(Vec::new());
+        }
+        let model = self.model_for(caller, &req.model)?;
         if model.tool_call_parser.is_none() {
-            return Vec::new();
+            return refuse(
+                "this model has no tool-call format configured, so it cannot call tools",
+            );
+        }
+        if self.plugins.is_empty() {
+            return refuse("no MCP server or other server tool is configured on this gateway");
         }
         let scope = crate::plugins::Scope {
             tenant: &caller.principal.tenant.name,
@@ -206,7 +214,32 @@ impl Generator {
         };
         let mut tools = self.plugins.server_tools(scope);
         tools.retain(|t| !req.tools.names.contains(&t.spec.name));
-        tools
+        let Some(servers) = hosted else {
+            return Ok(tools);
+        };
+        for server in servers {
+            if !tools
+                .iter()
+                .any(|t| self.plugins.server_of(t) == server.label)
+            {
+                return Err(ApiError::invalid(
+                    format!("{}.server_label", server.param),
+                    format!(
+                        "no MCP server `{}` is configured for this model on this gateway",
+                        server.label
+                    ),
+                ));
+            }
+        }
+        tools.retain(|t| {
+            servers.iter().any(|s| {
+                self.plugins.server_of(t) == s.label
+                    && s.allowed
+                        .as_ref()
+                        .is_none_or(|names| names.contains(&t.spec.name))
+            })
+        });
+        Ok(tools)
     }
 
     /// The same facade, running `plugins`.
@@ -285,7 +318,9 @@ impl Generator {
         id: &str,
         mut record: RequestRecord,
     ) -> Result<Started, ApiError> {
-        let server_tools = self.server_tools(caller, req, record.endpoint);
+        let server_tools = self
+            .server_tools(caller, req, record.endpoint)
+            .inspect_err(|e| record.failed(e))?;
         let offered = (!server_tools.is_empty()).then(|| tool_loop::offer(req, &server_tools));
         let req = offered.as_ref().unwrap_or(req);
         let mut prepared = self

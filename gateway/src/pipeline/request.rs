@@ -68,6 +68,20 @@ pub struct Tools {
     pub choice: ToolChoice,
     /// Whether one choice may call several.
     pub parallel: bool,
+    /// The gateway's own servers whose tools the request names (the Responses API's `mcp`
+    /// tools); `None` offers every server tool configured for the model and tenant.
+    pub hosted: Option<Vec<HostedServer>>,
+}
+
+/// A server whose tools the gateway runs, named by a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostedServer {
+    /// Its label (`server_label`).
+    pub label: String,
+    /// Only these of its tools (`allowed_tools`); all when absent.
+    pub allowed: Option<Vec<String>>,
+    /// Where the request says it is (`tools[i]`), for errors.
+    pub param: String,
 }
 
 /// Whether the model may call the tools offered.

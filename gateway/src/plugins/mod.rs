@@ -157,9 +157,12 @@ impl PluginHost {
         tools
     }
 
-    /// The name of the plugin that runs `tool`.
-    pub(crate) fn server_of(&self, tool: &ServerTool) -> &str {
-        &self.attached[tool.plugin].config.name
+    /// The server `tool` belongs to: the one it names, else its plugin.
+    pub(crate) fn server_of<'a>(&'a self, tool: &'a ServerTool) -> &'a str {
+        tool.spec
+            .server
+            .as_deref()
+            .unwrap_or(&self.attached[tool.plugin].config.name)
     }
 
     /// Runs `tool` with the model's `arguments`: its output, or why it failed (a message the

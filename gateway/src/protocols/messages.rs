@@ -165,6 +165,7 @@ pub(crate) fn tools(
             .collect(),
         choice: tool_choice(choice),
         parallel: parallel.unwrap_or(true),
+        hosted: None,
     }
 }
 

@@ -11,7 +11,9 @@ use serde_json::{Value, json};
 
 use super::render::{self, EventRenderer, OnDone};
 use super::stored::{StoredResponse, not_found};
-use super::translate::{NAMES, chat_tools, generation_request, in_progress, refuse_unsupported};
+use super::translate::{
+    NAMES, chat_tools, generation_request, hosted_servers, in_progress, refuse_unsupported,
+};
 use super::{ResponseStore, Responses, input, runner, translate, truncate};
 use crate::clock::unix_now;
 use crate::engine_host::ServedModel;
@@ -216,7 +218,13 @@ pub(crate) async fn begin(
     let tools = req.tools.as_deref().map(chat_tools).transpose()?;
     let tools = tools.unwrap_or_default();
     let shown = visible(call, req, &tools, &items)?;
-    let generation = generation_request(req, &shown, &tools)?;
+    let mut generation = generation_request(req, &shown, &tools)?;
+    generation.tools.hosted = req
+        .tools
+        .as_deref()
+        .map(hosted_servers)
+        .transpose()?
+        .flatten();
     Ok(Turn {
         id: new_id("resp_"),
         generation,

@@ -7,23 +7,88 @@ use serde_json::{Value, json};
 
 use super::input;
 use crate::error::ApiError;
-use crate::generation::{GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling};
+use crate::generation::{
+    GenerationRequest, HostedServer, OutputFormat, ParamNames, Prompt, Sampling,
+};
 use crate::openai::chat::{FunctionDefinition, Tool};
 use crate::openai::responses::{ResponseObject, ResponsesRequest};
 use crate::protocols::messages;
 
-/// Function tools as chat tools; other tool types are refused.
+/// The `mcp` tools of a request: servers the gateway runs tools of, named by their label (the
+/// gateway calls only servers its operator configured, never a `server_url` a client gives).
+pub(crate) fn hosted_servers(tools: &[Value]) -> Result<Option<Vec<HostedServer>>, ApiError> {
+    let mut servers = Vec::new();
+    for (i, tool) in tools.iter().enumerate() {
+        if tool.get("type").and_then(Value::as_str) != Some("mcp") {
+            continue;
+        }
+        let at = format!("tools[{i}]");
+        let label = tool
+            .get("server_label")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::MissingParam(format!("{at}.server_label")))?;
+        match tool.get("require_approval") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s == "never" => {}
+            Some(_) => {
+                return Err(ApiError::unsupported(
+                    format!("{at}.require_approval"),
+                    "this gateway runs its MCP tools without approvals; set require_approval to \"never\"",
+                ));
+            }
+        }
+        let allowed =
+            match tool.get("allowed_tools") {
+                None | Some(Value::Null) => None,
+                Some(Value::Array(names)) => Some(
+                    names
+                        .iter()
+                        .map(|n| n.as_str().map(str::to_string))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| {
+                            ApiError::invalid(format!("{at}.allowed_tools"), "a list of tool names")
+                        })?,
+                ),
+                Some(Value::Object(filter)) => filter
+                    .get("tool_names")
+                    .and_then(Value::as_array)
+                    .map(|names| {
+                        names
+                            .iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_string)
+                            .collect()
+                    }),
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        format!("{at}.allowed_tools"),
+                        "a list of tool names",
+                    ));
+                }
+            };
+        servers.push(HostedServer {
+            label: label.to_string(),
+            allowed,
+            param: at,
+        });
+    }
+    Ok((!servers.is_empty()).then_some(servers))
+}
+
+/// Function tools as chat tools (`mcp` tools are the gateway's own, see [`hosted_servers`]);
+/// other tool types are refused.
 pub(crate) fn chat_tools(tools: &[Value]) -> Result<Vec<Tool>, ApiError> {
     tools
         .iter()
         .enumerate()
+        .filter(|(_, tool)| tool.get("type").and_then(Value::as_str) != Some("mcp"))
         .map(|(i, tool)| {
             let at = format!("tools[{i}]");
             let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
             if kind != "function" {
                 return Err(ApiError::unsupported(
                     format!("{at}.type"),
-                    format!("tool type '{kind}' is not supported; only function tools are"),
+                    format!("tool type '{kind}' is not supported; only function and mcp tools are"),
                 ));
             }
             // The flat Responses form, or the nested chat form.

@@ -74,6 +74,7 @@ impl GatewayPlugin for Faulty {
             name: "echo".into(),
             description: "Answers its arguments.".into(),
             parameters: serde_json::json!({"type": "object"}),
+            server: None,
         }]
     }
 

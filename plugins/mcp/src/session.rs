@@ -1,0 +1,332 @@
+//! One MCP server over streamable HTTP: its session, its tools, and JSON-RPC calls whose answers
+//! come as a JSON body or as an event stream.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use turnpike_plugin_api::docs::{ToolCall, ToolSpec};
+
+/// The protocol version asked for.
+const PROTOCOL: &str = "2025-06-18";
+
+/// A server as configured.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ServerSettings {
+    /// Its name, shown as the `mcp_call` item's `server_label`.
+    pub label: String,
+    /// The MCP endpoint (`http://host:port/mcp`).
+    url: String,
+    /// Extra headers (an `Authorization`, say).
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    /// Only these tools (all when absent).
+    #[serde(default)]
+    allowed_tools: Option<Vec<String>>,
+    /// Most a start-up request may take.
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Session {
+    id: Option<String>,
+    protocol: Option<String>,
+}
+
+/// A connected server.
+#[derive(Debug)]
+pub(crate) struct Server {
+    settings: ServerSettings,
+    session: Mutex<Session>,
+    tools: Vec<ToolSpec>,
+}
+
+/// Why a request failed.
+#[derive(Debug)]
+enum Failure {
+    /// The server no longer knows the session (HTTP 404 with a session).
+    SessionGone,
+    /// Anything else.
+    Other(String),
+}
+
+impl Server {
+    /// Opens a session and lists the tools.
+    pub(crate) fn connect(settings: ServerSettings) -> Result<Self, String> {
+        let mut server = Self {
+            settings,
+            session: Mutex::default(),
+            tools: Vec::new(),
+        };
+        server.open().map_err(text)?;
+        server.tools = server.list_tools().map_err(text)?;
+        Ok(server)
+    }
+
+    /// Its tools.
+    pub(crate) fn tools(&self) -> &[ToolSpec] {
+        &self.tools
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.settings.timeout_ms.unwrap_or(10_000))
+    }
+
+    fn session(&self) -> std::sync::MutexGuard<'_, Session> {
+        self.session
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `initialize` and `notifications/initialized`.
+    fn open(&self) -> Result<(), Failure> {
+        *self.session() = Session::default();
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": PROTOCOL,
+            "capabilities": {},
+            "clientInfo": {"name": "turnpike", "version": env!("CARGO_PKG_VERSION")},
+        }});
+        let answer = self.post(&init, self.timeout())?;
+        let result = answer.ok_or_else(|| Failure::Other("initialize got no answer".into()))?;
+        let protocol = result
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .unwrap_or(PROTOCOL)
+            .to_string();
+        self.session().protocol = Some(protocol);
+        let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        self.post(&initialized, self.timeout())?;
+        Ok(())
+    }
+
+    fn list_tools(&self) -> Result<Vec<ToolSpec>, Failure> {
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        for page in 0..100 {
+            let mut params = json!({});
+            if let Some(c) = &cursor {
+                params["cursor"] = json!(c);
+            }
+            let request = json!({"jsonrpc": "2.0", "id": format!("list-{page}"), "method": "tools/list", "params": params});
+            let result = self
+                .post(&request, self.timeout())?
+                .ok_or_else(|| Failure::Other("tools/list got no answer".into()))?;
+            for tool in result
+                .get("tools")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let Some(name) = tool.get("name").and_then(Value::as_str) else {
+                    continue;
+                };
+                let allowed = self
+                    .settings
+                    .allowed_tools
+                    .as_ref()
+                    .is_none_or(|list| list.iter().any(|n| n == name));
+                if !allowed {
+                    continue;
+                }
+                tools.push(ToolSpec {
+                    name: name.to_string(),
+                    description: tool
+                        .get("description")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                    parameters: tool
+                        .get("inputSchema")
+                        .cloned()
+                        .unwrap_or_else(|| json!({"type": "object"})),
+                    server: Some(self.settings.label.clone()),
+                });
+            }
+            cursor = result
+                .get("nextCursor")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            if cursor.is_none() {
+                break;
+            }
+        }
+        Ok(tools)
+    }
+
+    /// Runs a tool: `Ok(Ok(text))`, `Ok(Err(text))` when the tool reports an error, `Err` when
+    /// the call itself failed.
+    pub(crate) fn call(&self, id: u64, call: &ToolCall) -> Result<Result<String, String>, String> {
+        let arguments = match &call.arguments {
+            Value::Object(_) => call.arguments.clone(),
+            Value::Null => json!({}),
+            other => {
+                return Ok(Err(format!(
+                    "the arguments must be a JSON object, not {other}"
+                )));
+            }
+        };
+        let request = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                             "params": {"name": call.name, "arguments": arguments}});
+        let deadline = Duration::from_millis(call.deadline_ms.max(1));
+        let result = match self.post(&request, deadline) {
+            Err(Failure::SessionGone) => {
+                self.open().map_err(text)?;
+                self.post(&request, deadline).map_err(text)?
+            }
+            other => other.map_err(text)?,
+        }
+        .ok_or_else(|| "tools/call got no answer".to_string())?;
+        let parts: Vec<String> = result
+            .get("content")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|part| match part.get("text").and_then(Value::as_str) {
+                Some(t) => t.to_string(),
+                None => part.to_string(),
+            })
+            .collect();
+        let output = if parts.is_empty() {
+            result
+                .get("structuredContent")
+                .map(Value::to_string)
+                .unwrap_or_default()
+        } else {
+            parts.join("\n")
+        };
+        if result.get("isError").and_then(Value::as_bool) == Some(true) {
+            Ok(Err(output))
+        } else {
+            Ok(Ok(output))
+        }
+    }
+
+    /// Tells the server a call was cancelled (best effort).
+    pub(crate) fn cancel(&self, id: u64) {
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                          "params": {"requestId": id, "reason": "the client went away"}});
+        let _ = self.post(&note, self.timeout());
+    }
+
+    /// POSTs one JSON-RPC message; the result of a request's answer (`None` for a notification).
+    fn post(&self, message: &Value, timeout: Duration) -> Result<Option<Value>, Failure> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(timeout))
+            .build()
+            .into();
+        let mut request = agent
+            .post(&self.settings.url)
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream");
+        let had_session = {
+            let session = self.session();
+            if let Some(id) = &session.id {
+                request = request.header("Mcp-Session-Id", id);
+            }
+            if let Some(protocol) = &session.protocol {
+                request = request.header("MCP-Protocol-Version", protocol);
+            }
+            session.id.is_some()
+        };
+        for (name, value) in &self.settings.headers {
+            request = request.header(name, value);
+        }
+        let mut response = request
+            .send(message.to_string())
+            .map_err(|e| Failure::Other(format!("{}: {e}", self.settings.url)))?;
+        let status = response.status().as_u16();
+        if let Some(id) = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        {
+            self.session().id = Some(id.to_string());
+        }
+        if status == 404 && had_session {
+            return Err(Failure::SessionGone);
+        }
+        let kind = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let body = response
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| Failure::Other(format!("reading the answer: {e}")))?;
+        if !(200..300).contains(&status) {
+            return Err(Failure::Other(format!(
+                "HTTP {status}: {}",
+                body.chars().take(300).collect::<String>()
+            )));
+        }
+        let Some(id) = message.get("id") else {
+            return Ok(None);
+        };
+        let answer = if kind.starts_with("text/event-stream") {
+            events(&body)
+                .into_iter()
+                .find(|m| m.get("id") == Some(id))
+                .ok_or_else(|| Failure::Other("the event stream held no answer".into()))?
+        } else {
+            serde_json::from_str::<Value>(&body)
+                .map_err(|e| Failure::Other(format!("the answer is not JSON: {e}")))?
+        };
+        if let Some(error) = answer.get("error") {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("error");
+            return Err(Failure::Other(format!("the server answered: {message}")));
+        }
+        Ok(answer.get("result").cloned())
+    }
+}
+
+fn text(failure: Failure) -> String {
+    match failure {
+        Failure::SessionGone => "the server forgot the session".into(),
+        Failure::Other(text) => text,
+    }
+}
+
+/// The JSON messages of an event stream (each event's `data:` lines joined).
+fn events(body: &str) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut data = String::new();
+    for line in body.lines().chain(std::iter::once("")) {
+        if line.is_empty() {
+            if !data.is_empty() {
+                if let Ok(value) = serde_json::from_str(&data) {
+                    out.push(value);
+                }
+                data.clear();
+            }
+        } else if let Some(rest) = line.strip_prefix("data:") {
+            if !data.is_empty() {
+                data.push('\n');
+            }
+            data.push_str(rest.strip_prefix(' ').unwrap_or(rest));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::events;
+
+    #[test]
+    fn event_streams_yield_their_json_messages() {
+        let body = "event: message\ndata: {\"id\":1,\"result\":{}}\n\n: ping\n\ndata: {\"id\":\n data: 2}\n";
+        let found = events(body);
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[1]["id"], 2);
+    }
+}
