@@ -375,6 +375,22 @@ pub fn plugin_call(plugin: &str, hook: &'static str, outcome: &'static str, took
         .record(took.as_secs_f64());
 }
 
+/// `count` calls of a plugin's hook that took `total` together (a response's transform feeds,
+/// counted when its transform closes: the histogram observes the total per response).
+pub fn plugin_calls(
+    plugin: &str,
+    hook: &'static str,
+    outcome: &'static str,
+    count: u64,
+    total: Duration,
+) {
+    let plugin = plugin.to_string();
+    metrics::counter!("turnpike_plugin_calls_total", "plugin" => plugin.clone(), "hook" => hook, "outcome" => outcome)
+        .increment(count);
+    metrics::histogram!("turnpike_plugin_call_duration_seconds", "plugin" => plugin, "hook" => hook)
+        .record(total.as_secs_f64());
+}
+
 /// A change through the admin API (`action`: `tenant.put`, …; `result`: `ok` or why not).
 pub fn admin_change(action: &'static str, result: &'static str) {
     metrics::counter!("turnpike_admin_changes_total", "action" => action, "result" => result)

@@ -12,9 +12,10 @@
 //!   ([`PluginHost::run_tool`], under the plugin's `tool_timeout_ms`, cancelled when the request
 //!   goes away) and the conversation continues (`generation::tool_loop`).
 //!
-//! A guard runs on a blocking thread under its plugin's `timeout_ms`, so a slow or stuck plugin
-//! cannot stall the server's threads; a transform runs inline (it is called per piece of text and
-//! must be quick; the conformance kit measures it). A hook that fails, panics or overruns fails
+//! Guards and transforms run inline, on the thread serving the request: the contract says they
+//! return promptly (the conformance kit measures them), and handing each guard to a blocking
+//! thread cost a third of the gateway's throughput. A guard that takes longer than its plugin's
+//! `timeout_ms` is treated as failed once it returns. A hook that fails, panics or overruns fails
 //! the request when its plugin's `failure` is `closed` (503 `plugin_unavailable`; in a stream,
 //! the error event), and is skipped when it is `open`. Each call is counted and timed
 //! (`turnpike_plugin_calls_total`, `turnpike_plugin_call_duration_seconds`) and traced (a
@@ -275,44 +276,26 @@ impl PluginHost {
                 scope.model[0],
                 scope.endpoint,
             );
-            let instance = Arc::clone(&plugin.instance);
             let span = tracing::info_span!(target: crate::observability::traces::TARGET, "plugin", plugin = %plugin.config.name, hook = "guard");
             let started = Instant::now();
-            let call = tokio::task::spawn_blocking(move || instance.guard(&seen));
-            let outcome = tokio::time::timeout(plugin.config.timeout, call)
-                .instrument(span)
-                .await;
-            let verdict = match outcome {
-                Ok(Ok(Ok(verdict))) => verdict,
-                Ok(Ok(Err(e))) => {
-                    metrics::plugin_call(&plugin.config.name, "guard", "failed", started.elapsed());
-                    match self.failed(plugin, "guard", e.to_string()) {
-                        Some(error) => return Err(error),
-                        None => continue,
-                    }
-                }
-                Ok(Err(join)) => {
-                    metrics::plugin_call(&plugin.config.name, "guard", "failed", started.elapsed());
-                    match self.failed(plugin, "guard", join.to_string()) {
-                        Some(error) => return Err(error),
-                        None => continue,
-                    }
-                }
-                Err(_) => {
-                    metrics::plugin_call(
-                        &plugin.config.name,
-                        "guard",
-                        "timeout",
-                        started.elapsed(),
-                    );
-                    let why = format!("no verdict within {:?}", plugin.config.timeout);
-                    match self.failed(plugin, "guard", why) {
-                        Some(error) => return Err(error),
-                        None => continue,
-                    }
-                }
-            };
+            let outcome = span.in_scope(|| plugin.instance.guard(&seen));
             let took = started.elapsed();
+            let failure = match &outcome {
+                Err(e) => Some(("failed", e.to_string())),
+                Ok(_) if took > plugin.config.timeout => Some((
+                    "timeout",
+                    format!("took {took:?}, more than its {:?}", plugin.config.timeout),
+                )),
+                Ok(_) => None,
+            };
+            if let Some((label, why)) = failure {
+                metrics::plugin_call(&plugin.config.name, "guard", label, took);
+                match self.failed(plugin, "guard", why) {
+                    Some(error) => return Err(error),
+                    None => continue,
+                }
+            }
+            let Ok(verdict) = outcome else { continue };
             match verdict {
                 Verdict::Allow => metrics::plugin_call(&plugin.config.name, "guard", "allow", took),
                 Verdict::Reject(r) => {
@@ -369,6 +352,9 @@ impl PluginHost {
                     Ok(handle) => chain.push(transform::Link {
                         plugin: plugin.config.name.clone(),
                         handle,
+                        feeds: 0,
+                        time: Duration::ZERO,
+                        failed: false,
                     }),
                     Err(e) => {
                         if let Some(error) = host.failed(plugin, "transform_open", e.to_string()) {

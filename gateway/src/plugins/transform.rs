@@ -19,6 +19,21 @@ pub(super) struct Link {
     pub(super) plugin: String,
     /// Its transform.
     pub(super) handle: TransformHandle,
+    /// Feeds so far, their time, and whether one failed: counted once, when the choice's
+    /// transform closes (a feed per token would cost a metrics lookup per token).
+    pub(super) feeds: u64,
+    pub(super) time: std::time::Duration,
+    pub(super) failed: bool,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        if self.feeds == 0 {
+            return;
+        }
+        let outcome = if self.failed { "failed" } else { "ok" };
+        metrics::plugin_calls(&self.plugin, "transform", outcome, self.feeds, self.time);
+    }
 }
 
 /// The transforms of one generation, opened lazily per choice.
@@ -62,8 +77,9 @@ impl OutputTransforms {
         for link in chain.iter_mut() {
             let started = Instant::now();
             let fed = link.handle.feed(&piece, last);
-            let outcome = if fed.is_ok() { "ok" } else { "failed" };
-            metrics::plugin_call(&link.plugin, "transform", outcome, started.elapsed());
+            link.feeds += 1;
+            link.time += started.elapsed();
+            link.failed |= fed.is_err();
             piece = fed.map_err(|e| ApiError::PluginFailed {
                 detail: format!("plugin `{}` transform: {e}", link.plugin),
                 retry_after,

@@ -67,6 +67,8 @@ pub struct Redacting {
     rules: Arc<Rules>,
     /// Text received and not yet sent.
     pending: String,
+    /// Its length in characters.
+    pending_chars: usize,
     /// The end of the text sent, for the patterns' word boundaries.
     context: String,
 }
@@ -77,6 +79,7 @@ impl Redacting {
         Self {
             rules,
             pending: String::new(),
+            pending_chars: 0,
             context: String::new(),
         }
     }
@@ -93,6 +96,11 @@ fn chars_before_end(text: &str, chars: usize) -> usize {
 impl Transform for Redacting {
     fn feed(&mut self, text: &str, last: bool) -> String {
         self.pending.push_str(text);
+        self.pending_chars += text.chars().count();
+        if !last && self.pending_chars <= self.rules.hold_chars() {
+            // Nothing can be final yet: every character may still be part of a match.
+            return String::new();
+        }
         let offset = self.context.len();
         let haystack = format!("{}{}", self.context, self.pending);
         // Everything before `safe` is final: no later text can make a match that reaches it.
@@ -133,6 +141,7 @@ impl Transform for Redacting {
             .unwrap_or(sent.len());
         self.context = sent[keep_from..].to_string();
         self.pending = haystack[safe..].to_string();
+        self.pending_chars = self.pending.chars().count();
         out
     }
 }
