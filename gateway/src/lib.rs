@@ -45,6 +45,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod admin;
+pub(crate) mod anthropic;
 pub(crate) mod body;
 pub mod cli;
 pub(crate) mod clock;

@@ -39,7 +39,7 @@ pub struct CreateArgs {
     #[arg(long = "model")]
     pub models: Vec<String>,
     /// Limit the key to this endpoint (repeatable): chat, completions, embeddings, responses,
-    /// models; `admin` lets it call the admin API.
+    /// models, messages; `admin` lets it call the admin API.
     #[arg(long = "endpoint")]
     pub endpoints: Vec<String>,
 }

@@ -88,6 +88,8 @@ pub(crate) struct Started {
     pub(crate) logprobs: Option<u32>,
     /// Prompts.
     pub(crate) prompts: usize,
+    /// Prompt tokens of all prompts (of the first round, for a request with server tools).
+    pub(crate) prompt_tokens: u64,
     /// Each prompt's text (legacy prompts only; for `echo`).
     pub(crate) prompt_texts: Vec<String>,
 }
@@ -333,6 +335,7 @@ impl Generator {
             prepared.logprobs(),
         );
         let prompts = prepared.prompts();
+        let prompt_tokens = prepared.prompt_tokens();
         let prompt_texts = std::mem::take(&mut prepared.prompt_texts);
         let mut stream = prepared.start().inspect_err(|e| record.failed(e))?;
         if !server_tools.is_empty() {
@@ -357,6 +360,7 @@ impl Generator {
             n,
             logprobs,
             prompts,
+            prompt_tokens,
             prompt_texts,
         })
     }

@@ -87,13 +87,15 @@ pub enum Finished {
     Length,
     /// The model called tools and stopped.
     ToolCalls,
+    /// One of the request's stop strings matched (its index among them).
+    StopString(u32),
 }
 
 impl Finished {
     /// `stop` or `length`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Stop => "stop",
+            Self::Stop | Self::StopString(_) => "stop",
             Self::Length => "length",
             Self::ToolCalls => "tool_calls",
         }
@@ -443,7 +445,7 @@ impl GenStream {
                 t.push_str(&state.stop.finish());
                 (t, reason)
             }
-            StopOutcome::Stopped(t) => (t, Finished::Stop),
+            StopOutcome::Stopped(t, i) => (t, Finished::StopString(i as u32)),
         };
         self.emit_text(c, text, Vec::new(), true, 0);
         self.push_finish(c, reason);
@@ -485,10 +487,10 @@ impl GenStream {
         let piece = state.decoder.push(t.token_id);
         match state.stop.push(&piece) {
             StopOutcome::Text(text) => self.emit_text(c, text, logprobs, false, 1),
-            StopOutcome::Stopped(text) => {
+            StopOutcome::Stopped(text, index) => {
                 state.finished = true;
                 self.emit_text(c, text, logprobs, true, 1);
-                self.push_finish(c, Finished::Stop);
+                self.push_finish(c, Finished::StopString(index as u32));
                 self.runs[run].stop_cut = true;
                 self.choice_closed(run);
             }

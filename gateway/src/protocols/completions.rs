@@ -139,6 +139,7 @@ pub(crate) async fn complete(call: Call<'_>, req: &CompletionRequest) -> Result<
         logprobs,
         prompts,
         prompt_texts,
+        ..
     } = call
         .generator
         .generate(call.caller, &generation, &id, record)

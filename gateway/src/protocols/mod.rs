@@ -9,6 +9,7 @@
 //! A protocol answers with a [`Reply`], which knows nothing of HTTP: the routes frame it as a
 //! JSON body or server-sent events, a WebSocket turn as frames.
 
+pub(crate) mod anthropic;
 pub(crate) mod chat;
 pub(crate) mod completions;
 pub(crate) mod deliver;

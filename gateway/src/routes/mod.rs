@@ -5,6 +5,7 @@
 
 mod admin;
 mod admission;
+mod anthropic;
 mod chat;
 mod chat_ws;
 mod completions;
@@ -173,7 +174,16 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             admission::admission,
         ));
-    let mut router = Router::new().merge(api);
+    // Anthropic's Messages API: the same admission, every error in Anthropic's shape.
+    let messages = Router::new()
+        .route("/v1/messages", post(anthropic::create))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            admission::admission,
+        ))
+        .route_layer(middleware::from_fn(anthropic::error_shape));
+    let mut router = Router::new().merge(api).merge(messages);
     if state.admin.is_some() {
         router = router.nest("/admin/v1", admin_router(&state));
     }

@@ -1,14 +1,32 @@
-//! `GET /v1/models` and `GET /v1/models/{model}` (ids may hold `/`, as `org/name` ones do).
+//! `GET /v1/models` and `GET /v1/models/{model}` (ids may hold `/`, as `org/name` ones do), in
+//! OpenAI's shape, or in Anthropic's when the caller sends `anthropic-version` (as Anthropic's
+//! SDKs do).
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use serde_json::json;
 
 use super::AppState;
 use crate::engine_host::ListedModel;
 use crate::error::ApiError;
 use crate::openai::models::{Model, ModelList};
 use crate::tenancy::Caller;
+
+fn anthropic(headers: &HeaderMap) -> bool {
+    headers.contains_key("anthropic-version")
+}
+
+fn anthropic_wire(listed: &ListedModel) -> crate::anthropic::Model {
+    crate::anthropic::Model {
+        kind: "model",
+        id: listed.id.clone(),
+        display_name: listed.id.clone(),
+        created_at: crate::tenancy::keys_file::format_time(listed.model.created as i64),
+    }
+}
 
 fn wire(listed: ListedModel) -> Model {
     Model {
@@ -24,29 +42,42 @@ fn wire(listed: ListedModel) -> Model {
 pub(super) async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-) -> Json<ModelList> {
+    headers: HeaderMap,
+) -> Response {
+    let listed: Vec<ListedModel> = state
+        .registry
+        .entries()
+        .into_iter()
+        .filter(|m| {
+            caller
+                .principal
+                .may_use([m.id.as_str(), m.model.id.as_str()].into_iter())
+        })
+        .collect();
+    if anthropic(&headers) {
+        let data: Vec<_> = listed.iter().map(anthropic_wire).collect();
+        let body = json!({
+            "data": data,
+            "has_more": false,
+            "first_id": listed.first().map(|m| m.id.clone()),
+            "last_id": listed.last().map(|m| m.id.clone()),
+        });
+        return Json(body).into_response();
+    }
     Json(ModelList {
         object: "list",
-        data: state
-            .registry
-            .entries()
-            .into_iter()
-            .filter(|m| {
-                caller
-                    .principal
-                    .may_use([m.id.as_str(), m.model.id.as_str()].into_iter())
-            })
-            .map(wire)
-            .collect(),
+        data: listed.into_iter().map(wire).collect(),
     })
+    .into_response()
 }
 
 /// Describes one model id.
 pub(super) async fn retrieve(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
-) -> Result<Json<Model>, ApiError> {
+) -> Result<Response, ApiError> {
     let Path(id) = id.map_err(|e| {
         ApiError::invalid(
             "model",
@@ -66,5 +97,8 @@ pub(super) async fn retrieve(
     {
         return Err(ApiError::ModelNotFound(id));
     }
-    Ok(Json(wire(listed)))
+    if anthropic(&headers) {
+        return Ok(Json(anthropic_wire(&listed)).into_response());
+    }
+    Ok(Json(wire(listed)).into_response())
 }

@@ -24,6 +24,12 @@ const DONE: &[u8] = b"data: [DONE]\n\n";
 
 /// `reply` as an HTTP response.
 pub(super) fn respond(reply: Reply) -> Response {
+    respond_with(reply, frame)
+}
+
+/// `reply` as an HTTP response, its stream items framed by `frame` (a protocol with its own
+/// keep-alive, end and error events).
+pub(super) fn respond_with(reply: Reply, frame: fn(Out, &StreamFailed) -> Bytes) -> Response {
     match reply {
         Reply::Json { id, body } => {
             let mut response = (

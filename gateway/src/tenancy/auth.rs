@@ -204,11 +204,23 @@ fn credential(headers: &HeaderMap) -> Result<String, ApiError> {
             return Ok(key.to_string());
         }
     }
+    // Anthropic's SDKs send the key as `x-api-key`.
+    if let Some(value) = headers.get("x-api-key") {
+        let key = value
+            .to_str()
+            .map_err(|_| unauthenticated("The x-api-key header is not readable text."))?
+            .trim();
+        if !key.is_empty() {
+            return Ok(key.to_string());
+        }
+    }
     Err(missing())
 }
 
 fn missing() -> ApiError {
-    unauthenticated("You didn't provide an API key. Send it as `Authorization: Bearer <API key>`.")
+    unauthenticated(
+        "You didn't provide an API key. Send it as `Authorization: Bearer <API key>` (or `x-api-key`).",
+    )
 }
 
 #[cfg(test)]

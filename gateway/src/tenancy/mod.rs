@@ -41,16 +41,19 @@ pub enum Endpoint {
     Responses,
     /// `/v1/models`.
     Models,
+    /// `/v1/messages` (Anthropic's Messages API).
+    Messages,
 }
 
 impl Endpoint {
     /// Every endpoint, with its scope name.
-    pub const ALL: [(Endpoint, &'static str); 5] = [
+    pub const ALL: [(Endpoint, &'static str); 6] = [
         (Endpoint::Chat, "chat"),
         (Endpoint::Completions, "completions"),
         (Endpoint::Embeddings, "embeddings"),
         (Endpoint::Responses, "responses"),
         (Endpoint::Models, "models"),
+        (Endpoint::Messages, "messages"),
     ];
 
     /// The endpoint a scope name names.
@@ -76,6 +79,7 @@ impl Endpoint {
             "embeddings" => Some(Self::Embeddings),
             "responses" => Some(Self::Responses),
             "models" => Some(Self::Models),
+            "messages" => Some(Self::Messages),
             _ => None,
         }
     }

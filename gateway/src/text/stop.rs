@@ -9,14 +9,16 @@
 pub enum StopOutcome {
     /// Send this text (possibly empty) and go on.
     Text(String),
-    /// A stop string matched: send this text, then end the choice.
-    Stopped(String),
+    /// A stop string matched (its index among those given): send this text, then end the
+    /// choice.
+    Stopped(String, usize),
 }
 
 /// Per-choice matcher state.
 #[derive(Debug, Clone, Default)]
 pub struct StopMatcher {
-    stops: Vec<String>,
+    /// The stop strings, with their index among those given.
+    stops: Vec<(usize, String)>,
     pending: String,
 }
 
@@ -24,7 +26,12 @@ impl StopMatcher {
     /// A matcher for `stops` (empty strings are ignored).
     pub fn new(stops: &[String]) -> Self {
         Self {
-            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            stops: stops
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.is_empty())
+                .map(|(i, s)| (i, s.clone()))
+                .collect(),
             pending: String::new(),
         }
     }
@@ -38,12 +45,12 @@ impl StopMatcher {
         let first_match = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
+            .filter_map(|(i, s)| self.pending.find(s.as_str()).map(|at| (at, *i)))
             .min();
-        if let Some(at) = first_match {
+        if let Some((at, index)) = first_match {
             let out = self.pending[..at].to_string();
             self.pending.clear();
-            return StopOutcome::Stopped(out);
+            return StopOutcome::Stopped(out, index);
         }
         let hold = self.held_suffix();
         let cut = self.pending.len() - hold;
@@ -60,7 +67,7 @@ impl StopMatcher {
     /// Length of the longest suffix of `pending` that is a proper prefix of a stop string.
     fn held_suffix(&self) -> usize {
         let mut best = 0;
-        for stop in &self.stops {
+        for (_, stop) in &self.stops {
             let longest = stop.len().saturating_sub(1).min(self.pending.len());
             for len in (best + 1..=longest).rev() {
                 if stop.is_char_boundary(len) && self.pending.ends_with(&stop[..len]) {
@@ -84,7 +91,7 @@ mod tests {
         for p in pieces {
             match m.push(p) {
                 StopOutcome::Text(t) => out.push_str(&t),
-                StopOutcome::Stopped(t) => {
+                StopOutcome::Stopped(t, _) => {
                     out.push_str(&t);
                     return (out, true);
                 }
