@@ -17,6 +17,7 @@
 //! | `evictions` | `turnpike_engine_kv_cache_evictions_total` | counter |
 //! | `preemptions` | `turnpike_engine_preemptions_total` | counter |
 //! | `gpu_memory_total_bytes`, `gpu_memory_free_bytes` | `turnpike_gpu_memory_total_bytes`, `turnpike_gpu_memory_used_bytes` | gauge |
+//! | `gpu_utilization_percent` (NVML, when the driver ships it) | `turnpike_gpu_utilization_ratio` | gauge (0 to 1) |
 //! | `busy_seconds` | `turnpike_engine_busy_seconds_total` (time the engine spent running steps: its rate is the device's utilisation) | counter |
 //!
 //! Labels: `engine` and `model`, both bounded by the configuration.
@@ -100,6 +101,9 @@ pub(super) fn record(engine: &str, model: &str, stats: &Value) {
     }
     if let Some(v) = figure("gpu_kv_cache_bytes") {
         gauge("turnpike_engine_kv_cache_bytes", None, v);
+    }
+    if let Some(percent) = figure("gpu_utilization_percent") {
+        gauge("turnpike_gpu_utilization_ratio", None, percent / 100.0);
     }
     if let Some(total) = figure("gpu_memory_total_bytes") {
         gauge("turnpike_gpu_memory_total_bytes", None, total);

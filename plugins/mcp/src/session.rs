@@ -324,7 +324,7 @@ mod tests {
 
     #[test]
     fn event_streams_yield_their_json_messages() {
-        let body = "event: message\ndata: {\"id\":1,\"result\":{}}\n\n: ping\n\ndata: {\"id\":\n data: 2}\n";
+        let body = "event: message\ndata: {\"id\":1,\"result\":{}}\n\n: ping\n\ndata: {\"id\":\ndata: 2}\n";
         let found = events(body);
         assert_eq!(found.len(), 2);
         assert_eq!(found[1]["id"], 2);

@@ -23,6 +23,7 @@ mod graphs;
 pub mod kernels;
 mod launch;
 mod memory;
+mod nvml;
 pub mod probe;
 mod sampling;
 mod workspace;
@@ -105,6 +106,8 @@ pub struct CudaDevice {
     weight_bytes: usize,
     /// GPU memory (free, total) once the KV cache was allocated.
     memory: (usize, usize),
+    /// NVML on this GPU, for its utilisation, when the driver ships it.
+    nvml: Option<nvml::Nvml>,
     steps: u64,
     step_seconds: f64,
     step_started: Option<Instant>,
@@ -176,8 +179,11 @@ impl CudaDevice {
         }
         let kv = KvCache::new(&spec, num_blocks, settings.block_size)?;
         let memory = driver::mem_get_info().unwrap_or((0, 0));
+        // Without NVML (no driver library, a GPU it cannot see) there is no utilisation figure.
+        let nvml = nvml::Nvml::open(settings.ordinal).ok();
         Ok(Self {
             memory,
+            nvml,
             graphs: Graphs::default(),
             sampler,
             workspace,
@@ -389,7 +395,8 @@ impl Device for CudaDevice {
     fn stats(&self) -> Vec<(&'static str, f64)> {
         let (free, total) = self.memory;
         let c = self.graphs.counters;
-        vec![
+        let utilization = self.nvml.as_ref().and_then(nvml::Nvml::utilization_percent);
+        let mut stats = vec![
             ("gpu_memory_total_bytes", total as f64),
             ("gpu_memory_free_bytes", free as f64),
             ("gpu_weight_bytes", self.weight_bytes as f64),
@@ -415,7 +422,11 @@ impl Device for CudaDevice {
                     self.step_seconds * 1000.0 / self.steps as f64
                 },
             ),
-        ]
+        ];
+        if let Some(percent) = utilization {
+            stats.push(("gpu_utilization_percent", percent));
+        }
+        stats
     }
 }
 
