@@ -38,7 +38,7 @@
 //! Imports only point down: [`cli`] → [`server`] → [`config`] (composes the settings each
 //! component owns) → [`routes`] → [`admin`] (beside the protocols) → `protocols` → `generation` → [`tenancy`], `idempotency`, [`plugins`],
 //! `pipeline` → [`engine_host`] → [`text`] → `store`, [`observability`], and at the bottom
-//! `error`, `openai` (wire types), `ids`, `clock`, [`lifecycle`] (serving, draining, cut: set
+//! `error`, `openai` and `anthropic` (wire types), `ids`, `clock`, [`lifecycle`] (serving, draining, cut: set
 //! by the server on a stop signal, read by readiness and every generation stream). Below `config`, no module imports `routes`;
 //! `tests/layers.rs` keeps it so.
 
