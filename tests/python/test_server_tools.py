@@ -135,3 +135,16 @@ def test_a_client_that_leaves_mid_loop_cancels_the_tool_call(tmp_path, key):
         assert time.monotonic() - started_at < 15, "the call was cancelled long before its deadline"
     finally:
         gateway.stop()
+
+
+def test_a_background_response_runs_the_tools_too(tmp_path, key):
+    gateway, client = started(tmp_path, key, f'[[plugins]]\nname = "clock"\nlibrary = "{c_plugin(tmp_path)}"\n')
+    try:
+        queued = client.responses.create(model="agent", input="What time is it?", max_output_tokens=60,
+                                         background=True)
+        assert wait_until(lambda: client.responses.retrieve(queued.id).status == "completed")
+        done = client.responses.retrieve(queued.id)
+        assert [i.type for i in done.output][0] == "mcp_call" and done.output[-1].type == "message"
+        assert done.output[0].server_label == "clock"
+    finally:
+        gateway.stop()

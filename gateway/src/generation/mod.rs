@@ -71,6 +71,7 @@ pub struct Prepared {
     admission: Admission,
     lifecycle: Lifecycle,
     transforms: Option<crate::plugins::OutputTransforms>,
+    tool_loop: Option<tool_loop::ToolLoop>,
 }
 
 /// A started generation, with what its protocol renders it by.
@@ -133,7 +134,11 @@ impl Prepared {
     /// Submits to the engine; a refusal is an error before any response is sent.
     pub fn start(self) -> Result<Generation, ApiError> {
         let stream = run::start(self.job, &self.lifecycle)?;
-        Ok(Generation::new(stream, self.admission, self.transforms))
+        let generation = Generation::new(stream, self.admission, self.transforms);
+        Ok(match self.tool_loop {
+            Some(tool_loop) => generation.with_tool_loop(tool_loop),
+            None => generation,
+        })
     }
 }
 
@@ -320,11 +325,6 @@ impl Generator {
         id: &str,
         mut record: RequestRecord,
     ) -> Result<Started, ApiError> {
-        let server_tools = self
-            .server_tools(caller, req, record.endpoint)
-            .inspect_err(|e| record.failed(e))?;
-        let offered = (!server_tools.is_empty()).then(|| tool_loop::offer(req, &server_tools));
-        let req = offered.as_ref().unwrap_or(req);
         let mut prepared = self
             .prepare(caller, req, id, record.endpoint, record.started, true)
             .await?;
@@ -337,18 +337,7 @@ impl Generator {
         let prompts = prepared.prompts();
         let prompt_tokens = prepared.prompt_tokens();
         let prompt_texts = std::mem::take(&mut prepared.prompt_texts);
-        let mut stream = prepared.start().inspect_err(|e| record.failed(e))?;
-        if !server_tools.is_empty() {
-            stream = stream.with_tool_loop(tool_loop::ToolLoop::new(
-                self.clone(),
-                caller.clone(),
-                req.clone(),
-                id.to_string(),
-                record.endpoint,
-                record.started,
-                server_tools,
-            ));
-        }
+        let stream = prepared.start().inspect_err(|e| record.failed(e))?;
         if let Some(route) = stream.route() {
             let route = route.to_string();
             caller.report(|r| r.route = Some(route));
@@ -374,10 +363,27 @@ impl Generator {
         caller: &Caller,
         req: &GenerationRequest,
         id: &str,
-        endpoint: &str,
+        endpoint: &'static str,
         started: Instant,
         wait: bool,
     ) -> Result<Prepared, ApiError> {
+        // The gateway's own tools, offered beside the client's: the generation then runs in
+        // rounds while the model calls them (a later round's request offers them already, so
+        // it starts no loop of its own).
+        let server_tools = self.server_tools(caller, req, endpoint)?;
+        let offered = (!server_tools.is_empty()).then(|| tool_loop::offer(req, &server_tools));
+        let req = offered.as_ref().unwrap_or(req);
+        let tool_loop = (!server_tools.is_empty()).then(|| {
+            tool_loop::ToolLoop::new(
+                self.clone(),
+                caller.clone(),
+                req.clone(),
+                id.to_string(),
+                endpoint,
+                started,
+                server_tools,
+            )
+        });
         let model = self.model_for(caller, &req.model)?;
         let scope = crate::plugins::Scope {
             tenant: &caller.principal.tenant.name,
@@ -431,6 +437,7 @@ impl Generator {
             admission,
             lifecycle: self.lifecycle.clone(),
             transforms,
+            tool_loop,
         })
     }
 }

@@ -227,6 +227,8 @@ impl ToolLoop {
         if let Prompt::Chat { messages, .. } = &mut request.prompt {
             messages.push(json!({"role": "assistant", "content": round.text, "tool_calls": calls}));
         }
+        // The servers a request named are offered already; later rounds need not name them.
+        request.tools.hosted = None;
         if matches!(
             request.tools.choice,
             ToolChoice::Required | ToolChoice::Named(_)
