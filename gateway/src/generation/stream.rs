@@ -72,17 +72,22 @@ impl Generation {
         self.transforms = next.transforms;
     }
 
-    fn take_in(&mut self, event: GenEvent) {
-        let events = match self.transforms.as_mut() {
-            Some(transforms) => transforms.apply(event),
-            None => vec![event],
-        };
-        for event in events {
-            match self.tool_loop.as_mut() {
-                Some(tool_loop) => tool_loop.observe(event, &mut self.ready),
-                None => self.ready.push_back(event),
+    /// Takes in an engine event: through the transforms, then the tool loop, into `ready`;
+    /// without either, straight out.
+    fn take_in(&mut self, event: GenEvent) -> Option<GenEvent> {
+        match (self.transforms.as_mut(), self.tool_loop.as_mut()) {
+            (None, None) => return Some(event),
+            (Some(transforms), None) => transforms.apply(event, &mut self.ready),
+            (None, Some(tool_loop)) => tool_loop.observe(event, &mut self.ready),
+            (Some(transforms), Some(tool_loop)) => {
+                let mut transformed = VecDeque::new();
+                transforms.apply(event, &mut transformed);
+                for event in transformed {
+                    tool_loop.observe(event, &mut self.ready);
+                }
             }
         }
+        None
     }
 }
 
@@ -115,7 +120,11 @@ impl Stream for Generation {
             // What a drop (cancel, error) settles with: every token the engines sent so far.
             this.admission.record(this.stream.tokens_used());
             match polled {
-                Poll::Ready(Some(event)) => this.take_in(event),
+                Poll::Ready(Some(event)) => {
+                    if let Some(event) = this.take_in(event) {
+                        return Poll::Ready(Some(event));
+                    }
+                }
                 Poll::Ready(None) => {
                     if this
                         .tool_loop

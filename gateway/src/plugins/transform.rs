@@ -88,34 +88,34 @@ impl OutputTransforms {
         Ok(piece)
     }
 
-    /// The events to send in place of `event`.
-    pub(crate) fn apply(&mut self, event: GenEvent) -> Vec<GenEvent> {
+    /// Puts the events to send in place of `event` into `out`.
+    pub(crate) fn apply(&mut self, event: GenEvent, out: &mut impl Extend<GenEvent>) {
         match event {
             GenEvent::Text {
                 choice,
                 text,
                 logprobs,
             } => match self.feed(choice, &text, false) {
-                Ok(text) => vec![GenEvent::Text {
+                Ok(text) => out.extend([GenEvent::Text {
                     choice,
                     text,
                     logprobs,
-                }],
-                Err(e) => vec![GenEvent::Error(e)],
+                }]),
+                Err(e) => out.extend([GenEvent::Error(e)]),
             },
             GenEvent::Finish { choice, reason } => match self.feed(choice, "", true) {
-                Ok(tail) if tail.is_empty() => vec![GenEvent::Finish { choice, reason }],
-                Ok(tail) => vec![
+                Ok(tail) if tail.is_empty() => out.extend([GenEvent::Finish { choice, reason }]),
+                Ok(tail) => out.extend([
                     GenEvent::Text {
                         choice,
                         text: tail,
                         logprobs: Vec::new(),
                     },
                     GenEvent::Finish { choice, reason },
-                ],
-                Err(e) => vec![GenEvent::Error(e)],
+                ]),
+                Err(e) => out.extend([GenEvent::Error(e)]),
             },
-            other => vec![other],
+            other => out.extend([other]),
         }
     }
 }
