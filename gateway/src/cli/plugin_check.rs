@@ -45,12 +45,16 @@ pub enum PluginCommandError {
     },
 }
 
+/// The `--config` argument's JSON.
+fn config(args: &PluginArgs) -> Result<String, PluginCommandError> {
+    plugin_config(args.config.as_deref()).map_err(|message| PluginCommandError::Config {
+        path: args.path.clone(),
+        message,
+    })
+}
+
 fn load(args: &PluginArgs) -> Result<(Plugin, String), PluginCommandError> {
-    let config =
-        plugin_config(args.config.as_deref()).map_err(|message| PluginCommandError::Config {
-            path: args.path.clone(),
-            message,
-        })?;
+    let config = config(args)?;
     Ok((Plugin::load(&args.path)?, config))
 }
 
@@ -231,15 +235,19 @@ pub(super) fn conformance(
     };
     let report = conformance::run_plugin(&plugin, &options)?;
     let _ = write!(out, "{report}");
-    let failed = report.failures().count();
-    if failed > 0 {
-        return Err(PluginCommandError::Conformance {
-            path: args.path.clone(),
-            failed,
-            total: report.checks.len(),
-        });
+    verdict(args, report.failures().count(), report.checks.len())
+}
+
+/// `Ok` when no check of `total` failed.
+fn verdict(args: &PluginArgs, failed: usize, total: usize) -> Result<(), PluginCommandError> {
+    if failed == 0 {
+        return Ok(());
     }
-    Ok(())
+    Err(PluginCommandError::Conformance {
+        path: args.path.clone(),
+        failed,
+        total,
+    })
 }
 
 /// Runs the gateway plugin conformance kit and prints its report.
@@ -247,23 +255,10 @@ pub(super) async fn gateway_conformance(
     args: &PluginArgs,
     out: &mut dyn Write,
 ) -> Result<(), PluginCommandError> {
-    let config =
-        plugin_config(args.config.as_deref()).map_err(|message| PluginCommandError::Config {
-            path: args.path.clone(),
-            message,
-        })?;
-    let report = turnpike_plugin_api::conformance::run(&args.path, &config).await;
+    let report = turnpike_plugin_api::conformance::run(&args.path, &config(args)?).await;
     for check in &report.checks {
         let mark = if check.passed { "ok  " } else { "FAIL" };
         let _ = writeln!(out, "{mark} {}: {}", check.name, check.detail);
     }
-    let failed = report.failures().len();
-    if failed > 0 {
-        return Err(PluginCommandError::Conformance {
-            path: args.path.clone(),
-            failed,
-            total: report.checks.len(),
-        });
-    }
-    Ok(())
+    verdict(args, report.failures().len(), report.checks.len())
 }

@@ -10,7 +10,6 @@ use super::{Call, Reply};
 use crate::clock::unix_now;
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
-use crate::generation::record::RequestRecord;
 use crate::generation::{GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started};
 use crate::ids::new_id;
 use crate::openai::chat::{
@@ -108,15 +107,8 @@ pub(crate) async fn complete(
 ) -> Result<Reply, ApiError> {
     let id = new_id("chatcmpl-");
     let generation = generation_request(req)?;
-    let record = RequestRecord::new(
-        id.clone(),
-        "chat",
-        req.model.clone(),
-        req.user.clone(),
-        req.stream.unwrap_or(false),
-        call.started,
-    )
-    .correlated(call.caller.correlation.clone());
+    let streamed = req.stream.unwrap_or(false);
+    let record = call.record(&id, "chat", &req.model, req.user.clone(), streamed);
     let Started {
         stream,
         record,

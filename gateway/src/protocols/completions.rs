@@ -8,7 +8,6 @@ use super::render::{Chunk, Render};
 use super::{Call, Reply};
 use crate::clock::unix_now;
 use crate::error::ApiError;
-use crate::generation::record::RequestRecord;
 use crate::generation::{
     GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started, Tools,
 };
@@ -122,15 +121,8 @@ pub(crate) fn generation_request(
 pub(crate) async fn complete(call: Call<'_>, req: &CompletionRequest) -> Result<Reply, ApiError> {
     let (generation, echo) = generation_request(req)?;
     let id = new_id("cmpl-");
-    let record = RequestRecord::new(
-        id.clone(),
-        "completions",
-        req.model.clone(),
-        req.user.clone(),
-        req.stream.unwrap_or(false),
-        call.started,
-    )
-    .correlated(call.caller.correlation.clone());
+    let streamed = req.stream.unwrap_or(false);
+    let record = call.record(&id, "completions", &req.model, req.user.clone(), streamed);
     let Started {
         stream,
         record,

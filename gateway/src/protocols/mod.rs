@@ -50,6 +50,28 @@ pub struct Call<'a> {
     pub streams: StreamSettings,
 }
 
+impl Call<'_> {
+    /// The record of request `id` to `endpoint`, for `model`, from the client's `user`.
+    pub(crate) fn record(
+        &self,
+        id: &str,
+        endpoint: &'static str,
+        model: &str,
+        user: Option<String>,
+        stream: bool,
+    ) -> crate::generation::record::RequestRecord {
+        crate::generation::record::RequestRecord::new(
+            id.to_string(),
+            endpoint,
+            model.to_string(),
+            user,
+            stream,
+            self.started,
+        )
+        .correlated(self.caller.correlation.clone())
+    }
+}
+
 /// A protocol's answer, before any transport frames it.
 pub(crate) enum Reply {
     /// One JSON body.

@@ -13,7 +13,6 @@ use super::{Call, Reply};
 use crate::anthropic::MessagesRequest;
 use crate::error::ApiError;
 use crate::generation::Started;
-use crate::generation::record::RequestRecord;
 use crate::ids::new_id;
 
 /// Runs `req` and answers as `POST /v1/messages` does: one message, or its event stream.
@@ -22,15 +21,13 @@ pub(crate) async fn create(call: Call<'_>, req: &MessagesRequest) -> Result<Repl
     let generation = translate::generation_request(req, false)?;
     let thinking = translate::thinking(req)?;
     let user = req.metadata.as_ref().and_then(|m| m.user_id.clone());
-    let record = RequestRecord::new(
-        id.clone(),
+    let record = call.record(
+        &id,
         "messages",
-        req.model.clone(),
+        &req.model,
         user,
         req.stream.unwrap_or(false),
-        call.started,
-    )
-    .correlated(call.caller.correlation.clone());
+    );
     let Started {
         stream,
         record,
