@@ -7,6 +7,7 @@
 
 pub(crate) mod budget;
 mod engine_spans;
+pub(crate) mod events;
 pub(crate) mod fold;
 pub(crate) mod guided;
 pub(crate) mod params;
