@@ -66,6 +66,19 @@ pub struct ModelRegistry {
     map: RwLock<Arc<ModelMap>>,
 }
 
+/// `id`, naming `model`, with its shutdown date (the model map's, else the configured one).
+fn listed(map: &ModelMap, id: &str, model: &Arc<ServedModel>) -> ListedModel {
+    ListedModel {
+        id: id.to_string(),
+        model: Arc::clone(model),
+        shutdown_date: map
+            .shutdown_dates
+            .get(id)
+            .cloned()
+            .or_else(|| model.shutdown_date.clone()),
+    }
+}
+
 /// One public id as `GET /v1/models` lists it.
 #[derive(Debug, Clone)]
 pub struct ListedModel {
@@ -262,21 +275,18 @@ impl ModelRegistry {
     /// order, then the model map's aliases.
     pub fn entries(&self) -> Vec<ListedModel> {
         let map = self.map();
-        let listed = |id: &str, model: &Arc<ServedModel>| ListedModel {
-            id: id.to_string(),
-            model: Arc::clone(model),
-            shutdown_date: map
-                .shutdown_dates
-                .get(id)
-                .cloned()
-                .or_else(|| model.shutdown_date.clone()),
-        };
-        let configured = self.listing.iter().map(|(id, m)| listed(id, m));
+        let configured = self.listing.iter().map(|(id, m)| listed(&map, id, m));
         let aliases = map
             .aliases
             .iter()
-            .filter_map(|(alias, target)| self.by_id.get(target).map(|m| listed(alias, m)));
+            .filter_map(|(alias, target)| self.by_id.get(target).map(|m| listed(&map, alias, m)));
         configured.chain(aliases).collect()
+    }
+
+    /// One public id as `GET /v1/models` lists it.
+    pub fn entry(&self, id: &str) -> Option<ListedModel> {
+        let model = self.resolve(id)?;
+        Some(listed(&self.map(), id, &model))
     }
 
     /// The model map in force.

@@ -186,6 +186,7 @@ impl Generator {
         &self,
         caller: &Caller,
         req: &GenerationRequest,
+        model: &ServedModel,
         endpoint: &str,
     ) -> Result<Vec<crate::plugins::ServerTool>, ApiError> {
         let hosted = req.tools.hosted.as_deref();
@@ -205,14 +206,13 @@ impl Generator {
         if matches!(req.tools.choice, ToolChoice::None) {
             return Ok(Vec::new());
         }
-        let model = self.model_for(caller, &req.model)?;
+        if self.plugins.is_empty() {
+            return refuse("no MCP server or other server tool is configured on this gateway");
+        }
         if model.tool_call_parser.is_none() {
             return refuse(
                 "this model has no tool-call format configured, so it cannot call tools",
             );
-        }
-        if self.plugins.is_empty() {
-            return refuse("no MCP server or other server tool is configured on this gateway");
         }
         let scope = crate::plugins::Scope {
             tenant: &caller.principal.tenant.name,
@@ -367,10 +367,11 @@ impl Generator {
         started: Instant,
         wait: bool,
     ) -> Result<Prepared, ApiError> {
+        let model = self.model_for(caller, &req.model)?;
         // The gateway's own tools, offered beside the client's: the generation then runs in
         // rounds while the model calls them (a later round's request offers them already, so
         // it starts no loop of its own).
-        let server_tools = self.server_tools(caller, req, endpoint)?;
+        let server_tools = self.server_tools(caller, req, &model, endpoint)?;
         let offered = (!server_tools.is_empty()).then(|| tool_loop::offer(req, &server_tools));
         let req = offered.as_ref().unwrap_or(req);
         let tool_loop = (!server_tools.is_empty()).then(|| {
@@ -384,7 +385,6 @@ impl Generator {
                 server_tools,
             )
         });
-        let model = self.model_for(caller, &req.model)?;
         let scope = crate::plugins::Scope {
             tenant: &caller.principal.tenant.name,
             model: [req.model.as_str(), model.id.as_str()],

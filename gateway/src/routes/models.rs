@@ -86,9 +86,7 @@ pub(super) async fn retrieve(
     })?;
     let listed = state
         .registry
-        .entries()
-        .into_iter()
-        .find(|m| m.id == id)
+        .entry(&id)
         .ok_or_else(|| ApiError::ModelNotFound(id.clone()))?;
     // A model the caller may not use is, to the caller, one that does not exist.
     if !caller
