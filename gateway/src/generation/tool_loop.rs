@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use super::{Generation, Generator};
 use crate::error::ApiError;
-use crate::pipeline::request::{GenerationRequest, Prompt, ToolChoice};
+use crate::pipeline::request::{GenerationRequest, Prompt, ToolChoice, template_tool};
 use crate::pipeline::run::{GenEvent, ServerToolRun, Totals};
 use crate::plugins::ServerTool;
 use crate::tenancy::Caller;
@@ -82,13 +82,11 @@ pub(crate) fn offer(request: &GenerationRequest, tools: &[ServerTool]) -> Genera
             Some(Value::Array(list)) => list,
             _ => Vec::new(),
         };
-        for tool in tools {
-            list.push(json!({"type": "function", "function": {
-                "name": tool.spec.name,
-                "description": tool.spec.description,
-                "parameters": tool.spec.parameters,
-            }}));
-        }
+        list.extend(
+            tools
+                .iter()
+                .map(|t| template_tool(&t.spec.name, &t.spec.description, &t.spec.parameters)),
+        );
         *shown = Some(Value::Array(list));
     }
     for tool in tools {

@@ -368,11 +368,7 @@ pub fn config_reload(ok: bool) {
 /// One call of a gateway plugin's hook (`outcome`: `allow`, `reject`, `rewrite`, `ok`,
 /// `failed`, `timeout`), and how long it took.
 pub fn plugin_call(plugin: &str, hook: &'static str, outcome: &'static str, took: Duration) {
-    let plugin = plugin.to_string();
-    metrics::counter!("turnpike_plugin_calls_total", "plugin" => plugin.clone(), "hook" => hook, "outcome" => outcome)
-        .increment(1);
-    metrics::histogram!("turnpike_plugin_call_duration_seconds", "plugin" => plugin, "hook" => hook)
-        .record(took.as_secs_f64());
+    plugin_calls(plugin, hook, outcome, 1, took);
 }
 
 /// `count` calls of a plugin's hook that took `total` together (a response's transform feeds,

@@ -55,6 +55,15 @@ pub enum Prompt {
     Texts(Value),
 }
 
+/// A function tool as the chat template reads it (what chat's `tools` holds).
+pub(crate) fn template_tool(name: &str, description: &str, parameters: &Value) -> Value {
+    serde_json::json!({"type": "function", "function": {
+        "name": name,
+        "description": description,
+        "parameters": parameters,
+    }})
+}
+
 /// Tools offered, and how the model may use them.
 #[derive(Debug, Clone, Default)]
 pub struct Tools {

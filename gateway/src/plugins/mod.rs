@@ -60,6 +60,17 @@ struct Attached {
     instance: Arc<PluginInstance>,
 }
 
+impl Attached {
+    /// Whether it sees requests in `scope` (its models and tenants).
+    fn applies(&self, scope: Scope<'_>) -> bool {
+        self.config.models.allows_any(scope.model.into_iter())
+            && self
+                .config
+                .tenants
+                .allows_any(std::iter::once(scope.tenant))
+    }
+}
+
 /// The loaded plugins, in order.
 #[derive(Debug, Default)]
 pub struct PluginHost {
@@ -137,13 +148,7 @@ impl PluginHost {
         let mut seen = HashSet::new();
         let mut tools = Vec::new();
         for (i, plugin) in self.attached.iter().enumerate() {
-            let applies = plugin.instance.hooks().tools
-                && plugin.config.models.allows_any(scope.model.into_iter())
-                && plugin
-                    .config
-                    .tenants
-                    .allows_any(std::iter::once(scope.tenant));
-            if !applies {
+            if !plugin.instance.hooks().tools || !plugin.applies(scope) {
                 continue;
             }
             for spec in plugin.instance.tools() {
@@ -241,10 +246,7 @@ impl PluginHost {
     }
 
     fn applying<'a>(&'a self, scope: Scope<'a>) -> impl Iterator<Item = &'a Attached> + 'a {
-        self.attached.iter().filter(move |a| {
-            a.config.models.allows_any(scope.model.into_iter())
-                && a.config.tenants.allows_any(std::iter::once(scope.tenant))
-        })
+        self.attached.iter().filter(move |a| a.applies(scope))
     }
 
     fn failed(&self, plugin: &Attached, hook: &str, why: String) -> Option<ApiError> {
@@ -322,11 +324,7 @@ impl PluginHost {
             .attached
             .iter()
             .enumerate()
-            .filter(|(_, a)| a.instance.hooks().transform)
-            .filter(|(_, a)| {
-                a.config.models.allows_any(scope.model.into_iter())
-                    && a.config.tenants.allows_any(std::iter::once(scope.tenant))
-            })
+            .filter(|(_, a)| a.instance.hooks().transform && a.applies(scope))
             .map(|(i, _)| i)
             .collect();
         if indices.is_empty() {

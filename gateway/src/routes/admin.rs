@@ -162,16 +162,15 @@ pub(super) async fn list_plans(State(state): State<AppState>) -> Result<Response
     Ok(tagged(StatusCode::OK, snapshot.revision, body))
 }
 
-/// `PUT /admin/v1/tenants/{name}` and `PUT /admin/v1/plans/{name}`.
-pub(super) async fn put_limits(
+/// `PUT /admin/v1/tenants/{name}` and (`PLAN`) `PUT /admin/v1/plans/{name}`.
+pub(super) async fn put_limits<const PLAN: bool>(
     State(state): State<AppState>,
     axum::Extension(caller): Caller,
     headers: HeaderMap,
-    uri: axum::http::Uri,
     Path(name): Path<String>,
     JsonBody(limits): JsonBody<RawLimits>,
 ) -> Result<Response, ApiError> {
-    let change = if uri.path().contains("/plans/") {
+    let change = if PLAN {
         Change::PutPlan(name, limits)
     } else {
         Change::PutTenant(name, limits)
@@ -179,15 +178,14 @@ pub(super) async fn put_limits(
     apply(&state, &caller, &headers, change).await
 }
 
-/// `DELETE /admin/v1/tenants/{name}` and `DELETE /admin/v1/plans/{name}`.
-pub(super) async fn delete_limits(
+/// `DELETE /admin/v1/tenants/{name}` and (`PLAN`) `DELETE /admin/v1/plans/{name}`.
+pub(super) async fn delete_limits<const PLAN: bool>(
     State(state): State<AppState>,
     axum::Extension(caller): Caller,
     headers: HeaderMap,
-    uri: axum::http::Uri,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let change = if uri.path().contains("/plans/") {
+    let change = if PLAN {
         Change::DeletePlan(name)
     } else {
         Change::DeleteTenant(name)

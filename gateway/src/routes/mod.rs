@@ -216,12 +216,12 @@ fn admin_router(state: &AppState) -> Router<AppState> {
         .route("/tenants", get(admin::list_tenants))
         .route(
             "/tenants/{name}",
-            put(admin::put_limits).delete(admin::delete_limits),
+            put(admin::put_limits::<false>).delete(admin::delete_limits::<false>),
         )
         .route("/plans", get(admin::list_plans))
         .route(
             "/plans/{name}",
-            put(admin::put_limits).delete(admin::delete_limits),
+            put(admin::put_limits::<true>).delete(admin::delete_limits::<true>),
         )
         .route("/keys", get(admin::list_keys).post(admin::create_key))
         .route("/keys/{id}/{action}", post(admin::key_action))

@@ -12,6 +12,7 @@ use crate::generation::{
     GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, ToolChoice, Tools,
 };
 use crate::openai::common::{Extensions, StopParam};
+use crate::pipeline::request::template_tool;
 
 /// Anthropic's names for the parameters errors point at.
 pub(crate) const NAMES: ParamNames = ParamNames {
@@ -173,11 +174,12 @@ fn tools(req: &MessagesRequest) -> Result<(Option<Value>, Tools), ApiError> {
                 message: format!("the input_schema of tool `{name}` must be a JSON Schema object"),
             });
         }
-        shown.push(json!({"type": "function", "function": {
-            "name": name,
-            "description": tool.get("description").and_then(Value::as_str).unwrap_or_default(),
-            "parameters": schema,
-        }}));
+        let description = tool.get("description").and_then(Value::as_str);
+        shown.push(template_tool(
+            name,
+            description.unwrap_or_default(),
+            &schema,
+        ));
         tools.names.push(name.to_string());
         tools.schemas.push(schema);
         tools.strict.push(false);
