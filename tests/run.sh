@@ -62,7 +62,13 @@ fi
 export TURNPIKE_LLAMA_SERVER="$PWD/$(bench/llama-server.sh)"
 
 # Anthropic's TypeScript SDK (tests/python/test_anthropic.py drives it with node), installed
-# once per lock file.
+# once per lock file; node and npm from the system's packages where the machine lacks them.
+if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get install -y -q nodejs npm || { $sudo apt-get update -q && $sudo apt-get install -y -q nodejs npm; }
+fi
 js=target/js
 if ! cmp -s tests/js/package-lock.json "$js/package-lock.json"; then
   rm -rf "$js"
