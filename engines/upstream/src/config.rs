@@ -50,6 +50,12 @@ struct RawModel {
     breaker: RawBreaker,
     #[serde(default = "default_health_ms")]
     health_interval_ms: u64,
+    #[serde(default = "default_first_token_ms")]
+    first_token_timeout_ms: u64,
+    #[serde(default = "default_stall_ms")]
+    stall_timeout_ms: u64,
+    #[serde(default)]
+    api_key_env: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,6 +99,12 @@ fn default_health_ms() -> u64 {
 }
 fn default_refresh_ms() -> u64 {
     5000
+}
+fn default_first_token_ms() -> u64 {
+    30_000
+}
+fn default_stall_ms() -> u64 {
+    30_000
 }
 fn default_failures() -> u32 {
     3
@@ -139,6 +151,25 @@ pub(crate) struct ModelConfig {
     pub breaker_cooldown_ms: u64,
     /// How often each replica's `/health` is probed (0: never).
     pub health_interval_ms: u64,
+    /// Longest wait from sending a request to its first token (0: none); past it the replica
+    /// counts a failure and another one is tried.
+    pub first_token_timeout_ms: u64,
+    /// Longest silence between chunks once tokens flow (0: none); past it the replica counts a
+    /// failure and the request ends with an error.
+    pub stall_timeout_ms: u64,
+    /// The bearer key sent to the nodes (their `Authorization`), read from the environment
+    /// variable `api_key_env` at start: a key whose endpoints name `generate`.
+    pub api_key: Option<ApiKey>,
+}
+
+/// A key sent to nodes; its `Debug` does not show it.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct ApiKey(pub String);
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(…)")
+    }
 }
 
 /// The validated configuration.
@@ -173,6 +204,15 @@ impl Config {
             if m.breaker.failures == 0 {
                 return Err(format!("{at}.breaker.failures must be at least 1"));
             }
+            let api_key = match &m.api_key_env {
+                None => None,
+                Some(var) => Some(ApiKey(
+                    std::env::var(var)
+                        .ok()
+                        .filter(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_graphic()))
+                        .ok_or_else(|| format!("{at}.api_key_env: `{var}` is not set to a key"))?,
+                )),
+            };
             models.push(ModelConfig {
                 upstream_model: m.upstream_model,
                 protocol: m.protocol,
@@ -197,6 +237,9 @@ impl Config {
                 breaker_failures: m.breaker.failures,
                 breaker_cooldown_ms: m.breaker.cooldown_ms,
                 health_interval_ms: m.health_interval_ms,
+                first_token_timeout_ms: m.first_token_timeout_ms,
+                stall_timeout_ms: m.stall_timeout_ms,
+                api_key,
             });
         }
         Ok(Self {

@@ -15,7 +15,8 @@
 //! and host names re-resolved into one replica per address. Routing ([`pool`]): prefix affinity
 //! by rendezvous hashing of the prompt's leading tokens, falling back on power-of-two-choices
 //! over in-flight requests; breakers open on consecutive failures and probe after a cooldown; a
-//! request that fails before its first token is retried on another replica ([`run`]); each
+//! request that fails before its first token (a replica that accepts it and stays silent past
+//! `first_token_timeout_ms` included) is retried on another replica ([`run`]); each
 //! replica's `/health` is probed on an interval ([`health`]), which opens and closes breakers
 //! without waiting for traffic. Cancelling a request closes its connection, which every one of
 //! these servers takes as its cancel. Requests run on the plugin's own small Tokio runtime. A
@@ -25,6 +26,7 @@
 mod config;
 mod discovery;
 mod health;
+mod lines;
 mod pool;
 mod run;
 mod wire;
@@ -51,6 +53,8 @@ use pool::{Breaker, Pool};
 pub(crate) struct Model {
     pub config: ModelConfig,
     pub pool: Pool,
+    /// Where the plugin logs (the gateway's log).
+    pub host: Host,
 }
 
 struct Upstream {
@@ -102,7 +106,11 @@ impl Engine for Upstream {
                 c.endpoints.clone()
             };
             let pool = Pool::new(&urls, c.affinity_tokens, c.affinity_max_imbalance);
-            models.push(Arc::new(Model { config: c, pool }));
+            models.push(Arc::new(Model {
+                config: c,
+                pool,
+                host: host.clone(),
+            }));
         }
         let timeout = Duration::from_millis(config.connect_timeout_ms);
         for m in &models {

@@ -10,7 +10,7 @@
 //!   `affinity_max_imbalance` more requests than the least loaded, fall back on load.
 //! - **Load**: power of two choices over the requests each replica has in flight from here.
 //! - **Breakers**: `breaker_failures` consecutive failures open a replica's breaker; after
-//!   `breaker_cooldown_ms` one request probes it (half-open), and a success closes it. A
+//!   `breaker_cooldown_ms` one request probes it (half-open), and its completion closes it. A
 //!   replica with an open breaker is not picked while another can be. Health probes
 //!   ([`crate::health`]) count toward it too, and a good probe closes it.
 
@@ -78,10 +78,22 @@ impl Replica {
         }
     }
 
-    /// A request here reached its first token (or ended well).
+    /// A request here completed well (a request that stalls or breaks after its first token
+    /// is a failure, so its first token cannot count as a success).
     pub(crate) fn succeeded(&self) {
         *self.breaker.lock().unwrap_or_else(PoisonError::into_inner) =
             Breaker::Closed { failures: 0 };
+    }
+
+    /// A request here ended neither well nor by the replica's failure (cancelled): if it was
+    /// the half-open probe, the next request probes instead.
+    pub(crate) fn released(&self) {
+        let mut b = self.breaker.lock().unwrap_or_else(PoisonError::into_inner);
+        if *b == Breaker::HalfOpen {
+            *b = Breaker::Open {
+                until: Instant::now(),
+            };
+        }
     }
 
     /// A health probe's answer: a good one closes the breaker; a bad one counts as a failure

@@ -1,10 +1,13 @@
 //! One request's life: pick a replica, stream the request from it in the pool's protocol, hand
 //! each token to the sink;
 //! on a failure before the first token (no connection, a refusal, an error event, a stream that
-//! ends early) mark the replica and try another, up to the model's `retries`; after the first
-//! token a failure ends the request (its tokens were sent). Cancelling drops the connection,
-//! which the node takes as its cancel. A stop token the node streams (llama-server has no stop
-//! ids) ends its choice here, and the connection is closed when every choice has ended so.
+//! ends early, no first token within `first_token_timeout_ms`) mark the replica and try
+//! another, up to the model's `retries`; after the first token a failure (a broken stream, no
+//! token for `stall_timeout_ms`) marks the replica and ends the request (its tokens were sent).
+//! Either way a replica that accepts requests and never answers opens its breaker. Cancelling
+//! drops the connection, which the node takes as its cancel. A stop token the node streams
+//! (llama-server has no stop ids) ends its choice here, and the connection is closed when every
+//! choice has ended so.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,6 +23,7 @@ use turnpike_engine_api::plugin::{Request, Sink};
 use turnpike_engine_api::{Finish, Status, TopLogprob, Usage};
 
 use crate::Model;
+use crate::lines::{Lines, MAX_LINE_BYTES, TooLong};
 use crate::pool::Replica;
 use crate::wire;
 
@@ -27,8 +31,13 @@ pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// How an attempt on one replica ended.
 enum Attempt {
-    /// The request ended (well, or with an error after its first token): nothing to retry.
+    /// The request completed well.
+    Done,
+    /// The request ended otherwise (cancelled, or by the node's own error after its first
+    /// token): nothing to retry.
     Ended,
+    /// The replica failed after the first token (the request ended with an error).
+    Broke,
     /// Nothing was sent yet; another replica may serve it (the sink comes back).
     Retry(String, Sink),
     /// The node refused the request itself (4xx): no replica would take it.
@@ -66,17 +75,24 @@ pub(crate) async fn run(
         replica.requests.fetch_add(1, Ordering::Relaxed);
         let outcome = attempt(&client, &model, &replica, &body, &req, sink, &cancel).await;
         replica.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let c = &model.config;
+        let cooldown = Duration::from_millis(c.breaker_cooldown_ms);
         match outcome {
-            Attempt::Ended => return,
-            Attempt::Refused(status, why, back) => return back.fail(status, why, Usage::default()),
+            Attempt::Done => return replica.succeeded(),
+            Attempt::Ended => return replica.released(),
+            Attempt::Broke => return replica.failed(c.breaker_failures, cooldown),
+            Attempt::Refused(status, why, back) => {
+                replica.released();
+                return back.fail(status, why, Usage::default());
+            }
             Attempt::Retry(why, back) => {
                 sink = back;
-                let c = &model.config;
-                replica.failed(
-                    c.breaker_failures,
-                    Duration::from_millis(c.breaker_cooldown_ms),
-                );
+                replica.failed(c.breaker_failures, cooldown);
                 last_error = format!("{}: {why}", replica.url);
+                model.host.warn(&format!(
+                    "upstream model `{}`: replica {last_error} (before the first token)",
+                    c.id
+                ));
                 if tried.len() > c.retries as usize {
                     return sink.fail(Status::Unavailable, last_error, Usage::default());
                 }
@@ -99,6 +115,19 @@ struct Progress {
     stopped_here: bool,
 }
 
+/// A limit in milliseconds, 0 for none.
+fn limit(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+/// Waits until `deadline`, or for ever without one.
+async fn expiry(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn attempt(
     client: &HttpClient,
     model: &Model,
@@ -108,10 +137,19 @@ async fn attempt(
     mut sink: Sink,
     cancel: &Notify,
 ) -> Attempt {
-    let protocol = model.config.protocol;
+    let c = &model.config;
+    let protocol = c.protocol;
     let started = Instant::now();
+    let first_token = limit(c.first_token_timeout_ms);
+    let stall = limit(c.stall_timeout_ms);
+    // Until the first token: the first-token limit from the start; then the stall limit from
+    // the newest token.
+    let mut deadline = first_token.map(|d| started + d);
     let mut builder = hyper::Request::post(format!("{}{}", replica.url, protocol.path()))
         .header("content-type", "application/json");
+    if let Some(key) = &c.api_key {
+        builder = builder.header("authorization", format!("Bearer {}", key.0));
+    }
     if !req.trace_context.is_empty() {
         // The gateway's trace goes on to the server (W3C trace context).
         builder = builder.header("traceparent", req.trace_context.as_str());
@@ -120,11 +158,15 @@ async fn attempt(
         Ok(r) => r,
         Err(e) => return Attempt::Refused(Status::Internal, e.to_string(), sink),
     };
+    let silent = |ms: u64| format!("no first token within {ms} ms");
     let response = tokio::select! {
         r = client.request(request) => r,
         () = cancel.notified() => {
             sink.cancelled(Usage::default());
             return Attempt::Ended;
+        }
+        () = expiry(deadline) => {
+            return Attempt::Retry(silent(c.first_token_timeout_ms), sink);
         }
     };
     let response = match response {
@@ -134,11 +176,10 @@ async fn attempt(
     let status = response.status();
     let mut body = response.into_body();
     if !status.is_success() {
-        let text = body
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
+        let text = tokio::select! {
+            b = body.collect() => b.map(|b| b.to_bytes()).unwrap_or_default(),
+            () = expiry(deadline) => Bytes::new(),
+        };
         let why = String::from_utf8_lossy(&text)
             .chars()
             .take(300)
@@ -156,7 +197,7 @@ async fn attempt(
     let n = req.params.n.max(1) as usize;
     let mut stops = req.params.stop_token_ids.clone();
     if !req.params.ignore_eos {
-        stops.extend(&model.config.eos_token_ids);
+        stops.extend(&c.eos_token_ids);
     }
     let mut p = Progress {
         seen: vec![0; n],
@@ -170,7 +211,7 @@ async fn attempt(
         top_logprobs: req.params.top_logprobs as usize,
         stopped_here: false,
     };
-    let mut pending: Vec<u8> = Vec::new();
+    let mut lines = Lines::new(MAX_LINE_BYTES);
     loop {
         let frame = tokio::select! {
             f = body.frame() => f,
@@ -179,15 +220,29 @@ async fn attempt(
                 sink.cancelled(p.usage);
                 return Attempt::Ended;
             }
+            () = expiry(deadline) => {
+                // Dropping the body closes the connection: the node's cancel.
+                return match p.usage.completion_tokens {
+                    0 => Attempt::Retry(silent(c.first_token_timeout_ms), sink),
+                    _ => after_start(&p, sink, format!("no token for {} ms", c.stall_timeout_ms)),
+                };
+            }
         };
         let Some(frame) = frame else { break };
         let data = match frame {
             Ok(frame) => frame.into_data().unwrap_or_default(),
             Err(e) => return after_start(&p, sink, format!("the stream broke: {e}")),
         };
-        pending.extend_from_slice(&data);
-        while let Some(at) = pending.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=at).collect();
+        lines.push(&data);
+        loop {
+            let line = match lines.next_line() {
+                Ok(Some(line)) => line,
+                Ok(None) => break,
+                Err(TooLong(bytes)) => {
+                    let why = format!("a line passed {MAX_LINE_BYTES} bytes ({bytes})");
+                    return after_start(&p, sink, why);
+                }
+            };
             let Some(payload) = line.strip_prefix(b"data: ") else {
                 continue;
             };
@@ -202,14 +257,16 @@ async fn attempt(
             let index = value["index"].as_u64().unwrap_or(0) as usize;
             let chunk = match protocol.chunk(&value, p.seen.get(index).copied().unwrap_or(0)) {
                 Ok(c) => c,
-                Err(why) => return after_start(&p, sink, why),
+                Err(why) => return node_error(&p, sink, why),
             };
             let first = p.usage.completion_tokens == 0;
-            if deliver(&mut p, &mut sink, chunk) && first {
-                replica.succeeded();
-                replica
-                    .first_token_us
-                    .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+            if deliver(&mut p, &mut sink, chunk) {
+                deadline = stall.map(|d| Instant::now() + d);
+                if first {
+                    replica
+                        .first_token_us
+                        .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+                }
             }
             if p.stopped_here && p.ended.iter().all(|e| *e) {
                 // Dropping the body closes the connection: the node's cancel.
@@ -263,10 +320,11 @@ fn finish(p: &Progress, sink: Sink) -> Attempt {
         return Attempt::Retry("the stream ended before any token".into(), sink);
     }
     sink.complete(p.last, p.usage);
-    Attempt::Ended
+    Attempt::Done
 }
 
-/// A failure: retried while nothing was sent, else the request's end.
+/// The replica failed: retried while nothing was sent, else the request's end (and a failure
+/// counted against the replica).
 fn after_start(p: &Progress, sink: Sink, why: String) -> Attempt {
     if p.usage.completion_tokens == 0 {
         return Attempt::Retry(why, sink);
@@ -276,5 +334,14 @@ fn after_start(p: &Progress, sink: Sink, why: String) -> Attempt {
         format!("the node failed mid-stream: {why}"),
         p.usage,
     );
-    Attempt::Ended
+    Attempt::Broke
+}
+
+/// The node reported an error in its stream: retried while nothing was sent, else the
+/// request's end (the node answered; its breaker is not charged).
+fn node_error(p: &Progress, sink: Sink, why: String) -> Attempt {
+    match after_start(p, sink, why) {
+        Attempt::Broke => Attempt::Ended,
+        other => other,
+    }
 }
