@@ -285,3 +285,42 @@ def replicas_closed(front, model):
     text = urllib.request.urlopen(f"{front.base}/metrics", timeout=10).read().decode()
     states = re.findall(rf'turnpike_engine_replica_breaker{{engine="fleet",model="{model}",replica="[^"]+"}} (\S+)', text)
     return any(s == "0" for s in states)
+
+
+def test_a_front_reaches_nodes_that_require_a_key_with_the_generate_scope(tmp_path):
+    from tenancy_support import make_key
+
+    key = make_key()
+    sections = f"""
+[auth]
+mode = "required"
+
+[tenants.fleet]
+models = ["*"]
+keys = [{{ env = "NODE_KEY", endpoints = ["generate"] }}]
+"""
+    text = config_text()
+    assert '[auth]\nmode = "none"\n' in text
+    node = Gateway(tmp_path / "node", text.replace('[auth]\nmode = "none"\n', sections, 1), {"NODE_KEY": key}, name="node")
+    try:
+        pool = [f'endpoints = ["{node.base}"]', 'api_key_env = "NODE_KEY"']
+        front = Gateway(tmp_path / "front", front_config([node], health_ms=0, pool=pool), {"NODE_KEY": key}, name="front")
+        try:
+            client = openai.OpenAI(base_url=f"{front.base}/v1", api_key="sk-unused", max_retries=0)
+            r = client.completions.create(model="chat", prompt="through a keyed node", max_tokens=3)
+            assert r.choices[0].finish_reason and completed(node) == 1
+        finally:
+            front.stop()
+        # Without the key the node refuses the front: not the client's fault (503, not 400), and
+        # the front's log says why.
+        bare = Gateway(tmp_path / "bare", front_config([node], health_ms=0), {}, name="bare")
+        try:
+            client = openai.OpenAI(base_url=f"{bare.base}/v1", api_key="sk-unused", max_retries=0)
+            with pytest.raises(openai.APIStatusError) as refused:
+                client.completions.create(model="chat", prompt="no key", max_tokens=3)
+            assert refused.value.status_code == 503
+            assert "401" in bare.log.read_text()
+        finally:
+            bare.stop()
+    finally:
+        node.stop()

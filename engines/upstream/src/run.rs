@@ -184,7 +184,9 @@ async fn attempt(
             .chars()
             .take(300)
             .collect::<String>();
-        return if status.is_client_error() && status.as_u16() != 429 {
+        // 401 and 403 say the front's key is wrong for this node, not the request: like a 429,
+        // another replica may take it, and the breaker learns of it.
+        return if status.is_client_error() && !matches!(status.as_u16(), 401 | 403 | 429) {
             Attempt::Refused(
                 Status::InvalidRequest,
                 format!("the node refused it ({status}): {why}"),

@@ -43,17 +43,21 @@ pub enum Endpoint {
     Models,
     /// `/v1/messages` (Anthropic's Messages API).
     Messages,
+    /// `POST /generate`, the token-level node endpoint. Never implied: a key or token reaches
+    /// it only by naming it, as a fleet's front does for its nodes.
+    Generate,
 }
 
 impl Endpoint {
     /// Every endpoint, with its scope name.
-    pub const ALL: [(Endpoint, &'static str); 6] = [
+    pub const ALL: [(Endpoint, &'static str); 7] = [
         (Endpoint::Chat, "chat"),
         (Endpoint::Completions, "completions"),
         (Endpoint::Embeddings, "embeddings"),
         (Endpoint::Responses, "responses"),
         (Endpoint::Models, "models"),
         (Endpoint::Messages, "messages"),
+        (Endpoint::Generate, "generate"),
     ];
 
     /// The endpoint a scope name names.
@@ -69,8 +73,17 @@ impl Endpoint {
             .map_or("", |(_, n)| n)
     }
 
+    /// Whether a credential that names no endpoints may call it (every endpoint but the
+    /// node's).
+    pub fn implied(self) -> bool {
+        self != Self::Generate
+    }
+
     /// The endpoint a URL path belongs to.
     pub fn of_path(path: &str) -> Option<Self> {
+        if path == "/generate" {
+            return Some(Self::Generate);
+        }
         let rest = path.strip_prefix("/v1/")?;
         let first = rest.split('/').next().unwrap_or("");
         match first {
@@ -127,7 +140,7 @@ impl NameSet {
 pub struct Scopes {
     /// Models it may use.
     pub models: NameSet,
-    /// Endpoints it may call (`None`: all).
+    /// Endpoints it may call (`None`: all that are [`Endpoint::implied`]).
     pub endpoints: Option<BTreeSet<Endpoint>>,
     /// Whether it may call the admin API. Never implied: a key gets it only by naming `admin`
     /// among its endpoints, a token by an `admin` scope item.
@@ -143,6 +156,9 @@ pub struct Plan {
     pub tokens: Vec<Window>,
     /// Most generations in flight at once.
     pub concurrent: Option<u64>,
+    /// Most WebSocket connections open at once on one replica (`None`: the server's
+    /// `websocket_max_per_tenant`).
+    pub websockets: Option<u64>,
     /// Models the tenant may use.
     pub models: NameSet,
     /// Share of the engine under contention, relative to other tenants.
@@ -205,7 +221,10 @@ impl Principal {
                 },
             }),
             key_id: None,
-            scopes: Scopes::default(),
+            scopes: Scopes {
+                endpoints: Some(Endpoint::ALL.iter().map(|(e, _)| *e).collect()),
+                ..Scopes::default()
+            },
         }
     }
 
@@ -221,9 +240,9 @@ impl Principal {
 
     /// Whether the caller may call `endpoint`.
     pub fn may_call(&self, endpoint: Endpoint) -> bool {
-        self.scopes
-            .endpoints
-            .as_ref()
-            .is_none_or(|set| set.contains(&endpoint))
+        match &self.scopes.endpoints {
+            None => endpoint.implied(),
+            Some(set) => set.contains(&endpoint),
+        }
     }
 }
