@@ -19,6 +19,8 @@ pub(super) struct RawServer {
     cors_allowed_origins: Vec<String>,
     websocket_max_connections: u64,
     websocket_max_duration_s: u64,
+    websocket_max_per_tenant: u64,
+    websocket_idle_timeout_s: u64,
     max_connections: u64,
     header_read_timeout_ms: u64,
     body_read_timeout_ms: u64,
@@ -39,6 +41,8 @@ impl Default for RawServer {
             cors_allowed_origins: Vec::new(),
             websocket_max_connections: 1024,
             websocket_max_duration_s: 3600,
+            websocket_max_per_tenant: 256,
+            websocket_idle_timeout_s: 300,
             max_connections: 8192,
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 30_000,
@@ -84,6 +88,14 @@ impl RawServer {
             websocket_max_duration: Duration::from_secs(positive(
                 "websocket_max_duration_s",
                 self.websocket_max_duration_s,
+            )?),
+            websocket_max_per_tenant: positive(
+                "websocket_max_per_tenant",
+                self.websocket_max_per_tenant,
+            )? as usize,
+            websocket_idle_timeout: Duration::from_secs(positive(
+                "websocket_idle_timeout_s",
+                self.websocket_idle_timeout_s,
             )?),
             connections: crate::listener::ConnectionLimits {
                 max_connections: positive("max_connections", self.max_connections)? as usize,

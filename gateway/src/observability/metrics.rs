@@ -16,7 +16,7 @@
 //! | `turnpike_engine_replica_stat`, `turnpike_engine_replica_breaker` | gauge (per replica of an engine that serves from a pool: in flight, requests, errors, mean time to first token; breaker 0 closed, 1 half-open, 2 open) | `engine`, `model`, `replica`, `stat` |
 //! | `turnpike_engine_stat` | gauge (every numeric engine-specific stat: KV blocks, prefix hit rate, preemptions, ...) | `engine`, `model` (empty when engine-wide), `stat` |
 //! | `turnpike_engine_queue_depth`, `turnpike_engine_batch_size`, `turnpike_engine_*_total`, `turnpike_engine_kv_cache_*`, `turnpike_gpu_memory_*` | the engine's well-known stats under their own names (see `engine_metrics`) | `engine`, `model`, `phase` |
-//! | `turnpike_rate_limit_dropped_total` | counter | `limit` (`requests`, `tokens`, `concurrency`); `tenant` with `[metrics] tenant_label = true` |
+//! | `turnpike_rate_limit_dropped_total` | counter | `limit` (`requests`, `tokens`, `concurrency`, `websockets`); `tenant` with `[metrics] tenant_label = true` |
 //! | `turnpike_config_reloads_total`, `turnpike_tls_reloads_total` | counter | `result` (`ok`, `failed`) |
 //! | `turnpike_state_errors_total` | counter (state store failures) | `feature` |
 //! | `turnpike_concurrency_leases` | gauge (leases this replica holds) | |
@@ -26,6 +26,7 @@
 //! | `turnpike_idempotency_records`, `turnpike_idempotency_bytes` | gauge (in-memory store) | |
 //! | `turnpike_stored_values`, `turnpike_stored_value_bytes` | gauge (in-memory store: stored responses) | |
 //! | `turnpike_websocket_connections` | gauge (open WebSocket connections; at most `server.websocket_max_connections`) | |
+//! | `turnpike_websocket_closed_total` | counter (connections the server closed by its bounds) | `reason` (`idle`, `expired`) |
 //! | `turnpike_http_connections` | gauge (open HTTP connections; at most `server.max_connections`) | |
 //! | `turnpike_http_connections_closed_total` | counter (connections and requests cut by the server's bounds) | `reason` (`limit`, `header_timeout`, `body_timeout`, `tls_handshake`) |
 //! | `turnpike_state_store_up` | gauge (1 while the state store answers its health probe, 0 while it does not) | |
@@ -33,6 +34,7 @@
 //! | `turnpike_plugin_call_duration_seconds` | histogram | `plugin`, `hook` |
 //! | `turnpike_admin_changes_total` | counter (admin API changes) | `action`, `result` |
 //! | `turnpike_admin_state_revision`, `turnpike_admin_sync_failures_total` | gauge, counter (the admin state in force here; syncs that failed) | |
+//! | `turnpike_admin_state_regressed`, `turnpike_admin_state_restores_total` | gauge (1 while the state store is behind the admin state held here), counter (states put back) | |
 //!
 //! The recorder is process-wide; histogram samples are drained by [`upkeep`], which the server
 //! runs every few seconds, so memory stays bounded whether or not anyone scrapes.
@@ -352,6 +354,11 @@ pub fn connection_closed(reason: &'static str) {
     metrics::counter!("turnpike_http_connections_closed_total", "reason" => reason).increment(1);
 }
 
+/// A WebSocket connection the server closed by one of its bounds (`idle`, `expired`).
+pub fn websocket_closed(reason: &'static str) {
+    metrics::counter!("turnpike_websocket_closed_total", "reason" => reason).increment(1);
+}
+
 /// A rebuild of the listener's TLS configuration after its files changed (`result`: `ok`, or
 /// `failed`, when the previous certificate stays).
 pub fn tls_reload(ok: bool) {
@@ -401,6 +408,16 @@ pub fn admin_revision(revision: u64) {
 /// A shared admin state this replica could not read or apply (it keeps the one in force).
 pub fn admin_sync_failed() {
     metrics::counter!("turnpike_admin_sync_failures_total").increment(1);
+}
+
+/// Whether the state store is behind the admin state held here (until it is put back).
+pub fn admin_state_regressed(regressed: bool) {
+    metrics::gauge!("turnpike_admin_state_regressed").set(if regressed { 1.0 } else { 0.0 });
+}
+
+/// The admin state held here was put back into a store that lost it.
+pub fn admin_state_restored() {
+    metrics::counter!("turnpike_admin_state_restores_total").increment(1);
 }
 
 /// Whether the state store answered its last health probe.

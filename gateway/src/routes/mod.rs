@@ -23,6 +23,7 @@ mod sse;
 mod trace;
 mod turn;
 mod websocket;
+pub mod websocket_slots;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -57,8 +58,8 @@ pub struct AppState {
     pub tenancy: Arc<Tenancy>,
     /// Stored responses (kept in the tenancy's state store) and background runs.
     pub responses: Responses,
-    /// Permits for open WebSocket connections (`server.websocket_max_connections`).
-    pub websockets: Arc<tokio::sync::Semaphore>,
+    /// Open WebSocket connections, in all and per tenant.
+    pub websockets: Arc<websocket_slots::WebSocketSlots>,
     /// The admin API, when `[admin]` enables it.
     pub admin: Option<Arc<crate::admin::Admin>>,
 }
@@ -75,9 +76,10 @@ impl AppState {
             store: ResponseStore::new(Arc::clone(tenancy.limiter.store()), server.retry_after),
             running: Arc::default(),
         };
-        let websockets = Arc::new(tokio::sync::Semaphore::new(
+        let websockets = websocket_slots::WebSocketSlots::new(
             server.websocket_max_connections,
-        ));
+            server.websocket_max_per_tenant,
+        );
         let timing = Timing {
             request_timeout: server.request_timeout,
             retry_after: server.retry_after,

@@ -22,6 +22,11 @@ pub struct ServerConfig {
     pub websocket_max_connections: usize,
     /// How long one WebSocket connection may stay open.
     pub websocket_max_duration: Duration,
+    /// Open WebSocket connections one tenant may hold, unless its plan says
+    /// (`max_websockets`); more are refused with `websocket_tenant_limit_reached`.
+    pub websocket_max_per_tenant: usize,
+    /// How long a WebSocket connection may stay open with no turn running and no message.
+    pub websocket_idle_timeout: Duration,
     /// Connections at most, and how long a connection may take to send a request's headers.
     pub connections: crate::listener::ConnectionLimits,
     /// How long a request's whole body may take to arrive once its headers have (408 past it).

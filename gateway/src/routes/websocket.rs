@@ -1,6 +1,7 @@
-//! What the WebSocket endpoints share: the connection's bounds (a permit per connection, a time
-//! limit), turns taken one at a time with later messages waiting (bounded), error events that
-//! never close the socket,.
+//! What the WebSocket endpoints share: the connection's bounds (a slot per connection, within
+//! the replica's and the tenant's caps; a time limit; an idle limit while no turn runs), turns
+//! taken one at a time with later messages waiting (bounded), error events that never close the
+//! socket.
 //!
 //! Messages and frames are bounded by `server.max_body_bytes`, as HTTP bodies are (a larger
 //! message closes the socket with 1009 "message too big"), and the messages waiting for a
@@ -21,9 +22,9 @@ use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::AppState;
+use super::websocket_slots::{NoSlot, Slot};
 use crate::error::ApiError;
 use crate::idempotency::record;
 use crate::observability::metrics;
@@ -54,15 +55,13 @@ pub(super) fn accept<T: Turns + 'static>(
             .into_response();
         }
     };
-    let permit = std::sync::Arc::clone(&state.websockets)
-        .try_acquire_owned()
-        .ok();
+    let slot = state.websockets.take(&turns.caller().principal.tenant);
     let limit = state.server.max_body_bytes;
     upgrade
         .max_message_size(limit)
         .max_frame_size(limit)
         .protocols(protocols.iter().copied())
-        .on_upgrade(move |socket| async move { session(socket, &state, permit, turns).await })
+        .on_upgrade(move |socket| async move { session(socket, &state, slot, turns).await })
 }
 
 /// Messages kept while a turn runs; more are refused with an error event.
@@ -175,52 +174,87 @@ pub(super) trait Turns: Send {
     ) -> impl std::future::Future<Output = Result<(), Closed>> + Send;
 }
 
-/// Runs a connection: refuses it past the connection limit (no `permit`), then takes its
-/// messages one at a time until it closes or its time is up.
+/// Runs a connection: refuses it past the replica's or the tenant's connection limit (no
+/// `slot`), then takes its messages one at a time until it closes, its time is up, or it stays
+/// idle (no turn running, no message) past `server.websocket_idle_timeout`.
 pub(super) async fn session(
     mut socket: WebSocket,
     state: &AppState,
-    permit: Option<OwnedSemaphorePermit>,
+    slot: Result<Slot, NoSlot>,
     mut turns: impl Turns,
 ) {
-    let Some(_permit) = permit else {
-        let e = ApiError::Forbidden {
-            param: None,
-            code: "websocket_connection_limit_reached",
-            message: format!(
-                "This gateway holds at most {} WebSocket connections; close one and retry.",
-                state.server.websocket_max_connections
-            ),
-        };
-        let mut event = error_event(&e);
-        event["status"] = json!(429);
-        let _ = send(&mut socket, &event).await;
-        let _ = socket.send(Message::Close(None)).await;
-        return;
+    let _slot = match slot {
+        Ok(slot) => slot,
+        Err(no) => {
+            let (code, message) = match no {
+                NoSlot::Server(most) => (
+                    "websocket_connection_limit_reached",
+                    format!(
+                        "This gateway holds at most {most} WebSocket connections; close one and retry."
+                    ),
+                ),
+                NoSlot::Tenant(most) => (
+                    "websocket_tenant_limit_reached",
+                    format!(
+                        "Your plan allows at most {most} open WebSocket connections; close one and retry."
+                    ),
+                ),
+            };
+            let e = ApiError::Forbidden {
+                param: None,
+                code,
+                message,
+            };
+            let mut event = error_event(&e);
+            event["status"] = json!(429);
+            let _ = send(&mut socket, &event).await;
+            let _ = socket.send(Message::Close(None)).await;
+            return;
+        }
     };
     let _open = metrics::OpenGuard::websocket();
     let deadline = Instant::now() + state.server.websocket_max_duration;
+    let idle = state.server.websocket_idle_timeout;
     let mut waiting = Waiting::new(state.server.max_body_bytes);
+    // Pings do not move it: only a message, or the end of a turn.
+    let mut idle_until = Instant::now() + idle;
     loop {
         let text = match waiting.pop() {
             Some(text) => text,
-            None => match tokio::time::timeout_at(deadline.into(), socket.recv()).await {
-                Err(_) => {
-                    let expired = json!({"type": "error", "status": 408, "error": {
-                        "type": "invalid_request_error", "code": "websocket_connection_expired", "param": null,
-                        "message": "This WebSocket connection reached its time limit; open a new one."}});
-                    let _ = send(&mut socket, &expired).await;
-                    break;
-                }
-                Ok(received) => match frame(received) {
-                    Frame::Text(text) => text,
-                    Frame::Skip => continue,
-                    Frame::TooBig => {
-                        return too_big(&mut socket, waiting.max_bytes).await;
+            None => {
+                match tokio::time::timeout_at(deadline.min(idle_until).into(), socket.recv()).await
+                {
+                    Err(_) => {
+                        let (code, message, reason) = if Instant::now() >= deadline {
+                            (
+                                "websocket_connection_expired",
+                                "This WebSocket connection reached its time limit; open a new one.",
+                                "expired",
+                            )
+                        } else {
+                            (
+                                "websocket_idle_timeout",
+                                "This WebSocket connection was idle too long; open a new one.",
+                                "idle",
+                            )
+                        };
+                        metrics::websocket_closed(reason);
+                        let event = json!({"type": "error", "status": 408, "error": {
+                            "type": "invalid_request_error", "code": code, "param": null,
+                            "message": message}});
+                        let _ = send(&mut socket, &event).await;
+                        break;
                     }
-                    Frame::Gone => return,
-                },
-            },
+                    Ok(received) => match frame(received) {
+                        Frame::Text(text) => text,
+                        Frame::Skip => continue,
+                        Frame::TooBig => {
+                            return too_big(&mut socket, waiting.max_bytes).await;
+                        }
+                        Frame::Gone => return,
+                    },
+                }
+            }
         };
         let handled = match count_turn(state, turns.caller()).await {
             Ok(()) => turns.handle(&mut socket, text, &mut waiting).await,
@@ -229,6 +263,7 @@ pub(super) async fn session(
         if handled.is_err() {
             return;
         }
+        idle_until = Instant::now() + idle;
     }
     let _ = socket.send(Message::Close(None)).await;
 }

@@ -93,6 +93,15 @@ impl Watch {
 
     /// Reads, validates and applies; the running configuration stays on error.
     fn reload(&mut self) -> Result<(), String> {
+        if let Some(file) = &self.file {
+            // An empty file (one being rewritten, or emptied by mistake) is never a
+            // configuration to serve with: the built-in defaults it would mean drop every
+            // tenant.
+            let text = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
+            if text.iter().all(u8::is_ascii_whitespace) {
+                return Err(format!("{}: the file is empty", file.display()));
+            }
+        }
         let next = (self.loader)().map_err(|e| e.to_string())?;
         let before = fingerprint(&self.tenancy.auth.directory());
         let (tenants, keys) = self.tenancy.install_config(&next.tenancy)?;
@@ -139,6 +148,7 @@ fn needs_restart(current: &Config, next: &Config) -> Vec<&'static str> {
     fixed.directory = current.tenancy.directory.clone();
     fixed.plans = current.tenancy.plans.clone();
     fixed.keys_file = current.tenancy.keys_file.clone();
+    fixed.allow_empty_directory = current.tenancy.allow_empty_directory;
     if fixed != current.tenancy {
         changed.push("auth/state/idempotency/queue");
     }

@@ -45,6 +45,8 @@ pub struct Tenancy {
 struct Layers {
     config: TenancyConfig,
     managed: Option<Arc<KeysDoc>>,
+    /// Keys the configuration and its keys file gave at the last install.
+    config_keys: usize,
 }
 
 /// What a running generation holds: its token reservation, its concurrency lease and its place
@@ -108,8 +110,10 @@ impl Tenancy {
             Some(url) => Arc::new(RedisStore::new(url, config.state_timeout)?),
             None => Arc::new(MemoryStore::new(config.memory)),
         };
+        let mut config_keys = 0;
         let auth = if config.auth_required {
             let directory = keys_file::directory(config).map_err(StoreError)?;
+            config_keys = directory.keys.len();
             Authenticator::required(directory, config.jwt.as_ref().map(|j| (*j.0).clone()))
         } else {
             Authenticator::off()
@@ -143,6 +147,7 @@ impl Tenancy {
             layers: std::sync::Mutex::new(Layers {
                 config: config.clone(),
                 managed: None,
+                config_keys,
             }),
         })
     }
@@ -177,13 +182,29 @@ impl Tenancy {
 
     /// Replaces the configuration's layer (a reload) and swaps in the directory it makes with
     /// the admin API's; returns that directory's size (tenants, keys).
+    ///
+    /// A configuration whose file and keys file leave no tenant, while the running ones gave
+    /// keys, is refused unless it sets `auth.allow_empty_directory`: an emptied or truncated
+    /// file would otherwise lock every caller out until the next good write.
     pub fn install_config(&self, config: &TenancyConfig) -> Result<(usize, usize), String> {
         let mut layers = self.layers();
         let file = keys_file::read(config)?;
+        let own = keys_file::compose(config, &file, None)?;
+        if config.auth_required
+            && own.tenants.is_empty()
+            && layers.config_keys > 0
+            && !config.allow_empty_directory
+        {
+            return Err(format!(
+                "the configuration and its keys file define no tenant, while the running ones                  give {} keys: refused so every caller is not locked out (set                  auth.allow_empty_directory = true to allow it)",
+                layers.config_keys
+            ));
+        }
         let directory = keys_file::compose(config, &file, layers.managed.as_deref())?;
         let size = (directory.tenants.len(), directory.keys.len());
         self.auth.replace(directory);
         layers.config = config.clone();
+        layers.config_keys = own.keys.len();
         Ok(size)
     }
 

@@ -257,6 +257,8 @@ pub fn server(heartbeat_ms: u64, timeout_ms: u64) -> ServerConfig {
         cors: turnpike::config::CorsOrigins::None,
         websocket_max_connections: 16,
         websocket_max_duration: Duration::from_secs(3600),
+        websocket_max_per_tenant: 16,
+        websocket_idle_timeout: Duration::from_secs(300),
         connections: turnpike::listener::ConnectionLimits {
             max_connections: 64,
             header_read_timeout: Duration::from_secs(30),

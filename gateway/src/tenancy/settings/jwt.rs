@@ -4,10 +4,11 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 use crate::tenancy::jwt::{JwtSettings, JwtVerifier};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawJwt {
     algorithm: String,
@@ -27,8 +28,10 @@ fn read(base: &Path, file: &str, at: &str) -> Result<(PathBuf, Vec<u8>), String>
     Ok((path, bytes))
 }
 
-/// The verifier `raw` describes, its keys read (relative to `base`) and checked now.
-pub(super) fn verifier(raw: RawJwt, base: &Path) -> Result<JwtVerifier, String> {
+/// The verifier `raw` describes, its keys read (relative to `base`) and checked now, and a
+/// fingerprint of its settings and key material: two loads of the same settings and keys have
+/// the same one, so a reload can tell whether verification changed.
+pub(super) fn verifier(raw: RawJwt, base: &Path) -> Result<(JwtVerifier, [u8; 32]), String> {
     use jsonwebtoken::{Algorithm, DecodingKey};
     let algorithm = match raw.algorithm.as_str() {
         "HS256" => Algorithm::HS256,
@@ -48,6 +51,8 @@ pub(super) fn verifier(raw: RawJwt, base: &Path) -> Result<JwtVerifier, String> 
         return Err("auth.jwt: give exactly one of secret_env, public_key_file, jwks_file".into());
     }
     let mut keys = Vec::new();
+    let mut fingerprint = Sha256::new();
+    fingerprint.update(serde_json::to_vec(&raw).unwrap_or_default());
     if let Some(var) = &raw.secret_env {
         if algorithm != Algorithm::HS256 {
             return Err("auth.jwt.secret_env is for HS256; RS256 and ES256 need public_key_file or jwks_file".into());
@@ -59,10 +64,12 @@ pub(super) fn verifier(raw: RawJwt, base: &Path) -> Result<JwtVerifier, String> 
                 "auth.jwt.secret_env: {var} must hold at least 32 bytes"
             ));
         }
+        fingerprint.update(secret.as_bytes());
         keys.push((None, DecodingKey::from_secret(secret.as_bytes())));
     }
     if let Some(file) = &raw.public_key_file {
         let (path, pem) = read(base, file, "auth.jwt.public_key_file")?;
+        fingerprint.update(&pem);
         let key = match algorithm {
             Algorithm::RS256 => DecodingKey::from_rsa_pem(&pem),
             Algorithm::ES256 => DecodingKey::from_ec_pem(&pem),
@@ -77,6 +84,7 @@ pub(super) fn verifier(raw: RawJwt, base: &Path) -> Result<JwtVerifier, String> 
     }
     if let Some(file) = &raw.jwks_file {
         let (path, text) = read(base, file, "auth.jwt.jwks_file")?;
+        fingerprint.update(&text);
         let set: jsonwebtoken::jwk::JwkSet = serde_json::from_slice(&text)
             .map_err(|e| format!("auth.jwt.jwks_file: {}: {e}", path.display()))?;
         for jwk in &set.keys {
@@ -91,7 +99,7 @@ pub(super) fn verifier(raw: RawJwt, base: &Path) -> Result<JwtVerifier, String> 
             ));
         }
     }
-    Ok(JwtVerifier::new(JwtSettings {
+    let verifier = JwtVerifier::new(JwtSettings {
         algorithm,
         keys,
         issuer: raw.issuer,
@@ -99,5 +107,6 @@ pub(super) fn verifier(raw: RawJwt, base: &Path) -> Result<JwtVerifier, String> 
         tenant_claim: raw.tenant_claim.unwrap_or_else(|| "tenant".into()),
         scope_claim: raw.scope_claim.unwrap_or_else(|| "scope".into()),
         leeway_secs: raw.leeway_secs.unwrap_or(30),
-    }))
+    });
+    Ok((verifier, fingerprint.finalize().into()))
 }

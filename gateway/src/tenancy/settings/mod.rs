@@ -33,6 +33,10 @@ pub struct TenancyConfig {
     pub keys_file: Option<PathBuf>,
     /// How often the keys file is checked for changes.
     pub reload_interval: Duration,
+    /// Whether a reload may leave no tenant of the configuration and keys file while the
+    /// running ones have keys (refused otherwise: an emptied or truncated file would lock
+    /// every caller out).
+    pub allow_empty_directory: bool,
     /// JWT verification.
     pub jwt: Option<SharedJwt>,
     /// The Redis URL; `None` keeps state in memory.
@@ -51,13 +55,18 @@ pub struct TenancyConfig {
     pub queue: QueueLimits,
 }
 
-/// A JWT verifier shared by clones of the configuration (equal when it is the same one).
+/// A JWT verifier shared by clones of the configuration, with the fingerprint of the settings
+/// and keys it was made from: two loads of the same `[auth.jwt]` and key files are equal, so a
+/// reload does not report a change that did not happen.
 #[derive(Debug, Clone)]
-pub struct SharedJwt(pub std::sync::Arc<crate::tenancy::jwt::JwtVerifier>);
+pub struct SharedJwt(
+    pub std::sync::Arc<crate::tenancy::jwt::JwtVerifier>,
+    pub [u8; 32],
+);
 
 impl PartialEq for SharedJwt {
     fn eq(&self, other: &Self) -> bool {
-        std::sync::Arc::ptr_eq(&self.0, &other.0)
+        self.1 == other.1
     }
 }
 
@@ -79,6 +88,8 @@ pub struct RawLimits {
     tokens_per_day: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     concurrent_streams: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_websockets: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     models: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -119,6 +130,7 @@ impl RawLimits {
             tokens_per_minute: self.tokens_per_minute.or(plan.tokens_per_minute),
             tokens_per_day: self.tokens_per_day.or(plan.tokens_per_day),
             concurrent_streams: self.concurrent_streams.or(plan.concurrent_streams),
+            max_websockets: self.max_websockets.or(plan.max_websockets),
             models: self.models.clone().or_else(|| plan.models.clone()),
             priority_weight: self.priority_weight.or(plan.priority_weight),
             keys: self.keys.clone(),
@@ -138,6 +150,7 @@ impl RawLimits {
             ),
             tokens: Plan::windows(None, self.tokens_per_minute, self.tokens_per_day),
             concurrent: self.concurrent_streams,
+            websockets: self.max_websockets,
             models: self
                 .models
                 .as_deref()
@@ -262,6 +275,8 @@ pub(crate) struct RawAuth {
     mode: Option<String>,
     keys_file: Option<String>,
     reload_interval_ms: Option<u64>,
+    #[serde(default)]
+    allow_empty_directory: bool,
     jwt: Option<jwt::RawJwt>,
 }
 
@@ -446,7 +461,8 @@ impl RawTenancy {
             reload_interval: Duration::from_millis(
                 auth.reload_interval_ms.unwrap_or(2000).max(100),
             ),
-            jwt: jwt.map(|j| SharedJwt(Arc::new(j))),
+            allow_empty_directory: auth.allow_empty_directory,
+            jwt: jwt.map(|(j, fingerprint)| SharedJwt(Arc::new(j), fingerprint)),
             redis_url: backend,
             state_timeout: Duration::from_millis(state.timeout_ms),
             lease_ttl: Duration::from_millis(state.lease_ms),
