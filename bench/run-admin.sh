@@ -17,6 +17,8 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no > /
 pids+=($!)
 admin_key=$(target/release/turnpike keys generate | tail -1)
 export ADMIN_KEY="$admin_key"
+TURNPIKE_AUDIT_KEY=$(python3 -c 'import secrets; print(secrets.token_urlsafe(48))')
+export TURNPIKE_AUDIT_KEY
 
 db=0
 for interval in 250 50; do
@@ -26,7 +28,8 @@ for interval in 250 50; do
       printf '[server]\nlisten = "127.0.0.1:%s"\n\n' "$((4140 + side))"
       printf '[auth]\nmode = "required"\n\n[tenants.ops]\nkeys = [{ env = "ADMIN_KEY", endpoints = ["admin"] }]\n\n'
       printf '[state]\nbackend = "redis"\nredis_url = "redis://127.0.0.1:%s/%s"\n\n' "$redis_port" "$db"
-      printf '[admin]\nenabled = true\nsync_interval_ms = %s\n\n' "$interval"
+      printf '[admin]\nenabled = true\nsync_interval_ms = %s\n' "$interval"
+      printf 'audit_keys = [{ id = "k1", env = "TURNPIKE_AUDIT_KEY" }]\n\n'
       sim_engine_toml 64
     } > "$work/admin-$side.toml"
     RUST_LOG=warn target/release/turnpike --log-format json serve --config "$work/admin-$side.toml" \

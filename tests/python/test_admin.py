@@ -3,7 +3,9 @@ serving, validated as the configuration is, refused clearly, shared by two repli
 real `redis-server` within the sync interval, audited in a chain, over mTLS when required, and
 driven by `turnpike admin`."""
 
+import base64
 import json
+import secrets
 import subprocess
 import threading
 import time
@@ -35,6 +37,7 @@ keys = [{{ env = "ACME_KEY" }}]
 
 [admin]
 enabled = true
+audit_keys = [{{ id = "k1", env = "AUDIT_KEY" }}]
 {admin if "sync_interval_ms" in admin else f"sync_interval_ms = {SYNC_MS}" + chr(10) + admin}
 {state}
 """
@@ -69,9 +72,13 @@ def error(response: httpx.Response) -> dict:
     return response.json()["error"]
 
 
+def audit_secret() -> str:
+    return base64.urlsafe_b64encode(secrets.token_bytes(48)).decode()
+
+
 @pytest.fixture
 def keys():
-    return {"OPS_KEY": make_key(), "ACME_KEY": make_key()}
+    return {"OPS_KEY": make_key(), "ACME_KEY": make_key(), "AUDIT_KEY": audit_secret()}
 
 
 def test_tenants_keys_and_models_change_while_serving_with_an_audit_trail(tmp_path, keys):
@@ -261,6 +268,8 @@ def test_admin_calls_need_a_verified_client_certificate_when_required(tmp_path, 
         (admin_config(admin='client_certificate = "required"'), "client_ca_file"),
         (admin_config(admin="sync_interval_ms = 0"), "sync_interval_ms"),
         (admin_config(admin="bogus = 1"), "bogus"),
+        (admin_config().replace('audit_keys = [{ id = "k1", env = "AUDIT_KEY" }]', ""), "audit_keys"),
+        (admin_config().replace('env = "AUDIT_KEY"', 'env = "NO_SUCH_VAR"'), "NO_SUCH_VAR"),
     ],
 )
 def test_a_bad_admin_configuration_is_refused_at_startup(tmp_path, keys, text, says):

@@ -44,6 +44,16 @@ pub enum AdminError {
     /// The state store did not answer (503).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The store went behind the state the replicas hold and is not restored yet (503).
+    #[error(
+        "the state store lost the admin state (it is at revision {store}, this replica holds {held}); it is being put back: retry"
+    )]
+    Restoring {
+        /// The store's revision.
+        store: u64,
+        /// The revision held here.
+        held: u64,
+    },
     /// The stored state cannot be read, or no key could be made (500; logged).
     #[error("{0}")]
     Internal(String),
@@ -73,6 +83,10 @@ impl From<AdminError> for ApiError {
                 message,
             },
             AdminError::Store(e) => ApiError::StateUnavailable {
+                detail: e.to_string(),
+                retry_after: Duration::from_secs(1),
+            },
+            e @ AdminError::Restoring { .. } => ApiError::StateUnavailable {
                 detail: e.to_string(),
                 retry_after: Duration::from_secs(1),
             },

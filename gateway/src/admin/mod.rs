@@ -19,17 +19,30 @@
 //! newer one, so a change reaches every replica sharing the store within that interval plus one
 //! store round trip (`bench/run-admin.sh` measures it). A revision a replica cannot validate
 //! (its own configuration differs) is refused there, logged and counted; it keeps the last one.
+//!
+//! A store that goes back (Redis restarted empty, or from an older snapshot: its revision is
+//! below the one a replica holds) is never committed on: the replica that sees it says so
+//! (an error log, `turnpike_admin_state_regressed`, `/ready`'s body) and puts the newest state
+//! it holds back ([`restore`]), at the revision after its own, so every replica converges on
+//! it and nothing made through the API is lost. A replica keeps its state on disk too
+//! (`admin.state_file`), so this holds when every replica restarted with the store.
+//!
+//! The audit log is a keyed chain anchored in the record ([`audit`]).
 
 pub mod audit;
 pub mod changes;
 pub mod error;
+pub mod record;
+mod restore;
 pub mod settings;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-use audit::{AuditEntry, AuditQuery, chain_intact, digest};
+use audit::{Anchor, AuditEntry, AuditQuery, ChainBreak, check_chain, digest};
 pub use changes::{AdminDoc, Applied, Change, KeySpec};
 pub use error::AdminError;
+use record::StateRecord;
 pub use settings::AdminSettings;
 
 use crate::engine_host::ModelRegistry;
@@ -60,6 +73,19 @@ pub struct Snapshot {
     pub revision: u64,
     /// The state.
     pub doc: AdminDoc,
+    /// The audit chain's newest entry when this revision was made.
+    pub audit: Option<Anchor>,
+}
+
+/// What an audit read found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditRead {
+    /// The entries asked for, oldest first.
+    pub entries: Vec<AuditEntry>,
+    /// Where the chain of the entries kept breaks (none: intact).
+    pub breaks: Vec<ChainBreak>,
+    /// The record's revision the chain was checked against.
+    pub revision: u64,
 }
 
 /// The admin service.
@@ -71,6 +97,10 @@ pub struct Admin {
     current: RwLock<Arc<Snapshot>>,
     /// One change at a time from this replica (others are ordered by the store's commit).
     writer: tokio::sync::Mutex<()>,
+    /// The store was seen behind the state held here and is not restored yet.
+    regressed: AtomicBool,
+    /// One recovery at a time (see [`restore`]).
+    restoring: tokio::sync::Mutex<()>,
 }
 
 /// The directory's names outside the admin state.
@@ -98,7 +128,35 @@ impl Admin {
             registry,
             current: RwLock::default(),
             writer: tokio::sync::Mutex::new(()),
+            regressed: AtomicBool::new(false),
+            restoring: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Installs the state this replica kept on disk (`admin.state_file`), if any: the store
+    /// may have lost it while every replica was down. One that no longer validates here is
+    /// logged and left.
+    pub fn load_state_file(&self) {
+        let Some(path) = &self.settings.state_file else {
+            return;
+        };
+        match record::load(path) {
+            Ok(None) => {}
+            Ok(Some((revision, kept))) => match self.install(revision, kept) {
+                Ok(()) => {
+                    tracing::info!(revision, file = %path.display(), "admin state read from the state file")
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, file = %path.display(), "the admin state file does not validate here; not used")
+                }
+            },
+            Err(e) => tracing::error!(error = %e, "the admin state file cannot be read; not used"),
+        }
+    }
+
+    /// Whether the store was seen behind the state held here and is not restored yet.
+    pub fn is_regressed(&self) -> bool {
+        self.regressed.load(Ordering::Relaxed)
     }
 
     /// Its settings.
@@ -125,17 +183,31 @@ impl Admin {
             .map_err(AdminError::Invalid)
     }
 
-    fn install(&self, revision: u64, doc: AdminDoc) -> Result<(), String> {
+    fn install(&self, revision: u64, kept: StateRecord) -> Result<(), String> {
+        let StateRecord { doc, audit } = kept;
         self.registry.check_map(&doc.models)?;
         self.tenancy
             .install_managed(Arc::new(doc.directory.clone()))?;
         self.registry.set_map(doc.models.clone())?;
+        let snapshot = Arc::new(Snapshot {
+            revision,
+            doc,
+            audit,
+        });
         *self
             .current
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Arc::new(Snapshot { revision, doc });
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::clone(&snapshot);
         metrics::admin_revision(revision);
+        if let Some(path) = &self.settings.state_file {
+            let kept = StateRecord {
+                doc: snapshot.doc.clone(),
+                audit: snapshot.audit.clone(),
+            };
+            if let Err(e) = record::save(path, revision, &kept) {
+                tracing::error!(error = %e, file = %path.display(), revision, "admin state not written to the state file");
+            }
+        }
         Ok(())
     }
 
@@ -144,7 +216,7 @@ impl Admin {
         let Some(found) = self.tenancy.store().read_revision(STATE_KEY).await? else {
             return Ok(Snapshot::default());
         };
-        let doc = serde_json::from_slice(&found.value).map_err(|e| {
+        let kept = StateRecord::decode(&found.value).map_err(|e| {
             AdminError::Internal(format!(
                 "admin state revision {} is unreadable: {e}",
                 found.number
@@ -152,15 +224,21 @@ impl Admin {
         })?;
         Ok(Snapshot {
             revision: found.number,
-            doc,
+            doc: kept.doc,
+            audit: kept.audit,
         })
     }
 
-    /// Installs the store's newest revision if it is newer than the one in force; whether it
-    /// did.
+    /// Installs the store's newest revision if it is newer than the one in force, or puts the
+    /// state held here back if the store went behind it; whether the state changed.
     pub async fn sync(&self) -> Result<bool, AdminError> {
         let newest = self.tenancy.store().revision(STATE_KEY).await?;
-        if newest <= self.snapshot().revision {
+        let held = self.snapshot().revision;
+        if newest < held {
+            self.recover().await?;
+            return Ok(true);
+        }
+        if newest == held {
             return Ok(false);
         }
         let snapshot = self.read().await?;
@@ -168,7 +246,11 @@ impl Admin {
             return Ok(false);
         }
         let revision = snapshot.revision;
-        self.install(revision, snapshot.doc)
+        let kept = StateRecord {
+            doc: snapshot.doc,
+            audit: snapshot.audit,
+        };
+        self.install(revision, kept)
             .map_err(|e| AdminError::Invalid(format!("admin state revision {revision}: {e}")))?;
         tracing::info!(target: "turnpike::audit", event = "admin_state_installed", revision, "admin state installed from the shared store");
         Ok(true)
@@ -218,6 +300,7 @@ impl Admin {
             }
             Err(AdminError::Forbidden { .. }) => "forbidden",
             Err(AdminError::Store(_) | AdminError::Internal(_)) => "error",
+            Err(AdminError::Restoring { .. }) => "restoring",
         };
         metrics::admin_change(action, label);
         result
@@ -233,6 +316,12 @@ impl Admin {
         let store = Arc::clone(self.tenancy.store());
         for _ in 0..TRIES {
             let current = self.read().await?;
+            if current.revision < self.snapshot().revision {
+                // Never commit on a store that went back: wait until the newest state is back
+                // in it, then make the change on that.
+                self.recover().await?;
+                continue;
+            }
             if let Some(expected) = if_match.filter(|e| *e != current.revision) {
                 return Err(AdminError::Stale {
                     expected,
@@ -244,43 +333,37 @@ impl Admin {
             let now = crate::clock::unix_now() as i64;
             let applied = change.apply(&mut doc, now, &Outside(&directory, &current.doc))?;
             self.check(&doc)?;
-            let before = serde_json::to_vec(&current.doc)
-                .map_err(|e| AdminError::Internal(e.to_string()))?;
-            let value =
-                serde_json::to_vec(&doc).map_err(|e| AdminError::Internal(e.to_string()))?;
-            let previous = store
-                .log_tail(AUDIT_KEY, 1)
-                .await?
-                .first()
-                .and_then(|e| serde_json::from_slice::<AuditEntry>(e).ok())
-                .map(|e| e.hash)
-                .unwrap_or_default();
             let target = match &applied {
                 Applied::Key(_, record) => record.id.clone(),
                 Applied::State => change.target(),
             };
-            let mut entry = AuditEntry {
-                revision: current.revision + 1,
-                at: crate::tenancy::keys_file::format_time(now),
-                actor: actor.name.clone(),
-                certificate: actor.certificate.clone(),
-                action: change.action().to_string(),
-                target,
-                before: digest(&before),
-                after: digest(&value),
+            let previous = self.previous_hash(&current).await?;
+            let entry = self.entry(
+                &current,
+                &doc,
+                current.revision + 1,
                 previous,
-                hash: String::new(),
+                (actor, change.action(), target),
+            )?;
+            let kept = StateRecord {
+                doc,
+                audit: Some(Anchor {
+                    revision: entry.revision,
+                    hash: entry.hash.clone(),
+                }),
             };
-            entry.hash = entry.compute_hash();
-            let line =
-                serde_json::to_vec(&entry).map_err(|e| AdminError::Internal(e.to_string()))?;
             let committed = store
                 .commit(Commit {
                     key: STATE_KEY,
                     expected: current.revision,
-                    value,
+                    number: entry.revision,
+                    value: kept
+                        .encode()
+                        .map_err(|e| AdminError::Internal(e.to_string()))?,
                     log: AUDIT_KEY,
-                    entry: line,
+                    entry: serde_json::to_vec(&entry)
+                        .map_err(|e| AdminError::Internal(e.to_string()))?,
+                    restart_log: false,
                     keep: self.settings.audit_keep,
                 })
                 .await?;
@@ -289,12 +372,58 @@ impl Admin {
             }
             self.record(&entry);
             // The commit stands; if this replica cannot install it, its sync says why.
-            if let Err(e) = self.install(entry.revision, doc) {
+            if let Err(e) = self.install(entry.revision, kept) {
                 tracing::error!(error = %e, revision = entry.revision, "committed admin state not installed here");
             }
             return Ok((entry.revision, applied));
         }
         Err(AdminError::Contended)
+    }
+
+    /// The MAC the next entry after `current` names: the record's anchor, or for a record
+    /// written before it had one, the log's newest entry.
+    async fn previous_hash(&self, current: &Snapshot) -> Result<String, AdminError> {
+        if let Some(anchor) = &current.audit {
+            return Ok(anchor.hash.clone());
+        }
+        Ok(self
+            .tenancy
+            .store()
+            .log_tail(AUDIT_KEY, 1)
+            .await?
+            .first()
+            .and_then(|e| serde_json::from_slice::<AuditEntry>(e).ok())
+            .map(|e| e.hash)
+            .unwrap_or_default())
+    }
+
+    /// The signed audit entry of a change from `current` to `doc`, made revision `revision`.
+    fn entry(
+        &self,
+        current: &Snapshot,
+        doc: &AdminDoc,
+        revision: u64,
+        previous: String,
+        (actor, action, target): (&Actor, &str, String),
+    ) -> Result<AuditEntry, AdminError> {
+        let json =
+            |d: &AdminDoc| serde_json::to_vec(d).map_err(|e| AdminError::Internal(e.to_string()));
+        let now = crate::clock::unix_now() as i64;
+        let mut entry = AuditEntry {
+            revision,
+            at: crate::tenancy::keys_file::format_time(now),
+            actor: actor.name.clone(),
+            certificate: actor.certificate.clone(),
+            action: action.to_string(),
+            target,
+            before: digest(&json(&current.doc)?),
+            after: digest(&json(doc)?),
+            previous,
+            key_id: String::new(),
+            hash: String::new(),
+        };
+        self.settings.audit_keys.sign(&mut entry);
+        Ok(entry)
     }
 
     fn record(&self, entry: &AuditEntry) {
@@ -316,26 +445,32 @@ impl Admin {
         }
     }
 
-    /// The audit entries `query` asks for, oldest first, and whether the chain of the entries
-    /// kept is intact.
-    pub async fn audit(&self, query: &AuditQuery) -> Result<(Vec<AuditEntry>, bool), AdminError> {
-        let raw = self
-            .tenancy
-            .store()
-            .log_tail(AUDIT_KEY, self.settings.audit_keep)
-            .await?;
-        let entries: Vec<AuditEntry> = raw
-            .iter()
-            .map(|e| serde_json::from_slice(e))
-            .collect::<Result<_, _>>()
-            .map_err(|e| AdminError::Internal(format!("an audit entry is unreadable: {e}")))?;
-        let intact = chain_intact(&entries);
+    /// The audit entries `query` asks for, oldest first, and where the chain of the entries
+    /// kept breaks (an entry that cannot be read is such a break, not a failure).
+    pub async fn audit(&self, query: &AuditQuery) -> Result<AuditRead, AdminError> {
+        let store = self.tenancy.store();
+        // The record and the log are read apart: read again if a change landed between.
+        let mut tries = 0;
+        let (raw, record) = loop {
+            let before = self.read().await?;
+            let raw = store.log_tail(AUDIT_KEY, self.settings.audit_keep).await?;
+            let after = store.revision(STATE_KEY).await?;
+            tries += 1;
+            if after == before.revision || tries == 3 {
+                break (raw, before);
+            }
+        };
+        let (entries, breaks) = check_chain(&raw, &self.settings.audit_keys, record.audit.as_ref());
         let limit = query.limit.unwrap_or(100).clamp(1, 1000);
-        let found = entries
+        let entries = entries
             .into_iter()
             .filter(|e| e.matches(query))
             .take(limit)
             .collect();
-        Ok((found, intact))
+        Ok(AuditRead {
+            entries,
+            breaks,
+            revision: record.revision,
+        })
     }
 }

@@ -163,7 +163,9 @@ impl RawConfig {
             .is_some_and(|t| t.client_ca_file.is_some());
         let admin = self
             .admin
-            .validate(base, tenancy.auth_required, client_ca)?;
+            .validate(base, tenancy.auth_required, client_ca, &|name| {
+                std::env::var(name).ok()
+            })?;
         let plugins = validate_plugins(self.plugins, base)?;
         let Some(raw_engines) = self.engines else {
             if self.models.is_some() {

@@ -363,6 +363,12 @@ pub(super) async fn audit(
     query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
-    let (entries, intact) = service(&state)?.audit(&query).await?;
-    Ok(Json(json!({"data": entries, "chain_intact": intact})).into_response())
+    let read = service(&state)?.audit(&query).await?;
+    Ok(Json(json!({
+        "data": read.entries,
+        "chain_intact": read.breaks.is_empty(),
+        "chain_breaks": read.breaks,
+        "revision": read.revision,
+    }))
+    .into_response())
 }

@@ -7,6 +7,11 @@
 //! it: a request, token or concurrency limit set to fail closed. With the default (fail open)
 //! the gateway goes on serving, unlimited, and stays ready; the body and the gauge
 //! `turnpike_state_store_up` say the store is away.
+//!
+//! With the admin API on, the body's `admin_state` says `"ok"`, or `"store_regressed"` while
+//! the store is behind the admin state this replica holds (until the replica has put it back).
+//! That does not make the replica unready: it goes on serving the state it holds, which is the
+//! newest.
 
 use std::time::Duration;
 
@@ -51,7 +56,15 @@ pub(super) async fn ready(State(state): State<AppState>) -> (StatusCode, Json<Va
         .ok()
         .and_then(Result::ok);
     let store_up = state.tenancy.store_health.is_up();
-    respond(checked, store_up, state.tenancy.needs_store)
+    let (status, Json(mut body)) = respond(checked, store_up, state.tenancy.needs_store);
+    if let Some(admin) = &state.admin {
+        body["admin_state"] = json!(if admin.is_regressed() {
+            "store_regressed"
+        } else {
+            "ok"
+        });
+    }
+    (status, Json(body))
 }
 
 fn respond(

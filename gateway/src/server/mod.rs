@@ -125,6 +125,7 @@ impl Server {
         }
         if let Some(settings) = &config.admin {
             let admin = Admin::new(settings.clone(), tenancy, registry);
+            admin.load_state_file();
             // The shared state as it stands; a store still away is read by the sync later.
             match admin.sync().await {
                 Ok(_) => tracing::info!(revision = admin.snapshot().revision, "admin API ready"),

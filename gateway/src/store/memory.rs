@@ -493,6 +493,10 @@ impl Store for MemoryStore {
         ready(self.revisions.commit(commit))
     }
 
+    fn raise<'a>(&'a self, key: &'a str, value: u64, ttl: Duration) -> StoreFuture<'a, u64> {
+        ready(self.revisions.raise(key, value, Instant::now(), ttl))
+    }
+
     fn log_tail<'a>(&'a self, log: &'a str, count: usize) -> StoreFuture<'a, Vec<Vec<u8>>> {
         ready(self.revisions.tail(log, count))
     }

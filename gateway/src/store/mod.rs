@@ -93,14 +93,20 @@ pub struct Commit<'a> {
     /// The record.
     pub key: &'a str,
     /// The revision the change was made against (0: none yet); the commit fails if the record
-    /// moved on since.
+    /// is at another one.
     pub expected: u64,
-    /// The new value (revision `expected + 1`).
+    /// The new revision's number: `expected + 1`, or more when a state the store lost is put
+    /// back at the revision after the one a replica held.
+    pub number: u64,
+    /// The new value.
     pub value: Vec<u8>,
     /// The log the entry is appended to.
     pub log: &'a str,
     /// The entry.
     pub entry: Vec<u8>,
+    /// Whether the entry replaces the log's entries instead of following them (a restore: the
+    /// entries the store holds belong to the history it went back to).
+    pub restart_log: bool,
     /// How many of the log's newest entries are kept.
     pub keep: usize,
 }
@@ -182,9 +188,13 @@ pub trait Store: Send + Sync + Debug {
     /// The newest revision of the record `key`.
     fn read_revision<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Option<Revision>>;
 
-    /// Writes the next revision and appends its log entry in one atomic step, only if the
-    /// record is still at `commit.expected`; `false` when another writer got there first.
+    /// Writes revision `commit.number` and appends its log entry in one atomic step, only if
+    /// the record is still at `commit.expected`; `false` when another writer got there first.
     fn commit<'a>(&'a self, commit: Commit<'a>) -> StoreFuture<'a, bool>;
+
+    /// Raises the number under `key` to `value` unless it holds more (or holds it and then
+    /// keeps it another `ttl`); what it holds after. An expired number counts as 0.
+    fn raise<'a>(&'a self, key: &'a str, value: u64, ttl: Duration) -> StoreFuture<'a, u64>;
 
     /// The newest `count` entries of `log`, oldest first.
     fn log_tail<'a>(&'a self, log: &'a str, count: usize) -> StoreFuture<'a, Vec<Vec<u8>>>;

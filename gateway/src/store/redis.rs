@@ -43,6 +43,7 @@ struct Scripts {
     begin: Script,
     owned: Script,
     commit: Script,
+    raise: Script,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -102,6 +103,7 @@ impl RedisStore {
                 begin: Script::new(include_str!("scripts/begin.lua")),
                 owned: Script::new(include_str!("scripts/owned.lua")),
                 commit: Script::new(include_str!("scripts/commit.lua")),
+                raise: Script::new(include_str!("scripts/raise.lua")),
             }),
         })
     }
@@ -389,9 +391,27 @@ impl Store for RedisStore {
                 commit.value,
                 commit.entry,
                 commit.keep.max(1).to_string().into_bytes(),
+                commit.number.to_string().into_bytes(),
+                if commit.restart_log {
+                    b"1".to_vec()
+                } else {
+                    b"0".to_vec()
+                },
             ];
             let reply = self.run(&self.scripts.commit, &keys, args).await?;
             Ok(integer(&reply)? == 1)
+        })
+    }
+
+    fn raise<'a>(&'a self, key: &'a str, value: u64, ttl: Duration) -> StoreFuture<'a, u64> {
+        Box::pin(async move {
+            let keys = [key.to_string()];
+            let args = vec![
+                value.to_string().into_bytes(),
+                ms(ttl).to_string().into_bytes(),
+            ];
+            let reply = self.run(&self.scripts.raise, &keys, args).await?;
+            u64::try_from(integer(&reply)?).map_err(|e| StoreError(e.to_string()))
         })
     }
 

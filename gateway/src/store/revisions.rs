@@ -1,9 +1,11 @@
 //! Revisioned records and their logs in this process (the in-memory store's half of
-//! [`super::Store::commit`]). The admin API keeps one record and one log, so the maps hold a
-//! handful of keys; each log keeps only its newest `keep` entries.
+//! [`super::Store::commit`]), and raised numbers ([`super::Store::raise`]). The admin API keeps
+//! one record, one log and one number, so the maps hold a handful of keys; each log keeps only
+//! its newest `keep` entries.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::{Commit, Revision};
 
@@ -17,6 +19,7 @@ pub(crate) struct Revisions {
 struct State {
     records: HashMap<String, Revision>,
     logs: HashMap<String, VecDeque<Vec<u8>>>,
+    numbers: HashMap<String, (u64, Instant)>,
 }
 
 impl Revisions {
@@ -48,16 +51,31 @@ impl Revisions {
         state.records.insert(
             commit.key.to_string(),
             Revision {
-                number: current + 1,
+                number: commit.number,
                 value: commit.value,
             },
         );
         let log = state.logs.entry(commit.log.to_string()).or_default();
+        if commit.restart_log {
+            log.clear();
+        }
         log.push_back(commit.entry);
         while log.len() > commit.keep.max(1) {
             log.pop_front();
         }
         true
+    }
+
+    /// Raises the number `key` to `value` unless it holds more (see [`super::Store::raise`]).
+    pub(crate) fn raise(&self, key: &str, value: u64, now: Instant, ttl: Duration) -> u64 {
+        let mut state = self.state();
+        state.numbers.retain(|_, (_, until)| *until > now);
+        let current = state.numbers.get(key).map_or(0, |(n, _)| *n);
+        if value < current {
+            return current;
+        }
+        state.numbers.insert(key.to_string(), (value, now + ttl));
+        value
     }
 
     /// The log's newest `count` entries, oldest first.
@@ -82,9 +100,11 @@ mod tests {
         Commit {
             key: "state",
             expected,
+            number: expected + 1,
             value: value.as_bytes().to_vec(),
             log: "audit",
             entry: format!("entry {value}").into_bytes(),
+            restart_log: false,
             keep,
         }
     }
@@ -101,6 +121,36 @@ mod tests {
         assert_eq!(
             r.tail("audit", 10),
             vec![b"entry a".to_vec(), b"entry b".to_vec()]
+        );
+    }
+
+    #[test]
+    fn a_restore_jumps_the_revision_and_restarts_the_log() {
+        let r = Revisions::default();
+        assert!(r.commit(commit(0, "a", 10)));
+        let restore = Commit {
+            number: 516,
+            restart_log: true,
+            ..commit(1, "held", 10)
+        };
+        assert!(r.commit(restore));
+        assert_eq!(r.number("state"), 516);
+        assert_eq!(r.tail("audit", 10), vec![b"entry held".to_vec()]);
+        assert!(r.commit(commit(516, "next", 10)));
+        assert_eq!(r.number("state"), 517);
+    }
+
+    #[test]
+    fn a_number_rises_only_and_expires() {
+        let r = Revisions::default();
+        let (now, ttl) = (Instant::now(), Duration::from_secs(1));
+        assert_eq!(r.raise("claim", 5, now, ttl), 5);
+        assert_eq!(r.raise("claim", 3, now, ttl), 5);
+        assert_eq!(r.raise("claim", 9, now, ttl), 9);
+        assert_eq!(
+            r.raise("claim", 4, now + 2 * ttl, ttl),
+            4,
+            "an expired number counts as 0"
         );
     }
 
