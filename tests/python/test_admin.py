@@ -140,6 +140,10 @@ def test_tenants_keys_and_models_change_while_serving_with_an_audit_trail(tmp_pa
         assert acme.models.retrieve("stable").shutdown_date == "2027-06-30"
         assert "stable" in [m.id for m in acme.models.list()]
         assert admin("PUT", "/models/aliases/other", {"model": "nope"}).status_code == 400
+        # Alias names are model names: what a config's model name may not be, an alias may not be.
+        for name in ["*", "x" * 300, "%2e%2e", "org/", "a%22b", "a%3Fb"]:
+            bad_alias = admin("PUT", f"/models/aliases/{name}", {"model": "chat"})
+            assert bad_alias.status_code == 400 and "model name" in error(bad_alias)["message"], (name, bad_alias.text)
         assert admin("PUT", "/models/shutdown_dates/chat", {"date": "2027-02-30"}).status_code == 400
         admin.ok("DELETE", "/models/aliases/stable")
         assert chat_status(gateway, keys["ACME_KEY"], model="stable") == 404

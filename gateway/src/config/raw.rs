@@ -9,7 +9,7 @@ use super::{
     CanaryConfig, Config, DEFAULT_LISTEN, Defaults, EngineConfig, EngineTarget, ModelConfig,
     StructuredOutput,
 };
-use crate::engine_host::settings::{is_date, is_model_id};
+use crate::engine_host::settings::{MODEL_ID_RULE, is_date, is_model_id};
 use crate::text::reasoning::ReasoningMarkers;
 use crate::text::tools::ToolCallFormat;
 
@@ -304,13 +304,13 @@ fn validate_models(
         let at = format!("models[{i}] (`{}`)", m.name);
         if !is_model_id(&m.name) {
             return Err(format!(
-                "models[{i}].name: `{}` is not a usable model name",
+                "models[{i}].name: `{}` is not a usable model name ({MODEL_ID_RULE})",
                 m.name
             ));
         }
         if let Some(alias) = m.aliases.iter().find(|a| !is_model_id(a)) {
             return Err(format!(
-                "{at}.aliases: `{alias}` is not a usable model name"
+                "{at}.aliases: `{alias}` is not a usable model name ({MODEL_ID_RULE})"
             ));
         }
         if !engines.contains(&m.engine) {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::settings::{is_date, is_model_id};
+use super::settings::{MODEL_ID_RULE, is_date, is_model_id};
 
 /// Aliases and shutdown dates set while serving.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,7 +29,9 @@ impl ModelMap {
         for (alias, target) in &self.aliases {
             let at = format!("models.aliases.{alias}");
             if !is_model_id(alias) {
-                return Err(format!("{at}: `{alias}` is not a usable model name"));
+                return Err(format!(
+                    "{at}: `{alias}` is not a usable model name ({MODEL_ID_RULE})"
+                ));
             }
             if configured(alias) {
                 return Err(format!(

@@ -134,7 +134,61 @@ pub(crate) fn is_date(s: &str) -> bool {
     (1..=days).contains(&day)
 }
 
-/// A public model id: not empty, no whitespace or control characters.
+/// The longest public model id, in bytes.
+pub(crate) const MAX_MODEL_ID: usize = 256;
+
+/// What [`is_model_id`] asks, for error messages.
+pub(crate) const MODEL_ID_RULE: &str = "a model name is 1 to 256 bytes without whitespace, control characters or any of *?#%\"\\, and its /-separated parts are not empty, `.` or `..`";
+
+/// A public model id, whether the configuration or the admin API names it: 1 to
+/// [`MAX_MODEL_ID`] bytes; no whitespace or control characters; none of `*` (which means every
+/// model in a plan), `?`, `#`, `%`, `"` or `\` (which a URL or a log line would read
+/// otherwise); `/`-separated parts (`org/name`) none of them empty, `.` or `..`.
 pub(crate) fn is_model_id(s: &str) -> bool {
-    !s.is_empty() && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+    !s.is_empty()
+        && s.len() <= MAX_MODEL_ID
+        && !s
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || "*?#%\"\\".contains(c))
+        && s.split('/').all(|part| !matches!(part, "" | "." | ".."))
+}
+
+#[cfg(test)]
+mod model_id_tests {
+    use super::is_model_id;
+
+    #[test]
+    fn model_ids_are_names_a_url_and_a_plan_read_as_written() {
+        for good in [
+            "chat",
+            "sim-2026-01-01",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "ft:gpt-4o:org:x",
+            "qwen2.5:7b",
+            "é",
+        ] {
+            assert!(is_model_id(good), "{good}");
+        }
+        let long = "x".repeat(257);
+        for bad in [
+            "",
+            "a b",
+            "a\nb",
+            "*",
+            "a?b",
+            "a#b",
+            "50%",
+            "a\"b",
+            "a\\b",
+            "..",
+            ".",
+            "/lead",
+            "tr/",
+            "a//b",
+            "a/../b",
+            long.as_str(),
+        ] {
+            assert!(!is_model_id(bad), "{bad:?}");
+        }
+    }
 }

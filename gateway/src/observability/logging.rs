@@ -134,13 +134,43 @@ pub(super) fn apply(settings: LoggingSettings) {
     HASH_CONTENT.store(settings.hash_content, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Client-supplied `text` as the policy logs it.
+/// The most bytes of a client's text a log line holds as written; longer text is cut there and
+/// marked with its length and hash, so a megabyte `user` costs a log line no more than this.
+pub const MAX_LOGGED_TEXT: usize = 256;
+
+/// Client-supplied `text` as the policy logs it, bounded by [`MAX_LOGGED_TEXT`].
 pub fn client_text(text: &str) -> std::borrow::Cow<'_, str> {
     use sha2::Digest;
-    if text.is_empty() || !HASH_CONTENT.load(std::sync::atomic::Ordering::Relaxed) {
+    let hashed = HASH_CONTENT.load(std::sync::atomic::Ordering::Relaxed);
+    if text.is_empty() || (!hashed && text.len() <= MAX_LOGGED_TEXT) {
         return std::borrow::Cow::Borrowed(text);
     }
     let digest = sha2::Sha256::digest(text.as_bytes());
     let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    std::borrow::Cow::Owned(format!("sha256:{hex}"))
+    if hashed {
+        return std::borrow::Cow::Owned(format!("sha256:{hex}"));
+    }
+    let mut end = MAX_LOGGED_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}…({} bytes, sha256:{hex})",
+        &text[..end],
+        text.len()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_client_text_is_cut_and_marked() {
+        assert_eq!(client_text("alice"), "alice");
+        let long = "é".repeat(1 << 20);
+        let logged = client_text(&long);
+        assert!(logged.len() < MAX_LOGGED_TEXT + 64, "{}", logged.len());
+        assert!(logged.starts_with("éé") && logged.contains("…(2097152 bytes, sha256:"));
+    }
 }

@@ -1,7 +1,7 @@
-"""What one tenant, one key or one bad write may not do, on the real binary: call the node
-endpoint without its scope, hold every WebSocket slot or keep idle sockets open for ever, lock
-every caller out with an emptied or truncated config file, or make a SIGHUP report a change
-that did not happen."""
+"""What one tenant, one key, one request or one bad write may not do, on the real binary: call
+the node endpoint without its scope, hold every WebSocket slot or keep idle sockets open for
+ever, write megabytes into a log line, lock every caller out with an emptied or truncated config
+file, or make a SIGHUP report a change that did not happen."""
 
 import base64
 import hashlib
@@ -222,5 +222,25 @@ def test_a_sighup_with_nothing_changed_reports_no_change(tmp_path):
         assert wait_until(lambda: metric(gateway.base, "turnpike_config_reloads_total", 'result="ok"') >= 3)
         log = gateway.log.read_text()
         assert "take effect on restart" not in log, log
+    finally:
+        gateway.stop()
+
+
+# --- A client's text in the log --------------------------------------------------------------
+
+
+def test_a_huge_user_field_is_cut_in_the_log(tmp_path):
+    gateway = Gateway(tmp_path, config_text('[auth]\nmode = "none"\n', CHAT), {"RUST_LOG": "info"})
+    try:
+        huge = "u" * (2 << 20)
+        before = gateway.log.stat().st_size
+        chat = httpx.post(f"{gateway.url}/chat/completions", json={"model": "chat", "messages": HELLO,
+                                                                    "max_tokens": 3, "user": huge}, timeout=30)
+        assert chat.status_code == 200
+        messages = httpx.post(f"{gateway.url}/messages", json={"model": "chat", "max_tokens": 3, "messages": HELLO,
+                                                                "metadata": {"user_id": huge}}, timeout=30)
+        assert messages.status_code == 200, messages.text
+        assert wait_until(lambda: gateway.log.read_text().count("2097152 bytes, sha256:") >= 2), gateway.log.read_text()[-2000:]
+        assert gateway.log.stat().st_size - before < 64 << 10
     finally:
         gateway.stop()
