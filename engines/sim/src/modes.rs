@@ -6,8 +6,8 @@ use serde::Deserialize;
 
 /// Tool calling: when a request offers tools (the gateway sends the grammar of a call in the
 /// model's envelope), the answer is a call drawn from that grammar with probability `rate`,
-/// unless the prompt already holds a tool result (it contains `result_marker`, the token ids
-/// the chat template puts before one): then the answer is text.
+/// unless the prompt already holds `rounds` tool results (each begins with `result_marker`,
+/// the token ids the chat template puts before one): then the answer is text.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ToolCalls {
@@ -17,17 +17,47 @@ pub(crate) struct ToolCalls {
     /// Token ids that begin a tool result in the prompt.
     #[serde(default)]
     pub result_marker: Vec<u32>,
+    /// Tool results the prompt holds before the model answers with text.
+    #[serde(default = "default_rounds")]
+    pub rounds: usize,
 }
 
 fn default_rate() -> f64 {
     1.0
 }
 
+fn default_rounds() -> usize {
+    1
+}
+
 impl ToolCalls {
-    /// Whether `prompt` already answers a call.
+    /// Whether `prompt` already holds the tool results the model calls for.
     pub fn answered(&self, prompt: &[u32]) -> bool {
         let m = &self.result_marker;
-        !m.is_empty() && prompt.windows(m.len()).any(|w| w == m.as_slice())
+        !m.is_empty()
+            && prompt
+                .windows(m.len())
+                .filter(|w| *w == m.as_slice())
+                .count()
+                >= self.rounds.max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ToolCalls;
+
+    #[test]
+    fn the_model_calls_until_the_prompt_holds_its_rounds_of_results() {
+        let calls = |rounds| ToolCalls {
+            rate: 1.0,
+            result_marker: vec![7, 8],
+            rounds,
+        };
+        let prompt = [1, 7, 8, 2, 7, 8, 3];
+        assert!(calls(1).answered(&prompt) && calls(2).answered(&prompt));
+        assert!(!calls(3).answered(&prompt));
+        assert!(!calls(1).answered(&[1, 2, 3]));
     }
 }
 

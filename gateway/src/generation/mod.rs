@@ -18,6 +18,7 @@ pub(crate) mod record;
 mod stream;
 mod tokens;
 pub(crate) mod tool_loop;
+mod tool_result;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -225,8 +225,9 @@ impl ToolLoop {
         if let Prompt::Chat { messages, .. } = &mut request.prompt {
             messages.push(json!({"role": "assistant", "content": round.text, "tool_calls": calls}));
         }
-        // The servers a request named are offered already; later rounds need not name them.
-        request.tools.hosted = None;
+        // The server tools are offered already (as `allowed_tools` narrowed them); a later round
+        // names no server, so it adds none, nor starts a loop of its own.
+        request.tools.hosted = Some(Vec::new());
         if matches!(
             request.tools.choice,
             ToolChoice::Required | ToolChoice::Named(_)
@@ -259,7 +260,21 @@ impl ToolLoop {
                     }
                 }
             });
-            let results: Vec<ServerToolRun> = futures_util::future::join_all(runs).await;
+            let mut results: Vec<ServerToolRun> = futures_util::future::join_all(runs).await;
+            // Each answer as the model is shown it: at most its plugin's token budget.
+            let model = generator.model_for(&caller, &request.model)?;
+            for run in &mut results {
+                let budget = tools
+                    .iter()
+                    .find(|t| t.spec.name == run.name)
+                    .map_or(4096, |t| host.result_tokens(t));
+                if let Ok(text) = &run.output
+                    && let std::borrow::Cow::Owned(shown) =
+                        super::tool_result::bounded(text, budget, &model.tokenizer)
+                {
+                    run.output = Ok(shown);
+                }
+            }
             let mut request = request;
             if let Prompt::Chat { messages, .. } = &mut request.prompt {
                 for run in &results {

@@ -136,7 +136,7 @@ pub(super) fn apply(settings: LoggingSettings) {
 
 /// The most bytes of a client's text a log line holds as written; longer text is cut there and
 /// marked with its length and hash, so a megabyte `user` costs a log line no more than this.
-pub const MAX_LOGGED_TEXT: usize = 256;
+pub(super) const MAX_LOGGED_TEXT: usize = 256;
 
 /// Client-supplied `text` as the policy logs it, bounded by [`MAX_LOGGED_TEXT`].
 pub fn client_text(text: &str) -> std::borrow::Cow<'_, str> {

@@ -163,6 +163,11 @@ impl PluginHost {
         tools
     }
 
+    /// Most tokens of `tool`'s answer the model is shown.
+    pub(crate) fn result_tokens(&self, tool: &ServerTool) -> usize {
+        self.attached[tool.plugin].config.tool_result_tokens
+    }
+
     /// The server `tool` belongs to: the one it names, else its plugin.
     pub(crate) fn server_of<'a>(&'a self, tool: &'a ServerTool) -> &'a str {
         tool.spec

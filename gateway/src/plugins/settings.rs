@@ -10,6 +10,7 @@
 //! failure = "closed"                    # a failing hook fails the request (or "open": skip it)
 //! timeout_ms = 1000                     # most a guard may take
 //! tool_timeout_ms = 30000               # most a server tool call may take
+//! tool_result_tokens = 4096             # most tokens of a tool's answer the model sees
 //! [plugins.config]                      # given to the plugin's create, as JSON
 //! emails = true
 //! ```
@@ -49,6 +50,9 @@ pub struct PluginConfig {
     pub timeout: Duration,
     /// Most a tool call may take.
     pub tool_timeout: Duration,
+    /// Most tokens of a tool's answer the model is shown (the rest is cut, and the answer says
+    /// so).
+    pub tool_result_tokens: usize,
 }
 
 /// `[[plugins]]` as written.
@@ -70,6 +74,8 @@ pub struct RawPlugin {
     timeout_ms: Option<u64>,
     #[serde(default)]
     tool_timeout_ms: Option<u64>,
+    #[serde(default)]
+    tool_result_tokens: Option<usize>,
 }
 
 impl RawPlugin {
@@ -101,6 +107,10 @@ impl RawPlugin {
         if timeout == 0 || tool_timeout == 0 {
             return Err("timeout_ms and tool_timeout_ms must be greater than 0".into());
         }
+        let tool_result_tokens = self.tool_result_tokens.unwrap_or(4096);
+        if !(16..=1_000_000).contains(&tool_result_tokens) {
+            return Err("tool_result_tokens must be 16 to 1000000".into());
+        }
         let list = |l: Option<Vec<String>>| l.as_deref().map_or(NameSet::All, NameSet::from_list);
         Ok(PluginConfig {
             name,
@@ -111,6 +121,7 @@ impl RawPlugin {
             failure,
             timeout: Duration::from_millis(timeout),
             tool_timeout: Duration::from_millis(tool_timeout),
+            tool_result_tokens,
         })
     }
 }

@@ -1,7 +1,10 @@
 //! One MCP server over streamable HTTP: its session, its tools, and JSON-RPC calls whose answers
-//! come as a JSON body or as an event stream.
+//! come as a JSON body or as an event stream. An event stream is read event by event and left as
+//! soon as the answer arrives (a server may keep it open for more messages); an answer may hold
+//! at most [`MAX_ANSWER_BYTES`].
 
 use std::collections::BTreeMap;
+use std::io::BufRead;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -11,6 +14,9 @@ use turnpike_plugin_api::docs::{ToolCall, ToolSpec};
 
 /// The protocol version asked for.
 const PROTOCOL: &str = "2025-06-18";
+
+/// The most bytes of an answer read (a body, or an event stream up to the answer).
+pub(crate) const MAX_ANSWER_BYTES: u64 = 16 << 20;
 
 /// A server as configured.
 #[derive(Debug, Clone, Deserialize)]
@@ -256,26 +262,34 @@ impl Server {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
-        let body = response
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| Failure::Other(format!("reading the answer: {e}")))?;
+        let reading =
+            |e: &dyn std::fmt::Display| Failure::Other(format!("reading the answer: {e}"));
         if !(200..300).contains(&status) {
+            let body = response
+                .body_mut()
+                .with_config()
+                .limit(64 << 10)
+                .lossy_utf8(true)
+                .read_to_string()
+                .unwrap_or_default();
             return Err(Failure::Other(format!(
                 "HTTP {status}: {}",
                 body.chars().take(300).collect::<String>()
             )));
         }
         let Some(id) = message.get("id") else {
+            // A notification: nothing to wait for (the body, if any, is not read).
             return Ok(None);
         };
+        let body = response.body_mut().with_config().limit(MAX_ANSWER_BYTES);
         let answer = if kind.starts_with("text/event-stream") {
-            events(&body)
-                .into_iter()
-                .find(|m| m.get("id") == Some(id))
-                .ok_or_else(|| Failure::Other("the event stream held no answer".into()))?
+            answer_in_events(std::io::BufReader::new(body.reader()), id)?
         } else {
-            serde_json::from_str::<Value>(&body)
+            let text = body
+                .lossy_utf8(true)
+                .read_to_string()
+                .map_err(|e| reading(&e))?;
+            serde_json::from_str::<Value>(&text)
                 .map_err(|e| Failure::Other(format!("the answer is not JSON: {e}")))?
         };
         if let Some(error) = answer.get("error") {
@@ -296,37 +310,73 @@ fn text(failure: Failure) -> String {
     }
 }
 
-/// The JSON messages of an event stream (each event's `data:` lines joined).
-fn events(body: &str) -> Vec<Value> {
-    let mut out = Vec::new();
+/// The message answering `id` in an event stream (each event's `data:` lines joined), read
+/// event by event and returned as soon as it arrives: the stream may stay open after it.
+fn answer_in_events(mut reader: impl BufRead, id: &Value) -> Result<Value, Failure> {
     let mut data = String::new();
-    for line in body.lines().chain(std::iter::once("")) {
-        if line.is_empty() {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = reader
+            .read_line(&mut line)
+            .map_err(|e| Failure::Other(format!("reading the event stream: {e}")))?;
+        let text = line.trim_end_matches(['\n', '\r']);
+        if read == 0 || text.is_empty() {
             if !data.is_empty() {
-                if let Ok(value) = serde_json::from_str(&data) {
-                    out.push(value);
+                if let Ok(message) = serde_json::from_str::<Value>(&data)
+                    && message.get("id") == Some(id)
+                {
+                    return Ok(message);
                 }
                 data.clear();
             }
-        } else if let Some(rest) = line.strip_prefix("data:") {
+            if read == 0 {
+                return Err(Failure::Other("the event stream held no answer".into()));
+            }
+        } else if let Some(rest) = text.strip_prefix("data:") {
             if !data.is_empty() {
                 data.push('\n');
             }
             data.push_str(rest.strip_prefix(' ').unwrap_or(rest));
         }
     }
-    out
 }
 
 #[cfg(test)]
 mod tests {
-    use super::events;
+    use std::io::{BufReader, Cursor, Read};
+
+    use serde_json::json;
+
+    use super::{Failure, answer_in_events};
+
+    /// Bytes, then a read that fails: a stream the server holds open.
+    struct OpenStream(Cursor<Vec<u8>>);
+
+    impl Read for OpenStream {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            match self.0.read(buf)? {
+                0 => Err(std::io::Error::other("read past the answer")),
+                n => Ok(n),
+            }
+        }
+    }
 
     #[test]
-    fn event_streams_yield_their_json_messages() {
-        let body = "event: message\ndata: {\"id\":1,\"result\":{}}\n\n: ping\n\ndata: {\"id\":\ndata: 2}\n";
-        let found = events(body);
-        assert_eq!(found.len(), 2);
-        assert_eq!(found[1]["id"], 2);
+    fn the_answer_is_taken_as_soon_as_it_arrives() {
+        let body = "event: message\ndata: {\"id\":1,\"result\":{}}\n\n: ping\n\ndata: {\"id\":\ndata: 2, \"result\": 7}\n\n";
+        let open = || BufReader::new(OpenStream(Cursor::new(body.as_bytes().to_vec())));
+        assert_eq!(answer_in_events(open(), &json!(2)).unwrap()["result"], 7);
+        assert_eq!(
+            answer_in_events(open(), &json!(1)).unwrap()["result"],
+            json!({})
+        );
+        let ended = BufReader::new(Cursor::new(b"data: {\"id\": 3}".to_vec()));
+        assert_eq!(answer_in_events(ended, &json!(3)).unwrap()["id"], 3);
+        let none = BufReader::new(Cursor::new(b"data: {\"id\": 4}\n\n".to_vec()));
+        assert!(matches!(
+            answer_in_events(none, &json!(5)),
+            Err(Failure::Other(_))
+        ));
     }
 }
