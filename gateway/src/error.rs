@@ -265,10 +265,10 @@ impl ApiError {
             | Self::InvalidParam { .. }
             | Self::Unsupported { .. }
             | Self::ContextLengthExceeded { .. }
-            | Self::EngineRejected(_) => StatusCode::BAD_REQUEST,
-            Self::InvalidSchema { .. } | Self::OutputInvalid { .. } => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
+            | Self::EngineRejected(_)
+            // A schema the request gives is part of the request: 400, as OpenAI and vLLM answer.
+            | Self::InvalidSchema { .. } => StatusCode::BAD_REQUEST,
+            Self::OutputInvalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,

@@ -156,8 +156,8 @@ async fn unsupported_features_are_refused_not_ignored() {
 }
 
 #[tokio::test]
-async fn invalid_schemas_are_422() {
-    let e = chat_error(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": ["not", "an", "object"]}}}), 422).await;
+async fn invalid_schemas_are_400() {
+    let e = chat_error(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": ["not", "an", "object"]}}}), 400).await;
     assert_eq!(
         (e["code"].as_str(), e["param"].as_str()),
         (
@@ -167,10 +167,18 @@ async fn invalid_schemas_are_422() {
     );
     let e = chat_error(
         json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": "nope"}}]}),
-        422,
+        400,
     )
     .await;
     assert_eq!(e["param"], "tools[0].function.parameters");
+    let e = chat_error(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}), 400).await;
+    assert_eq!(
+        (e["type"].as_str(), e["param"].as_str()),
+        (
+            Some("invalid_request_error"),
+            Some("response_format.json_schema.schema")
+        )
+    );
 }
 
 #[tokio::test]

@@ -205,10 +205,17 @@ def test_a_schema_that_does_not_compile_is_a_400(tiny):
         ({"type": "object", "properties": {"a": {"type": "string", "format": "no-such-format"}}}, "format"),
         ({"type": "integer", "minimum": 5, "maximum": 1}, "minimum"),
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
+        ({"type": "nonsense"}, "type"),
     ]:
         with pytest.raises(openai.BadRequestError) as raised:
             tiny.chat.completions.create(model="tiny", messages=MESSAGES, response_format=format_for(schema), max_tokens=8)
         assert words in raised.value.message, raised.value.message
+        assert raised.value.body["type"] == "invalid_request_error"
+    # A schema that is no JSON Schema at all is refused before the engine, naming the parameter.
+    with pytest.raises(openai.BadRequestError) as raised:
+        tiny.chat.completions.create(model="tiny", messages=MESSAGES, response_format=format_for({"type": "nonsense"}),
+                                     max_tokens=8)
+    assert raised.value.body["param"] == "response_format.json_schema.schema"
 
 
 @pytest.mark.parametrize("body,check", [
@@ -236,3 +243,23 @@ def test_two_shapes_at_once_are_a_400(client):
         with pytest.raises(openai.BadRequestError) as raised:
             client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=8, extra_body=body, **extra)
         assert "cannot both shape the output" in raised.value.message
+
+
+def test_unbounded_numbers_and_times_end_where_a_double_and_nanoseconds_do(tiny):
+    # The random model, left free, writes digits until max_tokens; the grammar's number guard
+    # ends a number at what a double holds and a time's fraction at nanoseconds.
+    schema = obj({"x": {"type": "number"}, "n": {"type": "integer"}, "at": {"type": "string", "format": "date-time"}})
+    for seed in range(6):
+        r = tiny.chat.completions.create(model="tiny", messages=MESSAGES, response_format=format_for(schema),
+                                         max_tokens=300, temperature=1.0, seed=seed)
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop", (seed, choice)
+        answer = json.loads(choice.message.content)
+        jsonschema.validate(answer, schema)
+        for key in ("x", "n"):
+            raw = re.search(rf'"{key}":\s*(-?[0-9.]+)([eE][+-]?([0-9]+))?', choice.message.content)
+            mantissa = raw.group(1).lstrip("-").replace(".", "")
+            assert len(mantissa.lstrip("0")) <= 17 and len(mantissa) <= 24, (seed, key, raw.group(0))
+            assert raw.group(3) is None or len(raw.group(3)) <= 3, (seed, key, raw.group(0))
+        fraction = re.search(r":\d\d\.(\d+)", answer["at"])
+        assert fraction is None or len(fraction.group(1)) <= 9, (seed, answer["at"])

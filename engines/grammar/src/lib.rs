@@ -19,6 +19,9 @@
 //! [`Constraint::fast_forward`] hands the engine those tokens, tokenized as the model's own
 //! tokenizer would, to append without a forward pass per token.
 //!
+//! A JSON answer's numbers (and a time's fractional seconds) are held to what a double holds
+//! ([`number_guard`]): a small model need not write digits until `max_tokens`.
+//!
 //! The seam is plain data: [`Constraint::allowed`] answers an [`Allowed`] bitmask (one bit per
 //! vocabulary id, 32 ids to a word), which a host sampler applies to its logits
 //! ([`Allowed::apply`]) and a device uploads as it is.
@@ -27,12 +30,16 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
+mod number_guard;
+
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
 use turnpike_engine_api::EngineError;
 use turnpike_engine_api::docs::Grammar;
+
+use number_guard::{Ban, NumberGuard};
 
 /// Why a grammar cannot constrain a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,6 +174,37 @@ impl Grammars {
 struct Compiler {
     factory: ParserFactory,
     cache: Mutex<Cache>,
+    starts: Arc<Starts>,
+}
+
+/// The tokens a number's guard may ban: those whose text begins with a digit, and those that
+/// begin with a digit or `.`.
+struct Starts {
+    env: TokEnv,
+    digit: SimpleVob,
+    digit_or_dot: SimpleVob,
+}
+
+impl Starts {
+    fn new(env: TokEnv, words: &[Vec<u8>]) -> Self {
+        let mut digit = SimpleVob::alloc(words.len());
+        let mut digit_or_dot = SimpleVob::alloc(words.len());
+        for (id, word) in words.iter().enumerate() {
+            match word.first() {
+                Some(b'0'..=b'9') => {
+                    digit.set(id, true);
+                    digit_or_dot.set(id, true);
+                }
+                Some(b'.') => digit_or_dot.set(id, true),
+                _ => {}
+            }
+        }
+        Self {
+            env,
+            digit,
+            digit_or_dot,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -217,7 +255,14 @@ impl Compiler {
         Ok(Self {
             factory,
             cache: Mutex::new(Cache::default()),
+            starts: Arc::new(Starts::new(env, &words)),
         })
+    }
+
+    /// A JSON grammar's numbers are guarded; other grammars say what they mean themselves.
+    fn guard(&self, grammar: &Grammar) -> Option<(NumberGuard, Arc<Starts>)> {
+        matches!(grammar, Grammar::JsonObject | Grammar::JsonSchema { .. })
+            .then(|| (NumberGuard::default(), Arc::clone(&self.starts)))
     }
 
     fn constraint(&self, grammar: &Grammar) -> Result<Constraint, String> {
@@ -229,7 +274,10 @@ impl Compiler {
             let matcher = entry.1.deep_clone();
             cache.entries.push_back(entry);
             cache.hits += 1;
-            return Ok(Constraint { matcher });
+            return Ok(Constraint {
+                matcher,
+                guard: self.guard(grammar),
+            });
         }
         let parser = self
             .factory
@@ -246,7 +294,10 @@ impl Compiler {
             }
             cache.entries.push_back((key, matcher.deep_clone()));
         }
-        Ok(Constraint { matcher })
+        Ok(Constraint {
+            matcher,
+            guard: self.guard(grammar),
+        })
     }
 
     fn counts(&self) -> (u64, u64, usize) {
@@ -279,6 +330,8 @@ fn top_level(grammar: &Grammar) -> TopLevelGrammar {
 /// One choice's place in its grammar.
 pub struct Constraint {
     matcher: Matcher,
+    /// A JSON answer's number guard, and the tokens it may ban.
+    guard: Option<(NumberGuard, Arc<Starts>)>,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -292,16 +345,42 @@ impl Constraint {
     pub fn fork(&self) -> Self {
         Self {
             matcher: self.matcher.deep_clone(),
+            guard: self.guard.clone(),
+        }
+    }
+
+    /// Follows `tokens` the answer wrote with the number guard.
+    fn follow(&mut self, tokens: &[u32]) {
+        if let Some((guard, starts)) = &mut self.guard {
+            let trie = starts.env.tok_trie();
+            for &token in tokens {
+                guard.push(trie.token(token));
+            }
         }
     }
 
     /// The tokens the grammar allows next (end-of-sequence alone once it is complete); an
     /// error when it allows none.
     pub fn allowed(&mut self) -> Result<Allowed, String> {
-        let vob = self
+        let mut vob = self
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| e.to_string())?;
+        if let Some((guard, starts)) = &self.guard {
+            let banned = match guard.ban() {
+                Ban::None => None,
+                Ban::Digits => Some(&starts.digit),
+                Ban::DigitsAndDot => Some(&starts.digit_or_dot),
+            };
+            if let Some(banned) = banned {
+                let mut kept = vob.clone();
+                kept.sub(banned);
+                // A grammar that demands more digits has the last word.
+                if !kept.is_zero() {
+                    vob = kept;
+                }
+            }
+        }
         let allowed = Allowed { vob };
         if allowed.words().iter().all(|&w| w == 0) {
             return Err("the output's grammar allows no token here".into());
@@ -327,6 +406,7 @@ impl Constraint {
         self.matcher
             .consume_tokens(&forced)
             .map_err(|e| e.to_string())?;
+        self.follow(&forced);
         Ok(forced)
     }
 
@@ -341,7 +421,11 @@ impl Constraint {
             // Complete: the token is end-of-sequence, which ends the choice.
             return Ok(());
         }
-        self.matcher.consume_token(token).map_err(|e| e.to_string())
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| e.to_string())?;
+        self.follow(&[token]);
+        Ok(())
     }
 }
 

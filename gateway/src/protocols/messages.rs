@@ -102,7 +102,7 @@ pub(crate) fn template_messages(messages: &[ChatMessage]) -> Result<Vec<Value>, 
     Ok(out)
 }
 
-/// Tool definitions for the template; malformed schemas are 422.
+/// Tool definitions for the template; malformed schemas are 400.
 pub(crate) fn template_tools(tools: &[Tool]) -> Result<Value, ApiError> {
     for (i, tool) in tools.iter().enumerate() {
         if tool.kind != "function" {
