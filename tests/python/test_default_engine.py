@@ -185,3 +185,32 @@ def test_each_request_counts_once_in_the_engine_counters(tiny, tiny_gateway):
     for _ in range(3):
         tiny.completions.create(model="tiny", prompt="Count me once", max_tokens=2, temperature=0)
     assert engine_requests(tiny_gateway, "completed") - before == 3
+
+
+def test_a_model_folders_generation_config_sets_what_a_request_leaves_unset(tmp_path):
+    import json
+
+    model = tmp_path / "tiny"
+    subprocess.run([str(BIN), "make-model", "--preset", "tiny", "--out", str(model)], check=True, capture_output=True)
+    generation = model / "generation_config.json"
+    recommended = json.loads(generation.read_text()) if generation.exists() else {}
+    # The makers recommend greedy decoding (as some code models do).
+    generation.write_text(json.dumps({**recommended, "do_sample": False, "temperature": 0.0}))
+    config = "\n".join(["[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"', "[[engines]]",
+                        'name = "default"', f'plugin = "{PLUGIN}"', "[engines.config]", "[[engines.config.models]]",
+                        'id = "tiny"', f'path = "{model}"', 'device = "cpu"', "threads = 2", "[[models]]",
+                        'name = "tiny"', 'engine = "default"', f'folder = "{model}"', ""])
+    running = Gateway(tmp_path, config, {})
+    try:
+        client = openai.OpenAI(base_url=f"{running.base}/v1", api_key="sk-unused", max_retries=0)
+        ask = [{"role": "user", "content": "Tell me something"}]
+
+        def say(**kw) -> str:
+            return client.chat.completions.create(model="tiny", messages=ask, max_tokens=24, **kw).choices[0].message.content
+
+        greedy = say(temperature=0)
+        assert say() == greedy and say() == greedy, "an unset temperature takes the model's 0"
+        sampled = {say(temperature=1.5, seed=s) for s in range(4)}
+        assert sampled != {greedy}, "a request's own temperature still wins"
+    finally:
+        running.stop()

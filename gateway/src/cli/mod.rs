@@ -77,6 +77,17 @@ pub struct ServeArgs {
     /// The name clients call `--model` by (the file's or folder's name by default).
     #[arg(long, requires = "model")]
     pub name: Option<String>,
+    /// How the served models write tool calls, where their configuration names no format:
+    /// `hermes` (`<tool_call>` blocks; also `qwen`), `llama3_json` or `mistral`. Without it, the
+    /// format their chat template teaches, else `hermes`; a template that shows no tools gets the
+    /// generic tool prompt in that format.
+    #[arg(long, value_parser = parse_tool_call_parser)]
+    pub tool_call_parser: Option<crate::config::ToolCallFormat>,
+}
+
+fn parse_tool_call_parser(text: &str) -> Result<crate::config::ToolCallFormat, String> {
+    serde_json::from_value(serde_json::Value::String(text.to_string()))
+        .map_err(|_| format!("`{text}` is not hermes, qwen, llama3_json or mistral"))
 }
 
 /// A plugin subcommand.
@@ -172,6 +183,9 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), CliError> {
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
+    if let Some(format) = args.tool_call_parser {
+        config.defaults.tool_call_parser = Some(format);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -183,7 +197,7 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), CliError> {
         let mut server = Server::bind(&config).await?;
         if let Some(file) = args.config.clone() {
             let (path, model, name) = (file.clone(), args.model.clone(), args.name.clone());
-            let listen = args.listen;
+            let (listen, tool_call_parser) = (args.listen, args.tool_call_parser);
             server.reload_from(reload::Source {
                 file,
                 loader: Box::new(move || {
@@ -193,6 +207,9 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), CliError> {
                     };
                     if let Some(listen) = listen {
                         config.listen = listen;
+                    }
+                    if let Some(format) = tool_call_parser {
+                        config.defaults.tool_call_parser = Some(format);
                     }
                     Ok(config)
                 }),

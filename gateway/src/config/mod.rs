@@ -89,6 +89,13 @@ pub fn tenancy_name_check(name: &str) -> Result<(), String> {
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
+/// The built-in default's settings: no authentication, and the sampling SmolLM2-135M-Instruct's
+/// makers recommend on its model card (temperature 0.2, top-p 0.9) for requests that set none:
+/// its GGUF carries no generation config, and at the gateway's usual 0.7 so small a model
+/// wanders.
+const BUILTIN_SMOLLM2: &str =
+    "[auth]\nmode = \"none\"\n\n[defaults]\ntemperature = 0.2\ntop_p = 0.9\n";
+
 impl Config {
     /// The built-in default with its local model: loopback, the default engine next to the
     /// binary, serving `tiny` (made on first start into the cache) with the project's own
@@ -116,7 +123,9 @@ impl Config {
                 );
             }
             match smollm2::fetch("python3") {
-                Ok(file) => return Self::with_model(None, &file, Some(smollm2::NAME)),
+                Ok(file) => {
+                    return Self::serving(BUILTIN_SMOLLM2, None, &file, Some(smollm2::NAME));
+                }
                 Err(e) => tracing::warn!(
                     error = %e,
                     "serving `tiny` (random weights) instead of SmolLM2-135M-Instruct; to serve it: {}",
@@ -152,6 +161,16 @@ impl Config {
         model: &Path,
         name: Option<&str>,
     ) -> Result<Self, ConfigError> {
+        Self::serving("[auth]\nmode = \"none\"\n", file, model, name)
+    }
+
+    /// [`Self::with_model`], with `builtin` the settings used when there is no `file`.
+    fn serving(
+        builtin: &str,
+        file: Option<&Path>,
+        model: &Path,
+        name: Option<&str>,
+    ) -> Result<Self, ConfigError> {
         let path = file.unwrap_or(Path::new("<built-in>"));
         let invalid = |message: String| ConfigError::Invalid {
             path: path.to_path_buf(),
@@ -162,7 +181,7 @@ impl Config {
                 path: file.to_path_buf(),
                 source,
             })?,
-            None => "[auth]\nmode = \"none\"\n".to_string(),
+            None => builtin.to_string(),
         };
         let mut table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),

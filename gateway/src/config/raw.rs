@@ -58,6 +58,7 @@ struct RawDefaults {
     top_p: f32,
     presence_penalty: f32,
     frequency_penalty: f32,
+    tool_call_parser: Option<ToolCallFormat>,
 }
 
 impl Default for RawDefaults {
@@ -69,6 +70,7 @@ impl Default for RawDefaults {
             top_p: 1.0,
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            tool_call_parser: None,
         }
     }
 }
@@ -283,6 +285,7 @@ impl RawDefaults {
             top_p: self.top_p,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
+            tool_call_parser: self.tool_call_parser,
         })
     }
 }

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod model_map;
 pub mod models;
 pub mod routed;
+pub mod sampling;
 pub mod settings;
 
 use std::path::Path;
@@ -21,6 +22,7 @@ use turnpike_engine_api::{EngineError, ModelInfo};
 pub use backend::{Backend, EngineRun, PluginBackend};
 pub use model_map::ModelMap;
 pub use models::{ListedModel, ModelRegistry, ServedModel};
+pub use sampling::ModelSampling;
 
 pub use settings::{Defaults, EngineConfig, ModelConfig, StructuredOutput};
 
@@ -104,7 +106,13 @@ pub fn load_with(
         catalogue.push((name.clone(), list));
     }
     let configs: Vec<ModelConfig> = match models {
-        Some(list) => list.to_vec(),
+        Some(list) => list
+            .iter()
+            .map(|m| ModelConfig {
+                tool_call_parser: m.tool_call_parser.or(defaults.tool_call_parser),
+                ..m.clone()
+            })
+            .collect(),
         None => catalogue
             .iter()
             .flat_map(|(engine, list)| list.iter().map(move |m| (engine, m)))
@@ -121,7 +129,7 @@ pub fn load_with(
                     deprecation_date: None,
                     context_length: None,
                     max_output_tokens: defaults.max_output_tokens,
-                    tool_call_parser: None,
+                    tool_call_parser: defaults.tool_call_parser,
                     reasoning: None,
                     structured_output: Default::default(),
                     standby: Vec::new(),

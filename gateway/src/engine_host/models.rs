@@ -48,10 +48,15 @@ pub struct ServedModel {
     pub fingerprint: String,
     /// How the model writes tool calls.
     pub tool_call_parser: Option<ToolCallFormat>,
+    /// Its chat template shows no tools, so the generic tool prompt shows them
+    /// ([`crate::text::tool_prompt`]).
+    pub generic_tools: bool,
     /// The markers around its reasoning, for a reasoning model.
     pub reasoning: Option<crate::text::reasoning::ReasoningMarkers>,
     /// Structured output when its engine cannot constrain it.
     pub structured_output: super::settings::StructuredOutput,
+    /// The sampling its makers recommend, for what a request leaves unset.
+    pub sampling: super::ModelSampling,
 }
 
 /// Public ids and the models they name.
@@ -123,6 +128,33 @@ fn fingerprint(parts: &[&str]) -> String {
     format!("fp_{:010x}", hash & 0xff_ffff_ffff)
 }
 
+/// How model `id` calls tools: the configured format, else the one its template teaches, else
+/// Hermes blocks; and whether the generic tool prompt must show it the tools (its template
+/// shows none). Said in the log, since it decides what a request offering tools gets.
+fn tool_calls(
+    id: &str,
+    configured: Option<ToolCallFormat>,
+    template: Option<&ChatTemplate>,
+) -> (Option<ToolCallFormat>, bool) {
+    let Some(template) = template else {
+        return (configured, false);
+    };
+    let shows = template.shows_tools();
+    let taught = crate::text::tool_prompt::format_taught(template.source());
+    let format = configured.or(taught).unwrap_or(ToolCallFormat::Hermes);
+    let source = match (configured, taught) {
+        (Some(_), _) => "configured",
+        (None, Some(_)) => "taught by its chat template",
+        (None, None) => "the default",
+    };
+    if shows {
+        tracing::info!(model = %id, format = ?format, "tool calls are read in the {source} format; the chat template shows the tools");
+    } else {
+        tracing::info!(model = %id, format = ?format, "tool calls are read in the {source} format; the chat template shows no tools, so the generic tool prompt describes them in a system message");
+    }
+    (Some(format), !shows)
+}
+
 /// Builds one served model from its configuration and the engine that serves it.
 pub(super) fn served_model(
     config: &ModelConfig,
@@ -163,12 +195,14 @@ pub(super) fn served_model(
         None => info.max_context,
     };
     let mut stop_token_ids = info.eos_token_ids.clone();
+    let mut sampling = super::ModelSampling::default();
     if let Some(generation) = read_json(&folder.join("generation_config.json"))? {
         let ids = match &generation["eos_token_id"] {
             Value::Array(list) => list.iter().filter_map(Value::as_u64).collect(),
             other => other.as_u64().into_iter().collect::<Vec<_>>(),
         };
         stop_token_ids.extend(ids.into_iter().filter_map(|id| u32::try_from(id).ok()));
+        sampling = super::ModelSampling::from_generation_config(&generation);
     }
     stop_token_ids.sort_unstable();
     stop_token_ids.dedup();
@@ -176,6 +210,8 @@ pub(super) fn served_model(
         Some(v) => format!("{}-{v}", config.name),
         None => config.name.clone(),
     };
+    let (tool_call_parser, generic_tools) =
+        tool_calls(&id, config.tool_call_parser, template.as_ref());
     Ok(ServedModel {
         fingerprint: fingerprint(&[
             &backend.label(),
@@ -202,9 +238,11 @@ pub(super) fn served_model(
         template,
         context_length,
         stop_token_ids,
-        tool_call_parser: config.tool_call_parser,
+        tool_call_parser,
+        generic_tools,
         reasoning: config.reasoning.clone(),
         structured_output: config.structured_output,
+        sampling,
     })
 }
 

@@ -21,6 +21,9 @@ pub struct Defaults {
     pub presence_penalty: f32,
     /// `frequency_penalty` when a request sets none.
     pub frequency_penalty: f32,
+    /// The tool-call format of a model whose entry names none (and of the models an engine
+    /// lists itself); `None`: the one its chat template teaches, else Hermes blocks.
+    pub tool_call_parser: Option<crate::text::tools::ToolCallFormat>,
 }
 
 /// What happens to a structured-output request (a JSON Schema or object, or a forced tool

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use super::{Generation, Generator};
 use crate::error::ApiError;
 use crate::pipeline::request::{GenerationRequest, Prompt, ToolChoice, template_tool};
-use crate::pipeline::run::{GenEvent, ServerToolRun, Totals};
+use crate::pipeline::run::{Finished, GenEvent, ServerToolRun, Totals};
 use crate::plugins::ServerTool;
 use crate::tenancy::Caller;
 
@@ -47,6 +47,8 @@ struct Round {
     text: String,
     server_calls: Vec<(String, String, String)>,
     client_call: bool,
+    /// `max_tokens` cut it: its calls may be cut short, so none runs.
+    cut: bool,
 }
 
 /// The loop's state, held by the generation's stream.
@@ -137,7 +139,7 @@ impl ToolLoop {
 
     /// Whether this round goes on to another.
     fn continues(&self) -> bool {
-        !self.round.server_calls.is_empty() && !self.round.client_call
+        !self.round.server_calls.is_empty() && !self.round.client_call && !self.round.cut
     }
 
     /// Whether a next round is being prepared.
@@ -169,6 +171,13 @@ impl ToolLoop {
             }
             GenEvent::ToolCall { .. } => {
                 self.round.client_call = true;
+                out.push_back(event);
+            }
+            GenEvent::Finish {
+                reason: Finished::Length,
+                ..
+            } => {
+                self.round.cut = true;
                 out.push_back(event);
             }
             GenEvent::Finish { .. } if self.continues() => {}

@@ -145,15 +145,21 @@ pub(crate) fn generation_params(
         ));
     }
     p.n = n;
+    // What the request leaves unset: the model's recommendation, else the gateway's default.
+    let recommended = &model.sampling;
     p.temperature = ranged(
         "temperature",
-        s.temperature.unwrap_or(f64::from(defaults.temperature)),
+        s.temperature
+            .or(recommended.temperature)
+            .unwrap_or(f64::from(defaults.temperature)),
         0.0,
         2.0,
     )?;
     p.top_p = ranged(
         "top_p",
-        s.top_p.unwrap_or(f64::from(defaults.top_p)),
+        s.top_p
+            .or(recommended.top_p)
+            .unwrap_or(f64::from(defaults.top_p)),
         0.0,
         1.0,
     )?;
@@ -167,11 +173,13 @@ pub(crate) fn generation_params(
         None => None,
     };
     let e = &s.extensions;
-    if let Some(k) = &e.top_k {
-        p.top_k = integer("top_k", k, -1, 1 << 20)?.max(0) as u32;
+    match &e.top_k {
+        Some(k) => p.top_k = integer("top_k", k, -1, 1 << 20)?.max(0) as u32,
+        None => p.top_k = recommended.top_k.unwrap_or(p.top_k),
     }
-    if let Some(min_p) = e.min_p {
-        p.min_p = ranged("min_p", min_p, 0.0, 1.0)?;
+    match e.min_p {
+        Some(min_p) => p.min_p = ranged("min_p", min_p, 0.0, 1.0)?,
+        None => p.min_p = recommended.min_p.map_or(p.min_p, |m| m as f32),
     }
     if e.greedy == Some(true) {
         p.temperature = 0.0;
@@ -190,8 +198,15 @@ pub(crate) fn generation_params(
         -2.0,
         2.0,
     )?;
-    if let Some(r) = e.repetition_penalty {
-        p.repetition_penalty = ranged("repetition_penalty", r, 0.01, 10.0)?;
+    match e.repetition_penalty {
+        Some(r) => p.repetition_penalty = ranged("repetition_penalty", r, 0.01, 10.0)?,
+        // Recommended only where the engine applies penalties (else every request would fail).
+        None if caps.penalties => {
+            p.repetition_penalty = recommended
+                .repetition_penalty
+                .map_or(p.repetition_penalty, |r| r as f32);
+        }
+        None => {}
     }
     let penalised =
         p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 || p.repetition_penalty != 1.0;

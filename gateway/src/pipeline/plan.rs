@@ -202,6 +202,7 @@ fn tool_setup(
         format,
         names: tools.names.clone(),
         max_calls: if tools.parallel { usize::MAX } else { 1 },
+        forced: forced.is_some(),
     };
     let Some(indices) = forced else {
         return Ok((Some(setup), auto_calls(tools, format, model, output_shaped)));

@@ -11,7 +11,7 @@ use crate::error::ApiError;
 /// Most prompts or inputs in one request.
 pub(crate) const MAX_INPUTS: usize = 2048;
 
-/// A JSON Schema for structured output, checked for shape (a 422 otherwise).
+/// A JSON Schema for structured output, checked for shape (a 400 otherwise).
 pub(crate) fn check_schema(schema: &Value, param: &str) -> Result<(), ApiError> {
     const TYPES: [&str; 7] = [
         "object", "array", "string", "number", "integer", "boolean", "null",
@@ -72,6 +72,19 @@ pub(crate) fn chat_prompt(
             ),
         )
     })?;
+    // A template that shows no tools: the generic tool prompt shows them, and the
+    // conversation's calls and results, in the model's tool-call envelope.
+    let generic;
+    let (messages, tools) = match model.tool_call_parser.filter(|_| model.generic_tools) {
+        Some(format) => {
+            let offered = tools
+                .and_then(Value::as_array)
+                .map_or(&[][..], Vec::as_slice);
+            generic = crate::text::tool_prompt::generic_messages(messages, offered, format);
+            (generic.as_slice(), None)
+        }
+        None => (messages, tools),
+    };
     let text = template
         .render(messages, tools, true, kwargs)
         .map_err(|e| {

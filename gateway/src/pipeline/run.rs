@@ -62,6 +62,8 @@ pub(crate) struct ToolSetup {
     pub names: Vec<String>,
     /// Most calls per choice.
     pub max_calls: usize,
+    /// The request forces a call (a cut one is still returned as a call).
+    pub forced: bool,
 }
 
 struct ChoiceState {
@@ -70,6 +72,10 @@ struct ChoiceState {
     reasoning: Option<ReasoningSplitter>,
     tools: Option<ToolCallParser>,
     calls: u32,
+    /// The calls this choice made (name and arguments), to know a repeat.
+    made: Vec<(String, String)>,
+    /// It began to repeat a call it made: the answer ends there.
+    repeated: bool,
     finished: bool,
 }
 
@@ -163,11 +169,13 @@ pub(crate) fn start(job: Job, lifecycle: &Lifecycle) -> Result<GenStream, ApiErr
                 ),
                 stop: StopMatcher::new(&job.stop),
                 reasoning: job.reasoning.clone().map(ReasoningSplitter::new),
-                tools: job
-                    .tools
-                    .as_ref()
-                    .map(|t| ToolCallParser::new(t.format, t.names.clone(), t.max_calls)),
+                tools: job.tools.as_ref().map(|t| {
+                    let parser = ToolCallParser::new(t.format, t.names.clone(), t.max_calls);
+                    if t.forced { parser.forced() } else { parser }
+                }),
                 calls: 0,
+                made: Vec::new(),
+                repeated: false,
                 finished: false,
             });
         }
@@ -276,6 +284,14 @@ impl GenStream {
                     logprobs: logprobs.take().unwrap_or_default(),
                 }),
                 ToolOutput::Call(call) => {
+                    // A call the choice made already is never a new one: a small model forced
+                    // to call tools repeats its call until max_tokens. The answer ends here.
+                    let seen = (call.name.clone(), call.arguments.clone());
+                    if state.repeated || state.made.contains(&seen) {
+                        state.repeated = true;
+                        continue;
+                    }
+                    state.made.push(seen);
                     self.pending.push_back(GenEvent::ToolCall {
                         choice,
                         index: state.calls,
@@ -363,7 +379,16 @@ impl GenStream {
         let state = &mut self.choices[c];
         let piece = state.decoder.push(t.token_id);
         match state.stop.push(&piece) {
-            StopOutcome::Text(text) => self.emit_text(c, text, logprobs, false, 1),
+            StopOutcome::Text(text) => {
+                self.emit_text(c, text, logprobs, false, 1);
+                if self.choices[c].repeated {
+                    // Ends as a stop after calls (`tool_calls`); the engine's work is cut.
+                    self.choices[c].finished = true;
+                    self.push_finish(c, Finished::Stop);
+                    self.runs[run].stop_cut = true;
+                    self.choice_closed(run);
+                }
+            }
             StopOutcome::Stopped(text, index) => {
                 state.finished = true;
                 self.emit_text(c, text, logprobs, true, 1);

@@ -1,7 +1,8 @@
 //! Tool calls as grammars, in the model's own tool-call envelope (the format its configured
 //! parser reads, so streamed and non-streamed calls come back exactly as unconstrained ones),
-//! with each function's `parameters` schema applied to its arguments. The engine must
-//! constrain output by grammar (its model's capability says so).
+//! with each function's `parameters` schema applied to its arguments (its objects closed to the
+//! properties they declare). The engine must constrain output by grammar (its model's
+//! capability says so).
 //!
 //! [`forced`]: `tool_choice: "required"` or a named function; the answer is calls only.
 //! - `llama3_json`: one JSON call, `{"name": NAME, "parameters": {...}}`;
@@ -21,9 +22,42 @@ use turnpike_engine_api::docs::Grammar;
 
 use crate::text::tools::ToolCallFormat;
 
-/// One call's JSON Schema over `tools` (name and arguments schema each); compact, or with
-/// the whitespace the model likes where `flexible`. Llama 3 JSON calls name their arguments
-/// `parameters` (its template's word) or `arguments` (which its parser also reads).
+/// `schema` with every object that lists its `properties` and says nothing of others closed to
+/// them (`additionalProperties: false`): a function's arguments are the parameters it declares,
+/// and a small model left an open object invents keys until `max_tokens`.
+fn closed(schema: &Value) -> Value {
+    let Value::Object(map) = schema else {
+        return schema.clone();
+    };
+    let mut out = serde_json::Map::with_capacity(map.len() + 1);
+    for (key, value) in map {
+        let value = match (key.as_str(), value) {
+            ("properties" | "$defs" | "definitions", Value::Object(children)) => Value::Object(
+                children
+                    .iter()
+                    .map(|(k, v)| (k.clone(), closed(v)))
+                    .collect(),
+            ),
+            ("items" | "additionalItems" | "not", v) => closed(v),
+            ("anyOf" | "oneOf" | "allOf" | "prefixItems", Value::Array(list)) => {
+                Value::Array(list.iter().map(closed).collect())
+            }
+            (_, v) => v.clone(),
+        };
+        out.insert(key.clone(), value);
+    }
+    let open = !map.contains_key("additionalProperties")
+        && !map.contains_key("patternProperties")
+        && !map.contains_key("unevaluatedProperties");
+    if map.contains_key("properties") && open {
+        out.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    Value::Object(out)
+}
+
+/// One call's JSON Schema over `tools` (name and arguments schema each, closed); compact, or
+/// with the whitespace the model likes where `flexible`. Llama 3 JSON calls name their
+/// arguments `parameters` (its template's word) or `arguments` (which its parser also reads).
 fn call_schema(format: ToolCallFormat, tools: &[(&str, &Value)], flexible: bool) -> Value {
     let keys: &[&str] = match format {
         ToolCallFormat::Llama3Json => &["parameters", "arguments"],
@@ -32,6 +66,7 @@ fn call_schema(format: ToolCallFormat, tools: &[(&str, &Value)], flexible: bool)
     let calls: Vec<Value> = tools
         .iter()
         .flat_map(|(name, schema)| {
+            let schema = closed(schema);
             keys.iter().map(move |arguments| {
                 json!({
                     "type": "object",
@@ -158,8 +193,8 @@ mod tests {
             one["anyOf"][0]["properties"]["name"]["const"],
             "get_weather"
         );
-        assert_eq!(one["anyOf"][0]["properties"]["parameters"], schema);
-        assert_eq!(one["anyOf"][1]["properties"]["arguments"], schema);
+        assert_eq!(one["anyOf"][0]["properties"]["parameters"], closed(&schema));
+        assert_eq!(one["anyOf"][1]["properties"]["arguments"], closed(&schema));
         let Grammar::Lark { grammar: lark } = forced(
             ToolCallFormat::Hermes,
             &[("a", &schema), ("b", &schema)],
@@ -182,6 +217,27 @@ mod tests {
             lark.starts_with("start: <[9]> \"[\" call (\",\" call)* \"]\"\n"),
             "{lark}"
         );
+    }
+
+    #[test]
+    fn declared_parameters_close_their_objects() {
+        let schema = json!({"type": "object", "properties": {"city": {"type": "string"},
+            "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+            "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {}}}},
+            "free": {"type": "object"}, "open": {"type": "object", "properties": {}, "additionalProperties": true}}});
+        let c = closed(&schema);
+        assert_eq!(c["additionalProperties"], false);
+        assert_eq!(c["properties"]["where"]["additionalProperties"], false);
+        assert_eq!(
+            c["properties"]["tags"]["items"]["additionalProperties"],
+            false
+        );
+        assert!(
+            c["properties"]["free"]
+                .get("additionalProperties")
+                .is_none()
+        );
+        assert_eq!(c["properties"]["open"]["additionalProperties"], true);
     }
 
     #[test]

@@ -11,4 +11,5 @@ pub mod stop;
 mod strftime;
 pub mod template;
 pub mod tokenizer;
+pub mod tool_prompt;
 pub mod tools;

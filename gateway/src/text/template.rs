@@ -20,6 +20,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    source: String,
 }
 
 /// Why a template could not be rendered (a template's own `raise_exception` included).
@@ -77,13 +78,31 @@ impl ChatTemplate {
             super::strftime::now(&format)
         });
         env.add_filter("tojson", tojson);
-        env.add_template_owned("chat", source)
+        env.add_template_owned("chat", source.clone())
             .map_err(|e| format!("chat template: {e}"))?;
         Ok(Self {
             env,
             bos_token,
             eos_token,
+            source,
         })
+    }
+
+    /// The template's text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether the template shows the model the tools a request offers: a probe function's
+    /// name reaches the rendered prompt (a template that ignores `tools`, or refuses them, does
+    /// not).
+    pub fn shows_tools(&self) -> bool {
+        const PROBE: &str = "turnpike_probe_function";
+        let tools = serde_json::json!([{"type": "function", "function": {
+            "name": PROBE, "description": "A probe.", "parameters": {"type": "object", "properties": {}}}}]);
+        let messages = [serde_json::json!({"role": "user", "content": "probe"})];
+        self.render(&messages, Some(&tools), true, None)
+            .is_ok_and(|text| text.contains(PROBE))
     }
 
     /// Renders `messages` (OpenAI-shaped JSON objects) with `tools`; `kwargs` are extra

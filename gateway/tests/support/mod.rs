@@ -282,6 +282,7 @@ pub fn defaults() -> Defaults {
         top_p: 1.0,
         presence_penalty: 0.0,
         frequency_penalty: 0.0,
+        tool_call_parser: None,
     }
 }
 

@@ -16,7 +16,9 @@
 //! The parser sits after stop strings in the one stream every response is made from, so a
 //! streamed response and a non-streamed one always carry the same calls. Only functions the
 //! request offered become calls; anything that does not parse, or names another function, stays
-//! text, so nothing the model wrote is lost.
+//! text, so nothing the model wrote is lost. A forced call (`tool_choice` `required` or named)
+//! that the answer's end cuts short (`max_tokens`) is still a call: its name and the arguments
+//! written so far, as OpenAI returns it ([`ToolCallParser::forced`]).
 
 mod mistral;
 
@@ -99,6 +101,8 @@ pub struct ToolCallParser {
     ws: String,
     /// Content has been sent.
     said: bool,
+    /// The request forces a call: one cut short is returned as a call.
+    forced: bool,
 }
 
 impl ToolCallParser {
@@ -118,6 +122,17 @@ impl ToolCallParser {
             scanned: 0,
             ws: String::new(),
             said: false,
+            forced: false,
+        }
+    }
+
+    /// The same parser for a request that forces a call (`tool_choice` `required` or named):
+    /// a call the answer's end cuts short is returned as a call of its name with the arguments
+    /// written so far (which may not be whole JSON), not as text.
+    pub fn forced(self) -> Self {
+        Self {
+            forced: true,
+            ..self
         }
     }
 
@@ -134,6 +149,9 @@ impl ToolCallParser {
     /// The text has ended: returns everything still held.
     pub fn finish(&mut self, out: &mut Vec<ToolOutput>) {
         let held = std::mem::take(&mut self.buf);
+        if self.forced && self.state == State::Held && self.finish_cut(&held, out) {
+            return;
+        }
         match (self.format, self.state) {
             (ToolCallFormat::Llama3Json, State::Held) => match json_calls(&held) {
                 Some(calls) if calls.iter().all(|c| self.offered(c)) => {
@@ -167,6 +185,21 @@ impl ToolCallParser {
             }
             _ => text(out, held),
         }
+    }
+
+    /// A forced answer cut short: its whole calls, then the one cut, as calls; whether it
+    /// held one.
+    fn finish_cut(&mut self, held: &str, out: &mut Vec<ToolOutput>) -> bool {
+        let (whole, rest) = whole_calls(held);
+        let Some(cut) = partial_call(rest, &self.names) else {
+            return false;
+        };
+        let whole: Vec<ParsedCall> = whole.into_iter().filter(|c| self.offered(c)).collect();
+        for call in whole {
+            self.emit(call, out);
+        }
+        self.emit(cut, out);
+        true
     }
 
     fn offered(&self, call: &ParsedCall) -> bool {
@@ -304,6 +337,61 @@ fn call_of(value: Value) -> Option<ParsedCall> {
         },
         Some(_) => return None,
     };
+    Some(ParsedCall { name, arguments })
+}
+
+/// The calls that are whole at the start of `text` (a list's items, or `;`-separated objects)
+/// and where the rest begins.
+fn whole_calls(text: &str) -> (Vec<ParsedCall>, &str) {
+    let mut calls = Vec::new();
+    let mut rest = text.trim_start();
+    rest = rest.strip_prefix('[').unwrap_or(rest);
+    loop {
+        let next = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ';' || c == ',');
+        let mut values = serde_json::Deserializer::from_str(next).into_iter::<Value>();
+        match values.next() {
+            Some(Ok(value)) => match call_of(value) {
+                Some(call) => {
+                    calls.push(call);
+                    rest = &next[values.byte_offset()..];
+                }
+                None => return (calls, next),
+            },
+            _ => return (calls, next),
+        }
+    }
+}
+
+/// A call object cut short: its function (one of `names`; a cut name must begin exactly one)
+/// and its arguments as written so far.
+fn partial_call(text: &str, names: &[String]) -> Option<ParsedCall> {
+    let after_key = |key: &str| -> Option<&str> {
+        let at = text.find(key)? + key.len();
+        text[at..]
+            .trim_start()
+            .strip_prefix(':')
+            .map(str::trim_start)
+    };
+    let name_text = after_key("\"name\"")?.strip_prefix('"')?;
+    let name = match name_text.find('"') {
+        Some(end) => name_text[..end].to_string(),
+        None => {
+            let mut matching = names.iter().filter(|n| n.starts_with(name_text));
+            let only = matching.next()?;
+            if matching.next().is_some() {
+                return None;
+            }
+            only.clone()
+        }
+    };
+    if !names.contains(&name) {
+        return None;
+    }
+    let arguments = after_key("\"arguments\"")
+        .or_else(|| after_key("\"parameters\""))
+        .unwrap_or_default()
+        .trim_end()
+        .to_string();
     Some(ParsedCall { name, arguments })
 }
 

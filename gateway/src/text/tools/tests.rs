@@ -140,3 +140,59 @@ fn mistral_keeps_what_is_not_a_call() {
     let cut = r#"[TOOL_CALLS][{"name": "get_time", "argu"#;
     assert_eq!(parse(f, &[cut], 8), vec![text(cut)]);
 }
+
+fn parse_forced(format: ToolCallFormat, text: &str) -> Vec<ToolOutput> {
+    let names = vec!["get_weather".to_string(), "get_time".to_string()];
+    let mut p = ToolCallParser::new(format, names, usize::MAX).forced();
+    let mut out = Vec::new();
+    p.push(text, &mut out);
+    p.finish(&mut out);
+    out
+}
+
+#[test]
+fn a_forced_call_cut_short_is_still_a_call() {
+    let cut = "{\"city\": \"Pa";
+    assert_eq!(
+        parse_forced(
+            ToolCallFormat::Hermes,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa"
+        ),
+        vec![call("get_weather", cut)]
+    );
+    assert_eq!(
+        parse_forced(
+            ToolCallFormat::Llama3Json,
+            "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Pa"
+        ),
+        vec![call("get_weather", cut)]
+    );
+    assert_eq!(
+        parse_forced(
+            ToolCallFormat::Mistral,
+            "[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {}}, {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa"
+        ),
+        vec![call("get_time", "{}"), call("get_weather", cut)]
+    );
+    // Cut inside the name: the one offered name it begins.
+    assert_eq!(
+        parse_forced(ToolCallFormat::Hermes, "<tool_call>\n{\"name\": \"get_w"),
+        vec![call("get_weather", "")]
+    );
+    // Ambiguous, or not begun: text, as before.
+    assert_eq!(
+        parse_forced(ToolCallFormat::Hermes, "<tool_call>\n{\"name\": \"get_"),
+        vec![text("<tool_call>\n{\"name\": \"get_")]
+    );
+    // Not forced: a cut call stays text.
+    assert_eq!(
+        parse(
+            ToolCallFormat::Hermes,
+            &["<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {"],
+            usize::MAX
+        ),
+        vec![text(
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {"
+        )]
+    );
+}

@@ -132,8 +132,36 @@ pub fn tokenizer_files(file: &Gguf) -> Result<(Value, Value), ModelError> {
     Ok((tokenizer, config))
 }
 
-/// Writes the file's `tokenizer.json` and `tokenizer_config.json` into `folder` (made if need
-/// be), unless they are there already from the same file, and returns the tokenizer's path.
+/// The sampling the file's makers recommend (llama.cpp's `general.sampling.*` keys), as a
+/// `generation_config.json` the gateway reads for requests that set none; `None` when the file
+/// holds none.
+pub fn generation_config(file: &Gguf) -> Option<Value> {
+    let keys = [
+        ("general.sampling.temp", "temperature"),
+        ("general.sampling.top_p", "top_p"),
+        ("general.sampling.top_k", "top_k"),
+        ("general.sampling.min_p", "min_p"),
+        ("general.sampling.penalty_repeat", "repetition_penalty"),
+    ];
+    let mut config = serde_json::Map::new();
+    for (key, name) in keys {
+        if let Some(value) = file.metadata.get(key).and_then(MetaValue::as_f64) {
+            // f32 in the file: written as the decimal it was meant as.
+            let value = (value * 1e6).round() / 1e6;
+            let value = if name == "top_k" {
+                json!(value as i64)
+            } else {
+                json!(value)
+            };
+            config.insert(name.into(), value);
+        }
+    }
+    (!config.is_empty()).then_some(Value::Object(config))
+}
+
+/// Writes the file's `tokenizer.json` and `tokenizer_config.json` (and its
+/// `generation_config.json` when it recommends sampling) into `folder` (made if need be), and
+/// returns the tokenizer's path.
 pub fn write_tokenizer(file: &Gguf, folder: &Path) -> Result<PathBuf, ModelError> {
     let tokenizer_path = folder.join("tokenizer.json");
     let config_path = folder.join("tokenizer_config.json");
@@ -152,5 +180,8 @@ pub fn write_tokenizer(file: &Gguf, folder: &Path) -> Result<PathBuf, ModelError
     };
     write(&tokenizer_path, &tokenizer)?;
     write(&config_path, &config)?;
+    if let Some(generation) = generation_config(file) {
+        write(&folder.join("generation_config.json"), &generation)?;
+    }
     Ok(tokenizer_path)
 }
