@@ -24,13 +24,23 @@ use crate::observability::metrics;
 
 type Gcra = RateLimiter<NotKeyed, InMemoryState, DefaultClock, StateInformationMiddleware>;
 
-/// Limits of the in-memory idempotency table.
+/// Limits of the in-memory idempotency table and of the stored values, each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryLimits {
     /// Most records kept.
     pub max_records: usize,
-    /// Most bytes of recorded responses kept.
+    /// Most bytes kept, counted as the memory an entry takes ([`footprint`]): its value, its
+    /// key (held twice: by the map and the eviction queue) and the bookkeeping around them.
     pub max_bytes: usize,
+}
+
+/// What the map's bucket, the queue's slot, the strings' headers and the allocator's rounding
+/// take per entry beyond the bytes of the key and value (an estimate from their sizes).
+const ENTRY_OVERHEAD: usize = 160;
+
+/// The memory an entry of key `key` holding `held` more bytes takes.
+fn footprint(key: &str, held: usize) -> usize {
+    2 * key.len() + held + ENTRY_OVERHEAD
 }
 
 #[derive(Debug)]
@@ -79,23 +89,26 @@ impl Values {
     fn remove(&mut self, key: &str) -> bool {
         match self.entries.remove(key) {
             Some((value, _)) => {
-                self.bytes -= value.len();
+                self.bytes -= footprint(key, value.len());
                 true
             }
             None => false,
         }
     }
 
-    /// Evicts expired values, then the oldest, until one more of `adding` bytes fits.
+    /// Evicts the oldest values while they have expired, then the oldest, until one more of
+    /// `adding` bytes fits. Each put looks at as many entries as it evicts (values share one
+    /// lifetime, so the oldest expire first).
     fn make_room(&mut self, limits: MemoryLimits, adding: usize, now: Instant) {
-        let expired: Vec<String> = self
-            .entries
-            .iter()
-            .filter(|(_, (_, until))| *until <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in expired {
-            self.remove(&key);
+        while let Some(key) = self.order.front() {
+            match self.entries.get(key) {
+                Some((_, until)) if *until > now => break,
+                _ => {
+                    if let Some(key) = self.order.pop_front() {
+                        self.remove(&key);
+                    }
+                }
+            }
         }
         while self.entries.len() >= limits.max_records || self.bytes + adding > limits.max_bytes {
             let Some(key) = self.order.pop_front() else {
@@ -258,7 +271,8 @@ impl MemoryStore {
                 Record::Done { body, .. } => Begin::Done(body.clone()),
             };
         }
-        self.make_room(&mut records, 0, now);
+        let size = footprint(key, fingerprint.len() + owner.len());
+        self.make_room(&mut records, size, now);
         records.entries.insert(
             key.to_string(),
             Entry {
@@ -269,6 +283,7 @@ impl MemoryStore {
                 },
             },
         );
+        records.bytes += size;
         records.order.push_back(key.to_string());
         metrics::idempotency_records(records.entries.len(), records.bytes);
         Begin::Started
@@ -299,6 +314,12 @@ impl MemoryStore {
                 }
             }
         }
+        // Drop queue entries whose records are gone (finished requests that failed, or whose
+        // clients left, are forgotten), so the queue stays bounded too.
+        if records.order.len() > 2 * records.entries.len() + 16 {
+            let entries = &records.entries;
+            records.order.retain(|k| entries.contains_key(k));
+        }
     }
 
     fn with_running(&self, key: &str, owner: &str, f: impl FnOnce(&mut Records)) {
@@ -314,11 +335,17 @@ impl MemoryStore {
     }
 }
 
+/// The bytes a record holds beyond its key and fingerprint.
+fn held_bytes(record: &Record) -> usize {
+    match record {
+        Record::Running { owner, .. } => owner.len(),
+        Record::Done { body, .. } => body.len(),
+    }
+}
+
 fn remove(records: &mut Records, key: &str) {
-    if let Some(entry) = records.entries.remove(key)
-        && let Record::Done { body, .. } = &entry.record
-    {
-        records.bytes -= body.len();
+    if let Some(entry) = records.entries.remove(key) {
+        records.bytes -= footprint(key, entry.fingerprint.len() + held_bytes(&entry.record));
     }
 }
 
@@ -433,12 +460,15 @@ impl Store for MemoryStore {
             }
             self.make_room(records, record.len(), now);
             if let Some(entry) = records.entries.get_mut(key) {
-                let len = record.len();
-                entry.record = Record::Done {
-                    body: record,
-                    until: now + ttl,
-                };
-                records.bytes += len;
+                let added = record.len();
+                let before = std::mem::replace(
+                    &mut entry.record,
+                    Record::Done {
+                        body: record,
+                        until: now + ttl,
+                    },
+                );
+                records.bytes = records.bytes + added - held_bytes(&before);
             }
         });
         ready(())
@@ -453,9 +483,10 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut values = lock(&self.values);
         values.remove(key);
-        if value.len() <= self.limits.max_bytes {
-            values.make_room(self.limits, value.len(), now);
-            values.bytes += value.len();
+        let size = footprint(key, value.len());
+        if size <= self.limits.max_bytes {
+            values.make_room(self.limits, size, now);
+            values.bytes += size;
             values.entries.insert(key.to_string(), (value, now + ttl));
             values.order.push_back(key.to_string());
         }
@@ -537,7 +568,11 @@ mod tests {
         run(s.put("a", b"one".to_vec(), Duration::from_secs(60)));
         run(s.put("a", b"two".to_vec(), Duration::from_secs(60)));
         assert_eq!(get(&s, "a"), Some(b"two".to_vec()));
-        assert_eq!(lock(&s.values).bytes, 3);
+        assert_eq!(
+            lock(&s.values).bytes,
+            footprint("a", 3),
+            "the key's and entry's too"
+        );
         assert_eq!(run(s.delete("a")), Some(true));
         assert_eq!(run(s.delete("a")), Some(false));
         assert_eq!(get(&s, "a"), None);
@@ -547,7 +582,8 @@ mod tests {
 
     #[test]
     fn values_are_bounded_by_count_and_bytes_oldest_first() {
-        let s = store(2, 10);
+        let budget = 2 * footprint("a", 5);
+        let s = store(2, budget);
         for key in ["a", "b", "c"] {
             run(s.put(key, b"1234".to_vec(), Duration::from_secs(60)));
         }
@@ -556,12 +592,26 @@ mod tests {
         run(s.put("d", b"12345678".to_vec(), Duration::from_secs(60)));
         let values = lock(&s.values);
         assert!(
-            values.bytes <= 10 && values.entries.len() <= 2,
+            values.bytes <= budget && values.entries.len() <= 2,
             "{values:?}"
         );
         drop(values);
         assert!(get(&s, "d").is_some());
-        run(s.put("huge", vec![0; 11], Duration::from_secs(60)));
+        run(s.put("huge", vec![0; budget], Duration::from_secs(60)));
         assert_eq!(get(&s, "huge"), None, "larger than the whole budget");
+    }
+
+    #[test]
+    fn forgotten_records_leave_no_trace_in_the_eviction_queue() {
+        let s = store(1000, 1 << 20);
+        for i in 0..10_000 {
+            let key = format!("k{i}");
+            let begun = run(s.begin(&key, "fp", "me", Duration::from_secs(60)));
+            assert!(matches!(begun, Some(Begin::Started)));
+            run(s.abandon(&key, "me"));
+        }
+        let records = lock(&s.records);
+        assert!(records.entries.is_empty() && records.bytes == 0);
+        assert!(records.order.len() <= 16 + 1, "{}", records.order.len());
     }
 }
