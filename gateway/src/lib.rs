@@ -25,7 +25,8 @@
 //!
 //! Beside it, `/admin/v1` goes through `routes` (`admin`: an administrator's credential, a
 //! client certificate when required) to [`admin`], which commits a change to the shared state
-//! with its audit entry and swaps [`tenancy`]'s directory and [`engine_host`]'s model map.
+//! with its keyed audit entry and swaps [`tenancy`]'s directory and [`engine_host`]'s model map
+//! (and puts the newest state back into a store that lost it).
 //!
 //! Back up: `protocols::render` drives the protocol's renderer over the generation into typed
 //! items, or `protocols::deliver` folds it into one answer; `routes::sse` frames those as

@@ -29,7 +29,10 @@ THINKING = f"<think>{THOUGHT}</think>\n\n{ANSWER}"
 STRAY_CALL = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
 # What the chat template puts before a tool's result (the `agent` model answers it with text).
 TOOL_RESULT = "<|start_header_id|>ipython<|end_header_id|>"
-SCRIPTS = {"tools": TOOL_CALL, "thinker": THINKING, "strays": STRAY_CALL}
+# What the `repeater` model answers: the same hermes call three times (a small model forced to
+# call does so until max_tokens).
+REPEATED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n' * 3 + "Done."
+SCRIPTS = {"tools": TOOL_CALL, "thinker": THINKING, "strays": STRAY_CALL, "repeater": REPEATED_CALL}
 
 # Each simulator model has one job in the tests.
 SIM_MODELS = {
@@ -47,12 +50,13 @@ SIM_MODELS = {
     # Echoes its prompt, in a context of 512 tokens (truncation, compaction).
     "short": 'output = { mode = "echo" }',
     "strays": "output = { mode = \"script\", tokens = %s }",
+    "repeater": "output = { mode = \"script\", tokens = %s }",
     # Calls one of the tools offered, then answers a tool's result with text.
     "agent": 'output = { mode = "random", length = [4, 12] }\ntool_calls = { rate = 1.0, result_marker = %s }',
 }
 # Extra keys of the gateway's own model entries.
 GATEWAY_MODELS = {"tools": 'tool_call_parser = "llama3_json"', "thinker": "reasoning = {}", "reasoner": "reasoning = {}",
-                  "short": "context_length = 512", "strays": 'tool_call_parser = "hermes"',
+                  "short": "context_length = 512", "strays": 'tool_call_parser = "hermes"', "repeater": 'tool_call_parser = "hermes"',
                   "agent": 'tool_call_parser = "llama3_json"'}
 
 

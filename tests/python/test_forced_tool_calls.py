@@ -170,3 +170,19 @@ def test_a_strict_function_holds_a_call_to_its_schema_once_it_begins(gateway):
                              tools=[{"type": "function", "name": "get_weather", "parameters": WEATHER}])
     [call] = [item for item in r.output if item.type == "function_call"]
     jsonschema.validate(json.loads(call.arguments), WEATHER)
+
+
+def test_a_repeated_call_ends_the_answer(gateway):
+    # The `repeater` simulator model writes one call three times, then text: the call comes back
+    # once and the answer ends there, as tool_calls, streamed and not.
+    sim = openai.OpenAI(base_url=f"{gateway}/v1", api_key="sk-unused", max_retries=0)
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+    r = sim.chat.completions.create(model="repeater", messages=MESSAGES, tools=[tool], max_tokens=200)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content, choice
+    assert [json.loads(c.function.arguments) for c in choice.message.tool_calls] == [{"city": "Oslo"}]
+    chunks = list(sim.chat.completions.create(model="repeater", messages=MESSAGES, tools=[tool], max_tokens=200,
+                                              stream=True))
+    indices = {d.index for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []}
+    assert indices == {0}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]

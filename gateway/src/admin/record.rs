@@ -64,8 +64,9 @@ pub fn load(path: &Path) -> Result<Option<(u64, StateRecord)>, String> {
     Ok(Some((file.revision, record)))
 }
 
-/// Writes `record` at `revision` to `path` whole: a new file renamed over the old one, so a
-/// crash leaves the old state or the new one, never part of one.
+/// Writes `record` at `revision` to `path` whole: a new file (readable by this user only: it
+/// holds the keys' hashes) renamed over the old one, so a crash leaves the old state or the new
+/// one, never part of one.
 pub fn save(path: &Path, revision: u64, record: &StateRecord) -> std::io::Result<()> {
     let file = StateFile {
         revision,
@@ -76,7 +77,15 @@ pub fn save(path: &Path, revision: u64, record: &StateRecord) -> std::io::Result
     let mut name = path.as_os_str().to_owned();
     name.push(".tmp");
     let temporary = std::path::PathBuf::from(name);
-    let mut out = std::fs::File::create(&temporary)?;
+    let mut out = {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)?
+    };
     out.write_all(&bytes)?;
     out.sync_all()?;
     std::fs::rename(&temporary, path)
@@ -110,6 +119,9 @@ mod tests {
         save(&path, 7, &StateRecord::default()).unwrap();
         save(&path, 8, &StateRecord::default()).unwrap();
         assert_eq!(load(&path).unwrap(), Some((8, StateRecord::default())));
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "it holds the keys' hashes");
         std::fs::write(&path, b"{").unwrap();
         assert!(load(&path).is_err());
     }
