@@ -195,11 +195,11 @@ async fn text_that_is_not_an_offered_call_stays_text() {
 
 #[tokio::test]
 async fn tools_that_cannot_be_honoured_are_refused_by_name() {
+    // A model whose configuration names no tool-call format reads calls in the one its
+    // template teaches (else Hermes blocks): offering it tools is no error.
     let app = app_saying("hello", None);
     let reply = post(&app, "/v1/chat/completions", &request(json!({}))).await;
-    let error = error_of(&reply, 400);
-    assert_eq!(error["param"], "tools");
-    assert_eq!(error["code"], "unsupported_parameter");
+    assert_eq!(reply.status, 200, "{}", reply.body);
     // Offering tools the model may not call is harmless.
     let reply = post(
         &app,

@@ -16,6 +16,7 @@ use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 
 use super::revisions::Revisions;
+use super::values::{Values, footprint};
 use super::{
     Begin, Commit, Level, Revision, Store, StoreError, StoreFuture, Take, Window, level_of, refill,
     time_to,
@@ -32,15 +33,6 @@ pub struct MemoryLimits {
     /// Most bytes kept, counted as the memory an entry takes ([`footprint`]): its value, its
     /// key (held twice: by the map and the eviction queue) and the bookkeeping around them.
     pub max_bytes: usize,
-}
-
-/// What the map's bucket, the queue's slot, the strings' headers and the allocator's rounding
-/// take per entry beyond the bytes of the key and value (an estimate from their sizes).
-const ENTRY_OVERHEAD: usize = 160;
-
-/// The memory an entry of key `key` holding `held` more bytes takes.
-fn footprint(key: &str, held: usize) -> usize {
-    2 * key.len() + held + ENTRY_OVERHEAD
 }
 
 #[derive(Debug)]
@@ -74,54 +66,6 @@ pub(crate) struct MemoryStore {
     records: Mutex<Records>,
     values: Mutex<Values>,
     revisions: Revisions,
-}
-
-/// Stored values (responses), bounded like the idempotency records.
-#[derive(Debug, Default)]
-struct Values {
-    entries: HashMap<String, (Vec<u8>, Instant)>,
-    /// Keys in insertion order, for eviction (may hold keys already removed or replaced).
-    order: VecDeque<String>,
-    bytes: usize,
-}
-
-impl Values {
-    fn remove(&mut self, key: &str) -> bool {
-        match self.entries.remove(key) {
-            Some((value, _)) => {
-                self.bytes -= footprint(key, value.len());
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Evicts the oldest values while they have expired, then the oldest, until one more of
-    /// `adding` bytes fits. Each put looks at as many entries as it evicts (values share one
-    /// lifetime, so the oldest expire first).
-    fn make_room(&mut self, limits: MemoryLimits, adding: usize, now: Instant) {
-        while let Some(key) = self.order.front() {
-            match self.entries.get(key) {
-                Some((_, until)) if *until > now => break,
-                _ => {
-                    if let Some(key) = self.order.pop_front() {
-                        self.remove(&key);
-                    }
-                }
-            }
-        }
-        while self.entries.len() >= limits.max_records || self.bytes + adding > limits.max_bytes {
-            let Some(key) = self.order.pop_front() else {
-                break;
-            };
-            self.remove(&key);
-        }
-        // Drop order entries whose keys are gone, so the queue stays bounded too.
-        if self.order.len() > 2 * self.entries.len() + 16 {
-            let entries = &self.entries;
-            self.order.retain(|k| entries.contains_key(k));
-        }
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -17,6 +17,7 @@ pub(crate) mod health;
 pub(crate) mod memory;
 pub(crate) mod redis;
 pub(crate) mod revisions;
+pub(crate) mod values;
 
 use std::fmt::Debug;
 use std::future::Future;
