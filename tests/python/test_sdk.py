@@ -220,7 +220,7 @@ def test_each_error_class_raised_by_the_sdk(client):
         (openai.BadRequestError, dict(model="chat", messages=HELLO, max_tokens=100_000), "max_tokens"),
         (openai.NotFoundError, dict(model="absent", messages=HELLO), "model"),
         (
-            openai.UnprocessableEntityError,
+            openai.BadRequestError,
             dict(model="chat", messages=HELLO, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}),
             "response_format.json_schema.schema",
         ),

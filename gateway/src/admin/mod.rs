@@ -313,7 +313,6 @@ impl Admin {
         if_match: Option<u64>,
     ) -> Result<(u64, Applied), AdminError> {
         let _one = self.writer.lock().await;
-        let store = Arc::clone(self.tenancy.store());
         for _ in 0..TRIES {
             let current = self.read().await?;
             if current.revision < self.snapshot().revision {
@@ -345,28 +344,8 @@ impl Admin {
                 previous,
                 (actor, change.action(), target),
             )?;
-            let kept = StateRecord {
-                doc,
-                audit: Some(Anchor {
-                    revision: entry.revision,
-                    hash: entry.hash.clone(),
-                }),
-            };
-            let committed = store
-                .commit(Commit {
-                    key: STATE_KEY,
-                    expected: current.revision,
-                    number: entry.revision,
-                    value: kept
-                        .encode()
-                        .map_err(|e| AdminError::Internal(e.to_string()))?,
-                    log: AUDIT_KEY,
-                    entry: serde_json::to_vec(&entry)
-                        .map_err(|e| AdminError::Internal(e.to_string()))?,
-                    restart_log: false,
-                    keep: self.settings.audit_keep,
-                })
-                .await?;
+            let kept = StateRecord::anchored(doc, &entry);
+            let committed = self.commit(current.revision, &entry, &kept, false).await?;
             if !committed {
                 continue;
             }
@@ -378,6 +357,30 @@ impl Admin {
             return Ok((entry.revision, applied));
         }
         Err(AdminError::Contended)
+    }
+
+    /// Commits `kept` as revision `entry.revision` against the store's `expected` revision,
+    /// with `entry` appended to the audit log (or starting it again, `restart_log`), in one
+    /// step; whether it committed.
+    async fn commit(
+        &self,
+        expected: u64,
+        entry: &AuditEntry,
+        kept: &StateRecord,
+        restart_log: bool,
+    ) -> Result<bool, AdminError> {
+        let internal = |e: serde_json::Error| AdminError::Internal(e.to_string());
+        let commit = Commit {
+            key: STATE_KEY,
+            expected,
+            number: entry.revision,
+            value: kept.encode().map_err(internal)?,
+            log: AUDIT_KEY,
+            entry: serde_json::to_vec(entry).map_err(internal)?,
+            restart_log,
+            keep: self.settings.audit_keep,
+        };
+        Ok(self.tenancy.store().commit(commit).await?)
     }
 
     /// The MAC the next entry after `current` names: the record's anchor, or for a record

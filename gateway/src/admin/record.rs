@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::audit::Anchor;
+use super::audit::{Anchor, AuditEntry};
 use super::changes::AdminDoc;
 
 /// The store's record of the admin state.
@@ -23,6 +23,17 @@ pub struct StateRecord {
 }
 
 impl StateRecord {
+    /// `doc`, anchored at `entry`, the audit entry that makes it.
+    pub fn anchored(doc: AdminDoc, entry: &AuditEntry) -> Self {
+        Self {
+            doc,
+            audit: Some(Anchor {
+                revision: entry.revision,
+                hash: entry.hash.clone(),
+            }),
+        }
+    }
+
     /// Reads a stored record; a bare document (as records were first written) has no anchor.
     pub fn decode(bytes: &[u8]) -> Result<Self, serde_json::Error> {
         serde_json::from_slice::<Self>(bytes).or_else(|first| {

@@ -17,11 +17,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::audit::{Anchor, AuditEntry};
+use super::audit::AuditEntry;
 use super::record::StateRecord;
-use super::{AUDIT_KEY, Actor, Admin, AdminError, STATE_KEY, Snapshot};
+use super::{AUDIT_KEY, Actor, Admin, AdminError, Snapshot};
 use crate::observability::metrics;
-use crate::store::Commit;
 
 /// The claim: the newest revision a replica that saw the store behind it holds.
 const CLAIM_KEY: &str = "tp:admin:restore_claim";
@@ -123,28 +122,8 @@ impl Admin {
             previous,
             (&actor, "state.restore", target),
         )?;
-        let kept = StateRecord {
-            doc: held.doc.clone(),
-            audit: Some(Anchor {
-                revision,
-                hash: entry.hash.clone(),
-            }),
-        };
-        let committed = Arc::clone(self.tenancy.store())
-            .commit(Commit {
-                key: STATE_KEY,
-                expected: current.revision,
-                number: revision,
-                value: kept
-                    .encode()
-                    .map_err(|e| AdminError::Internal(e.to_string()))?,
-                log: AUDIT_KEY,
-                entry: serde_json::to_vec(&entry)
-                    .map_err(|e| AdminError::Internal(e.to_string()))?,
-                restart_log: true,
-                keep: self.settings.audit_keep,
-            })
-            .await?;
+        let kept = StateRecord::anchored(held.doc.clone(), &entry);
+        let committed = self.commit(current.revision, &entry, &kept, true).await?;
         if !committed {
             // Another writer moved the store on; the caller looks again.
             return Ok(false);
