@@ -56,6 +56,16 @@ pub struct Anchor {
     pub hash: String,
 }
 
+impl Anchor {
+    /// The anchor of `entry`, the newest one.
+    pub fn of(entry: &AuditEntry) -> Self {
+        Self {
+            revision: entry.revision,
+            hash: entry.hash.clone(),
+        }
+    }
+}
+
 /// What an audit read asks for.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -42,7 +42,6 @@ use std::sync::{Arc, RwLock};
 use audit::{Anchor, AuditEntry, AuditQuery, ChainBreak, check_chain, digest};
 pub use changes::{AdminDoc, Applied, Change, KeySpec};
 pub use error::AdminError;
-use record::StateRecord;
 pub use settings::AdminSettings;
 
 use crate::engine_host::ModelRegistry;
@@ -66,14 +65,16 @@ pub struct Actor {
     pub certificate: Option<String>,
 }
 
-/// The admin state in force here.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// The admin state in force here (and, as it is, in `admin.state_file`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Snapshot {
     /// Its revision (0: none committed yet).
     pub revision: u64,
     /// The state.
     pub doc: AdminDoc,
     /// The audit chain's newest entry when this revision was made.
+    #[serde(default)]
     pub audit: Option<Anchor>,
 }
 
@@ -142,8 +143,9 @@ impl Admin {
         };
         match record::load(path) {
             Ok(None) => {}
-            Ok(Some((revision, kept))) => match self.install(revision, kept) {
+            Ok(Some(kept)) => match self.install(kept) {
                 Ok(()) => {
+                    let revision = self.snapshot().revision;
                     tracing::info!(revision, file = %path.display(), "admin state read from the state file")
                 }
                 Err(e) => {
@@ -183,31 +185,32 @@ impl Admin {
             .map_err(AdminError::Invalid)
     }
 
-    fn install(&self, revision: u64, kept: StateRecord) -> Result<(), String> {
-        let StateRecord { doc, audit } = kept;
+    fn install(&self, snapshot: Snapshot) -> Result<(), String> {
+        let doc = &snapshot.doc;
         self.registry.check_map(&doc.models)?;
         self.tenancy
             .install_managed(Arc::new(doc.directory.clone()))?;
         self.registry.set_map(doc.models.clone())?;
-        let snapshot = Arc::new(Snapshot {
-            revision,
-            doc,
-            audit,
-        });
+        let revision = snapshot.revision;
+        if let Some(path) = &self.settings.state_file
+            && let Err(e) = record::save(path, &snapshot)
+        {
+            tracing::error!(error = %e, file = %path.display(), revision, "admin state not written to the state file");
+        }
         *self
             .current
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::clone(&snapshot);
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(snapshot);
         metrics::admin_revision(revision);
-        if let Some(path) = &self.settings.state_file {
-            let kept = StateRecord {
-                doc: snapshot.doc.clone(),
-                audit: snapshot.audit.clone(),
-            };
-            if let Err(e) = record::save(path, revision, &kept) {
-                tracing::error!(error = %e, file = %path.display(), revision, "admin state not written to the state file");
-            }
-        }
+        Ok(())
+    }
+
+    /// Installs a newer revision read from the store.
+    fn adopt(&self, snapshot: Snapshot) -> Result<(), AdminError> {
+        let revision = snapshot.revision;
+        self.install(snapshot)
+            .map_err(|e| AdminError::Invalid(format!("admin state revision {revision}: {e}")))?;
+        tracing::info!(target: "turnpike::audit", event = "admin_state_installed", revision, "admin state installed from the shared store");
         Ok(())
     }
 
@@ -216,16 +219,11 @@ impl Admin {
         let Some(found) = self.tenancy.store().read_revision(STATE_KEY).await? else {
             return Ok(Snapshot::default());
         };
-        let kept = StateRecord::decode(&found.value).map_err(|e| {
+        record::decode(found.number, &found.value).map_err(|e| {
             AdminError::Internal(format!(
                 "admin state revision {} is unreadable: {e}",
                 found.number
             ))
-        })?;
-        Ok(Snapshot {
-            revision: found.number,
-            doc: kept.doc,
-            audit: kept.audit,
         })
     }
 
@@ -245,14 +243,7 @@ impl Admin {
         if snapshot.revision <= self.snapshot().revision {
             return Ok(false);
         }
-        let revision = snapshot.revision;
-        let kept = StateRecord {
-            doc: snapshot.doc,
-            audit: snapshot.audit,
-        };
-        self.install(revision, kept)
-            .map_err(|e| AdminError::Invalid(format!("admin state revision {revision}: {e}")))?;
-        tracing::info!(target: "turnpike::audit", event = "admin_state_installed", revision, "admin state installed from the shared store");
+        self.adopt(snapshot)?;
         Ok(true)
     }
 
@@ -344,14 +335,18 @@ impl Admin {
                 previous,
                 (actor, change.action(), target),
             )?;
-            let kept = StateRecord::anchored(doc, &entry);
-            let committed = self.commit(current.revision, &entry, &kept, false).await?;
+            let next = Snapshot {
+                revision: entry.revision,
+                doc,
+                audit: Some(Anchor::of(&entry)),
+            };
+            let committed = self.commit(current.revision, &entry, &next, false).await?;
             if !committed {
                 continue;
             }
             self.record(&entry);
             // The commit stands; if this replica cannot install it, its sync says why.
-            if let Err(e) = self.install(entry.revision, kept) {
+            if let Err(e) = self.install(next) {
                 tracing::error!(error = %e, revision = entry.revision, "committed admin state not installed here");
             }
             return Ok((entry.revision, applied));
@@ -359,22 +354,22 @@ impl Admin {
         Err(AdminError::Contended)
     }
 
-    /// Commits `kept` as revision `entry.revision` against the store's `expected` revision,
-    /// with `entry` appended to the audit log (or starting it again, `restart_log`), in one
-    /// step; whether it committed.
+    /// Commits `next` against the store's `expected` revision, with its audit `entry`
+    /// appended to the log (or starting it again, `restart_log`), in one step; whether it
+    /// committed.
     async fn commit(
         &self,
         expected: u64,
         entry: &AuditEntry,
-        kept: &StateRecord,
+        next: &Snapshot,
         restart_log: bool,
     ) -> Result<bool, AdminError> {
         let internal = |e: serde_json::Error| AdminError::Internal(e.to_string());
         let commit = Commit {
             key: STATE_KEY,
             expected,
-            number: entry.revision,
-            value: kept.encode().map_err(internal)?,
+            number: next.revision,
+            value: record::encode(next).map_err(internal)?,
             log: AUDIT_KEY,
             entry: serde_json::to_vec(entry).map_err(internal)?,
             restart_log,

@@ -1,90 +1,76 @@
 //! The admin state as it is kept: the store's record (the document and the anchor of the audit
-//! chain, its newest entry's revision and MAC) and this replica's own copy on disk
-//! (`admin.state_file`), written on every install so a replica that starts against a store that
-//! lost the state still holds the newest one it saw and puts it back.
+//! chain, its newest entry's revision and MAC; the revision is the store's) and this replica's
+//! own copy on disk (`admin.state_file`: a [`Snapshot`] as it is), written on every install so
+//! a replica that starts against a store that lost the state still holds the newest one it saw
+//! and puts it back.
 
 use std::io::Write as _;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::audit::{Anchor, AuditEntry};
+use super::Snapshot;
+use super::audit::Anchor;
 use super::changes::AdminDoc;
 
-/// The store's record of the admin state.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// The store's record, as read.
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct StateRecord {
-    /// The state.
-    pub doc: AdminDoc,
-    /// The audit chain's newest entry (absent in records written before the chain had one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub audit: Option<Anchor>,
-}
-
-impl StateRecord {
-    /// `doc`, anchored at `entry`, the audit entry that makes it.
-    pub fn anchored(doc: AdminDoc, entry: &AuditEntry) -> Self {
-        Self {
-            doc,
-            audit: Some(Anchor {
-                revision: entry.revision,
-                hash: entry.hash.clone(),
-            }),
-        }
-    }
-
-    /// Reads a stored record; a bare document (as records were first written) has no anchor.
-    pub fn decode(bytes: &[u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_slice::<Self>(bytes).or_else(|first| {
-            serde_json::from_slice::<AdminDoc>(bytes)
-                .map(|doc| Self { doc, audit: None })
-                .map_err(|_| first)
-        })
-    }
-
-    /// The stored form.
-    pub fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
-        serde_json::to_vec(self)
-    }
-}
-
-/// The state file: a record and its revision.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StateFile {
-    revision: u64,
+struct Stored {
     doc: AdminDoc,
+    /// Absent in records written before the chain had an anchor.
     #[serde(default)]
     audit: Option<Anchor>,
 }
 
-/// The revision and record `path` holds; `None` when there is no file yet.
-pub fn load(path: &Path) -> Result<Option<(u64, StateRecord)>, String> {
+/// The store's record, as written.
+#[derive(Serialize)]
+struct StoredRef<'a> {
+    doc: &'a AdminDoc,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    audit: Option<&'a Anchor>,
+}
+
+/// The snapshot a record of revision `revision` holds; a bare document (as records were first
+/// written) has no anchor.
+pub fn decode(revision: u64, bytes: &[u8]) -> Result<Snapshot, serde_json::Error> {
+    let stored = serde_json::from_slice::<Stored>(bytes).or_else(|first| {
+        serde_json::from_slice::<AdminDoc>(bytes)
+            .map(|doc| Stored { doc, audit: None })
+            .map_err(|_| first)
+    })?;
+    Ok(Snapshot {
+        revision,
+        doc: stored.doc,
+        audit: stored.audit,
+    })
+}
+
+/// The record of `snapshot` (its revision is the store's own).
+pub fn encode(snapshot: &Snapshot) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(&StoredRef {
+        doc: &snapshot.doc,
+        audit: snapshot.audit.as_ref(),
+    })
+}
+
+/// The snapshot `path` holds; `None` when there is no file yet.
+pub fn load(path: &Path) -> Result<Option<Snapshot>, String> {
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
-    let file: StateFile =
-        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-    let record = StateRecord {
-        doc: file.doc,
-        audit: file.audit,
-    };
-    Ok(Some((file.revision, record)))
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Writes `record` at `revision` to `path` whole: a new file (readable by this user only: it
-/// holds the keys' hashes) renamed over the old one, so a crash leaves the old state or the new
-/// one, never part of one.
-pub fn save(path: &Path, revision: u64, record: &StateRecord) -> std::io::Result<()> {
-    let file = StateFile {
-        revision,
-        doc: record.doc.clone(),
-        audit: record.audit.clone(),
-    };
-    let bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
+/// Writes `snapshot` to `path` whole: a new file (readable by this user only: it holds the
+/// keys' hashes) renamed over the old one, so a crash leaves the old state or the new one,
+/// never part of one.
+pub fn save(path: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(snapshot).map_err(std::io::Error::other)?;
     let mut name = path.as_os_str().to_owned();
     name.push(".tmp");
     let temporary = std::path::PathBuf::from(name);
@@ -108,18 +94,25 @@ mod tests {
 
     #[test]
     fn records_read_back_with_or_without_their_anchor() {
-        let anchored = StateRecord {
+        let anchored = Snapshot {
+            revision: 3,
             doc: AdminDoc::default(),
             audit: Some(Anchor {
                 revision: 3,
                 hash: "ab".into(),
             }),
         };
-        let bytes = anchored.encode().unwrap();
-        assert_eq!(StateRecord::decode(&bytes).unwrap(), anchored);
+        let bytes = encode(&anchored).unwrap();
+        assert_eq!(decode(3, &bytes).unwrap(), anchored);
         let bare = serde_json::to_vec(&AdminDoc::default()).unwrap();
-        assert_eq!(StateRecord::decode(&bare).unwrap(), StateRecord::default());
-        assert!(StateRecord::decode(b"{\"doc\": 1}").is_err());
+        assert_eq!(
+            decode(2, &bare).unwrap(),
+            Snapshot {
+                revision: 2,
+                ..Snapshot::default()
+            }
+        );
+        assert!(decode(1, b"{\"doc\": 1}").is_err());
     }
 
     #[test]
@@ -127,9 +120,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("admin-state.json");
         assert_eq!(load(&path).unwrap(), None);
-        save(&path, 7, &StateRecord::default()).unwrap();
-        save(&path, 8, &StateRecord::default()).unwrap();
-        assert_eq!(load(&path).unwrap(), Some((8, StateRecord::default())));
+        let at = |revision| Snapshot {
+            revision,
+            ..Snapshot::default()
+        };
+        save(&path, &at(7)).unwrap();
+        save(&path, &at(8)).unwrap();
+        assert_eq!(load(&path).unwrap(), Some(at(8)));
         use std::os::unix::fs::PermissionsExt as _;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "it holds the keys' hashes");

@@ -17,8 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::audit::AuditEntry;
-use super::record::StateRecord;
+use super::audit::{Anchor, AuditEntry};
 use super::{AUDIT_KEY, Actor, Admin, AdminError, Snapshot};
 use crate::observability::metrics;
 
@@ -42,14 +41,7 @@ impl Admin {
             let held = self.snapshot();
             if current.revision >= held.revision {
                 if current.revision > held.revision {
-                    let revision = current.revision;
-                    let kept = StateRecord {
-                        doc: current.doc,
-                        audit: current.audit,
-                    };
-                    self.install(revision, kept).map_err(|e| {
-                        AdminError::Invalid(format!("admin state revision {revision}: {e}"))
-                    })?;
+                    self.adopt(current)?;
                 }
                 self.regression_over();
                 return Ok(());
@@ -122,14 +114,18 @@ impl Admin {
             previous,
             (&actor, "state.restore", target),
         )?;
-        let kept = StateRecord::anchored(held.doc.clone(), &entry);
-        let committed = self.commit(current.revision, &entry, &kept, true).await?;
+        let next = Snapshot {
+            revision,
+            doc: held.doc.clone(),
+            audit: Some(Anchor::of(&entry)),
+        };
+        let committed = self.commit(current.revision, &entry, &next, true).await?;
         if !committed {
             // Another writer moved the store on; the caller looks again.
             return Ok(false);
         }
         self.record(&entry);
-        if let Err(e) = self.install(revision, kept) {
+        if let Err(e) = self.install(next) {
             tracing::error!(error = %e, revision, "restored admin state not installed here");
         }
         metrics::admin_state_restored();

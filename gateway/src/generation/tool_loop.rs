@@ -248,13 +248,22 @@ impl ToolLoop {
         let future = async move {
             let host = generator.plugins();
             let tenant = caller.principal.tenant.name.clone();
+            // Each answer as the model is shown it: at most its plugin's token budget.
+            let tokenizer = &generator.model_for(&caller, &request.model)?.tokenizer;
             let runs = pending.iter().map(|&i| {
                 let (call_id, name, arguments) = &round.server_calls[i];
                 let tool = tools.iter().find(|t| &t.spec.name == name);
                 let (host, tenant, model) = (&host, &tenant, &request.model);
                 async move {
                     let output = match tool {
-                        Some(tool) => host.run_tool(tool, arguments, tenant, model).await,
+                        Some(tool) => {
+                            host.run_tool(tool, arguments, tenant, model)
+                                .await
+                                .map(|text| {
+                                    let budget = host.result_tokens(tool);
+                                    super::tool_result::bounded(text, budget, tokenizer)
+                                })
+                        }
                         None => Err(format!("no server tool `{name}`")),
                     };
                     ServerToolRun {
@@ -269,21 +278,7 @@ impl ToolLoop {
                     }
                 }
             });
-            let mut results: Vec<ServerToolRun> = futures_util::future::join_all(runs).await;
-            // Each answer as the model is shown it: at most its plugin's token budget.
-            let model = generator.model_for(&caller, &request.model)?;
-            for run in &mut results {
-                let budget = tools
-                    .iter()
-                    .find(|t| t.spec.name == run.name)
-                    .map_or(4096, |t| host.result_tokens(t));
-                if let Ok(text) = &run.output
-                    && let std::borrow::Cow::Owned(shown) =
-                        super::tool_result::bounded(text, budget, &model.tokenizer)
-                {
-                    run.output = Ok(shown);
-                }
-            }
+            let results: Vec<ServerToolRun> = futures_util::future::join_all(runs).await;
             let mut request = request;
             if let Prompt::Chat { messages, .. } = &mut request.prompt {
                 for run in &results {

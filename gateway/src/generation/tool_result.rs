@@ -4,30 +4,28 @@
 //! of failing the request. Only a window of the text a little longer than the budget can fill
 //! is tokenized, however long the answer.
 
-use std::borrow::Cow;
-
 use crate::text::tokenizer::TextTokenizer;
 
 /// The most bytes one token is taken to hold, for the window that is tokenized.
 const BYTES_PER_TOKEN: usize = 16;
 
 /// `text` cut to at most `budget` tokens of `tokenizer`, with a note of what was left out.
-pub(crate) fn bounded<'a>(text: &'a str, budget: usize, tokenizer: &TextTokenizer) -> Cow<'a, str> {
+pub(crate) fn bounded(text: String, budget: usize, tokenizer: &TextTokenizer) -> String {
     // No token holds less than a byte.
     if text.len() <= budget {
-        return Cow::Borrowed(text);
+        return text;
     }
-    let window = prefix(text, budget.saturating_mul(BYTES_PER_TOKEN));
+    let window = prefix(&text, budget.saturating_mul(BYTES_PER_TOKEN));
     let Ok(ids) = tokenizer.encode(window, false) else {
-        return Cow::Owned(cut(prefix(text, budget), text.len(), budget));
+        return cut(prefix(&text, budget), text.len(), budget);
     };
     if ids.len() <= budget && window.len() == text.len() {
-        return Cow::Borrowed(text);
+        return text;
     }
     let kept = tokenizer
         .decode(&ids[..budget.min(ids.len())], false)
-        .unwrap_or_else(|_| prefix(text, budget).to_string());
-    Cow::Owned(cut(&kept, text.len(), budget))
+        .unwrap_or_else(|_| prefix(&text, budget).to_string());
+    cut(&kept, text.len(), budget)
 }
 
 fn cut(kept: &str, total: usize, budget: usize) -> String {
@@ -61,9 +59,9 @@ mod tests {
     #[test]
     fn a_short_answer_is_kept_whole_and_a_long_one_is_cut_to_the_budget() {
         let t = tokenizer();
-        assert_eq!(bounded("a short answer", 64, &t), "a short answer");
+        assert_eq!(bounded("a short answer".into(), 64, &t), "a short answer");
         let long = "the quick brown fox jumps over the lazy dog. ".repeat(200_000);
-        let shown = bounded(&long, 100, &t);
+        let shown = bounded(long.clone(), 100, &t);
         let body = shown.split("\n[The tool's answer was cut").next().unwrap();
         assert!(t.encode(body, false).unwrap().len() <= 100);
         assert!(shown.contains(&format!(
@@ -71,6 +69,6 @@ mod tests {
             long.len()
         )));
         let fits = "word ".repeat(50);
-        assert_eq!(bounded(&fits, 200, &t), fits.as_str());
+        assert_eq!(bounded(fits.clone(), 200, &t), fits);
     }
 }

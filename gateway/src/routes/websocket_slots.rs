@@ -7,18 +7,22 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
 use crate::observability::metrics;
 use crate::tenancy::Tenant;
 
 /// The WebSocket connections this replica holds.
 #[derive(Debug)]
 pub struct WebSocketSlots {
-    total: Arc<Semaphore>,
     max_total: usize,
     per_tenant_default: usize,
-    open: Mutex<HashMap<String, usize>>,
+    open: Mutex<Open>,
+}
+
+/// The connections open: in all, and per tenant with any.
+#[derive(Debug, Default)]
+struct Open {
+    total: usize,
+    by_tenant: HashMap<String, usize>,
 }
 
 /// Why a connection gets no slot.
@@ -33,7 +37,6 @@ pub enum NoSlot {
 /// One open connection's place.
 #[derive(Debug)]
 pub struct Slot {
-    _permit: OwnedSemaphorePermit,
     slots: Arc<WebSocketSlots>,
     tenant: String,
 }
@@ -42,7 +45,6 @@ impl WebSocketSlots {
     /// At most `max_total` connections, `per_tenant` for a tenant whose plan does not say.
     pub fn new(max_total: usize, per_tenant: usize) -> Arc<Self> {
         Arc::new(Self {
-            total: Arc::new(Semaphore::new(max_total)),
             max_total,
             per_tenant_default: per_tenant,
             open: Mutex::default(),
@@ -55,26 +57,27 @@ impl WebSocketSlots {
             usize::try_from(n).unwrap_or(usize::MAX)
         });
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let held = open.get(&tenant.name).copied().unwrap_or(0);
+        let held = open.by_tenant.get(&tenant.name).copied().unwrap_or(0);
         if held >= cap {
             metrics::rate_limited(&tenant.name, "websockets");
             return Err(NoSlot::Tenant(cap));
         }
-        let permit = Arc::clone(&self.total)
-            .try_acquire_owned()
-            .map_err(|_| NoSlot::Server(self.max_total))?;
-        open.insert(tenant.name.clone(), held + 1);
+        if open.total >= self.max_total {
+            return Err(NoSlot::Server(self.max_total));
+        }
+        open.total += 1;
+        open.by_tenant.insert(tenant.name.clone(), held + 1);
         Ok(Slot {
-            _permit: permit,
             slots: Arc::clone(self),
             tenant: tenant.name.clone(),
         })
     }
 
     /// Connections `tenant` holds now.
-    pub fn held_by(&self, tenant: &str) -> usize {
+    #[cfg(test)]
+    fn held_by(&self, tenant: &str) -> usize {
         let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        open.get(tenant).copied().unwrap_or(0)
+        open.by_tenant.get(tenant).copied().unwrap_or(0)
     }
 }
 
@@ -85,10 +88,11 @@ impl Drop for Slot {
             .open
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(held) = open.get_mut(&self.tenant) {
+        open.total -= 1;
+        if let Some(held) = open.by_tenant.get_mut(&self.tenant) {
             *held -= 1;
             if *held == 0 {
-                open.remove(&self.tenant);
+                open.by_tenant.remove(&self.tenant);
             }
         }
     }
@@ -125,7 +129,7 @@ mod tests {
         drop(a);
         assert_eq!(slots.held_by("acme"), 0);
         assert!(
-            slots.open.lock().unwrap().get("acme").is_none(),
+            !slots.open.lock().unwrap().by_tenant.contains_key("acme"),
             "no entry is kept for a tenant with none open"
         );
         let _more = slots.take(&big).unwrap();
