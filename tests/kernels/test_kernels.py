@@ -119,20 +119,31 @@ def test_silu_and_mul(lib):
     close(f32(out), expected, 1e-2)
 
 
-def test_rotary_rotates_q_and_k_and_writes_the_cache(lib):
+@pytest.mark.parametrize("head_norm", [False, True], ids=["plain", "qk-norm"])
+def test_rotary_rotates_q_and_k_and_writes_the_cache(lib, head_norm):
     t, hq, hkv, hd, slots_total = 4, 4, 2, 16, 32
     width = (hq + 2 * hkv) * hd
     qkv = rng.normal(size=(t, width)).astype(np.float32)
     bias = bf16(rng.normal(size=width) * 0.1)
+    q_norm, k_norm = (bf16(1 + rng.normal(size=hd) * 0.3) for _ in range(2))
+    eps = 1e-6
     positions = np.array([0, 7, 300, 12], dtype=np.int32)
     inv_freq = (1.0 / 10000 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
     slots = np.array([5, 17, -1, 30], dtype=np.int32)
     q_out = np.zeros((t, hq, hd), dtype=np.float32)
     k_cache = np.zeros((slots_total, hkv, hd), dtype=np.uint16)
     v_cache = np.zeros((slots_total, hkv, hd), dtype=np.uint16)
-    call(lib, "rotary_kv_store", (t, hq + 2 * hkv), hd // 2, qkv, bias, positions, inv_freq, slots,
-         q_out, k_cache, v_cache, hq, hkv, hd)
+    norms = (q_norm, k_norm) if head_norm else (None, None)
+    call(lib, "rotary_kv_store", (t, hq + 2 * hkv), hd // 2, qkv, bias, *norms, eps, positions,
+         inv_freq, slots, q_out, k_cache, v_cache, hq, hkv, hd)
     x = rounded(qkv + f32(bias)).reshape(t, hq + 2 * hkv, hd)
+    if head_norm:
+        # Qwen3: each q and k head RMS-normalised, rounded, then scaled by its weight.
+        heads = x[:, : hq + hkv]
+        inv = 1 / np.sqrt((heads**2).mean(axis=2, keepdims=True) + eps)
+        weight = np.concatenate([np.tile(f32(q_norm), (hq, 1)), np.tile(f32(k_norm), (hkv, 1))])
+        x = x.copy()
+        x[:, : hq + hkv] = rounded(rounded(heads * inv) * weight)
     angle = positions[:, None].astype(np.float32) * inv_freq[None, :]
     cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
     a, b = x[:, :, : hd // 2], x[:, :, hd // 2:]

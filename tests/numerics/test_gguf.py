@@ -18,9 +18,18 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("TURNPIKE_BIN", ROOT / "target/debug/turnpike"))
 TOOL = BIN.parent / "turnpike-gguf"
 
-# Types the gguf package can quantize itself, and K-quants, whose blocks the test makes.
-QUANTIZED = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1]
-K_QUANTS = {Q.Q4_K: [(0, 0.02), (2, 0.01)], Q.Q5_K: [(0, 0.02), (2, 0.01)], Q.Q6_K: [(208, 0.003)]}
+# Types the gguf package can quantize itself, and K- and IQ4 quants, whose blocks the test makes.
+QUANTIZED = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
+# Where each random block's f16 scales sit, and their size.
+K_QUANTS = {
+    Q.Q4_K: [(0, 0.02), (2, 0.01)],
+    Q.Q5_K: [(0, 0.02), (2, 0.01)],
+    Q.Q6_K: [(208, 0.003)],
+    Q.Q2_K: [(80, 0.02), (82, 0.01)],
+    Q.Q3_K: [(108, 0.02)],
+    Q.IQ4_NL: [(0, 0.02)],
+    Q.IQ4_XS: [(0, 0.02)],
+}
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -111,13 +120,16 @@ def test_metadata_and_the_tensor_table_read_back(tmp_path):
 
 def test_a_type_the_engine_does_not_load_is_named(tmp_path):
     values = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
-    path = tmp_path / "q5.gguf"
-    write(path, {"blk.0.ffn_up.weight": (gguf.quants.quantize(values, Q.Q5_0), Q.Q5_0, (4, 64))})
+    path = tmp_path / "iq2.gguf"
+    K_QUANTS[Q.IQ2_XXS] = [(0, 0.02)]
+    raw = raw_k_quant(Q.IQ2_XXS, 4, 256, np.random.default_rng(1))
+    del K_QUANTS[Q.IQ2_XXS]
+    write(path, {"blk.0.ffn_up.weight": (raw, Q.IQ2_XXS, (4, 256))})
     info = json.loads(run("info", str(path)).stdout)
-    assert info["tensors"][0]["type"] == "Q5_0"
+    assert info["tensors"][0]["type"] == "IQ2_XXS"
     failed = run("dequantize", str(path), check=False)
     assert failed.returncode == 1
-    assert "`blk.0.ffn_up.weight` is Q5_0" in failed.stderr
+    assert "`blk.0.ffn_up.weight` is IQ2_XXS" in failed.stderr
     assert "Q4_K" in failed.stderr  # it says what it does load
 
 

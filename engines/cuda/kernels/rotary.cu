@@ -5,6 +5,10 @@
 // the host computed with the model's scaling (plain, linear or llama3), so this kernel does
 // not know which. Rotation pairs element i with i + head_dim / 2 (the HF `rotate_half` form).
 //
+// When `q_norm` and `k_norm` are given (Qwen3), each query and key head is RMS-normalised
+// first (in f32, rounded to bf16, then scaled by the bf16 weight of head_dim values, as HF
+// does), before rotation.
+//
 // q heads go to `q_out` (f32 [tokens, q_heads, head_dim]); k and v heads go to the paged
 // cache at `slots[t]` (block * block_size + offset), laid out [slot, kv_heads, head_dim] in
 // bf16. A negative slot (batch padding) writes nothing.
@@ -12,6 +16,9 @@
 extern "C" __global__ void __launch_bounds__(128, 1) rotary_kv_store(
     const float* __restrict__ qkv,
     const bf16_t* __restrict__ bias,
+    const bf16_t* __restrict__ q_norm,
+    const bf16_t* __restrict__ k_norm,
+    float eps,
     const int* __restrict__ positions,
     const float* __restrict__ inv_freq,
     const int* __restrict__ slots,
@@ -26,20 +33,40 @@ extern "C" __global__ void __launch_bounds__(128, 1) rotary_kv_store(
     const int head = blockIdx.y;
     const int half = head_dim / 2;
     const int i = threadIdx.x;
-    if (i >= half) {
-        return;
-    }
+    // Every thread reaches the head norm's barrier; only the first `half` hold values.
+    const bool live = i < half;
     const int width = (q_heads + 2 * kv_heads) * head_dim;
     const int base = head * head_dim;
-    float a = qkv[t * width + base + i];
-    float b = qkv[t * width + base + i + half];
-    if (bias != 0) {
+    float a = live ? qkv[t * width + base + i] : 0.0f;
+    float b = live ? qkv[t * width + base + i + half] : 0.0f;
+    if (bias != 0 && live) {
         a += bf16_to_f32(bias[base + i]);
         b += bf16_to_f32(bias[base + i + half]);
     }
     // HF rounds the projection to bf16 before rotating.
     a = bf16_to_f32(f32_to_bf16(a));
     b = bf16_to_f32(f32_to_bf16(b));
+    if (q_norm != 0 && head < q_heads + kv_heads) {
+        // A plain sum over shared memory: a block may be narrower than a warp (head_dim < 64),
+        // where a warp shuffle would read lanes that do not exist.
+        __shared__ float squares[128];
+        squares[i] = a * a + b * b;
+        __syncthreads();
+        float sum = 0.0f;
+        for (int j = 0; j < half; ++j) {
+            sum += squares[j];
+        }
+        const float inv = rsqrtf(sum / (float)head_dim + eps);
+        if (live) {
+            const bf16_t* w = head < q_heads ? q_norm : k_norm;
+            a = bf16_to_f32(f32_to_bf16(bf16_to_f32(f32_to_bf16(a * inv)) * bf16_to_f32(w[i])));
+            b = bf16_to_f32(
+                f32_to_bf16(bf16_to_f32(f32_to_bf16(b * inv)) * bf16_to_f32(w[i + half])));
+        }
+    }
+    if (!live) {
+        return;
+    }
     const long long slot = slots[t];
     if (head < q_heads + kv_heads) {
         float s;

@@ -55,6 +55,14 @@ pub enum EngineHostError {
         /// What is wrong.
         message: String,
     },
+    /// Engines list models, but none of them can be served (none names a tokenizer).
+    #[error(
+        "no model is served: {models} name no tokenizer (put the model's tokenizer.json beside it, or configure [[models]] with a tokenizer folder)"
+    )]
+    NothingServed {
+        /// The engine models, as `engine/model`.
+        models: String,
+    },
     /// Two models claim the same public id.
     #[error("the model id `{model}` is served twice")]
     DuplicateModel {
@@ -164,6 +172,18 @@ pub fn load_with(
         })?;
         tracing::info!(model = %model.id, engine = %config.engine, context = model.context_length, "model ready");
         served.push((config, model));
+    }
+    let untokenized: Vec<String> = catalogue
+        .iter()
+        .flat_map(|(engine, list)| list.iter().map(move |m| (engine, m)))
+        .filter(|(_, m)| m.tokenizer.is_none())
+        .map(|(engine, m)| format!("`{engine}/{}`", m.id))
+        .collect();
+    if served.is_empty() && models.is_none() && !untokenized.is_empty() {
+        // A gateway that lists nothing would answer every request 404; refuse to start.
+        return Err(EngineHostError::NothingServed {
+            models: untokenized.join(", "),
+        });
     }
     if served.is_empty() {
         tracing::warn!(

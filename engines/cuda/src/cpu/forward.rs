@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::attention::{Heads, TILE_ROWS, Tile, attend_tiles};
 use super::kv::{KvStore, LayerCache};
-use super::linalg::{add_into, rms_norm, rope, silu_gate};
+use super::linalg::{add_into, head_norm, rms_norm, rope, silu_gate};
 use super::matmul::{Matrix, linear};
 use crate::device::{Chunk, DeviceError};
 use crate::model::LayeredWeights;
@@ -23,6 +23,7 @@ pub fn inverse_frequencies(spec: &ModelSpec) -> Vec<f32> {
     match spec.rope_scaling {
         RopeScaling::None => base,
         RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
+        RopeScaling::Factors(ref factors) => base.iter().zip(factors).map(|(f, s)| f / s).collect(),
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,
@@ -171,6 +172,14 @@ pub fn hidden_states(
         rms_norm(&x, vector(&layer.attn_norm)?, spec.rms_norm_eps, &mut h);
         let qkv_bias = bias(layer.qkv_bias.as_ref())?;
         linear(&h, rounded, &layer.qkv, qkv_bias, &mut qkv);
+        if let Some((q_norm, k_norm)) = &layer.qk_norm {
+            let (q_norm, k_norm) = (vector(q_norm)?, vector(k_norm)?);
+            qkv.par_chunks_mut(qkv_w).for_each(|row| {
+                let (q, k) = row[..qw + kvw].split_at_mut(qw);
+                head_norm(q, q_norm, spec.rms_norm_eps);
+                head_norm(k, k_norm, spec.rms_norm_eps);
+            });
+        }
         qkv.par_chunks_mut(qkv_w).enumerate().for_each(|(r, row)| {
             let (c, s) = (
                 &cos[r * half..(r + 1) * half],

@@ -9,12 +9,28 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     out.par_chunks_mut(d)
         .zip(x.par_chunks(d))
         .for_each(|(o, row)| {
-            let mean = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
-            let inv = 1.0 / (mean + eps).sqrt();
+            let inv = inverse_rms(row, eps);
             for ((o, v), w) in o.iter_mut().zip(row).zip(weight) {
                 *o = w * (v * inv);
             }
         });
+}
+
+/// RMSNorm of each head (width `weight.len()`) of `heads`, in place: Qwen3's query and key
+/// norms, on one row's heads.
+pub fn head_norm(heads: &mut [f32], weight: &[f32], eps: f32) {
+    for head in heads.chunks_exact_mut(weight.len()) {
+        let inv = inverse_rms(head, eps);
+        for (v, w) in head.iter_mut().zip(weight) {
+            *v = w * (*v * inv);
+        }
+    }
+}
+
+/// `1 / sqrt(mean(x²) + eps)`.
+fn inverse_rms(x: &[f32], eps: f32) -> f32 {
+    let mean = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    1.0 / (mean + eps).sqrt()
 }
 
 /// `gate_up` rows hold `[gate | up]` (width 2f); writes `silu(gate) * up` rows of width f.

@@ -163,6 +163,10 @@ impl ModelRuntime {
     pub fn start(settings: &ModelSettings, seed: u64, host: &Host) -> Result<Self, EngineError> {
         let fail = |e: String| EngineError::invalid_config(format!("model `{}`: {e}", settings.id));
         let folder = ModelFolder::open(&settings.path).map_err(|e| fail(e.to_string()))?;
+        if let Some(why) = &folder.tokenizer_error {
+            // Served without a tokenizer the model would be listed by no gateway.
+            return Err(fail(format!("its vocabulary cannot be used: {why}")));
+        }
         let max_context = settings
             .max_context
             .map_or(folder.spec.max_context, |c| c.min(folder.spec.max_context));

@@ -237,6 +237,11 @@ impl Model<'_> {
                 d,
             )?;
             let bias = layer.qkv_bias.as_ref().map_or(NULL, DeviceBuffer::ptr);
+            let (q_norm, k_norm) = layer
+                .qk_norm
+                .as_ref()
+                .map_or((NULL, NULL), |(q, k)| (q.ptr(), k.ptr()));
+            let eps = spec.rms_norm_eps;
             let (q_heads, kv_heads, head_dim) = (hq as i32, hkv as i32, hd as i32);
             launch(
                 &k.rotary_kv_store,
@@ -246,6 +251,9 @@ impl Model<'_> {
                 &mut [
                     arg(&ws.qkv.ptr()),
                     arg(&bias),
+                    arg(&q_norm),
+                    arg(&k_norm),
+                    arg(&eps),
                     arg(&ws.positions.ptr()),
                     arg(&self.inv_freq.ptr()),
                     arg(&ws.slots.ptr()),

@@ -246,7 +246,7 @@ mod tests {
         let expected = [
             ("embedding", "embedding_gather", 4),
             ("norm", "rms_norm_residual", 8),
-            ("rotary", "rotary_kv_store", 11),
+            ("rotary", "rotary_kv_store", 14),
             ("activation", "silu_and_mul", 3),
             ("attention", "paged_attention", 17),
             ("attention", "attention_combine", 6),

@@ -448,6 +448,7 @@ fn weight_bytes(w: &LayeredWeights<DeviceBuffer>) -> usize {
                 .map(|b| b.bytes())
                 .sum::<usize>()
                 + l.qkv_bias.as_ref().map_or(0, DeviceBuffer::bytes)
+                + l.qk_norm.as_ref().map_or(0, |(q, k)| q.bytes() + k.bytes())
                 + l.o_bias.as_ref().map_or(0, DeviceBuffer::bytes)
         })
         .sum();

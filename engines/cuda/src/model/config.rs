@@ -1,6 +1,7 @@
 //! `config.json` of a Hugging Face model folder, validated into a [`ModelSpec`] in one step.
 //!
-//! Only what the engine can serve passes: the Llama family (`llama`, `mistral`, `qwen2`) with
+//! Only what the engine can serve passes: the Llama family (`llama`, `mistral`, `qwen2`, and
+//! `qwen3`, whose query and key heads are RMS-normalised before rotation) with
 //! SiLU gated MLPs, RMSNorm, rotary embeddings (plain, `linear` or `llama3` scaling) and
 //! grouped-query attention. Anything else is an error that names what is unsupported.
 
@@ -12,10 +13,10 @@ use serde_json::Value;
 use super::ModelError;
 
 /// The architectures this engine serves (`model_type` in `config.json`).
-pub const SUPPORTED_TYPES: [&str; 3] = ["llama", "mistral", "qwen2"];
+pub const SUPPORTED_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
 
 /// How rotary frequencies are scaled for long contexts.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
     /// Plain RoPE.
     None,
@@ -35,6 +36,9 @@ pub enum RopeScaling {
         /// The context the model was trained on before extension.
         original_max_position: f32,
     },
+    /// Each inverse frequency divided by its own factor (GGUF's `rope_freqs.weight`, which is
+    /// how llama.cpp's converter carries Llama 3 scaling: one factor per rotated pair).
+    Factors(Vec<f32>),
 }
 
 /// The validated shape of a model.
@@ -66,6 +70,8 @@ pub struct ModelSpec {
     pub max_context: usize,
     /// The output projection is the embedding matrix.
     pub tie_word_embeddings: bool,
+    /// Each query and key head is RMS-normalised before rotation (Qwen3).
+    pub qk_norm: bool,
     /// End-of-sequence ids from `config.json` (the folder's `generation_config.json` may add more).
     pub eos_token_ids: Vec<u32>,
 }
@@ -189,14 +195,24 @@ impl ModelSpec {
             .or_else(|| rope.and_then(|r| r["rope_theta"].as_f64()))
             .unwrap_or(10_000.0);
         let rope_scaling = rope_scaling(rope)?;
+        if let RopeScaling::Factors(factors) = &rope_scaling
+            && (factors.len() != head_dim / 2 || factors.iter().any(|f| f.is_nan() || *f <= 0.0))
+        {
+            return Err(ModelError::Config(format!(
+                "rotary frequency factors: {} positive values needed (head_dim / 2), got {}",
+                head_dim / 2,
+                factors.len()
+            )));
+        }
         let window = match (model_type.as_str(), raw.use_sliding_window) {
-            ("qwen2", Some(true)) | ("mistral", _) => raw.sliding_window,
+            ("qwen2" | "qwen3", Some(true)) | ("mistral", _) => raw.sliding_window,
             _ => None,
         };
         let max_context = window.map_or(raw.max_position_embeddings, |w| {
             w.min(raw.max_position_embeddings)
         });
         Ok(Self {
+            qk_norm: model_type == "qwen3",
             model_type,
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
@@ -241,6 +257,17 @@ fn rope_scaling(value: Option<&Value>) -> Result<RopeScaling, ModelError> {
             high_freq_factor: num("high_freq_factor")?,
             original_max_position: num("original_max_position_embeddings")?,
         }),
+        Some("frequency_factors") => Ok(RopeScaling::Factors(
+            v["factors"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|x| x.as_f64())
+                        .map(|x| x as f32)
+                        .collect()
+                })
+                .unwrap_or_default(),
+        )),
         Some(other) => Err(ModelError::Unsupported(format!(
             "rope scaling `{other}` (supported: linear, llama3)"
         ))),

@@ -16,6 +16,9 @@ pub struct Layer<T> {
     pub qkv: T,
     /// Bias of `qkv` (Qwen2, or Llama with `attention_bias`).
     pub qkv_bias: Option<T>,
+    /// RMSNorm weights (head_dim each) applied to every query head and every key head before
+    /// rotation, when the model normalises them (Qwen3).
+    pub qk_norm: Option<(T, T)>,
     /// Attention output projection.
     pub o: T,
     /// Its bias, when the model has one.
@@ -152,10 +155,20 @@ impl<T> LayeredWeights<T> {
                 get(&format!("{p}.mlp.up_proj.weight"), f, d)?,
             ]))?;
             let o_bias = bias(&attn("o_proj.bias"), d)?.map(|b| convert(reader.vector(b)));
+            let qk_norm = if spec.qk_norm {
+                let hd = spec.head_dim;
+                Some((
+                    convert(vector(&attn("q_norm.weight"), hd)?)?,
+                    convert(vector(&attn("k_norm.weight"), hd)?)?,
+                ))
+            } else {
+                None
+            };
             layers.push(Layer {
                 attn_norm: convert(vector(&format!("{p}.input_layernorm.weight"), d)?)?,
                 qkv,
                 qkv_bias,
+                qk_norm,
                 o: convert(get(&attn("o_proj.weight"), d, q)?)?,
                 o_bias: o_bias.transpose()?,
                 mlp_norm: convert(vector(&format!("{p}.post_attention_layernorm.weight"), d)?)?,

@@ -67,6 +67,9 @@ pub struct ModelFolder {
     pub eos_token_ids: Vec<u32>,
     /// `tokenizer.json`, when the folder has one.
     pub tokenizer: Option<PathBuf>,
+    /// Why a GGUF file's own vocabulary could not be made into a `tokenizer.json` (`None`
+    /// when it was, or when the model is a folder).
+    pub tokenizer_error: Option<String>,
 }
 
 impl ModelFolder {
@@ -99,6 +102,7 @@ impl ModelFolder {
             spec,
             eos_token_ids: eos,
             tokenizer,
+            tokenizer_error: None,
         })
     }
 }
@@ -117,16 +121,28 @@ impl ModelFolder {
             .map(|dir| dir.join("tokenizer.json"))
             .filter(|p| p.exists());
         // Else the file's own vocabulary, converted into a cache folder of its own; a tokenizer
-        // that cannot be converted leaves the model without one (the engine itself needs none).
-        let tokenizer = beside.or_else(|| {
-            let folder = gguf_cache_folder(path)?;
-            gguf::tokenizer::write_tokenizer(&file, &folder).ok()
-        });
+        // that cannot be converted leaves the model without one and says why (the device needs
+        // none; a server refuses such a model, see `tokenizer_error`).
+        let converted = match beside {
+            Some(path) => Ok(path),
+            None => gguf_cache_folder(path)
+                .ok_or_else(|| {
+                    "no folder to keep its converted vocabulary in (set TURNPIKE_CACHE_DIR)".into()
+                })
+                .and_then(|folder| {
+                    gguf::tokenizer::write_tokenizer(&file, &folder).map_err(|e| e.to_string())
+                }),
+        };
+        let (tokenizer, tokenizer_error) = match converted {
+            Ok(path) => (Some(path), None),
+            Err(e) => (None, Some(e)),
+        };
         Ok(Self {
             path: path.to_path_buf(),
             spec,
             eos_token_ids: eos,
             tokenizer,
+            tokenizer_error,
         })
     }
 }

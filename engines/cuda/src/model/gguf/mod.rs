@@ -12,9 +12,11 @@
 //! crates.io are young single-maintainer projects, and the engine needs only this much of it.
 //! Every length and offset read from the file is checked against the file before use.
 
+pub mod low_bit;
 pub mod model;
 pub mod quant;
 pub mod repack;
+pub mod sentencepiece;
 pub mod tokenizer;
 
 use std::collections::BTreeMap;
@@ -438,13 +440,13 @@ mod tests {
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        let bytes = file(&[("w", &[3, 2], 0, &values), ("q", &[32], 6, &[0; 22])]);
+        let bytes = file(&[("w", &[3, 2], 0, &values), ("q", &[256], 16, &[0; 66])]);
         let (version, metadata, tensors) = parse(&bytes).expect("parses");
         assert_eq!(version, 3);
         assert_eq!(metadata["general.alignment"], MetaValue::Uint(32));
         assert_eq!(tensors[0].shape, vec![2, 3]);
         assert_eq!(tensors[0].kind, GgmlType::F32);
-        assert_eq!(tensors[1].kind.name(), "Q5_0");
+        assert_eq!(tensors[1].kind.name(), "IQ2_XXS");
         assert_eq!(tensors[1].len, None);
     }
 

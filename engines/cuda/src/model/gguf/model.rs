@@ -13,7 +13,8 @@ use super::{Gguf, MetaValue};
 use crate::model::ModelError;
 
 /// The architectures this engine serves from a GGUF file, and the `model_type` each is.
-const ARCHITECTURES: [(&str, &str); 2] = [("llama", "llama"), ("qwen2", "qwen2")];
+const ARCHITECTURES: [(&str, &str); 3] =
+    [("llama", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3")];
 
 /// The `config.json` the file's metadata describes.
 pub fn config(file: &Gguf) -> Result<Value, ModelError> {
@@ -33,13 +34,15 @@ pub fn config(file: &Gguf) -> Result<Value, ModelError> {
         int(key)
             .ok_or_else(|| ModelError::Config(format!("GGUF metadata `{arch}.{key}` is missing")))
     };
-    if file.tensor("rope_freqs.weight").is_some() {
-        return Err(ModelError::Unsupported(
-            "rotary frequency factors (`rope_freqs.weight`, Llama 3.1 scaling in GGUF)".into(),
-        ));
-    }
+    let factors = match file.tensor("rope_freqs.weight") {
+        Some(tensor) => Some(file.dequantize(tensor).map_err(ModelError::from)?),
+        None => None,
+    };
     let rope_scaling = match meta(&format!("{arch}.rope.scaling.type")).and_then(MetaValue::as_str)
     {
+        None | Some("none") if factors.is_some() => {
+            json!({"rope_type": "frequency_factors", "factors": factors})
+        }
         None | Some("none") => Value::Null,
         Some("linear") => json!({"rope_type": "linear", "factor": float("rope.scaling.factor")}),
         Some(other) => {
@@ -125,6 +128,8 @@ pub fn file_name(file: &Gguf, name: &str) -> Option<(String, Layout)> {
         "self_attn.k_proj.bias" => ("attn_k.bias", interleaved(kv_heads)),
         "self_attn.v_proj.bias" => ("attn_v.bias", Layout::Same),
         "self_attn.o_proj.bias" => ("attn_output.bias", Layout::Same),
+        "self_attn.q_norm.weight" => ("attn_q_norm.weight", Layout::Same),
+        "self_attn.k_norm.weight" => ("attn_k_norm.weight", Layout::Same),
         "post_attention_layernorm.weight" => ("ffn_norm.weight", Layout::Same),
         "mlp.gate_proj.weight" => ("ffn_gate.weight", Layout::Same),
         "mlp.up_proj.weight" => ("ffn_up.weight", Layout::Same),

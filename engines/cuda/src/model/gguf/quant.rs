@@ -42,6 +42,18 @@ pub enum GgmlType {
     Q5K,
     /// 256 values: 6-bit integers, 8-bit scales per 16.
     Q6K,
+    /// 32 values: f16 scale, 5-bit integers offset by 16.
+    Q5_0,
+    /// 32 values: f16 scale and minimum, 5-bit integers.
+    Q5_1,
+    /// 256 values: 2-bit integers, 4-bit scales and minimums per 16.
+    Q2K,
+    /// 256 values: 3-bit signed integers, 6-bit scales per 16.
+    Q3K,
+    /// 32 values: f16 scale, 4-bit indices into a fixed table of 16 values.
+    Iq4Nl,
+    /// 256 values: 4-bit indices into the IQ4 table, 6-bit scales per 32.
+    Iq4Xs,
     /// A type this engine does not load (its GGUF number and, where known, its name).
     Other(u32),
 }
@@ -58,6 +70,12 @@ impl GgmlType {
             12 => Self::Q4K,
             13 => Self::Q5K,
             14 => Self::Q6K,
+            6 => Self::Q5_0,
+            7 => Self::Q5_1,
+            10 => Self::Q2K,
+            11 => Self::Q3K,
+            20 => Self::Iq4Nl,
+            23 => Self::Iq4Xs,
             30 => Self::Bf16,
             other => Self::Other(other),
         }
@@ -75,6 +93,12 @@ impl GgmlType {
             Self::Q4K => "Q4_K",
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
+            Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
+            Self::Q2K => "Q2_K",
+            Self::Q3K => "Q3_K",
+            Self::Iq4Nl => "IQ4_NL",
+            Self::Iq4Xs => "IQ4_XS",
             Self::Other(id) => {
                 return match OTHER_NAMES.iter().find(|(n, _)| *n == id) {
                     Some((_, name)) => (*name).to_string(),
@@ -96,6 +120,12 @@ impl GgmlType {
             Self::Q4K => (256, 144),
             Self::Q5K => (256, 176),
             Self::Q6K => (256, 210),
+            Self::Q5_0 => (32, 22),
+            Self::Q5_1 => (32, 24),
+            Self::Q2K => (256, 84),
+            Self::Q3K => (256, 110),
+            Self::Iq4Nl => (32, 18),
+            Self::Iq4Xs => (256, 136),
             Self::Other(_) => return None,
         })
     }
@@ -103,20 +133,14 @@ impl GgmlType {
 
 /// The names of the GGUF types this engine does not load, for errors.
 const OTHER_NAMES: &[(u32, &str)] = &[
-    (6, "Q5_0"),
-    (7, "Q5_1"),
     (9, "Q8_1"),
-    (10, "Q2_K"),
-    (11, "Q3_K"),
     (15, "Q8_K"),
     (16, "IQ2_XXS"),
     (17, "IQ2_XS"),
     (18, "IQ3_XXS"),
     (19, "IQ1_S"),
-    (20, "IQ4_NL"),
     (21, "IQ3_S"),
     (22, "IQ2_S"),
-    (23, "IQ4_XS"),
     (24, "I8"),
     (25, "I16"),
     (26, "I32"),
@@ -129,7 +153,8 @@ const OTHER_NAMES: &[(u32, &str)] = &[
 ];
 
 /// The types this engine loads, for errors.
-pub const SUPPORTED: &str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K";
+pub const SUPPORTED: &str =
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS";
 
 /// Dequantizes `bytes`, whole blocks of `kind`, into `out` (as many values as the blocks hold).
 /// Returns `false` when `kind` is not loaded here or the lengths do not match.
@@ -155,6 +180,16 @@ pub fn dequantize(kind: GgmlType, bytes: &[u8], out: &mut [f32]) -> bool {
         GgmlType::Q4K => blocks.for_each(|(b, o)| q4_k(b, o)),
         GgmlType::Q5K => blocks.for_each(|(b, o)| q5_k(b, o)),
         GgmlType::Q6K => blocks.for_each(|(b, o)| q6_k(b, o)),
+        GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::Q2K
+        | GgmlType::Q3K
+        | GgmlType::Iq4Nl
+        | GgmlType::Iq4Xs => {
+            return blocks.fold(true, |ok, (b, o)| {
+                ok & super::low_bit::dequantize(kind, b, o)
+            });
+        }
         GgmlType::Other(_) => return false,
     }
     true
@@ -300,7 +335,8 @@ mod tests {
     #[test]
     fn unknown_types_and_bad_lengths_are_refused() {
         let mut out = vec![0.0; 32];
-        assert!(!dequantize(GgmlType::from_id(6), &[0; 22], &mut out));
+        assert!(!dequantize(GgmlType::from_id(16), &[0; 66], &mut out));
+        assert_eq!(GgmlType::from_id(16).name(), "IQ2_XXS");
         assert_eq!(GgmlType::from_id(6).name(), "Q5_0");
         assert_eq!(GgmlType::from_id(99).name(), "type 99");
         assert!(!dequantize(GgmlType::Q8_0, &[0; 33], &mut out));

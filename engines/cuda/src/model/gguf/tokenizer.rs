@@ -7,12 +7,14 @@
 //! Byte-level BPE vocabularies (`tokenizer.ggml.model = "gpt2"`: GPT-2, SmolLM, Llama 3, Qwen2)
 //! are converted: the vocabulary, the merges, control and user-defined tokens as added tokens,
 //! and the pre-tokenizer `tokenizer.ggml.pre` names (split as llama.cpp splits for that name;
-//! GPT-2's split for a name it does not know). SentencePiece vocabularies are refused by name.
+//! GPT-2's split for a name it does not know). SentencePiece vocabularies (`llama`) are
+//! converted by [`super::sentencepiece`]. Any other kind is refused by name.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
+use super::sentencepiece::{self, Spelling};
 use super::{Gguf, MetaValue};
 use crate::model::ModelError;
 
@@ -64,22 +66,16 @@ pub fn tokenizer_files(file: &Gguf) -> Result<(Value, Value), ModelError> {
     let model = meta("tokenizer.ggml.model")
         .and_then(MetaValue::as_str)
         .unwrap_or("");
-    if model != "gpt2" {
+    if !matches!(model, "gpt2" | "llama") {
         return Err(ModelError::Unsupported(format!(
-            "GGUF tokenizer `{model}` (the engine converts byte-level BPE, `gpt2`; put the model's tokenizer.json beside the file)"
+            "GGUF tokenizer `{model}` (the engine converts byte-level BPE, `gpt2`, and SentencePiece, `llama`; put the model's tokenizer.json beside the file)"
         )));
     }
     let tokens = strings(file, "tokenizer.ggml.tokens")?;
-    let merges = strings(file, "tokenizer.ggml.merges")?;
     let types: Vec<u64> = match meta("tokenizer.ggml.token_type") {
         Some(MetaValue::Array(items)) => items.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
         _ => Vec::new(),
     };
-    let vocab: Map<String, Value> = tokens
-        .iter()
-        .enumerate()
-        .map(|(id, t)| ((*t).to_string(), json!(id)))
-        .collect();
     let added: Vec<Value> = tokens
         .iter()
         .enumerate()
@@ -91,7 +87,77 @@ pub fn tokenizer_files(file: &Gguf) -> Result<(Value, Value), ModelError> {
             })
         })
         .collect();
-    let pre = meta("tokenizer.ggml.pre")
+    let flag = |key: &str| match meta(key) {
+        Some(MetaValue::Bool(b)) => Some(*b),
+        _ => None,
+    };
+    let token_id = |key: &str| {
+        meta(key)
+            .and_then(MetaValue::as_u64)
+            .filter(|&id| (id as usize) < tokens.len())
+    };
+    // llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise.
+    let add_bos = flag("tokenizer.ggml.add_bos_token").unwrap_or(model == "llama");
+    let add_eos = flag("tokenizer.ggml.add_eos_token").unwrap_or(false);
+    let mut tokenizer = match model {
+        "gpt2" => byte_level(file, &tokens)?,
+        "llama" => {
+            let scores: Vec<f32> = match meta("tokenizer.ggml.scores") {
+                Some(MetaValue::Array(items)) => items
+                    .iter()
+                    .map(|v| v.as_f64().unwrap_or(0.0) as f32)
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let arch = meta("general.architecture")
+                .and_then(MetaValue::as_str)
+                .unwrap_or("");
+            let mut parts = sentencepiece::parts(&tokens, &scores, Spelling::of(arch));
+            parts["post_processor"] = template_processing(
+                &tokens,
+                add_bos
+                    .then(|| token_id("tokenizer.ggml.bos_token_id"))
+                    .flatten(),
+                add_eos
+                    .then(|| token_id("tokenizer.ggml.eos_token_id"))
+                    .flatten(),
+            );
+            parts
+        }
+        _ => unreachable!("checked above"),
+    };
+    tokenizer["version"] = json!("1.0");
+    tokenizer["truncation"] = Value::Null;
+    tokenizer["padding"] = Value::Null;
+    tokenizer["added_tokens"] = json!(added);
+    let token = |key: &str| {
+        token_id(key)
+            .map(|id| json!(tokens[id as usize]))
+            .unwrap_or(Value::Null)
+    };
+    let mut config = json!({
+        "bos_token": token("tokenizer.ggml.bos_token_id"),
+        "eos_token": token("tokenizer.ggml.eos_token_id"),
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
+    });
+    if let Some(template) = meta("tokenizer.chat_template").and_then(MetaValue::as_str) {
+        config["chat_template"] = json!(template);
+    }
+    Ok((tokenizer, config))
+}
+
+/// The model, pre-tokenizer, post-processor and decoder of a byte-level BPE vocabulary.
+fn byte_level(file: &Gguf, tokens: &[&str]) -> Result<Value, ModelError> {
+    let merges = strings(file, "tokenizer.ggml.merges")?;
+    let vocab: Map<String, Value> = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| ((*t).to_string(), json!(id)))
+        .collect();
+    let pre = file
+        .metadata
+        .get("tokenizer.ggml.pre")
         .and_then(MetaValue::as_str)
         .unwrap_or("default");
     let merges: Vec<Value> = merges
@@ -101,11 +167,7 @@ pub fn tokenizer_files(file: &Gguf) -> Result<(Value, Value), ModelError> {
             None => json!([m, ""]),
         })
         .collect();
-    let tokenizer = json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
+    Ok(json!({
         "normalizer": null,
         "pre_tokenizer": pre_tokenizer(pre),
         "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
@@ -113,23 +175,39 @@ pub fn tokenizer_files(file: &Gguf) -> Result<(Value, Value), ModelError> {
         "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
                   "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
                   "ignore_merges": false, "vocab": vocab, "merges": merges},
-    });
-    let token = |key: &str| {
-        meta(key)
-            .and_then(MetaValue::as_u64)
-            .and_then(|id| tokens.get(id as usize))
-            .map(|t| json!(t))
-            .unwrap_or(Value::Null)
+    }))
+}
+
+/// A post-processor that puts `bos` before and `eos` after the text (either may be absent).
+fn template_processing(tokens: &[&str], bos: Option<u64>, eos: Option<u64>) -> Value {
+    let special = |id: Option<u64>, type_id: u32| {
+        id.map(|id| json!({"SpecialToken": {"id": tokens[id as usize], "type_id": type_id}}))
     };
-    let mut config = json!({
-        "bos_token": token("tokenizer.ggml.bos_token_id"),
-        "eos_token": token("tokenizer.ggml.eos_token_id"),
-        "add_bos_token": meta("tokenizer.ggml.add_bos_token") == Some(&MetaValue::Bool(true)),
-    });
-    if let Some(template) = meta("tokenizer.chat_template").and_then(MetaValue::as_str) {
-        config["chat_template"] = json!(template);
-    }
-    Ok((tokenizer, config))
+    let sequence = |name: &str, type_id: u32| json!({"Sequence": {"id": name, "type_id": type_id}});
+    let single: Vec<Value> = [special(bos, 0), Some(sequence("A", 0)), special(eos, 0)]
+        .into_iter()
+        .flatten()
+        .collect();
+    let pair: Vec<Value> = [
+        special(bos, 0),
+        Some(sequence("A", 0)),
+        special(eos, 0),
+        special(bos, 1),
+        Some(sequence("B", 1)),
+        special(eos, 1),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let specials: Map<String, Value> = [bos, eos]
+        .into_iter()
+        .flatten()
+        .map(|id| {
+            let t = tokens[id as usize];
+            (t.to_string(), json!({"id": t, "ids": [id], "tokens": [t]}))
+        })
+        .collect();
+    json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials})
 }
 
 /// The sampling the file's makers recommend (llama.cpp's `general.sampling.*` keys), as a
