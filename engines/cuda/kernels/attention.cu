@@ -6,6 +6,10 @@
 // lengths: a prefill token at position p has context p + 1, and a chunk that follows a
 // prefix-cache hit reads the cached blocks like any others.
 //
+// A sliding layer (`window` > 0) sees only the last `window` positions of the context; a
+// `softcap` > 0 turns each score into softcap * tanh(score / softcap) (Gemma 2). Scores are
+// q · k * `scale`.
+//
 // Long contexts are split: split s covers positions [s * partition, (s + 1) * partition).
 // With one split the block writes the output; with several it writes its running maximum,
 // sum and unnormalised accumulator, and `attention_combine` merges them. Splits past the end
@@ -31,6 +35,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 1) paged_attenti
     int kv_heads,
     int head_dim,
     float scale,
+    float softcap,
+    int window,
     int partition,
     float* __restrict__ part_max,
     float* __restrict__ part_sum,
@@ -50,8 +56,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 1) paged_attenti
     const int per_lane = (head_dim + WARP - 1) / WARP;
     const int kv_head = head / (q_heads / kv_heads);
     const int length = context[t];
-    const int begin = split * partition;
-    const int end = min(length, begin + partition);
+    const int first = window > 0 ? max(0, length - window) : 0;
+    const int begin = max(split * partition, first);
+    const int end = min(length, (split + 1) * partition);
     const int* table = block_tables + (long long)seq_of[t] * table_stride[0];
 
     float qv[ATTN_MAX_PER_LANE];
@@ -74,7 +81,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 1) paged_attenti
                 dot += qv[j] * bf16_to_f32(k_cache[offset + j * WARP + lane]);
             }
         }
-        const float score = warp_sum(dot);
+        float score = warp_sum(dot);
+        if (softcap > 0.0f) {
+            score = softcap * tanhf(score / softcap);
+        }
         const float new_max = fmaxf(running_max, score);
         const float correction = expf(running_max - new_max);
         const float weight = expf(score - new_max);

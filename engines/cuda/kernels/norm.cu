@@ -1,3 +1,26 @@
+// RMSNorm of f32 rows in place, for the norms Gemma applies to the attention and MLP outputs
+// before they join the residual: x = bf16(bf16(x / rms(x)) * weight), kept in f32 for the
+// residual add that follows. Grid: one block per row.
+extern "C" __global__ void __launch_bounds__(512, 1) rms_norm_rows(
+    float* __restrict__ x,
+    const bf16_t* __restrict__ weight,
+    int hidden,
+    float eps
+) {
+    __shared__ float scratch[WARP];
+    float* row = x + (long long)blockIdx.x * hidden;
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        sum += row[i] * row[i];
+    }
+    sum = block_sum(sum, scratch);
+    const float inv = rsqrtf(sum / (float)hidden + eps);
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        const float normed = bf16_to_f32(f32_to_bf16(row[i] * inv));
+        row[i] = bf16_to_f32(f32_to_bf16(normed * bf16_to_f32(weight[i])));
+    }
+}
+
 // RMSNorm fused with the residual add that precedes it:
 //   resid[r] += add[r] + bias (when `add` is given; `bias` is the optional bf16 bias of the
 //   product that wrote `add`);  out[o] = resid[r] / rms(resid[r]) * weight

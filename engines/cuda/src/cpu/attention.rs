@@ -20,8 +20,30 @@ pub struct Heads {
     pub kv: usize,
     /// Values per head.
     pub dim: usize,
-    /// `1 / sqrt(dim)`.
+    /// Scores are dot products times this (`1 / sqrt(dim)` unless the family says).
     pub scale: f32,
+    /// Scores become `cap · tanh(score / cap)` (Gemma 2).
+    pub softcap: Option<f32>,
+    /// A query sees itself and the `window - 1` positions before it (a sliding layer).
+    pub window: Option<usize>,
+}
+
+impl Heads {
+    /// The score of a dot product.
+    #[inline(always)]
+    fn score(&self, dot: f32) -> f32 {
+        let x = dot * self.scale;
+        match self.softcap {
+            Some(cap) => crate::model::architecture::softcap(x, cap),
+            None => x,
+        }
+    }
+
+    /// The first position a query at `pos` sees.
+    #[inline(always)]
+    fn first_visible(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
 }
 
 /// Consecutive rows of one sequence: rows `row..row + len` of the batch, at positions
@@ -74,10 +96,11 @@ pub fn attend_tiles<V: KvValue>(
         // still spreads over the cores.
         for (i, row) in part.chunks_exact_mut(width).enumerate() {
             let at = (tile.row + i) * stride;
+            let first = heads.first_visible(tile.pos + i);
             for (group, out) in row.chunks_exact_mut(per_group).enumerate() {
                 work.push(Work::Group {
                     q: &queries[at + group * per_group..at + (group + 1) * per_group],
-                    offsets: &tile.offsets[..=tile.pos + i],
+                    offsets: &tile.offsets[first..=tile.pos + i],
                     group,
                     out,
                 });
@@ -149,7 +172,7 @@ impl<V: KvValue> Kernel for TileKernel<'_, V> {
             query: nh,
             kv: nkv,
             dim: hd,
-            scale,
+            ..
         } = self.heads;
         let Tile {
             len, pos, offsets, ..
@@ -192,14 +215,16 @@ impl<V: KvValue> Kernel for TileKernel<'_, V> {
                     s.store(total, &mut sums);
                     let row = &mut self.scores[v * n + kb..v * n + kb + count];
                     for (r, v) in row.iter_mut().zip(sums) {
-                        *r = v * scale;
+                        *r = self.heads.score(v);
                     }
                 }
             }
             for v in 0..vectors {
                 let (i, h) = (v / group, v % group);
                 let visible = pos + i + 1;
-                let p = &mut self.scores[v * n..v * n + visible];
+                let first = self.heads.first_visible(pos + i);
+                let p = &mut self.scores[v * n + first..v * n + visible];
+                let offsets = &offsets[first..];
                 softmax(p);
                 let head = g * group + h;
                 let o = &mut self.out[i * width + head * hd..i * width + (head + 1) * hd];
@@ -269,7 +294,7 @@ impl<V: KvValue> Kernel for Row<'_, V> {
 
     #[inline(always)]
     fn run<S: Simd, const T: usize>(self, s: S) {
-        let (heads, hd, scale, g, n) = self.shape();
+        let (heads, hd, g, n) = self.shape();
         self.scores.clear();
         self.scores.resize(heads * n, 0.0);
         if heads > MAX_SHARED || hd % 16 != 0 {
@@ -287,7 +312,7 @@ impl<V: KvValue> Kernel for Row<'_, V> {
                 }
             }
             for (h, acc) in acc.iter().enumerate().take(heads) {
-                self.scores[h * n + j] = s.sum(*acc) * scale;
+                self.scores[h * n + j] = self.heads.score(s.sum(*acc));
             }
         }
         for h in 0..heads {
@@ -318,28 +343,23 @@ impl<V: KvValue> Kernel for Row<'_, V> {
 const MAX_SHARED: usize = 8;
 
 impl<V: KvValue> Row<'_, V> {
-    /// Query heads per key/value head, values per head, the score scale, the key/value head
-    /// and the positions attended.
+    /// Query heads per key/value head, values per head, the key/value head and the positions
+    /// attended.
     #[inline(always)]
-    fn shape(&self) -> (usize, usize, f32, usize, usize) {
-        let Heads {
-            query,
-            kv,
-            dim,
-            scale,
-        } = self.heads;
-        (query / kv, dim, scale, self.group, self.offsets.len())
+    fn shape(&self) -> (usize, usize, usize, usize) {
+        let Heads { query, kv, dim, .. } = self.heads;
+        (query / kv, dim, self.group, self.offsets.len())
     }
 
     /// [`Row`] for other shapes: one head and one key at a time.
     #[inline(always)]
     fn one_head_at_a_time<S: Simd>(self, s: S) {
-        let (heads, hd, scale, g, n) = self.shape();
+        let (heads, hd, g, n) = self.shape();
         for (j, &o) in self.offsets.iter().enumerate() {
             let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
             for h in 0..heads {
                 let q = &self.q[h * hd..(h + 1) * hd];
-                self.scores[h * n + j] = dot(s, q, key) * scale;
+                self.scores[h * n + j] = self.heads.score(dot(s, q, key));
             }
         }
         for h in 0..heads {

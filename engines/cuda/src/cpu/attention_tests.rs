@@ -63,6 +63,8 @@ fn a_decoding_row_attends_as_a_naive_softmax_does_in_either_cache() {
             kv,
             dim,
             scale: 1.0 / (dim as f32).sqrt(),
+            softcap: None,
+            window: None,
         };
         let n = 37;
         let (keys, vals) = (values(n * kv * dim, 1), values(n * kv * dim, 2));

@@ -1,54 +1,20 @@
-//! One forward pass of a Llama-family model over a batch of chunks, in f32, reading and writing
-//! the paged KV cache: the same math as Hugging Face `LlamaForCausalLM` / `Qwen2ForCausalLM`.
+//! One forward pass of a decoder over a batch of chunks, in f32, reading and writing the paged
+//! KV cache: the same math as Hugging Face's `LlamaForCausalLM`, `Qwen2`/`Qwen3`, `Gemma2`/
+//! `Gemma3` and `Phi3`, the differences read from the model's [`crate::model::architecture`].
 
 use rayon::prelude::*;
 
 use super::attention::{Heads, TILE_ROWS, Tile, attend_tiles};
 use super::kv::{KvStore, LayerCache};
-use super::linalg::{add_into, head_norm, rms_norm, rope, silu_gate};
+use super::linalg::{add_into, gelu_gate, head_norm, rms_norm, rope, silu_gate};
 use super::matmul::{Matrix, linear};
 use crate::device::{Chunk, DeviceError};
 use crate::model::LayeredWeights;
 
 /// The model's weights as the CPU multiplies them.
 pub type DeviceWeights = LayeredWeights<Matrix>;
-use crate::model::{ModelSpec, RopeScaling};
-
-/// Rotary inverse frequencies, computed in f32 the way `transformers` does, with scaling.
-pub fn inverse_frequencies(spec: &ModelSpec) -> Vec<f32> {
-    let dim = spec.head_dim;
-    let base: Vec<f32> = (0..dim / 2)
-        .map(|i| 1.0 / spec.rope_theta.powf((2 * i) as f32 / dim as f32))
-        .collect();
-    match spec.rope_scaling {
-        RopeScaling::None => base,
-        RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
-        RopeScaling::Factors(ref factors) => base.iter().zip(factors).map(|(f, s)| f / s).collect(),
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position,
-        } => {
-            let low_wavelen = original_max_position / low_freq_factor;
-            let high_wavelen = original_max_position / high_freq_factor;
-            base.iter()
-                .map(|&f| {
-                    let wavelen = 2.0 * std::f32::consts::PI / f;
-                    if wavelen < high_wavelen {
-                        f
-                    } else if wavelen > low_wavelen {
-                        f / factor
-                    } else {
-                        let smooth = (original_max_position / wavelen - low_freq_factor)
-                            / (high_freq_factor - low_freq_factor);
-                        (1.0 - smooth) * f / factor + smooth * f
-                    }
-                })
-                .collect()
-        }
-    }
-}
+use crate::model::architecture::{Activation, softcap};
+use crate::model::{ModelSpec, RotaryTables};
 
 /// Where each row of the batch sits, and where every position of each chunk's sequence lives in
 /// the cache: resolved through the block tables once per step, shared by every layer.
@@ -109,11 +75,12 @@ impl Rows {
 pub fn hidden_states(
     spec: &ModelSpec,
     w: &DeviceWeights,
-    inv_freq: &[f32],
+    rotary: &RotaryTables,
     kv: &mut KvStore,
     chunks: &[Chunk<'_>],
 ) -> Result<Vec<f32>, DeviceError> {
     let rows = Rows::new(chunks, kv)?;
+    let arch = &spec.arch;
     let t = rows.at.len();
     let d = spec.hidden_size;
     let (hd, nh, nkv) = (spec.head_dim, spec.num_heads, spec.num_kv_heads);
@@ -135,18 +102,27 @@ pub fn hidden_states(
             )));
         }
         w.embed.packed.row_into(tok as usize, row);
-    }
-    // cos/sin per row, shared by every layer; angles in f32 as `transformers` computes them.
-    let half = hd / 2;
-    let mut cos = vec![0.0f32; t * half];
-    let mut sin = vec![0.0f32; t * half];
-    for (r, &(_, pos)) in rows.at.iter().enumerate() {
-        for (i, f) in inv_freq.iter().enumerate() {
-            let angle = f64::from(pos as f32 * f);
-            cos[r * half + i] = angle.cos() as f32;
-            sin[r * half + i] = angle.sin() as f32;
+        if let Some(scale) = arch.embed_scale {
+            row.iter_mut().for_each(|v| *v *= scale);
         }
     }
+    // cos/sin per row, shared by every layer of a kind; angles in f32 as `transformers`
+    // computes them.
+    let half = hd / 2;
+    let angles = |inv_freq: &[f32]| {
+        let mut cos = vec![0.0f32; t * half];
+        let mut sin = vec![0.0f32; t * half];
+        for (r, &(_, pos)) in rows.at.iter().enumerate() {
+            for (i, f) in inv_freq.iter().enumerate() {
+                let angle = f64::from(pos as f32 * f);
+                cos[r * half + i] = angle.cos() as f32;
+                sin[r * half + i] = angle.sin() as f32;
+            }
+        }
+        (cos, sin)
+    };
+    let global = angles(&rotary.global);
+    let local = rotary.local.as_deref().map(angles);
 
     // Rows of the leading decoding chunks may round their products' inputs (see
     // `matmul::Activations`); prompt rows never do.
@@ -162,13 +138,19 @@ pub fn hidden_states(
     let mut proj = vec![0.0f32; t * d];
     let mut gate_up = vec![0.0f32; t * 2 * f];
     let mut act = vec![0.0f32; t * f];
-    let heads = Heads {
-        query: nh,
-        kv: nkv,
-        dim: hd,
-        scale: 1.0 / (hd as f32).sqrt(),
-    };
     for (l, layer) in w.layers.iter().enumerate() {
+        let heads = Heads {
+            query: nh,
+            kv: nkv,
+            dim: hd,
+            scale: arch.attn_scale,
+            softcap: arch.attn_softcap,
+            window: arch.windows.get(l).copied().flatten(),
+        };
+        let (cos, sin) = match &local {
+            Some(local) if arch.local_rope(l) => local,
+            _ => &global,
+        };
         rms_norm(&x, vector(&layer.attn_norm)?, spec.rms_norm_eps, &mut h);
         let qkv_bias = bias(layer.qkv_bias.as_ref())?;
         linear(&h, rounded, &layer.qkv, qkv_bias, &mut qkv);
@@ -197,14 +179,48 @@ pub fn hidden_states(
         }
         let o_bias = bias(layer.o_bias.as_ref())?;
         linear(&attn, rounded, &layer.o, o_bias, &mut proj);
-        add_into(&mut x, &proj);
+        joins_residual(
+            &mut x,
+            &mut proj,
+            layer.post_attn_norm.as_ref(),
+            spec,
+            &mut h,
+        )?;
         rms_norm(&x, vector(&layer.mlp_norm)?, spec.rms_norm_eps, &mut h);
         linear(&h, rounded, &layer.gate_up, None, &mut gate_up);
-        silu_gate(&gate_up, f, &mut act);
+        match arch.activation {
+            Activation::Silu => silu_gate(&gate_up, f, &mut act),
+            Activation::GeluTanh => gelu_gate(&gate_up, f, &mut act),
+        }
         linear(&act, rounded, &layer.down, None, &mut proj);
-        add_into(&mut x, &proj);
+        joins_residual(
+            &mut x,
+            &mut proj,
+            layer.post_mlp_norm.as_ref(),
+            spec,
+            &mut h,
+        )?;
     }
     Ok(x)
+}
+
+/// `x += out`, normalised first where the family norms each output (`scratch`: as wide as
+/// `out`).
+fn joins_residual(
+    x: &mut [f32],
+    out: &mut [f32],
+    norm: Option<&Matrix>,
+    spec: &ModelSpec,
+    scratch: &mut [f32],
+) -> Result<(), DeviceError> {
+    match norm {
+        Some(norm) => {
+            rms_norm(out, vector(norm)?, spec.rms_norm_eps, scratch);
+            add_into(x, scratch);
+        }
+        None => add_into(x, out),
+    }
+    Ok(())
 }
 
 /// Final norm and output projection of chosen rows of the residual stream.
@@ -223,6 +239,9 @@ pub fn logits(
     rms_norm(&picked, vector(&w.norm)?, spec.rms_norm_eps, &mut normed);
     let mut out = vec![0.0f32; rows.len() * spec.vocab_size];
     linear(&normed, 0, w.output(), None, &mut out);
+    if let Some(cap) = spec.arch.final_softcap {
+        out.iter_mut().for_each(|l| *l = softcap(*l, cap));
+    }
     Ok(out)
 }
 

@@ -3,6 +3,8 @@
 
 use rayon::prelude::*;
 
+use crate::model::architecture::gelu_tanh;
+
 /// RMSNorm of each row of `x` (width `weight.len()`) into `out`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
@@ -41,6 +43,18 @@ pub fn silu_gate(gate_up: &[f32], f: usize, out: &mut [f32]) {
             let (g, u) = gu.split_at(f);
             for ((o, g), u) in o.iter_mut().zip(g).zip(u) {
                 *o = g / (1.0 + (-g).exp()) * u;
+            }
+        });
+}
+
+/// `gate_up` rows hold `[gate | up]` (width 2f); writes `gelu_tanh(gate) * up` rows of width f.
+pub fn gelu_gate(gate_up: &[f32], f: usize, out: &mut [f32]) {
+    out.par_chunks_mut(f)
+        .zip(gate_up.par_chunks(2 * f))
+        .for_each(|(o, gu)| {
+            let (g, u) = gu.split_at(f);
+            for ((o, g), u) in o.iter_mut().zip(g).zip(u) {
+                *o = gelu_tanh(*g) * u;
             }
         });
 }

@@ -14,10 +14,11 @@ mod matmul;
 mod simd;
 
 use crate::device::{Batch, Device, DeviceError};
-use crate::model::{LayeredWeights, ModelError, ModelFolder, ModelSpec, PackedReader, Weights};
+use crate::model::{
+    LayeredWeights, ModelError, ModelFolder, ModelSpec, PackedReader, RotaryTables, Weights,
+};
 
 use forward::DeviceWeights;
-pub use forward::inverse_frequencies;
 use kv::KvStore;
 pub use matmul::Activations;
 use matmul::Matrix;
@@ -27,7 +28,7 @@ use matmul::Matrix;
 pub struct CpuDevice {
     spec: ModelSpec,
     weights: DeviceWeights,
-    inv_freq: Vec<f32>,
+    rotary: RotaryTables,
     kv: KvStore,
     pool: rayon::ThreadPool,
 }
@@ -73,7 +74,7 @@ impl CpuDevice {
             inputs == Activations::Int8,
         );
         Ok(Self {
-            inv_freq: inverse_frequencies(&spec),
+            rotary: RotaryTables::new(&spec),
             spec,
             weights,
             kv,
@@ -101,12 +102,12 @@ impl Device for CpuDevice {
         let Self {
             spec,
             weights,
-            inv_freq,
+            rotary,
             kv,
             pool,
         } = self;
         pool.install(|| {
-            let x = forward::hidden_states(spec, weights, inv_freq, kv, batch.chunks)?;
+            let x = forward::hidden_states(spec, weights, rotary, kv, batch.chunks)?;
             let mut rows = Vec::new();
             let mut end = 0;
             for chunk in batch.chunks {
@@ -143,12 +144,12 @@ impl Device for CpuDevice {
         let Self {
             spec,
             weights,
-            inv_freq,
+            rotary,
             pool,
             ..
         } = self;
         pool.install(|| {
-            let x = forward::hidden_states(spec, weights, inv_freq, &mut scratch, &chunks)?;
+            let x = forward::hidden_states(spec, weights, rotary, &mut scratch, &chunks)?;
             let d = spec.hidden_size;
             let mut normed = vec![0.0f32; x.len()];
             linalg::rms_norm(

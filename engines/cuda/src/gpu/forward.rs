@@ -9,6 +9,7 @@ use super::launch::{Kernels, arg, launch};
 use super::memory::DeviceBuffer;
 use super::workspace::Workspace;
 use crate::device::{Chunk, DeviceError};
+use crate::model::architecture::Activation;
 use crate::model::{LayeredWeights, ModelSpec};
 
 /// Threads per block of the row kernels (norms, gather).
@@ -186,6 +187,8 @@ pub struct Model<'a> {
     pub spec: &'a ModelSpec,
     pub weights: &'a LayeredWeights<DeviceBuffer>,
     pub inv_freq: &'a DeviceBuffer,
+    /// The sliding layers' own rotary frequencies, where the family has them.
+    pub local_inv_freq: Option<&'a DeviceBuffer>,
     pub kernels: &'a Kernels,
     pub blas: &'a Blas,
     pub stream: CUstream,
@@ -212,6 +215,8 @@ impl Model<'_> {
         let qkv_width = (hq + 2 * hkv) * hd;
         let f = spec.intermediate_size;
         let hidden = d as i32;
+        let arch = &spec.arch;
+        let embed_scale = arch.embed_scale.unwrap_or(1.0);
         launch(
             &k.embedding_gather,
             (t, 1, 1),
@@ -222,6 +227,7 @@ impl Model<'_> {
                 arg(&self.weights.embed.ptr()),
                 arg(&ws.resid.ptr()),
                 arg(&hidden),
+                arg(&embed_scale),
             ],
         )?;
         for (l, layer) in self.weights.layers.iter().enumerate() {
@@ -237,6 +243,10 @@ impl Model<'_> {
                 d,
             )?;
             let bias = layer.qkv_bias.as_ref().map_or(NULL, DeviceBuffer::ptr);
+            let inv_freq = match self.local_inv_freq {
+                Some(local) if arch.local_rope(l) => local,
+                _ => self.inv_freq,
+            };
             let (q_norm, k_norm) = layer
                 .qk_norm
                 .as_ref()
@@ -255,7 +265,7 @@ impl Model<'_> {
                     arg(&k_norm),
                     arg(&eps),
                     arg(&ws.positions.ptr()),
-                    arg(&self.inv_freq.ptr()),
+                    arg(&inv_freq.ptr()),
                     arg(&ws.slots.ptr()),
                     arg(&ws.q.ptr()),
                     arg(&kv.k[l].ptr()),
@@ -274,6 +284,8 @@ impl Model<'_> {
                 d,
                 hq * hd,
             )?;
+            // A family with output norms has no output bias (the norm would come after it).
+            self.output_norm(ws, layer.post_attn_norm.as_ref(), t)?;
             let o_bias = layer.o_bias.as_ref().map_or(NULL, DeviceBuffer::ptr);
             self.norm(ws, ws.add.ptr(), o_bias, NULL, layer.mlp_norm.ptr(), t)?;
             self.blas.linear(
@@ -285,15 +297,22 @@ impl Model<'_> {
                 d,
             )?;
             let inter = f as i32;
+            let gelu = i32::from(arch.activation == Activation::GeluTanh);
             launch(
                 &k.silu_and_mul,
                 (t, (f as u32).div_ceil(256), 1),
                 256,
                 self.stream,
-                &mut [arg(&ws.gate_up.ptr()), arg(&ws.act.ptr()), arg(&inter)],
+                &mut [
+                    arg(&ws.gate_up.ptr()),
+                    arg(&ws.act.ptr()),
+                    arg(&inter),
+                    arg(&gelu),
+                ],
             )?;
             self.blas
                 .linear(ws.act.ptr(), layer.down.ptr(), ws.add.ptr(), tokens, d, f)?;
+            self.output_norm(ws, layer.post_mlp_norm.as_ref(), t)?;
         }
         Ok(())
     }
@@ -327,6 +346,44 @@ impl Model<'_> {
             rows,
             spec.vocab_size,
             spec.hidden_size,
+        )?;
+        let Some(cap) = spec.arch.final_softcap else {
+            return Ok(());
+        };
+        let width = spec.vocab_size as i32;
+        launch(
+            &self.kernels.logit_softcap,
+            (rows as u32, (spec.vocab_size as u32).div_ceil(256), 1),
+            256,
+            self.stream,
+            &mut [arg(&ws.logits.ptr()), arg(&width), arg(&cap)],
+        )
+    }
+
+    /// Normalises the `tokens` rows of `ws.add` in place where the family norms each output
+    /// before it joins the residual (Gemma).
+    fn output_norm(
+        &self,
+        ws: &Workspace,
+        norm: Option<&DeviceBuffer>,
+        tokens: u32,
+    ) -> Result<(), DeviceError> {
+        let Some(norm) = norm else {
+            return Ok(());
+        };
+        let hidden = self.spec.hidden_size as i32;
+        let eps = self.spec.rms_norm_eps;
+        launch(
+            &self.kernels.rms_norm_rows,
+            (tokens, 1, 1),
+            ROW_THREADS,
+            self.stream,
+            &mut [
+                arg(&ws.add.ptr()),
+                arg(&norm.ptr()),
+                arg(&hidden),
+                arg(&eps),
+            ],
         )
     }
 
@@ -375,7 +432,9 @@ impl Model<'_> {
             spec.num_kv_heads as i32,
             spec.head_dim as i32,
         );
-        let scale = 1.0f32 / (spec.head_dim as f32).sqrt();
+        let scale = spec.arch.attn_scale;
+        let softcap = spec.arch.attn_softcap.unwrap_or(0.0);
+        let window = spec.arch.windows.get(layer).copied().flatten().unwrap_or(0) as i32;
         let partition = partition as i32;
         launch(
             &self.kernels.paged_attention,
@@ -395,6 +454,8 @@ impl Model<'_> {
                 arg(&kv_heads),
                 arg(&head_dim),
                 arg(&scale),
+                arg(&softcap),
+                arg(&window),
                 arg(&partition),
                 arg(&ws.part_max.ptr()),
                 arg(&ws.part_sum.ptr()),

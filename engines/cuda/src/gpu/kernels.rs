@@ -244,11 +244,13 @@ mod tests {
     #[test]
     fn every_kernel_is_found_with_its_parameters() {
         let expected = [
-            ("embedding", "embedding_gather", 4),
+            ("embedding", "embedding_gather", 5),
             ("norm", "rms_norm_residual", 8),
+            ("norm", "rms_norm_rows", 4),
             ("rotary", "rotary_kv_store", 14),
-            ("activation", "silu_and_mul", 3),
-            ("attention", "paged_attention", 17),
+            ("activation", "silu_and_mul", 4),
+            ("activation", "logit_softcap", 3),
+            ("attention", "paged_attention", 19),
             ("attention", "attention_combine", 6),
             ("sampling", "sample_rows", 12),
         ];

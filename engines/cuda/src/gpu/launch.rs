@@ -24,8 +24,10 @@ pub struct Kernel {
 pub struct Kernels {
     pub embedding_gather: Kernel,
     pub rms_norm_residual: Kernel,
+    pub rms_norm_rows: Kernel,
     pub rotary_kv_store: Kernel,
     pub silu_and_mul: Kernel,
+    pub logit_softcap: Kernel,
     pub paged_attention: Kernel,
     pub attention_combine: Kernel,
     pub sample_rows: Kernel,
@@ -73,8 +75,10 @@ impl Kernels {
         Ok(Self {
             embedding_gather: function("embedding", "embedding_gather")?,
             rms_norm_residual: function("norm", "rms_norm_residual")?,
+            rms_norm_rows: function("norm", "rms_norm_rows")?,
             rotary_kv_store: function("rotary", "rotary_kv_store")?,
             silu_and_mul: function("activation", "silu_and_mul")?,
+            logit_softcap: function("activation", "logit_softcap")?,
             paged_attention: function("attention", "paged_attention")?,
             attention_combine: function("attention", "attention_combine")?,
             sample_rows: function("sampling", "sample_rows")?,

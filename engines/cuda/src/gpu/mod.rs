@@ -35,9 +35,8 @@ use cudarc::driver::result as driver;
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream};
 
-use crate::cpu::inverse_frequencies;
 use crate::device::{Batch, Chunk, Device, DeviceError, SampleRequest};
-use crate::model::{F32Reader, LayeredWeights, ModelFolder, ModelSpec, Weights};
+use crate::model::{F32Reader, LayeredWeights, ModelFolder, ModelSpec, RotaryTables, Weights};
 use crate::sampler::Sampled;
 use blas::Blas;
 use forward::{KvCache, Model, StepInputs};
@@ -96,6 +95,8 @@ pub struct CudaDevice {
     kv: KvCache,
     weights: LayeredWeights<DeviceBuffer>,
     inv_freq: DeviceBuffer,
+    /// The sliding layers' own rotary frequencies (Gemma 3).
+    local_inv_freq: Option<DeviceBuffer>,
     blas: Blas,
     kernels: Kernels,
     stream: Arc<CudaStream>,
@@ -155,7 +156,13 @@ impl CudaDevice {
         })
         .map_err(|e| DeviceError::Unavailable(e.to_string()))?;
         let weight_bytes = weight_bytes(&weights);
-        let inv_freq = DeviceBuffer::from_host(&inverse_frequencies(&spec), "rotary frequencies")?;
+        let rotary = RotaryTables::new(&spec);
+        let inv_freq = DeviceBuffer::from_host(&rotary.global, "rotary frequencies")?;
+        let local_inv_freq = rotary
+            .local
+            .as_deref()
+            .map(|local| DeviceBuffer::from_host(local, "rotary frequencies"))
+            .transpose()?;
         let workspace = Workspace::new(&spec, settings.capacity)?;
         let sampler = Sampler::new(settings.capacity.seqs, spec.vocab_size)?;
         let (free, _) = driver::mem_get_info()
@@ -190,6 +197,7 @@ impl CudaDevice {
             kv,
             weights,
             inv_freq,
+            local_inv_freq,
             blas,
             kernels,
             stream,
@@ -219,6 +227,7 @@ impl CudaDevice {
             spec: &self.spec,
             weights: &self.weights,
             inv_freq: &self.inv_freq,
+            local_inv_freq: self.local_inv_freq.as_ref(),
             kernels: &self.kernels,
             blas: &self.blas,
             stream: self.stream.cu_stream(),
@@ -294,6 +303,7 @@ impl Device for CudaDevice {
                 spec: &self.spec,
                 weights: &self.weights,
                 inv_freq: &self.inv_freq,
+                local_inv_freq: self.local_inv_freq.as_ref(),
                 kernels: &self.kernels,
                 blas: &self.blas,
                 stream,
@@ -449,6 +459,10 @@ fn weight_bytes(w: &LayeredWeights<DeviceBuffer>) -> usize {
                 .sum::<usize>()
                 + l.qkv_bias.as_ref().map_or(0, DeviceBuffer::bytes)
                 + l.qk_norm.as_ref().map_or(0, |(q, k)| q.bytes() + k.bytes())
+                + [&l.post_attn_norm, &l.post_mlp_norm]
+                    .iter()
+                    .map(|n| n.as_ref().map_or(0, DeviceBuffer::bytes))
+                    .sum::<usize>()
                 + l.o_bias.as_ref().map_or(0, DeviceBuffer::bytes)
         })
         .sum();

@@ -1,9 +1,10 @@
 //! `config.json` of a Hugging Face model folder, validated into a [`ModelSpec`] in one step.
 //!
-//! Only what the engine can serve passes: the Llama family (`llama`, `mistral`, `qwen2`, and
-//! `qwen3`, whose query and key heads are RMS-normalised before rotation) with
-//! SiLU gated MLPs, RMSNorm, rotary embeddings (plain, `linear` or `llama3` scaling) and
-//! grouped-query attention. Anything else is an error that names what is unsupported.
+//! Only what the engine can serve passes: decoders with gated MLPs, RMSNorm, rotary embeddings
+//! (plain, `linear` or `llama3` scaling, or GGUF's per-frequency factors) and grouped-query
+//! attention, in the families [`super::architecture`] describes (`llama`, `mistral`, `qwen2`,
+//! `qwen3`, `gemma2`, `gemma3_text`, `phi3`). Anything else is an error that names what is
+//! unsupported.
 
 use std::path::Path;
 
@@ -11,9 +12,19 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::ModelError;
+use super::architecture::Architecture;
 
 /// The architectures this engine serves (`model_type` in `config.json`).
-pub const SUPPORTED_TYPES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
+pub const SUPPORTED_TYPES: [&str; 8] = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "gemma3_text",
+    "phi3",
+];
 
 /// How rotary frequencies are scaled for long contexts.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,8 +81,8 @@ pub struct ModelSpec {
     pub max_context: usize,
     /// The output projection is the embedding matrix.
     pub tie_word_embeddings: bool,
-    /// Each query and key head is RMS-normalised before rotation (Qwen3).
-    pub qk_norm: bool,
+    /// What the family does beyond Llama's pass.
+    pub arch: Architecture,
     /// End-of-sequence ids from `config.json` (the folder's `generation_config.json` may add more).
     pub eos_token_ids: Vec<u32>,
 }
@@ -104,6 +115,8 @@ struct RawConfig {
     tie_word_embeddings: bool,
     #[serde(default)]
     hidden_act: Option<String>,
+    #[serde(default)]
+    hidden_activation: Option<String>,
     #[serde(default)]
     sliding_window: Option<usize>,
     #[serde(default)]
@@ -145,7 +158,9 @@ impl ModelSpec {
 
     /// Validates the text of a `config.json`.
     pub fn from_json(text: &str) -> Result<Self, ModelError> {
-        let raw: RawConfig = serde_json::from_str(text)
+        let doc: Value = serde_json::from_str(text)
+            .map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+        let raw: RawConfig = serde_json::from_value(doc.clone())
             .map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
         let model_type = raw.model_type.clone().unwrap_or_default();
         if !SUPPORTED_TYPES.contains(&model_type.as_str()) {
@@ -154,9 +169,15 @@ impl ModelSpec {
                 SUPPORTED_TYPES.join(", ")
             )));
         }
-        if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
+        let gemma = model_type.starts_with("gemma");
+        let act = raw
+            .hidden_activation
+            .as_deref()
+            .or(raw.hidden_act.as_deref());
+        let expected = if gemma { "gelu_pytorch_tanh" } else { "silu" };
+        if let Some(act) = act.filter(|a| *a != expected) {
             return Err(ModelError::Unsupported(format!(
-                "hidden_act `{act}` (only `silu`)"
+                "hidden_act `{act}` (`{model_type}` runs `{expected}`)"
             )));
         }
         if raw.mlp_bias {
@@ -189,7 +210,22 @@ impl ModelSpec {
                 "head_dim must be even and positive, got {head_dim}"
             )));
         }
-        let rope = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
+        // Gemma 3 writes one set of rotary settings per layer kind; the global layers' set is
+        // the model's (the sliding layers' base is in its `Architecture`).
+        let rope = raw
+            .rope_parameters
+            .as_ref()
+            .map(|r| r.get("full_attention").unwrap_or(r))
+            .or(raw.rope_scaling.as_ref());
+        let partial = rope
+            .and_then(|r| r["partial_rotary_factor"].as_f64())
+            .or_else(|| doc["partial_rotary_factor"].as_f64())
+            .unwrap_or(1.0);
+        if partial != 1.0 {
+            return Err(ModelError::Unsupported(format!(
+                "partial rotary embeddings (partial_rotary_factor {partial})"
+            )));
+        }
         let rope_theta = raw
             .rope_theta
             .or_else(|| rope.and_then(|r| r["rope_theta"].as_f64()))
@@ -204,15 +240,27 @@ impl ModelSpec {
                 factors.len()
             )));
         }
+        // Qwen2's window, where used, caps the context (its lower layers attend to all of it);
+        // the other families' windows are per layer (see `Architecture`).
         let window = match (model_type.as_str(), raw.use_sliding_window) {
-            ("qwen2" | "qwen3", Some(true)) | ("mistral", _) => raw.sliding_window,
+            ("qwen2" | "qwen3", Some(true)) => raw.sliding_window,
             _ => None,
         };
+        let mut arch = Architecture::from_config(
+            &model_type,
+            &doc,
+            raw.num_hidden_layers,
+            head_dim,
+            raw.hidden_size,
+        )?;
+        if model_type == "phi3" {
+            arch.windows = vec![raw.sliding_window.filter(|&w| w > 0); raw.num_hidden_layers];
+        }
         let max_context = window.map_or(raw.max_position_embeddings, |w| {
             w.min(raw.max_position_embeddings)
         });
         Ok(Self {
-            qk_norm: model_type == "qwen3",
+            arch,
             model_type,
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
@@ -311,13 +359,12 @@ mod tests {
     }
 
     #[test]
-    fn mistral_window_caps_the_context() {
+    fn mistral_window_is_kept_per_layer() {
         let text = LLAMA
             .replace("\"llama\"", "\"mistral\"")
             .replace("\"vocab_size\"", "\"sliding_window\": 64, \"vocab_size\"");
-        assert_eq!(
-            ModelSpec::from_json(&text).map(|s| s.max_context).ok(),
-            Some(64)
-        );
+        let spec = ModelSpec::from_json(&text).expect("mistral");
+        assert_eq!(spec.max_context, 2048);
+        assert_eq!(spec.arch.windows, vec![Some(64); 2]);
     }
 }

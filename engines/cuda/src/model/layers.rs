@@ -23,8 +23,12 @@ pub struct Layer<T> {
     pub o: T,
     /// Its bias, when the model has one.
     pub o_bias: Option<T>,
+    /// RMSNorm of the attention output before it joins the residual (Gemma).
+    pub post_attn_norm: Option<T>,
     /// RMSNorm before the MLP.
     pub mlp_norm: T,
+    /// RMSNorm of the MLP output before it joins the residual (Gemma).
+    pub post_mlp_norm: Option<T>,
     /// Rows: gate, then up.
     pub gate_up: T,
     /// MLP output projection.
@@ -112,8 +116,23 @@ impl<T> LayeredWeights<T> {
             spec.num_kv_heads * spec.head_dim,
         );
         let get = |name: &str, rows: usize, cols: usize| reader.matrix(name, rows, cols);
+        // Norm weights, with the family's offset (Gemma scales by `1 + w`).
+        let offset = spec.arch.norm_offset;
         let vector = |name: &str, len: usize| -> Result<R::Tensor, ModelError> {
-            Ok(reader.vector(weights.get(name, &[len])?.data))
+            let mut values = weights.get(name, &[len])?.data;
+            if offset != 0.0 {
+                values.iter_mut().for_each(|w| *w += offset);
+            }
+            Ok(reader.vector(values))
+        };
+        // A matrix the checkpoint fuses already (Phi-3's qkv_proj and gate_up_proj), else its
+        // parts stacked.
+        let fused = |name: &str, parts: &[(String, usize)]| -> Result<R::Tensor, ModelError> {
+            if weights.contains(name) {
+                return get(name, parts.iter().map(|(_, rows)| rows).sum(), d);
+            }
+            let read: Result<Vec<_>, _> = parts.iter().map(|(n, rows)| get(n, *rows, d)).collect();
+            Ok(reader.stack(read?))
         };
         let bias = |name: &str, rows: usize| -> Result<Option<Vec<f32>>, ModelError> {
             if weights.contains(name) {
@@ -126,11 +145,14 @@ impl<T> LayeredWeights<T> {
         for l in 0..spec.num_layers {
             let p = format!("model.layers.{l}");
             let attn = |n: &str| format!("{p}.self_attn.{n}");
-            let qkv = convert(reader.stack(vec![
-                get(&attn("q_proj.weight"), q, d)?,
-                get(&attn("k_proj.weight"), kv, d)?,
-                get(&attn("v_proj.weight"), kv, d)?,
-            ]))?;
+            let qkv = convert(fused(
+                &attn("qkv_proj.weight"),
+                &[
+                    (attn("q_proj.weight"), q),
+                    (attn("k_proj.weight"), kv),
+                    (attn("v_proj.weight"), kv),
+                ],
+            )?)?;
             let biases = [
                 bias(&attn("q_proj.bias"), q)?,
                 bias(&attn("k_proj.bias"), kv)?,
@@ -150,12 +172,29 @@ impl<T> LayeredWeights<T> {
             } else {
                 None
             };
-            let gate_up = convert(reader.stack(vec![
-                get(&format!("{p}.mlp.gate_proj.weight"), f, d)?,
-                get(&format!("{p}.mlp.up_proj.weight"), f, d)?,
-            ]))?;
+            let gate_up = convert(fused(
+                &format!("{p}.mlp.gate_up_proj.weight"),
+                &[
+                    (format!("{p}.mlp.gate_proj.weight"), f),
+                    (format!("{p}.mlp.up_proj.weight"), f),
+                ],
+            )?)?;
+            let norm = |name: &str| -> Result<T, ModelError> {
+                convert(vector(&format!("{p}.{name}.weight"), d)?)
+            };
+            // Gemma's `post_attention_layernorm` is the attention output's norm and
+            // `pre_feedforward_layernorm` the MLP's; elsewhere the former is the MLP's.
+            let (post_attn_norm, mlp_norm, post_mlp_norm) = if spec.arch.sandwich_norms {
+                (
+                    Some(norm("post_attention_layernorm")?),
+                    norm("pre_feedforward_layernorm")?,
+                    Some(norm("post_feedforward_layernorm")?),
+                )
+            } else {
+                (None, norm("post_attention_layernorm")?, None)
+            };
             let o_bias = bias(&attn("o_proj.bias"), d)?.map(|b| convert(reader.vector(b)));
-            let qk_norm = if spec.qk_norm {
+            let qk_norm = if spec.arch.qk_norm {
                 let hd = spec.head_dim;
                 Some((
                     convert(vector(&attn("q_norm.weight"), hd)?)?,
@@ -165,13 +204,15 @@ impl<T> LayeredWeights<T> {
                 None
             };
             layers.push(Layer {
-                attn_norm: convert(vector(&format!("{p}.input_layernorm.weight"), d)?)?,
+                attn_norm: norm("input_layernorm")?,
                 qkv,
                 qkv_bias,
                 qk_norm,
                 o: convert(get(&attn("o_proj.weight"), d, q)?)?,
                 o_bias: o_bias.transpose()?,
-                mlp_norm: convert(vector(&format!("{p}.post_attention_layernorm.weight"), d)?)?,
+                post_attn_norm,
+                mlp_norm,
+                post_mlp_norm,
                 gate_up,
                 down: convert(get(&format!("{p}.mlp.down_proj.weight"), d, f)?)?,
             });

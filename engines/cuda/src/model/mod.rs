@@ -1,11 +1,13 @@
 //! Model folders and GGUF files ([`gguf`]): the validated shape ([`config`]), the weights
 //! ([`weights`]), and the models the project makes itself ([`make`]).
 
+pub mod architecture;
 pub mod config;
 pub mod gguf;
 mod layers;
 pub mod packed;
 mod pages;
+pub mod rotary;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
@@ -13,6 +15,7 @@ use std::path::{Path, PathBuf};
 pub use config::{ModelSpec, RopeScaling};
 pub use layers::{F32Reader, Layer, LayeredWeights, PackedReader, TensorReader};
 pub use packed::Packed;
+pub use rotary::RotaryTables;
 pub use weights::{Tensor, Weights};
 
 /// Why a model folder cannot be served.
@@ -111,7 +114,9 @@ impl ModelFolder {
     fn open_gguf(path: &Path) -> Result<Self, ModelError> {
         let file = gguf::Gguf::open(path)?;
         let config = gguf::model::config(&file)?;
-        let spec = ModelSpec::from_json(&config.to_string())?;
+        let mut spec = ModelSpec::from_json(&config.to_string())?;
+        // llama.cpp's converter stores Gemma's norm weights with the 1 of `1 + w` added.
+        spec.arch.norm_offset = 0.0;
         let mut eos = spec.eos_token_ids.clone();
         eos.sort_unstable();
         eos.dedup();

@@ -13,8 +13,14 @@ use super::{Gguf, MetaValue};
 use crate::model::ModelError;
 
 /// The architectures this engine serves from a GGUF file, and the `model_type` each is.
-const ARCHITECTURES: [(&str, &str); 3] =
-    [("llama", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3")];
+const ARCHITECTURES: [(&str, &str); 6] = [
+    ("llama", "llama"),
+    ("qwen2", "qwen2"),
+    ("qwen3", "qwen3"),
+    ("gemma2", "gemma2"),
+    ("gemma3", "gemma3_text"),
+    ("phi3", "phi3"),
+];
 
 /// The `config.json` the file's metadata describes.
 pub fn config(file: &Gguf) -> Result<Value, ModelError> {
@@ -57,18 +63,49 @@ pub fn config(file: &Gguf) -> Result<Value, ModelError> {
     }
     .or_else(|| file.tensor("token_embd.weight").map(|t| t.shape[0] as u64));
     let heads = need("attention.head_count")?;
+    for long in ["rope_factors_long.weight", "rope_factors_short.weight"] {
+        if file.tensor(long).is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "long-context rotary factors (`{long}`, Phi-3's LongRoPE)"
+            )));
+        }
+    }
     let eos: Vec<u64> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
         .iter()
         .filter_map(|k| meta(k).and_then(MetaValue::as_u64))
         .collect();
-    Ok(json!({
+    let hidden = need("embedding_length")?;
+    let head_dim = int("attention.key_length").unwrap_or(hidden / heads.max(1));
+    let mut family = json!({"hidden_act": "silu"});
+    if let Some(rotated) = int("rope.dimension_count").filter(|&n| n != head_dim) {
+        family["partial_rotary_factor"] = json!(rotated as f64 / head_dim as f64);
+    }
+    if arch.starts_with("gemma") {
+        // llama.cpp scales scores by 1/√head_dim, except for the 27B models, whose
+        // `query_pre_attn_scalar` is hidden / heads (their block counts tell them apart).
+        let blocks = need("block_count")?;
+        let large = (arch == "gemma2" && blocks == 46) || (arch == "gemma3" && blocks == 62);
+        let scalar = if large {
+            hidden / heads.max(1)
+        } else {
+            head_dim
+        };
+        family = json!({
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": scalar,
+            "attn_logit_softcapping": float("attn_logit_softcapping"),
+            "final_logit_softcapping": float("final_logit_softcapping"),
+            "rope_local_base_freq": float("rope.freq_base_swa"),
+        });
+    }
+    let mut config = json!({
         "model_type": model_type,
-        "hidden_size": need("embedding_length")?,
+        "hidden_size": hidden,
         "intermediate_size": need("feed_forward_length")?,
         "num_hidden_layers": need("block_count")?,
         "num_attention_heads": heads,
         "num_key_value_heads": int("attention.head_count_kv").unwrap_or(heads),
-        "head_dim": int("attention.key_length"),
+        "head_dim": head_dim,
         "vocab_size": vocab,
         "rms_norm_eps": float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
         "rope_theta": float("rope.freq_base").unwrap_or(10_000.0),
@@ -76,8 +113,12 @@ pub fn config(file: &Gguf) -> Result<Value, ModelError> {
         "max_position_embeddings": need("context_length")?,
         "tie_word_embeddings": file.tensor("output.weight").is_none(),
         "eos_token_id": eos,
-        "hidden_act": "silu",
-    }))
+        "sliding_window": int("attention.sliding_window"),
+    });
+    if let (Some(config), Value::Object(family)) = (config.as_object_mut(), family) {
+        config.extend(family);
+    }
+    Ok(config)
 }
 
 /// How a tensor is stored in the file relative to the Hugging Face checkpoint.
@@ -118,7 +159,13 @@ pub fn file_name(file: &Gguf, name: &str) -> Option<(String, Layout)> {
     let rest = name.strip_prefix("model.layers.")?;
     let (layer, part) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
+    let gemma = arch.starts_with("gemma");
     let (short, layout) = match part {
+        "post_attention_layernorm.weight" if gemma => ("post_attention_norm.weight", Layout::Same),
+        "pre_feedforward_layernorm.weight" => ("ffn_norm.weight", Layout::Same),
+        "post_feedforward_layernorm.weight" => ("post_ffw_norm.weight", Layout::Same),
+        "self_attn.qkv_proj.weight" => ("attn_qkv.weight", Layout::Same),
+        "mlp.gate_up_proj.weight" if arch == "phi3" => ("ffn_up.weight", Layout::Same),
         "input_layernorm.weight" => ("attn_norm.weight", Layout::Same),
         "self_attn.q_proj.weight" => ("attn_q.weight", interleaved(heads)),
         "self_attn.k_proj.weight" => ("attn_k.weight", interleaved(kv_heads)),
