@@ -237,6 +237,10 @@ pub struct ModelInfo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Capabilities {
+    /// The model generates text (false for an embedding-only model such as a BERT encoder;
+    /// the host then refuses every generating request for it). True when an engine says
+    /// nothing.
+    pub generation: bool,
     /// Largest `n`.
     pub max_n: u32,
     /// Per-token log probabilities.
@@ -257,6 +261,7 @@ pub struct Capabilities {
 impl Default for Capabilities {
     fn default() -> Self {
         Self {
+            generation: true,
             max_n: 1,
             logprobs: false,
             max_top_logprobs: 0,

@@ -5,6 +5,7 @@
 //! plain data (token ids, positions, block tables, copy lists, logits), so a device can be a
 //! CPU reference or a GPU without the loop knowing which.
 
+use crate::model::pooling::PoolingMode;
 use crate::sampler::{Sampled, SamplingParams};
 use crate::scheduler::{PlannedChunk, StepPlan};
 
@@ -88,9 +89,20 @@ pub trait Device: Send {
     /// Runs one step: the copies, then every chunk. Returns the logits of the chunks that ask
     /// for them, in chunk order, `vocab_size` each.
     fn forward(&mut self, batch: &Batch<'_>) -> Result<Vec<f32>, DeviceError>;
-    /// The last hidden state (after the final norm) of every token of `tokens`, averaged,
+    /// The last hidden states (after the final norm) of `tokens`, pooled as `mode` says,
     /// computed outside the shared cache.
-    fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, DeviceError>;
+    fn embed(&mut self, tokens: &[u32], mode: PoolingMode) -> Result<Vec<f32>, DeviceError>;
+    /// [`Device::embed`] of several inputs (a device that batches them overrides this).
+    fn embed_batch(
+        &mut self,
+        inputs: &[Vec<u32>],
+        mode: PoolingMode,
+    ) -> Result<Vec<Vec<f32>>, DeviceError> {
+        inputs
+            .iter()
+            .map(|tokens| self.embed(tokens, mode))
+            .collect()
+    }
     /// Numeric statistics of the device (memory, graph use, step times) for `stats`.
     fn stats(&self) -> Vec<(&'static str, f64)> {
         Vec::new()

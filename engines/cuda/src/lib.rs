@@ -134,9 +134,14 @@ impl Engine for DefaultEngine {
             .dimensions_for(full)
             .map_err(EngineError::invalid_request)?;
         let pooled = model.embed(request.inputs)?;
+        // Fewer dimensions (Matryoshka truncation) are always renormalised.
+        let normalize = model.normalizes() || dim < full;
         Ok(pooled
             .into_iter()
-            .map(|v| normalise(&v[..dim.min(v.len())]))
+            .map(|v| {
+                let v = &v[..dim.min(v.len())];
+                if normalize { normalise(v) } else { v.to_vec() }
+            })
             .collect())
     }
 

@@ -153,6 +153,7 @@ impl Engine for SimEngine {
                 tokenizer: m.tokenizer.clone(),
                 embedding_dim: (m.embedding_dim > 0).then_some(m.embedding_dim),
                 capabilities: Capabilities {
+                    generation: true,
                     max_n: m.max_n,
                     logprobs: true,
                     max_top_logprobs: turnpike_engine_api::docs::MAX_TOP_LOGPROBS,

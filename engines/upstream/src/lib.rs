@@ -158,6 +158,7 @@ impl Engine for Upstream {
                     tokenizer: c.tokenizer.clone(),
                     embedding_dim: None,
                     capabilities: Capabilities {
+                        generation: true,
                         max_n: c.max_n,
                         logprobs: true,
                         max_top_logprobs: turnpike_engine_api::docs::MAX_TOP_LOGPROBS,

@@ -275,6 +275,25 @@ impl Generator {
         self.timing
     }
 
+    /// [`Self::model_for`], for a request that generates: an embedding-only model is a 400.
+    pub fn generating_model_for(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<Arc<ServedModel>, ApiError> {
+        let model = self.model_for(caller, name)?;
+        if !model.info.capabilities.generation {
+            return Err(ApiError::unsupported(
+                "model",
+                format!(
+                    "model `{}` serves embeddings only; call /v1/embeddings",
+                    model.id
+                ),
+            ));
+        }
+        Ok(model)
+    }
+
     /// The model `name` names, if `caller` may use it; 404 or 403 otherwise.
     pub fn model_for(&self, caller: &Caller, name: &str) -> Result<Arc<ServedModel>, ApiError> {
         let model = self
@@ -368,7 +387,7 @@ impl Generator {
         started: Instant,
         wait: bool,
     ) -> Result<Prepared, ApiError> {
-        let model = self.model_for(caller, &req.model)?;
+        let model = self.generating_model_for(caller, &req.model)?;
         // The gateway's own tools, offered beside the client's: the generation then runs in
         // rounds while the model calls them (a later round's request offers them already, so
         // it starts no loop of its own).

@@ -100,7 +100,7 @@ impl Generator {
         mut req: TokenRequest,
         started: Instant,
     ) -> Result<TokenRun, ApiError> {
-        let model = self.model_for(caller, &req.model)?;
+        let model = self.generating_model_for(caller, &req.model)?;
         let p = &mut req.params;
         let vocab = model.info.vocab_size;
         if req.prompt.is_empty() {

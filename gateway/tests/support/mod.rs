@@ -235,6 +235,7 @@ pub fn fake(script: Script) -> (Arc<Seen>, FakeBackend) {
         tokenizer: None,
         embedding_dim: Some(8),
         capabilities: Capabilities {
+            generation: true,
             max_n: 8,
             logprobs: true,
             max_top_logprobs: 20,

@@ -7,6 +7,7 @@
 //! own `rayon` pool (a plugin never touches the host's global pool).
 
 mod attention;
+pub mod encoder;
 mod forward;
 mod kv;
 mod linalg;
@@ -14,6 +15,7 @@ mod matmul;
 mod simd;
 
 use crate::device::{Batch, Device, DeviceError};
+use crate::model::pooling::PoolingMode;
 use crate::model::{
     LayeredWeights, ModelError, ModelFolder, ModelSpec, PackedReader, RotaryTables, Weights,
 };
@@ -120,7 +122,7 @@ impl Device for CpuDevice {
         })
     }
 
-    fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, DeviceError> {
+    fn embed(&mut self, tokens: &[u32], mode: PoolingMode) -> Result<Vec<f32>, DeviceError> {
         if tokens.is_empty() {
             return Err(DeviceError::InvalidBatch("no tokens to embed".into()));
         }
@@ -158,15 +160,7 @@ impl Device for CpuDevice {
                 spec.rms_norm_eps,
                 &mut normed,
             );
-            let mut mean = vec![0.0f32; d];
-            for row in normed.chunks_exact(d) {
-                for (m, v) in mean.iter_mut().zip(row) {
-                    *m += v;
-                }
-            }
-            let n = tokens.len() as f32;
-            mean.iter_mut().for_each(|m| *m /= n);
-            Ok(mean)
+            Ok(crate::model::pooling::pool(&normed, d, mode))
         })
     }
 }

@@ -41,6 +41,8 @@ pub struct ModelRuntime {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The grammar compiler, where the model can be constrained (see [`grammars_for`]).
     grammars: Option<Grammars>,
+    /// Whether its embeddings are L2-normalised (see [`crate::model::pooling`]).
+    normalize: bool,
 }
 
 /// The grammar compiler for a model (built on first use), or `None` without the model's
@@ -99,14 +101,33 @@ fn open_device(
             }
         },
     };
-    if gpu {
-        return open_gpu(settings, folder, max_context, host).map_err(fail);
-    }
-    let blocks = kv_blocks(settings, folder, max_context);
     let threads = settings
         .threads
         .or_else(|| std::thread::available_parallelism().ok().map(Into::into))
         .unwrap_or(1);
+    if let Some(encoder) = &folder.encoder {
+        // An encoder keeps no cache; it reports the blocks one context needs, so the
+        // scheduler (which it never runs) is well formed.
+        if settings.device == DeviceChoice::Cuda {
+            return Err(fail(
+                "encoder embedding models run on the CPU device (device = \"cpu\" or \"auto\")"
+                    .into(),
+            ));
+        }
+        let blocks = max_context.div_ceil(settings.block_size as usize) as u32;
+        let device =
+            crate::cpu::encoder::EncoderDevice::load(&folder.path, encoder, blocks, threads)
+                .map_err(|e| fail(e.to_string()))?;
+        host.info(&format!(
+            "model `{}`: an encoder, serving embeddings on the CPU",
+            settings.id
+        ));
+        return Ok(Box::new(device));
+    }
+    if gpu {
+        return open_gpu(settings, folder, max_context, host).map_err(fail);
+    }
+    let blocks = kv_blocks(settings, folder, max_context);
     let device = crate::cpu::CpuDevice::load(
         folder,
         blocks,
@@ -213,6 +234,7 @@ impl ModelRuntime {
             requests: HashMap::new(),
             seqs: HashMap::new(),
             next_seq: 0,
+            pooling: folder.pooling.mode,
         };
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -228,6 +250,7 @@ impl ModelRuntime {
             tokenizer: folder.tokenizer.as_ref().map(|p| p.display().to_string()),
             embedding_dim: Some(folder.spec.hidden_size as u32),
             capabilities: Capabilities {
+                generation: folder.encoder.is_none(),
                 max_n: settings.max_n,
                 logprobs: true,
                 max_top_logprobs: turnpike_engine_api::docs::MAX_TOP_LOGPROBS,
@@ -249,6 +272,7 @@ impl ModelRuntime {
             stats,
             thread: Mutex::new(Some(thread)),
             grammars,
+            normalize: folder.pooling.normalize,
         })
     }
 
@@ -335,7 +359,12 @@ impl ModelRuntime {
         let _ = self.send(Command::Cancel(id));
     }
 
-    /// Mean-pooled last hidden states of each input, computed between steps.
+    /// Whether its embeddings are L2-normalised.
+    pub fn normalizes(&self) -> bool {
+        self.normalize
+    }
+
+    /// Pooled last hidden states of each input, computed between steps.
     pub fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, EngineError> {
         for tokens in &inputs {
             self.check(tokens, 1)?;

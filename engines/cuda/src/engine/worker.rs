@@ -15,6 +15,7 @@ use super::counters::Counters;
 use super::request::LiveRequest;
 use crate::device::{Batch, Chunk, Device, planned_copies};
 use crate::grammar::Constraint;
+use crate::model::pooling::PoolingMode;
 use crate::sampler::mix;
 use crate::scheduler::{NewSequence, Scheduler, SchedulerStats, SeqId, StepPlan};
 
@@ -62,6 +63,8 @@ pub struct Worker {
     /// Sequence -> (request, choice index).
     pub(super) seqs: HashMap<SeqId, (u64, usize)>,
     pub(super) next_seq: SeqId,
+    /// How embeddings pool token states.
+    pub(super) pooling: PoolingMode,
 }
 
 impl Worker {
@@ -116,10 +119,10 @@ impl Worker {
             }
             Command::Cancel(id) => self.cancel(id),
             Command::Embed(inputs, reply) => {
-                let result = inputs
-                    .iter()
-                    .map(|tokens| self.device.embed(tokens).map_err(|e| e.to_string()))
-                    .collect();
+                let result = self
+                    .device
+                    .embed_batch(&inputs, self.pooling)
+                    .map_err(|e| e.to_string());
                 let _ = reply.send(result);
             }
             Command::Stop => return true,

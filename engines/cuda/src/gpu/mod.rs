@@ -36,6 +36,7 @@ use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::device::{Batch, Chunk, Device, DeviceError, SampleRequest};
+use crate::model::pooling::PoolingMode;
 use crate::model::{F32Reader, LayeredWeights, ModelFolder, ModelSpec, RotaryTables, Weights};
 use crate::sampler::Sampled;
 use blas::Blas;
@@ -329,7 +330,7 @@ impl Device for CudaDevice {
         Ok(Vec::new())
     }
 
-    fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, DeviceError> {
+    fn embed(&mut self, tokens: &[u32], mode: PoolingMode) -> Result<Vec<f32>, DeviceError> {
         if tokens.is_empty() {
             return Err(DeviceError::InvalidBatch("no tokens to embed".into()));
         }
@@ -342,6 +343,7 @@ impl Device for CudaDevice {
         let d = self.spec.hidden_size;
         let stream = self.stream.cu_stream();
         let mut sum = vec![0f64; d];
+        let (mut first, mut last) = (Vec::new(), Vec::new());
         for (i, part) in tokens.chunks(step).enumerate() {
             let chunk = Chunk {
                 tokens: part,
@@ -365,14 +367,23 @@ impl Device for CudaDevice {
             let mut normed = vec![0u16; part.len() * d];
             self.workspace.normed.read(&mut normed, stream)?;
             sync(stream)?;
+            let value = |bits: &u16| half::bf16::from_bits(*bits).to_f32();
             for row in normed.chunks_exact(d) {
-                for (s, &bits) in sum.iter_mut().zip(row) {
-                    *s += f64::from(half::bf16::from_bits(bits).to_f32());
+                for (s, bits) in sum.iter_mut().zip(row) {
+                    *s += f64::from(value(bits));
                 }
             }
+            if i == 0 {
+                first = normed[..d].iter().map(value).collect();
+            }
+            last = normed[normed.len() - d..].iter().map(value).collect();
         }
         let n = tokens.len() as f64;
-        Ok(sum.iter().map(|s| (s / n) as f32).collect())
+        Ok(match mode {
+            PoolingMode::Mean => sum.iter().map(|s| (s / n) as f32).collect(),
+            PoolingMode::Cls => first,
+            PoolingMode::LastToken => last,
+        })
     }
 
     fn samples(&self) -> bool {

@@ -278,6 +278,29 @@ impl ModelSpec {
         })
     }
 
+    /// The shape of an encoder, for what sizes a model by its shape (the scheduler, stats);
+    /// an encoder runs on its own device, never a decoder's pass.
+    pub fn of_encoder(encoder: &super::encoder::EncoderSpec) -> Self {
+        let head_dim = encoder.head_dim();
+        Self {
+            model_type: encoder.model_type.clone(),
+            hidden_size: encoder.hidden_size,
+            intermediate_size: encoder.intermediate_size,
+            num_layers: encoder.num_layers,
+            num_heads: encoder.num_heads,
+            num_kv_heads: encoder.num_heads,
+            head_dim,
+            vocab_size: encoder.vocab_size,
+            rms_norm_eps: encoder.eps,
+            rope_theta: 10_000.0,
+            rope_scaling: RopeScaling::None,
+            max_context: encoder.max_positions,
+            tie_word_embeddings: true,
+            arch: Architecture::llama(encoder.num_layers, head_dim),
+            eos_token_ids: Vec::new(),
+        }
+    }
+
     /// Key and value cache entries per token (every layer).
     pub fn kv_values_per_token(&self) -> usize {
         2 * self.num_layers * self.num_kv_heads * self.head_dim

@@ -3,10 +3,12 @@
 
 pub mod architecture;
 pub mod config;
+pub mod encoder;
 pub mod gguf;
 mod layers;
 pub mod packed;
 mod pages;
+pub mod pooling;
 pub mod rotary;
 pub mod weights;
 
@@ -73,6 +75,10 @@ pub struct ModelFolder {
     /// Why a GGUF file's own vocabulary could not be made into a `tokenizer.json` (`None`
     /// when it was, or when the model is a folder).
     pub tokenizer_error: Option<String>,
+    /// How its embeddings pool token states.
+    pub pooling: pooling::Pooling,
+    /// Set for an encoder embedding model (`spec` then holds its shape only).
+    pub encoder: Option<encoder::EncoderSpec>,
 }
 
 impl ModelFolder {
@@ -88,7 +94,20 @@ impl ModelFolder {
                 path.display()
             )));
         }
-        let spec = ModelSpec::from_folder(path)?;
+        let config_path = path.join("config.json");
+        let text =
+            std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
+        let config: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| ModelError::Config(format!("{}: {e}", config_path.display())))?;
+        let model_type = config["model_type"].as_str().unwrap_or("");
+        let encoder = encoder::ENCODER_TYPES
+            .contains(&model_type)
+            .then(|| encoder::EncoderSpec::from_config(&config))
+            .transpose()?;
+        let spec = match &encoder {
+            Some(encoder) => ModelSpec::of_encoder(encoder),
+            None => ModelSpec::from_json(&text)?,
+        };
         let mut eos = spec.eos_token_ids.clone();
         let generation = path.join("generation_config.json");
         if let Ok(text) = std::fs::read_to_string(&generation) {
@@ -106,6 +125,8 @@ impl ModelFolder {
             eos_token_ids: eos,
             tokenizer,
             tokenizer_error: None,
+            pooling: pooling::Pooling::from_folder(path)?,
+            encoder,
         })
     }
 }
@@ -114,7 +135,13 @@ impl ModelFolder {
     fn open_gguf(path: &Path) -> Result<Self, ModelError> {
         let file = gguf::Gguf::open(path)?;
         let config = gguf::model::config(&file)?;
-        let mut spec = ModelSpec::from_json(&config.to_string())?;
+        let (mut spec, encoder) = match config["model_type"].as_str() {
+            Some(t) if encoder::ENCODER_TYPES.contains(&t) => {
+                let encoder = encoder::EncoderSpec::from_config(&config)?;
+                (ModelSpec::of_encoder(&encoder), Some(encoder))
+            }
+            _ => (ModelSpec::from_json(&config.to_string())?, None),
+        };
         // llama.cpp's converter stores Gemma's norm weights with the 1 of `1 + w` added.
         spec.arch.norm_offset = 0.0;
         let mut eos = spec.eos_token_ids.clone();
@@ -148,6 +175,8 @@ impl ModelFolder {
             eos_token_ids: eos,
             tokenizer,
             tokenizer_error,
+            pooling: gguf::model::pooling(&file),
+            encoder,
         })
     }
 }

@@ -21,8 +21,8 @@ use super::packed::{Codes, Packed};
 #[derive(Debug)]
 pub struct Weights {
     files: Vec<(PathBuf, Mmap)>,
-    /// Tensor name -> index into `files`.
-    index: HashMap<String, usize>,
+    /// Tensor name -> index into `files` and the name the file stores it under.
+    index: HashMap<String, (usize, String)>,
     /// The model's GGUF file, when it is one.
     gguf: Option<Gguf>,
 }
@@ -81,7 +81,15 @@ impl Weights {
             let tensors = SafeTensors::deserialize(&map)
                 .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
             for name in tensors.names() {
-                index.insert(name.to_string(), files.len());
+                let at = (files.len(), name.to_string());
+                // A base model saved without its head (`Qwen3Model`, as embedding models are)
+                // names its tensors without the `model.` prefix.
+                if name.starts_with("layers.")
+                    || matches!(name, "embed_tokens.weight" | "norm.weight")
+                {
+                    index.insert(format!("model.{name}"), at.clone());
+                }
+                index.insert(name.to_string(), at);
             }
             files.push((path, map));
         }
@@ -144,9 +152,9 @@ impl Weights {
                 }
             });
         }
-        let (path, tensors, map) = self.safetensors(name)?;
+        let (path, tensors, map, stored) = self.safetensors(name)?;
         let view = tensors
-            .tensor(name)
+            .tensor(stored)
             .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
         if view.shape() != shape {
             return Err(wrong(view.shape()));
@@ -166,16 +174,17 @@ impl Weights {
         Ok(Packed { rows, cols, codes })
     }
 
-    /// The safetensors file holding `name`, parsed, and its map.
-    fn safetensors(&self, name: &str) -> Result<(&Path, SafeTensors<'_>, &Mmap), ModelError> {
-        let &file = self
+    /// The safetensors file holding `name`, parsed, its map, and the name it stores it under.
+    fn safetensors(&self, name: &str) -> Result<(&Path, SafeTensors<'_>, &Mmap, &str), ModelError> {
+        let (file, stored) = self
             .index
             .get(name)
             .ok_or_else(|| ModelError::Config(format!("tensor `{name}` is missing")))?;
+        let file = *file;
         let (path, map) = &self.files[file];
         let tensors = SafeTensors::deserialize(map)
             .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
-        Ok((path, tensors, map))
+        Ok((path, tensors, map, stored))
     }
 
     /// Reads a tensor as f32 whatever its shape.
@@ -183,9 +192,9 @@ impl Weights {
         if let Some(file) = &self.gguf {
             return read_gguf(file, name);
         }
-        let (path, tensors, map) = self.safetensors(name)?;
+        let (path, tensors, map, stored) = self.safetensors(name)?;
         let view = tensors
-            .tensor(name)
+            .tensor(stored)
             .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
         let bytes = view.data();
         let data = match view.dtype() {

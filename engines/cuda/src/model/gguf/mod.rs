@@ -18,6 +18,7 @@ pub mod quant;
 pub mod repack;
 pub mod sentencepiece;
 pub mod tokenizer;
+pub mod wordpiece;
 
 use std::collections::BTreeMap;
 use std::fs::File;

@@ -11,9 +11,12 @@ use serde_json::{Value, json};
 
 use super::{Gguf, MetaValue};
 use crate::model::ModelError;
+use crate::model::pooling::{Pooling, PoolingMode};
 
 /// The architectures this engine serves from a GGUF file, and the `model_type` each is.
-const ARCHITECTURES: [(&str, &str); 6] = [
+const ARCHITECTURES: [(&str, &str); 8] = [
+    ("bert", "bert"),
+    ("nomic-bert", "nomic_bert"),
     ("llama", "llama"),
     ("qwen2", "qwen2"),
     ("qwen3", "qwen3"),
@@ -40,6 +43,26 @@ pub fn config(file: &Gguf) -> Result<Value, ModelError> {
         int(key)
             .ok_or_else(|| ModelError::Config(format!("GGUF metadata `{arch}.{key}` is missing")))
     };
+    let vocab = match meta("tokenizer.ggml.tokens") {
+        Some(MetaValue::Array(tokens)) => Some(tokens.len() as u64),
+        _ => int("vocab_size"),
+    }
+    .or_else(|| file.tensor("token_embd.weight").map(|t| t.shape[0] as u64));
+    if matches!(arch, "bert" | "nomic-bert") {
+        return Ok(json!({
+            "model_type": model_type,
+            "hidden_size": need("embedding_length")?,
+            "intermediate_size": need("feed_forward_length")?,
+            "num_hidden_layers": need("block_count")?,
+            "num_attention_heads": need("attention.head_count")?,
+            "vocab_size": vocab,
+            "max_position_embeddings": need("context_length")?,
+            "layer_norm_eps": float("attention.layer_norm_epsilon"),
+            "rotary_emb_base": float("rope.freq_base"),
+            "type_vocab_size": file.tensor("token_types.weight").map(|t| t.shape[0]),
+            "hidden_act": "gelu",
+        }));
+    }
     let factors = match file.tensor("rope_freqs.weight") {
         Some(tensor) => Some(file.dequantize(tensor).map_err(ModelError::from)?),
         None => None,
@@ -57,11 +80,6 @@ pub fn config(file: &Gguf) -> Result<Value, ModelError> {
             )));
         }
     };
-    let vocab = match meta("tokenizer.ggml.tokens") {
-        Some(MetaValue::Array(tokens)) => Some(tokens.len() as u64),
-        _ => int("vocab_size"),
-    }
-    .or_else(|| file.tensor("token_embd.weight").map(|t| t.shape[0] as u64));
     let heads = need("attention.head_count")?;
     for long in ["rope_factors_long.weight", "rope_factors_short.weight"] {
         if file.tensor(long).is_some() {
@@ -121,6 +139,29 @@ pub fn config(file: &Gguf) -> Result<Value, ModelError> {
     Ok(config)
 }
 
+/// How an embedding model in the file pools (`<arch>.pooling_type`: 1 mean, 2 the first token,
+/// 3 the last); llama.cpp normalises embeddings, and so does the engine.
+pub fn pooling(file: &Gguf) -> Pooling {
+    let arch = file
+        .metadata
+        .get("general.architecture")
+        .and_then(MetaValue::as_str)
+        .unwrap_or("");
+    let kind = file
+        .metadata
+        .get(&format!("{arch}.pooling_type"))
+        .and_then(MetaValue::as_u64);
+    let mode = match kind {
+        Some(2) => PoolingMode::Cls,
+        Some(3) => PoolingMode::LastToken,
+        _ => PoolingMode::Mean,
+    };
+    Pooling {
+        mode,
+        normalize: true,
+    }
+}
+
 /// How a tensor is stored in the file relative to the Hugging Face checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
@@ -138,6 +179,9 @@ pub fn file_name(file: &Gguf, name: &str) -> Option<(String, Layout)> {
         .get("general.architecture")
         .and_then(MetaValue::as_str)
         .unwrap_or("");
+    if matches!(arch, "bert" | "nomic-bert") {
+        return crate::model::encoder::file_name(name).map(|n| (n, Layout::Same));
+    }
     let heads = meta(&format!("{arch}.attention.head_count")).unwrap_or(1) as usize;
     let kv_heads = meta(&format!("{arch}.attention.head_count_kv")).map_or(heads, |n| n as usize);
     let interleaved = |n| {

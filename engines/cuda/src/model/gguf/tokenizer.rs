@@ -66,9 +66,9 @@ pub fn tokenizer_files(file: &Gguf) -> Result<(Value, Value), ModelError> {
     let model = meta("tokenizer.ggml.model")
         .and_then(MetaValue::as_str)
         .unwrap_or("");
-    if !matches!(model, "gpt2" | "llama") {
+    if !matches!(model, "gpt2" | "llama" | "bert") {
         return Err(ModelError::Unsupported(format!(
-            "GGUF tokenizer `{model}` (the engine converts byte-level BPE, `gpt2`, and SentencePiece, `llama`; put the model's tokenizer.json beside the file)"
+            "GGUF tokenizer `{model}` (the engine converts byte-level BPE, `gpt2`, SentencePiece, `llama`, and WordPiece, `bert`; put the model's tokenizer.json beside the file)"
         )));
     }
     let tokens = strings(file, "tokenizer.ggml.tokens")?;
@@ -101,6 +101,23 @@ pub fn tokenizer_files(file: &Gguf) -> Result<(Value, Value), ModelError> {
     let add_eos = flag("tokenizer.ggml.add_eos_token").unwrap_or(false);
     let mut tokenizer = match model {
         "gpt2" => byte_level(file, &tokens)?,
+        "bert" => {
+            let lowercase = flag("tokenizer.ggml.normalizer.lowercase").unwrap_or(true);
+            let mut parts = super::wordpiece::parts(&tokens, &types, lowercase);
+            // [CLS] text [SEP], as a BERT tokenizer frames every input.
+            let id = |key: &str, default: &str| {
+                token_id(key)
+                    .or_else(|| tokens.iter().position(|t| *t == default).map(|i| i as u64))
+            };
+            parts["post_processor"] = template_processing(
+                &tokens,
+                id("tokenizer.ggml.cls_token_id", "[CLS]")
+                    .or_else(|| token_id("tokenizer.ggml.bos_token_id")),
+                id("tokenizer.ggml.seperator_token_id", "[SEP]")
+                    .or_else(|| token_id("tokenizer.ggml.eos_token_id")),
+            );
+            parts
+        }
         "llama" => {
             let scores: Vec<f32> = match meta("tokenizer.ggml.scores") {
                 Some(MetaValue::Array(items)) => items

@@ -1,0 +1,407 @@
+//! An encoder embedding model (BERT, Nomic BERT) on the CPU: every input's tokens attend to
+//! each other in both directions, so a batch of inputs is one pass with no KV cache. The
+//! products run the decoder's kernels over all inputs' rows at once; attention runs per input
+//! and head on the device's pool. Weights stay in their own precision, inputs stay f32.
+
+use rayon::prelude::*;
+
+use super::matmul::{Matrix, linear};
+use crate::device::{Batch, Device, DeviceError};
+use crate::model::encoder::{EncoderMlp, EncoderSpec, Positions};
+use crate::model::pooling::{PoolingMode, pool};
+use crate::model::{ModelError, Packed, Weights};
+
+/// A LayerNorm's weight and bias.
+#[derive(Debug)]
+struct Norm {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+/// One block.
+#[derive(Debug)]
+struct Block {
+    qkv: Matrix,
+    qkv_bias: Option<Vec<f32>>,
+    o: Matrix,
+    o_bias: Option<Vec<f32>>,
+    attn_norm: Norm,
+    /// Up (Gelu), or gate then up stacked (SwiGLU).
+    up: Matrix,
+    up_bias: Option<Vec<f32>>,
+    down: Matrix,
+    down_bias: Option<Vec<f32>>,
+    out_norm: Norm,
+}
+
+/// An encoder loaded for the CPU.
+#[derive(Debug)]
+pub struct EncoderDevice {
+    spec: EncoderSpec,
+    embed: Packed,
+    positions: Option<Packed>,
+    token_type: Option<Vec<f32>>,
+    embed_norm: Norm,
+    blocks: Vec<Block>,
+    inv_freq: Vec<f32>,
+    num_blocks: u32,
+    pool: rayon::ThreadPool,
+}
+
+impl EncoderDevice {
+    /// Loads the encoder at `path`; `num_blocks` is what the device reports to the scheduler
+    /// (it keeps no cache).
+    pub fn load(
+        path: &std::path::Path,
+        spec: &EncoderSpec,
+        num_blocks: u32,
+        threads: usize,
+    ) -> Result<Self, ModelError> {
+        let w = Weights::open(path)?;
+        let (d, f) = (spec.hidden_size, spec.intermediate_size);
+        // Checkpoints name tensors with or without the model's prefix.
+        let name = |n: &str| -> String {
+            ["", "bert.", "model."]
+                .iter()
+                .map(|p| format!("{p}{n}"))
+                .find(|full| w.contains(full))
+                .unwrap_or_else(|| n.to_string())
+        };
+        let vector = |n: &str, len: usize| w.get(&name(n), &[len]).map(|t| t.data);
+        let optional = |n: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
+            if w.contains(&name(n)) {
+                vector(n, len).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let matrix = |n: &str, rows: usize| w.packed(&name(n), &[rows, d]);
+        let norm = |n: &str| -> Result<Norm, ModelError> {
+            Ok(Norm {
+                weight: vector(&format!("{n}.weight"), d)?,
+                bias: vector(&format!("{n}.bias"), d)?,
+            })
+        };
+        let nomic = spec.mlp == EncoderMlp::SwiGlu;
+        let mut blocks = Vec::with_capacity(spec.num_layers);
+        for l in 0..spec.num_layers {
+            let b = if nomic {
+                format!("encoder.layers.{l}")
+            } else {
+                format!("encoder.layer.{l}")
+            };
+            let block = if nomic {
+                Block {
+                    qkv: Matrix::new(matrix(&format!("{b}.attn.Wqkv.weight"), 3 * d)?),
+                    qkv_bias: optional(&format!("{b}.attn.Wqkv.bias"), 3 * d)?,
+                    o: Matrix::new(w.packed(&name(&format!("{b}.attn.out_proj.weight")), &[d, d])?),
+                    o_bias: optional(&format!("{b}.attn.out_proj.bias"), d)?,
+                    attn_norm: norm(&format!("{b}.norm1"))?,
+                    up: Matrix::new(Packed::stack(vec![
+                        matrix(&format!("{b}.mlp.fc12.weight"), f)?,
+                        matrix(&format!("{b}.mlp.fc11.weight"), f)?,
+                    ])),
+                    up_bias: None,
+                    down: Matrix::new(w.packed(&name(&format!("{b}.mlp.fc2.weight")), &[d, f])?),
+                    down_bias: optional(&format!("{b}.mlp.fc2.bias"), d)?,
+                    out_norm: norm(&format!("{b}.norm2"))?,
+                }
+            } else {
+                let part = |p: &str| format!("{b}.attention.self.{p}");
+                let biases = [
+                    vector(&part("query.bias"), d)?,
+                    vector(&part("key.bias"), d)?,
+                    vector(&part("value.bias"), d)?,
+                ];
+                Block {
+                    qkv: Matrix::new(Packed::stack(vec![
+                        matrix(&part("query.weight"), d)?,
+                        matrix(&part("key.weight"), d)?,
+                        matrix(&part("value.weight"), d)?,
+                    ])),
+                    qkv_bias: Some(biases.concat()),
+                    o: Matrix::new(matrix(&format!("{b}.attention.output.dense.weight"), d)?),
+                    o_bias: Some(vector(&format!("{b}.attention.output.dense.bias"), d)?),
+                    attn_norm: norm(&format!("{b}.attention.output.LayerNorm"))?,
+                    up: Matrix::new(matrix(&format!("{b}.intermediate.dense.weight"), f)?),
+                    up_bias: Some(vector(&format!("{b}.intermediate.dense.bias"), f)?),
+                    down: Matrix::new(
+                        w.packed(&name(&format!("{b}.output.dense.weight")), &[d, f])?,
+                    ),
+                    down_bias: Some(vector(&format!("{b}.output.dense.bias"), d)?),
+                    out_norm: norm(&format!("{b}.output.LayerNorm"))?,
+                }
+            };
+            blocks.push(block);
+        }
+        let embed_norm = if nomic && w.contains(&name("emb_ln.weight")) {
+            norm("emb_ln")?
+        } else {
+            norm("embeddings.LayerNorm")?
+        };
+        let positions = match spec.positions {
+            Positions::Absolute => Some(w.packed(
+                &name("embeddings.position_embeddings.weight"),
+                &[spec.max_positions, d],
+            )?),
+            Positions::Rotary(_) => None,
+        };
+        // Every input is one segment: type 0's row is added to every token.
+        let types = name("embeddings.token_type_embeddings.weight");
+        let token_type = if w.contains(&types) {
+            Some(w.get(&types, &[spec.type_vocab_size, d])?.data[..d].to_vec())
+        } else {
+            None
+        };
+        let hd = spec.head_dim();
+        let inv_freq = match spec.positions {
+            Positions::Rotary(theta) => (0..hd / 2)
+                .map(|i| 1.0 / theta.powf((2 * i) as f32 / hd as f32))
+                .collect(),
+            Positions::Absolute => Vec::new(),
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("turnpike-cpu-{i}"))
+            .build()
+            .map_err(|e| ModelError::Config(format!("cannot start CPU threads: {e}")))?;
+        Ok(Self {
+            embed: w.packed(
+                &name("embeddings.word_embeddings.weight"),
+                &[spec.vocab_size, d],
+            )?,
+            spec: spec.clone(),
+            positions,
+            token_type,
+            embed_norm,
+            blocks,
+            inv_freq,
+            num_blocks,
+            pool,
+        })
+    }
+
+    /// The last hidden states of each input, rows of `hidden_size`, one vector per input.
+    fn states(&self, inputs: &[Vec<u32>]) -> Result<Vec<f32>, DeviceError> {
+        let spec = &self.spec;
+        let (d, f, nh) = (spec.hidden_size, spec.intermediate_size, spec.num_heads);
+        let hd = spec.head_dim();
+        let t: usize = inputs.iter().map(Vec::len).sum();
+        let mut x = vec![0.0f32; t * d];
+        let mut rows = x.chunks_exact_mut(d);
+        let mut extra = vec![0.0f32; d];
+        for tokens in inputs {
+            if tokens.len() > spec.max_positions {
+                return Err(DeviceError::InvalidBatch(format!(
+                    "an input of {} tokens is longer than the model's {}",
+                    tokens.len(),
+                    spec.max_positions
+                )));
+            }
+            for (pos, &tok) in tokens.iter().enumerate() {
+                let Some(row) = rows.next() else { break };
+                if tok as usize >= spec.vocab_size {
+                    return Err(DeviceError::InvalidBatch(format!(
+                        "token {tok} is outside the vocabulary"
+                    )));
+                }
+                self.embed.row_into(tok as usize, row);
+                if let Some(positions) = &self.positions {
+                    positions.row_into(pos, &mut extra);
+                    row.iter_mut().zip(&extra).for_each(|(v, p)| *v += p);
+                }
+                if let Some(types) = &self.token_type {
+                    row.iter_mut().zip(types).for_each(|(v, p)| *v += p);
+                }
+            }
+        }
+        layer_norm(&mut x, &self.embed_norm, spec.eps);
+        let mut qkv = vec![0.0f32; t * 3 * d];
+        let mut attn = vec![0.0f32; t * d];
+        let mut proj = vec![0.0f32; t * d];
+        let up_rows = match spec.mlp {
+            EncoderMlp::Gelu => f,
+            EncoderMlp::SwiGlu => 2 * f,
+        };
+        let mut up = vec![0.0f32; t * up_rows];
+        let mut act = vec![0.0f32; t * f];
+        let starts: Vec<usize> = inputs
+            .iter()
+            .scan(0, |at, tokens| {
+                let start = *at;
+                *at += tokens.len();
+                Some(start)
+            })
+            .collect();
+        for block in &self.blocks {
+            linear(&x, 0, &block.qkv, block.qkv_bias.as_deref(), &mut qkv);
+            if !self.inv_freq.is_empty() {
+                self.rotate(&mut qkv, inputs, &starts);
+            }
+            attend(&qkv, inputs, &starts, nh, hd, &mut attn);
+            linear(&attn, 0, &block.o, block.o_bias.as_deref(), &mut proj);
+            x.par_iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
+            layer_norm(&mut x, &block.attn_norm, spec.eps);
+            linear(&x, 0, &block.up, block.up_bias.as_deref(), &mut up);
+            match spec.mlp {
+                EncoderMlp::Gelu => act
+                    .par_iter_mut()
+                    .zip(&up)
+                    .for_each(|(a, &u)| *a = gelu_erf(u)),
+                EncoderMlp::SwiGlu => {
+                    act.par_chunks_mut(f)
+                        .zip(up.par_chunks(2 * f))
+                        .for_each(|(a, gu)| {
+                            let (gate, up) = gu.split_at(f);
+                            for ((a, g), u) in a.iter_mut().zip(gate).zip(up) {
+                                *a = g / (1.0 + (-g).exp()) * u;
+                            }
+                        })
+                }
+            }
+            linear(&act, 0, &block.down, block.down_bias.as_deref(), &mut proj);
+            x.par_iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
+            layer_norm(&mut x, &block.out_norm, spec.eps);
+        }
+        Ok(x)
+    }
+
+    /// Rotates the query and key heads of every row by its position within its input.
+    fn rotate(&self, qkv: &mut [f32], inputs: &[Vec<u32>], starts: &[usize]) {
+        let d = self.spec.hidden_size;
+        let half = self.inv_freq.len();
+        let mut position = vec![0usize; qkv.len() / (3 * d)];
+        for (tokens, &start) in inputs.iter().zip(starts) {
+            for i in 0..tokens.len() {
+                position[start + i] = i;
+            }
+        }
+        qkv.par_chunks_mut(3 * d)
+            .zip(&position)
+            .for_each(|(row, &pos)| {
+                let (cos, sin): (Vec<f32>, Vec<f32>) = self
+                    .inv_freq
+                    .iter()
+                    .map(|f| {
+                        let angle = f64::from(pos as f32 * f);
+                        (angle.cos() as f32, angle.sin() as f32)
+                    })
+                    .unzip();
+                for head in row[..2 * d].chunks_exact_mut(2 * half) {
+                    let (a, b) = head.split_at_mut(half);
+                    for i in 0..half {
+                        let (x, y) = (a[i], b[i]);
+                        a[i] = x * cos[i] - y * sin[i];
+                        b[i] = y * cos[i] + x * sin[i];
+                    }
+                }
+            });
+    }
+}
+
+/// Bidirectional attention of each input over itself: `qkv` rows hold q, k and v (`nh` heads
+/// of `hd` each); writes `out` rows of `nh · hd`.
+fn attend(
+    qkv: &[f32],
+    inputs: &[Vec<u32>],
+    starts: &[usize],
+    nh: usize,
+    hd: usize,
+    out: &mut [f32],
+) {
+    let d = nh * hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut tasks: Vec<(usize, usize, usize, &mut [f32])> = Vec::new();
+    let mut rest = out;
+    for (tokens, &start) in inputs.iter().zip(starts) {
+        let (mine, tail) = rest.split_at_mut(tokens.len() * d);
+        rest = tail;
+        for (i, row) in mine.chunks_exact_mut(d).enumerate() {
+            tasks.push((start, tokens.len(), start + i, row));
+        }
+    }
+    tasks.into_par_iter().for_each(|(start, len, row, out)| {
+        let q = &qkv[row * 3 * d..row * 3 * d + d];
+        let mut scores = vec![0.0f32; len];
+        for h in 0..nh {
+            let qh = &q[h * hd..(h + 1) * hd];
+            for (j, s) in scores.iter_mut().enumerate() {
+                let k = &qkv[(start + j) * 3 * d + d + h * hd..][..hd];
+                *s = qh.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+            }
+            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut sum = 0.0;
+            scores.iter_mut().for_each(|s| {
+                *s = (*s - max).exp();
+                sum += *s;
+            });
+            let o = &mut out[h * hd..(h + 1) * hd];
+            o.fill(0.0);
+            for (j, &p) in scores.iter().enumerate() {
+                let v = &qkv[(start + j) * 3 * d + 2 * d + h * hd..][..hd];
+                o.iter_mut().zip(v).for_each(|(o, v)| *o += p / sum * v);
+            }
+        }
+    });
+}
+
+/// LayerNorm of each row of `x` in place.
+fn layer_norm(x: &mut [f32], norm: &Norm, eps: f32) {
+    let d = norm.weight.len();
+    x.par_chunks_mut(d).for_each(|row| {
+        let mean = row.iter().sum::<f32>() / d as f32;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / d as f32;
+        let inv = 1.0 / (var + eps).sqrt();
+        for ((v, w), b) in row.iter_mut().zip(&norm.weight).zip(&norm.bias) {
+            *v = (*v - mean) * inv * w + b;
+        }
+    });
+}
+
+/// GELU by the error function, as PyTorch's default `gelu`.
+fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+impl Device for EncoderDevice {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn num_blocks(&self) -> u32 {
+        self.num_blocks
+    }
+
+    fn forward(&mut self, _batch: &Batch<'_>) -> Result<Vec<f32>, DeviceError> {
+        Err(DeviceError::InvalidBatch(
+            "an encoder model serves embeddings only".into(),
+        ))
+    }
+
+    fn embed(&mut self, tokens: &[u32], mode: PoolingMode) -> Result<Vec<f32>, DeviceError> {
+        let mut out = self.embed_batch(&[tokens.to_vec()], mode)?;
+        out.pop()
+            .ok_or_else(|| DeviceError::InvalidBatch("no tokens to embed".into()))
+    }
+
+    fn embed_batch(
+        &mut self,
+        inputs: &[Vec<u32>],
+        mode: PoolingMode,
+    ) -> Result<Vec<Vec<f32>>, DeviceError> {
+        if inputs.iter().any(Vec::is_empty) {
+            return Err(DeviceError::InvalidBatch("no tokens to embed".into()));
+        }
+        let d = self.spec.hidden_size;
+        let states = self.pool.install(|| self.states(inputs))?;
+        let mut at = 0;
+        Ok(inputs
+            .iter()
+            .map(|tokens| {
+                let rows = &states[at * d..(at + tokens.len()) * d];
+                at += tokens.len();
+                pool(rows, d, mode)
+            })
+            .collect())
+    }
+}
