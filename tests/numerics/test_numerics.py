@@ -130,6 +130,23 @@ def test_a_repeated_prompt_reuses_its_partial_last_block(model_dir, hf):
     assert err < TOLERANCE, f"after reuse below the block: relative error {err:.2e}"
 
 
+def test_reuse_is_token_granular(model_dir, hf):
+    # The first run ends inside its third block (37 prompt tokens and 2 generated): that partial
+    # block stays matchable, so the same prompt again computes its last token only, and a
+    # prompt that leaves it after 40 tokens reuses those 40.
+    [prompt, other] = prompts(6, [37, 12])
+    first, again = engine(model_dir, [{"prompts": [prompt], "generate": 2}, {"prompts": [prompt]}], block_size=16)
+    assert again["results"][0]["cached_tokens"] == 36
+    err = rel_err(again["results"][0]["logits"], hf_last_logits(hf, prompt))
+    assert err < TOLERANCE, f"after reuse of a partial block: relative error {err:.2e}"
+    seen = prompt + first["results"][0]["tokens"][:1]
+    diverging = seen[:38] + other
+    _, later = engine(model_dir, [{"prompts": [prompt], "generate": 2}, {"prompts": [diverging]}], block_size=16)
+    assert later["results"][0]["cached_tokens"] == 38
+    err = rel_err(later["results"][0]["logits"], hf_last_logits(hf, diverging))
+    assert err < TOLERANCE, f"after a divergence inside a block: relative error {err:.2e}"
+
+
 def test_32_greedy_tokens_are_identical(model_dir, hf):
     batch = prompts(5, [12, 40])
     [run] = engine(model_dir, [{"prompts": batch, "generate": 32}], block_size=8)

@@ -147,8 +147,9 @@ def test_a_repeated_prompt_hits_the_prefix_cache_and_metrics_show_the_cache(tiny
     first = tiny.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0)
     again = tiny.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0)
     assert first.usage.prompt_tokens == again.usage.prompt_tokens > 32
+    # Reuse is token-granular: only the last prompt token is computed again.
     cached = again.usage.prompt_tokens_details.cached_tokens
-    assert cached >= 32 and cached % 16 == 0, cached
+    assert cached == again.usage.prompt_tokens - 1, cached
     assert again.choices[0].text == first.choices[0].text
     assert stat(tiny_gateway, "kv_blocks_total") > 0
     assert stat(tiny_gateway, "prefix_hit_rate") > 0

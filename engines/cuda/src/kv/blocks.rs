@@ -179,18 +179,20 @@ impl BlockManager {
         found
     }
 
-    /// [`match_prefix`](Self::match_prefix), and below the block: when every full block of
-    /// `tokens` matched and a partial block is left, a cached block that begins with exactly
-    /// those tokens after the same prefix (a block a finished sequence filled past them) is
-    /// retained and appended too, counted in `tokens` but not in `hashes`. The caller must copy
-    /// the last block before writing into it ([`copy_for_write`](Self::copy_for_write)).
+    /// [`match_prefix`](Self::match_prefix), and below the block: after the matched full
+    /// blocks, the cached block (full, or the partial last block of a finished sequence) after
+    /// the same prefix that shares the longest start with the rest of `tokens` is retained and
+    /// appended too; the tokens they share count in `tokens`, not in `hashes`. Reuse is thus
+    /// token-granular. The caller must copy the last block before writing into it
+    /// ([`copy_for_write`](Self::copy_for_write)).
     pub fn match_reusable(&mut self, tokens: &[u32]) -> PrefixMatch {
         let mut found = self.match_prefix(tokens);
-        let tail = &tokens[found.tokens.min(tokens.len())..];
-        if let Some(b) = self.tail_block(found.hashes.last().copied(), tail) {
+        let rest = &tokens[found.tokens.min(tokens.len())..];
+        if let Some((b, common)) = self.partial_block(found.hashes.last().copied(), rest) {
             self.retain(b);
             found.blocks.push(b);
-            found.tokens += tail.len();
+            found.tokens += common;
+            self.hit_tokens += common as u64;
         }
         found
     }
@@ -198,10 +200,10 @@ impl BlockManager {
     /// What [`match_reusable`](Self::match_reusable) would match now, changing nothing.
     pub fn peek_reusable(&self, tokens: &[u32]) -> PrefixPeek {
         let (mut peek, parent) = self.peek_chain(tokens);
-        let tail = &tokens[peek.tokens.min(tokens.len())..];
-        if let Some(b) = self.tail_block(parent, tail) {
+        let rest = &tokens[peek.tokens.min(tokens.len())..];
+        if let Some((b, common)) = self.partial_block(parent, rest) {
             peek.blocks += 1;
-            peek.tokens += tail.len();
+            peek.tokens += common;
             if self.ref_count(b) == 0 {
                 peek.idle += 1;
             }
@@ -209,13 +211,32 @@ impl BlockManager {
         peek
     }
 
-    /// The cached block that begins with `tail` (shorter than a block) after the prefix whose
-    /// last block hash is `parent`.
-    fn tail_block(&self, parent: Option<u64>, tail: &[u32]) -> Option<BlockId> {
-        if tail.is_empty() || tail.len() >= self.block_size() {
+    /// The cached block after the prefix whose last block hash is `parent` that shares the
+    /// longest start (shorter than a block) with `rest`, and how many tokens it shares.
+    fn partial_block(&self, parent: Option<u64>, rest: &[u32]) -> Option<(BlockId, usize)> {
+        let rest = &rest[..rest.len().min(self.block_size() - 1)];
+        if rest.is_empty() {
             return None;
         }
-        self.index.lookup_start(parent?, tail)
+        self.index.lookup_longest(parent, rest)
+    }
+
+    /// Records that `b`, the last block of a sequence that is ending, holds the KV of `tokens`
+    /// (fewer than a block) after the prefix whose last block hash is `parent`, so a later
+    /// prompt that starts the same way reuses them ([`match_reusable`](Self::match_reusable)).
+    /// Only a block the sequence owns alone is registered, and only under a live parent.
+    pub fn register_partial(&mut self, b: BlockId, parent: Option<u64>, tokens: &[u32]) {
+        let Some(m) = self.meta.get(b as usize) else {
+            return;
+        };
+        if m.refs != 1 || m.tag.is_some() || tokens.is_empty() || tokens.len() >= self.block_size()
+        {
+            return;
+        }
+        let registered = self.index.register(parent, tokens, b);
+        if let Some(m) = self.meta.get_mut(b as usize) {
+            m.tag = registered.tag;
+        }
     }
 
     /// Replaces the caller's reference to `b` with a fresh block holding a copy of its KV (the

@@ -55,6 +55,8 @@ pub(super) type HashFn = fn(Option<u64>, &[u32]) -> u64;
 #[derive(Debug, Clone)]
 pub(super) struct PrefixIndex {
     entries: HashMap<u64, Entry>,
+    /// Entries of a sequence's first block (their parent is `None`).
+    roots: Vec<u64>,
     next_serial: u64,
     hash: HashFn,
 }
@@ -70,6 +72,7 @@ impl PrefixIndex {
     pub(super) fn with_hash(hash: HashFn) -> Self {
         Self {
             entries: HashMap::new(),
+            roots: Vec::new(),
             next_serial: 0,
             hash,
         }
@@ -103,16 +106,31 @@ impl PrefixIndex {
         }
     }
 
-    /// The holder of a child of `parent` whose tokens begin with `start` (a block that holds
-    /// `start` and more).
-    pub(super) fn lookup_start(&self, parent: u64, start: &[u32]) -> Option<BlockId> {
-        let children = &self.entries.get(&parent)?.children;
-        children.iter().find_map(|key| {
-            let e = self.entries.get(key)?;
-            (e.parent == Some(parent) && e.tokens.starts_with(start))
-                .then_some(e.holder)
-                .flatten()
-        })
+    /// The holder of the entry after `parent` (`None`: a first block) whose tokens share the
+    /// longest start with `rest`, and the length of that start (at least 1): a full or partial
+    /// block that holds the first tokens of `rest`, perhaps followed by others.
+    pub(super) fn lookup_longest(
+        &self,
+        parent: Option<u64>,
+        rest: &[u32],
+    ) -> Option<(BlockId, usize)> {
+        let children = match parent {
+            Some(p) => &self.entries.get(&p)?.children,
+            None => &self.roots,
+        };
+        children
+            .iter()
+            .filter_map(|key| {
+                let e = self.entries.get(key)?;
+                let common = e
+                    .tokens
+                    .iter()
+                    .zip(rest)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                (e.parent == parent && common > 0).then_some((e.holder?, common))
+            })
+            .max_by_key(|&(_, common)| common)
     }
 
     /// Whether `tag` still names a live entry.
@@ -176,8 +194,9 @@ impl PrefixIndex {
                         serial,
                     },
                 );
-                if let Some(p) = parent.and_then(|p| self.entries.get_mut(&p)) {
-                    p.children.push(key);
+                match parent.and_then(|p| self.entries.get_mut(&p)) {
+                    Some(p) => p.children.push(key),
+                    None => self.roots.push(key),
                 }
                 Registered {
                     tag: Some(Tag { key, serial }),
@@ -215,8 +234,9 @@ impl PrefixIndex {
             return;
         }
         let parent = e.parent;
-        if let Some(p) = parent.and_then(|p| self.entries.get_mut(&p)) {
-            p.children.retain(|&c| c != tag.key);
+        match parent.and_then(|p| self.entries.get_mut(&p)) {
+            Some(p) => p.children.retain(|&c| c != tag.key),
+            None => self.roots.retain(|&c| c != tag.key),
         }
         let mut stack = vec![tag.key];
         while let Some(key) = stack.pop() {

@@ -268,7 +268,7 @@ fn dup_keeps_entry_alive_and_can_become_holder() {
 }
 
 #[test]
-fn a_partial_last_block_matches_a_cached_block_that_begins_with_it() {
+fn reuse_is_token_granular_below_the_block() {
     let mut bm = BlockManager::new(8, 4);
     let (t, _) = fill(&mut bm, &[1, 2, 3, 4, 5, 6, 7, 8]);
     release_all(&mut bm, &t);
@@ -281,14 +281,39 @@ fn a_partial_last_block_matches_a_cached_block_that_begins_with_it() {
         (m.blocks.clone(), m.hashes.len(), m.tokens),
         (t.clone(), 1, 6)
     );
-    // Another continuation, or no full block before it, matches nothing below the block.
-    assert_eq!(bm.peek_reusable(&[1, 2, 3, 4, 5, 9]).tokens, 4);
-    assert_eq!(bm.peek_reusable(&[1, 2]).tokens, 0);
+    // Another continuation shares what it shares, also in a sequence's first block.
+    assert_eq!(bm.peek_reusable(&[1, 2, 3, 4, 5, 9]).tokens, 5);
+    assert_eq!(bm.peek_reusable(&[1, 2]).tokens, 2);
+    assert_eq!(bm.peek_reusable(&[7, 2]).tokens, 0);
     // Writing goes to a copy; the cached block returns to the cache untouched.
     let copy = bm.copy_for_write(t[1]).unwrap();
     assert_eq!(copy.src, t[1]);
     assert_ne!(copy.dst, t[1]);
     release_all(&mut bm, &[m.blocks[0], copy.dst]);
     assert_eq!(bm.stats().cached, 2);
+    check_counts(&bm);
+}
+
+#[test]
+fn the_partial_last_block_of_a_finished_sequence_is_reused() {
+    let mut bm = BlockManager::new(8, 4);
+    // Six tokens: one full block and a partial one holding 5, 6.
+    let a = bm.allocate().unwrap();
+    let b = bm.allocate().unwrap();
+    let key = bm.register_full(a, None, &[1, 2, 3, 4]);
+    bm.register_partial(b, Some(key), &[5, 6]);
+    release_all(&mut bm, &[a, b]);
+    assert_eq!(bm.stats().cached, 2);
+    // The same prompt, and one that diverges inside the partial block.
+    let m = bm.match_reusable(&[1, 2, 3, 4, 5, 6]);
+    assert_eq!((m.blocks.clone(), m.tokens), (vec![a, b], 6));
+    release_all(&mut bm, &m.blocks);
+    assert_eq!(bm.peek_reusable(&[1, 2, 3, 4, 5, 7, 8]).tokens, 5);
+    // A shared block or a full one is not registered as partial.
+    let c = bm.allocate().unwrap();
+    bm.retain(c);
+    bm.register_partial(c, Some(key), &[9]);
+    release_all(&mut bm, &[c, c]);
+    assert_eq!(bm.peek_reusable(&[1, 2, 3, 4, 9]).tokens, 4);
     check_counts(&bm);
 }

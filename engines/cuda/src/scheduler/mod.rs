@@ -373,6 +373,17 @@ impl Scheduler {
             self.fair
                 .remove_waiting(seq.priority, &seq.tenant, seq.arrival, id);
         }
+        // The computed tokens of a partial last block stay matchable, so a prompt that repeats
+        // this one recomputes at most its last token.
+        let bs = self.blocks.block_size();
+        let full = seq.hashes.len();
+        if let (Some(&last), Some(tokens)) = (
+            seq.table.get(full),
+            seq.tokens.get(full * bs..seq.computed.min((full + 1) * bs)),
+        ) {
+            self.blocks
+                .register_partial(last, seq.hashes.last().copied(), tokens);
+        }
         for &b in seq.table.iter().rev() {
             self.blocks.release(b);
         }

@@ -198,7 +198,12 @@ impl Scheduler {
             return 0;
         };
         let peek = self.blocks.peek_reusable(&seq.tokens);
-        let available = self.blocks.available().saturating_sub(peek.idle);
+        let mut available = self.blocks.available().saturating_sub(peek.idle);
+        // Writing into the last matched block takes a copy; where no block is left for it, the
+        // sequence gives that block back instead (see below), so an idle one counts as free.
+        if available == 0 && peek.idle > 0 && peek.tokens.min(last) < peek.blocks * bs {
+            available = 1;
+        }
         let want = (seq.tokens.len() - peek.tokens.min(last)).min(budget);
         if want.min(available * bs) == 0 {
             return 0;
@@ -214,7 +219,9 @@ impl Scheduler {
         seq.table = matched.blocks;
         seq.hashes = matched.hashes;
         // The first token to compute lands in the last matched block: that block is the prefix
-        // cache's, so the sequence writes into a copy of it.
+        // cache's, so the sequence writes into a copy of it. With no block for the copy, the
+        // sequence gives that block back and computes its tokens instead (the block can then be
+        // evicted for it), rather than waiting for a copy that may never fit.
         if writes_matched && let Some(b) = seq.table.last_mut() {
             match self.blocks.copy_for_write(*b) {
                 Ok(copy) => {
@@ -222,8 +229,11 @@ impl Scheduler {
                     plan.copies.push(copy);
                 }
                 Err(_) => {
-                    self.unadmit(id, plan, copies);
-                    return 0;
+                    if let Some(b) = seq.table.pop() {
+                        self.blocks.release(b);
+                    }
+                    seq.hashes.truncate(seq.table.len());
+                    seq.computed = (seq.table.len() * bs).min(last);
                 }
             }
         }
