@@ -214,26 +214,27 @@ def test_the_folder_itself_computes_what_transformers_computes(model):
 
 
 def test_the_int8_path_picks_the_same_tokens_but_for_near_ties(model, tmp_path):
-    """Inputs rounded to bytes (the CPU's fast path) on a Q4_K_M file: the argmax at every
-    position of a prompt agrees with transformers on the dequantized weights at >= 95% of
-    positions, and where it does not, transformers' own top two are close."""
+    """Inputs rounded to bytes (the CPU's default, as ggml rounds them) on a Q4_K_M file:
+    along the engine's own 32 greedy tokens after each of four prompts, transformers on the
+    dequantized weights (teacher-forced on the same prefix) picks the same token at >= 95% of
+    the positions, and where it does not, the engine's pick is a near-tie of its logits."""
     folder, f32 = model
     path = quantize(f32, "Q4_K_M")
     hf = load_hf(dequantized_folder(path, folder, tmp_path / "dequantized"))
-    [prompt] = prompts(23, [64])
-    runs = engine(path, [{"prompts": [prompt[:n]]} for n in range(1, len(prompt) + 1)], activations="int8")
-    with torch.no_grad():
-        theirs = hf(torch.tensor([prompt])).logits[0].numpy()
-    agree, ties = 0, []
-    for n, run in enumerate(runs):
-        ours = int(np.argmax(run["results"][0]["logits"]))
-        want = theirs[n]
-        if ours == int(np.argmax(want)):
-            agree += 1
-        else:
-            top = np.sort(want)[-2:]
-            ties.append((top[1] - want[ours]) / (want.max() - want.min()))
-    assert agree >= 0.95 * len(runs), f"{agree}/{len(runs)} positions agree"
+    batch = prompts(23, [5, 17, 40, 64])
+    [run] = engine(path, [{"prompts": batch, "generate": 32}], activations="int8")
+    agree, total, ties = 0, 0, []
+    for prompt, result in zip(batch, run["results"]):
+        ours = result["tokens"]
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + ours])).logits[0, len(prompt) - 1 : -1].numpy()
+        for mine, row in zip(ours, logits):
+            total += 1
+            if mine == int(row.argmax()):
+                agree += 1
+            else:
+                ties.append(float((row.max() - row[mine]) / (row.max() - row.min())))
+    assert agree >= 0.95 * total, f"{agree}/{total} positions agree; gaps {sorted(ties)}"
     assert all(gap < 0.02 for gap in ties), ties
 
 
@@ -281,14 +282,14 @@ def test_a_file_it_cannot_serve_stops_the_server_with_one_line(tmp_path, model):
     instead of starting a gateway that lists no model."""
     _, f32 = model
     reader = gguf.GGUFReader(str(f32))
-    path = tmp_path / "bert-vocab.gguf"
+    path = tmp_path / "rwkv-vocab.gguf"
     writer = gguf.GGUFWriter(str(path), bytes(reader.fields["general.architecture"].parts[-1]).decode())
     for field in reader.fields.values():
         if field.name.startswith("GGUF.") or field.name == "general.architecture":
             continue
         value = field.contents()
         if field.name == "tokenizer.ggml.model":
-            value = "bert"
+            value = "rwkv"
         writer.add_key_value(field.name, value, field.types[0], field.types[-1] if len(field.types) > 1 else None)
     for t in reader.tensors:
         writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
@@ -300,4 +301,4 @@ def test_a_file_it_cannot_serve_stops_the_server_with_one_line(tmp_path, model):
     out = subprocess.run([str(BIN), "serve", "--model", str(path), "--listen", "127.0.0.1:0"],
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode != 0
-    assert "GGUF tokenizer `bert`" in out.stderr, out.stderr
+    assert "GGUF tokenizer `rwkv`" in out.stderr, out.stderr

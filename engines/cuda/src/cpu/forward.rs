@@ -124,8 +124,8 @@ pub fn hidden_states(
     let global = angles(&rotary.global);
     let local = rotary.local.as_deref().map(angles);
 
-    // Rows of the leading decoding chunks may round their products' inputs (see
-    // `matmul::Activations`); prompt rows never do.
+    // Rows of the leading decoding chunks round their products' inputs to bytes once; prompt
+    // rows take two byte passes (see `matmul::linear`).
     let rounded: usize = chunks
         .iter()
         .take_while(|c| c.generated)
@@ -238,7 +238,7 @@ pub fn logits(
     let mut normed = vec![0.0f32; picked.len()];
     rms_norm(&picked, vector(&w.norm)?, spec.rms_norm_eps, &mut normed);
     let mut out = vec![0.0f32; rows.len() * spec.vocab_size];
-    linear(&normed, 0, w.output(), None, &mut out);
+    linear(&normed, rows.len(), w.output(), None, &mut out);
     if let Some(cap) = spec.arch.final_softcap {
         out.iter_mut().for_each(|l| *l = softcap(*l, cap));
     }

@@ -1,8 +1,8 @@
 //! The CPU device: the whole model on every core, each weight matrix in the precision it was
-//! shipped in (GGUF quantized types stay quantized) and every activation in f32, except the
-//! inputs of products with 4- and 8-bit layer weights, which are rounded to
-//! bytes, and the KV cache, held in halves, unless [`Activations::Exact`] is asked for; the reference for correctness and the fallback
-//! where no GPU is present. Matrix products run the device's
+//! shipped in (GGUF quantized types stay quantized, held once) and every activation in f32,
+//! except the inputs of products with 4- and 8-bit weights, which are rounded to bytes, and the
+//! KV cache, held in halves, unless [`Activations::Exact`] is asked for; the reference for
+//! correctness and the fallback where no GPU is present. Matrix products run the device's
 //! own kernels ([`matmul`], picked per instruction set at run time), parallel work the device's
 //! own `rayon` pool (a plugin never touches the host's global pool).
 
@@ -50,9 +50,11 @@ impl CpuDevice {
             Ok(Matrix::new(p))
         })?;
         drop(opened);
-        // The layers' products may round their inputs; the output projection keeps f32
-        // inputs: rounding them moves near-tied logits, which decide tokens, and it is a fifth
-        // of a small model's products at most.
+        // Under `Int8` every product with 4- and 8-bit weights runs on bytes (prompts in two
+        // passes, see `matmul::linear`), so the layers are held once, in the byte kernels'
+        // tiles. The output projection runs on bytes too (with f32 inputs it was up to a third
+        // of a small model's decoding step), in two passes, since rounding its inputs once
+        // moves near-tied logits; a head tied to the embedding keeps its codes for the lookups.
         for layer in &mut weights.layers {
             for matrix in [
                 &mut layer.qkv,
@@ -61,7 +63,14 @@ impl CpuDevice {
                 &mut layer.down,
             ] {
                 matrix.round_inputs(inputs);
+                matrix.tiles_only();
             }
+        }
+        let head = weights.lm_head.as_mut().unwrap_or(&mut weights.embed);
+        head.round_inputs(inputs);
+        head.refine();
+        if let Some(head) = &mut weights.lm_head {
+            head.tiles_only();
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -92,6 +101,17 @@ impl Device for CpuDevice {
 
     fn num_blocks(&self) -> u32 {
         self.kv.num_blocks() as u32
+    }
+
+    fn stats(&self) -> Vec<(&'static str, f64)> {
+        let w = &self.weights;
+        let layers: usize = w
+            .layers
+            .iter()
+            .map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes())
+            .sum();
+        let head = w.lm_head.as_ref().map_or(0, Matrix::bytes);
+        vec![("weight_bytes", (layers + head + w.embed.bytes()) as f64)]
     }
 
     fn forward(&mut self, batch: &Batch<'_>) -> Result<Vec<f32>, DeviceError> {

@@ -126,6 +126,28 @@ impl Tiles {
         self.rows
     }
 
+    /// What rounding `x` to bytes leaves out: `x` minus its rounded value, element by element
+    /// (multiplied in a second pass, it makes the product nearly exact; see
+    /// [`super::Matrix::refine`]).
+    pub fn residual(&self, x: &[f32]) -> Vec<f32> {
+        let inputs = Inputs::quantize(x, self.cols, self.group, 0, false);
+        x.chunks_exact(self.group)
+            .zip(inputs.codes.chunks_exact(self.group))
+            .zip(&inputs.scale)
+            .flat_map(|((values, codes), &step)| {
+                values
+                    .iter()
+                    .zip(codes)
+                    .map(move |(v, &c)| v - f32::from(c) * step)
+            })
+            .collect()
+    }
+
+    /// Bytes the tiles take in memory.
+    pub fn bytes(&self) -> usize {
+        self.codes.len() + (self.scale.len() + self.min.len()) * 4
+    }
+
     /// Input rows rounded for these weights.
     pub fn inputs(&self, x: &[f32]) -> Inputs {
         let offset = match self.kind {

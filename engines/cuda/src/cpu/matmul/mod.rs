@@ -44,9 +44,11 @@ pub enum Activations {
     /// f32, against every weight decoded to f32: the sums a reference that dequantizes the
     /// weights computes, to rounding order.
     Exact,
-    /// Rounded to bytes in groups, as ggml does ([`int8`]), in decoding steps; prompts keep
-    /// them f32, so a prompt's logits are the same whether a prefix-cache hit recomputes only
-    /// its last position or not.
+    /// Rounded to bytes in groups, as ggml does ([`int8`]): once in decoding steps, twice
+    /// (the rounded inputs, then what rounding left out) in prompts, so a prompt's logits stay
+    /// within a byte's step of a byte's step of f32 and are the same whether a prefix-cache
+    /// hit recomputes only its last position or not; each matrix is held once, in the byte
+    /// kernels' layout.
     #[default]
     Int8,
 }
@@ -58,6 +60,11 @@ pub struct Matrix {
     /// The values as shipped (what prefill, lookups and norms read).
     pub packed: Packed,
     tiles: Option<int8::Tiles>,
+    /// Whether `packed` keeps its codes (a matrix only ever multiplied from its tiles gives
+    /// them up, so the model is in memory once).
+    exact: bool,
+    /// Whether byte products take a second pass over what rounding left out ([`Self::refine`]).
+    refined: bool,
 }
 
 impl Matrix {
@@ -66,7 +73,32 @@ impl Matrix {
         Self {
             packed,
             tiles: None,
+            exact: true,
+            refined: false,
         }
+    }
+
+    /// Byte products of this matrix run twice: on the rounded inputs, then on what rounding left
+    /// out (itself rounded), so the sum is within a byte's step of a byte's step of exact, at
+    /// twice a byte product's cost (still under the f32 product's). For the output projection,
+    /// whose near-tied logits decide tokens.
+    pub fn refine(&mut self) {
+        self.refined = true;
+    }
+
+    /// For a matrix laid out for the byte kernels: drops the shipped codes, so every product
+    /// rounds its inputs and the matrix is held once (its shape stays readable). Nothing
+    /// changes for a matrix without tiles.
+    pub fn tiles_only(&mut self) {
+        if self.tiles.is_some() {
+            self.packed.codes = crate::model::packed::Codes::F32(Vec::new());
+            self.exact = false;
+        }
+    }
+
+    /// Bytes the matrix takes in memory.
+    pub fn bytes(&self) -> usize {
+        self.packed.bytes() + self.tiles.as_ref().map_or(0, int8::Tiles::bytes)
     }
 
     /// Lays 4- and 8-bit codes out for the byte kernels where `inputs` asks for it, so
@@ -78,9 +110,11 @@ impl Matrix {
     }
 }
 
-/// `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`, on the current rayon pool; the first
-/// `rounded` rows round their inputs to bytes where `w` is laid out for that (decoding steps),
-/// the others keep them f32 (prompts).
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`, on the current rayon pool. Where `w` is laid
+/// out for the byte kernels, the first `rounded` rows (decoding steps) round their inputs to
+/// bytes once; the others (prompts) keep f32 inputs, or, where `w` gave up its shipped codes
+/// ([`Matrix::tiles_only`]) or is refined ([`Matrix::refine`]), take two byte passes, which
+/// is within a byte's step of a byte's step of f32.
 ///
 /// # Panics
 /// When the shapes do not agree (a bug in the caller, never input-dependent).
@@ -101,13 +135,25 @@ pub fn linear_with(
     let m = x.len().checked_div(k).unwrap_or(0);
     assert_eq!(x.len(), m * k, "input shape");
     assert_eq!(out.len(), m * n, "output shape");
-    let rounded = if w.tiles.is_some() { rounded.min(m) } else { 0 };
-    let (bytes, exact) = x.split_at(rounded * k);
-    let (bytes_out, exact_out) = out.split_at_mut(rounded * n);
-    if let Some(tiles) = &w.tiles
-        && rounded > 0
-    {
+    let (once, twice) = match &w.tiles {
+        Some(_) if w.refined => (0, m),
+        Some(_) if !w.exact => (rounded.min(m), m),
+        Some(_) => (rounded.min(m), rounded.min(m)),
+        None => (0, 0),
+    };
+    let (bytes, rest) = x.split_at(once * k);
+    let (refined, exact) = rest.split_at((twice - once) * k);
+    let (bytes_out, rest_out) = out.split_at_mut(once * n);
+    let (refined_out, exact_out) = rest_out.split_at_mut((twice - once) * n);
+    if let Some(tiles) = &w.tiles {
         split_int8(isa, tiles, bytes, bytes_out);
+        split_int8(isa, tiles, refined, refined_out);
+        if !refined.is_empty() {
+            let residual = tiles.residual(refined);
+            let mut more = vec![0.0f32; refined_out.len()];
+            split_int8(isa, tiles, &residual, &mut more);
+            refined_out.iter_mut().zip(&more).for_each(|(o, m)| *o += m);
+        }
     }
     match View::of(&w.packed) {
         View::F32(r) => split(isa, &r, exact, k, n, exact_out),

@@ -193,3 +193,45 @@ fn rounded_inputs_stay_close_to_the_exact_product() {
         }
     }
 }
+
+#[test]
+fn a_refined_byte_product_is_within_a_step_of_a_step_of_exact() {
+    let n = 29;
+    for w in matrices(n, 288) {
+        if !matches!(w.codes, Codes::Q4 { .. } | Codes::Q8 { .. }) {
+            continue;
+        }
+        let k = w.cols;
+        let dense = w.to_f32();
+        let x = values(3 * k, 11);
+        let mut exact = vec![0.0; 3 * n];
+        let mut refined = vec![0.0; 3 * n];
+        let mut head = Matrix::new(w.clone());
+        head.round_inputs(Activations::Int8);
+        head.refine();
+        head.tiles_only();
+        linear(&x, 0, &Matrix::new(w.clone()), None, &mut exact);
+        linear(&x, 0, &head, None, &mut refined);
+        let size = match &w.codes {
+            Codes::Q8 { group, .. } => *group,
+            _ => 32,
+        };
+        for (i, (e, b)) in exact.iter().zip(&refined).enumerate() {
+            let (r, c) = (i / n, i % n);
+            // Rounding leaves at most a group's largest / 254 out of each input; the second
+            // pass leaves at most 1/254 of that.
+            let bound: f32 = (0..k)
+                .map(|j| {
+                    let first = r * k + j / size * size;
+                    let group = &x[first..first + size];
+                    let largest = group.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    dense[c * k + j].abs() * largest / (254.0 * 254.0)
+                })
+                .sum();
+            assert!(
+                (e - b).abs() <= bound * 1.01 + 1e-5,
+                "[{i}] {e} vs {b} (bound {bound})"
+            );
+        }
+    }
+}
