@@ -14,12 +14,15 @@ import sys
 work, model_label, suffix = sys.argv[1], sys.argv[2], sys.argv[3]
 gguf = sys.argv[4] if len(sys.argv) > 4 else ""
 ours = json.load(open(f"{work}/turnpike.json"))
-peers = {"transformers": json.load(open(f"{work}/transformers.json"))}
+peers = {}
+if os.path.exists(f"{work}/transformers.json"):
+    peers["transformers"] = json.load(open(f"{work}/transformers.json"))
 if os.path.exists(f"{work}/llama.json"):
     peers = {"llama.cpp": json.load(open(f"{work}/llama.json")), **peers}
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+length = ours.get("prompt_len", 512)
 rows = [
-    ("prefill, 512-token prompt (tokens/s)", "prefill_tokens_per_s", True),
+    (f"prefill, {length}-token prompt (tokens/s)", "prefill_tokens_per_s", True),
     ("decode, 1 sequence (tokens/s)", "decode_1_tokens_per_s", True),
     ("decode, 8 sequences (tokens/s)", "decode_8_tokens_per_s", True),
     ("decode, 16 sequences (tokens/s)", "decode_16_tokens_per_s", True),
@@ -27,7 +30,7 @@ rows = [
     ("decode, 16 sequences, JSON Schema grammar (tokens/s)", "decode_16_json_tokens_per_s", True),
     ("decode, 1 sequence, JSON Schema grammar, no fast-forward (tokens/s)", "decode_1_json_masked_tokens_per_s", True),
     ("decode, 16 sequences, JSON Schema grammar, no fast-forward (tokens/s)", "decode_16_json_masked_tokens_per_s", True),
-    ("time to first token, 512 tokens, cold (ms)", "ttft_cold_ms", False),
+    (f"time to first token, {length} tokens, cold (ms)", "ttft_cold_ms", False),
     ("time to first token, same prompt again (ms)", "ttft_prefix_hit_ms", False),
     ("resident memory after load (MiB)", "rss_after_load_mib", False),
     ("resident memory, peak while loading (MiB)", "rss_load_peak_mib", False),
@@ -50,7 +53,8 @@ if gguf:
     tool = os.path.join(os.path.dirname(sys.argv[0]), "..", "target", "release", "turnpike-gguf")
     info = json.loads(subprocess.run([tool, "info", gguf], capture_output=True, text=True, check=True).stdout)
     per_value = {"F32": 4, "F16": 2, "BF16": 2, "Q4_0": 20 / 32, "Q4_1": 24 / 32, "Q4_K": 24 / 32,
-                 "Q8_0": 36 / 32, "Q5_K": 40 / 32, "Q6_K": 20 / 16}
+                 "Q8_0": 36 / 32, "Q5_K": 40 / 32, "Q6_K": 20 / 16, "Q5_0": 36 / 32, "Q5_1": 40 / 32,
+                 "Q2_K": 24 / 16, "Q3_K": 20 / 16, "IQ4_NL": 36 / 32, "IQ4_XS": 36 / 32}
     packed_bytes = 0
     for t in info["tensors"]:
         n = 1
@@ -63,13 +67,24 @@ json.dump(doc, open(f"bench/results/engine{suffix}.json", "w"), indent=2)
 names = list(peers)
 head = "| measure | Turnpike | " + " | ".join(f"{n} | vs {n}" for n in names) + " |"
 lines = [f"# Default engine (CPU device) vs {' and '.join(names)}", "",
-         f"{model_label}, {cpu}, {os.cpu_count()} cores; medians of {ours['runs']} runs, with `bench/run-engine.sh`. "
+         f"{model_label}, {cpu}, {os.cpu_count()} cores; medians of {ours['runs']} runs"
+         f"{ours.get('rounds_note', '')}, with `{os.environ.get('BENCH_COMMAND', 'bench/run-engine.sh')}`. "
          "A ratio > 1 means Turnpike is ahead (for times and memory: the peer's figure / Turnpike's).", "",
          head, "|---|---:|" + "---:|---:|" * len(names)]
 fmt = lambda v: "–" if v is None else f"{v}"
+keys = {label: key for label, key, _ in rows}
+
+
+def spread(side, label):
+    """The rounds' range of a measure, where the runs came in rounds."""
+    values = side.get(f"{keys[label]}_rounds")
+    return f" ({min(values):.1f}–{max(values):.1f})" if values and len(values) > 1 else ""
+
+
+sides = {"turnpike": ours, **peers}
 for r in table:
-    cells = " | ".join(f"{fmt(r.get(n))} | {fmt(r.get('vs ' + n))}{'x' if r.get('vs ' + n) else ''}" for n in names)
-    lines.append(f"| {r['measure']} | {fmt(r['turnpike'])} | {cells} |")
+    cells = " | ".join(f"{fmt(r.get(n))}{spread(sides[n], r['measure'])} | {fmt(r.get('vs ' + n))}{'x' if r.get('vs ' + n) else ''}" for n in names)
+    lines.append(f"| {r['measure']} | {fmt(r['turnpike'])}{spread(ours, r['measure'])} | {cells} |")
 if packed_bytes:
     bw = ours.get("memory_read_gb_per_s", 0)
     d1 = ours["decode_1_tokens_per_s"]

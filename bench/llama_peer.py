@@ -97,13 +97,14 @@ try:
     rss_load_peak = rss_kib("VmHWM")
     complete(prompt(64), 4)
     prefill, d1, d8, d16, cold, warm = [], [], [], [], [], []
+    length = int(os.environ.get("PROMPT_LEN", "512"))
     for _ in range(RUNS):
-        _, end, _ = complete(prompt(512), 1)
-        prefill.append(512 / end)
+        _, end, _ = complete(prompt(length), 1)
+        prefill.append(length / end)
         d1.append(concurrent(1, 16, 128))
         d8.append(concurrent(8, 16, 128))
         d16.append(concurrent(16, 16, 128))
-        p = prompt(512)
+        p = prompt(length)
         cold.append(complete(p, 1, cache=True)[0] * 1000)
         warm.append(complete(p, 1, cache=True)[0] * 1000)
     version = subprocess.run([server, "--version"], capture_output=True, text=True)
@@ -111,6 +112,7 @@ try:
         "runs": RUNS,
         "statistic": "median",
         "version": (version.stdout + version.stderr).strip().splitlines()[0:1],
+        "prompt_len": length,
         "prefill_tokens_per_s": statistics.median(prefill),
         "decode_1_tokens_per_s": statistics.median(d1),
         "decode_8_tokens_per_s": statistics.median(d8),

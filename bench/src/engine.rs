@@ -4,10 +4,12 @@
 //!
 //! Usage: `engine-bench PLUGIN MODEL_DIR OUT_JSON`. Workloads (token ids are random, so the
 //! prefix cache only hits where a measurement asks for it):
-//! - `prefill`: one 512-token prompt, one output token; prompt tokens per second;
+//! - `prefill`: one 512-token prompt (`PROMPT_LEN` tokens where set: a length that is not a
+//!   multiple of the block size shows partial-block reuse), one output token; prompt tokens
+//!   per second;
 //! - `decode_1`: one 16-token prompt, 128 output tokens; output tokens per second of the run;
 //! - `decode_8` / `decode_16`: 8 or 16 such requests at once; output tokens per second of the run;
-//! - `ttft_cold` / `ttft_prefix_hit`: a 512-token prompt, then the same prompt again;
+//! - `ttft_cold` / `ttft_prefix_hit`: a prompt of that length, then the same prompt again;
 //! - `decode_1_json` / `decode_16_json`: as `decode_1` / `decode_16` under a JSON Schema grammar
 //!   (a long array of records, so the grammar decides most tokens), with the tokens it forces
 //!   fast-forwarded (the default); `..._json_masked`: the same with fast-forward off (a second
@@ -68,9 +70,13 @@ fn main() {
         });
         p
     };
+    let prompt_len: usize = std::env::var("PROMPT_LEN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512);
     for _ in 0..RUNS {
-        let t = rt.block_on(run(&engine, "bench", vec![prompts.next(512)], 1));
-        prefill.push(512.0 / t.end);
+        let t = rt.block_on(run(&engine, "bench", vec![prompts.next(prompt_len)], 1));
+        prefill.push(prompt_len as f64 / t.end);
         let t = rt.block_on(run(&engine, "bench", vec![prompts.next(16)], 128));
         decode_1.push(t.tokens as f64 / t.end);
         let batch = (0..8).map(|_| prompts.next(16)).collect();
@@ -79,7 +85,7 @@ fn main() {
         let batch = (0..16).map(|_| prompts.next(16)).collect();
         let t = rt.block_on(run(&engine, "bench", batch, 128));
         decode_16.push(t.tokens as f64 / t.end);
-        let prompt = prompts.next(512);
+        let prompt = prompts.next(prompt_len);
         let t = rt.block_on(run(&engine, "bench", vec![prompt.clone()], 1));
         cold.push(t.earliest_first_token() * 1000.0);
         let t = rt.block_on(run(&engine, "bench", vec![prompt], 1));
@@ -156,6 +162,7 @@ fn main() {
         "rss_load_peak_mib": rss_load_peak,
         "rss_peak_mib": rss_peak,
         "memory_read_gb_per_s": bandwidth,
+        "prompt_len": prompt_len,
         "stats": engine.stats().map(|s| serde_json::to_value(s).unwrap_or_default()).unwrap_or_default(),
     });
     std::fs::write(&out, serde_json::to_string_pretty(&results).expect("json")).expect("write");

@@ -1,8 +1,9 @@
 //! The CPU device: the whole model on every core, each weight matrix in the precision it was
-//! shipped in (GGUF quantized types stay quantized, held once) and every activation in f32,
-//! except the inputs of products with 4- and 8-bit weights, which are rounded to bytes, and the
-//! KV cache, held in halves, unless [`Activations::Exact`] is asked for; the reference for
-//! correctness and the fallback where no GPU is present. Matrix products run the device's
+//! shipped in (GGUF quantized types stay quantized) and every activation in f32, except the
+//! inputs of decoding products with 4- and 8-bit weights and of the output projection, which
+//! are rounded to bytes, and the KV cache, held in halves, unless [`Activations::Exact`] is
+//! asked for; the reference for correctness and the fallback where no GPU is present. Matrix
+//! products run the device's
 //! own kernels ([`matmul`], picked per instruction set at run time), parallel work the device's
 //! own `rayon` pool (a plugin never touches the host's global pool).
 
@@ -50,11 +51,13 @@ impl CpuDevice {
             Ok(Matrix::new(p))
         })?;
         drop(opened);
-        // Under `Int8` every product with 4- and 8-bit weights runs on bytes (prompts in two
-        // passes, see `matmul::linear`), so the layers are held once, in the byte kernels'
-        // tiles. The output projection runs on bytes too (with f32 inputs it was up to a third
-        // of a small model's decoding step), in two passes, since rounding its inputs once
-        // moves near-tied logits; a head tied to the embedding keeps its codes for the lookups.
+        // Under `Int8` the layers' products round decoding rows' inputs to bytes; prompt rows
+        // keep f32 inputs against the shipped codes (the f32 panels are faster for prompts than
+        // two byte passes, and one pass costs accuracy: see `bench/results/engine-files-*`),
+        // so the layers are held twice. The output projection runs on bytes (with f32 inputs
+        // it was up to a third of a small model's decoding step), in two passes, since
+        // rounding its inputs once moves near-tied logits; a head tied to the embedding keeps
+        // its codes for the lookups.
         for layer in &mut weights.layers {
             for matrix in [
                 &mut layer.qkv,
@@ -63,7 +66,6 @@ impl CpuDevice {
                 &mut layer.down,
             ] {
                 matrix.round_inputs(inputs);
-                matrix.tiles_only();
             }
         }
         let head = weights.lm_head.as_mut().unwrap_or(&mut weights.embed);

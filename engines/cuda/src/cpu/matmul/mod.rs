@@ -44,11 +44,10 @@ pub enum Activations {
     /// f32, against every weight decoded to f32: the sums a reference that dequantizes the
     /// weights computes, to rounding order.
     Exact,
-    /// Rounded to bytes in groups, as ggml does ([`int8`]): once in decoding steps, twice
-    /// (the rounded inputs, then what rounding left out) in prompts, so a prompt's logits stay
-    /// within a byte's step of a byte's step of f32 and are the same whether a prefix-cache
-    /// hit recomputes only its last position or not; each matrix is held once, in the byte
-    /// kernels' layout.
+    /// Rounded to bytes in groups, as ggml does ([`int8`]), in decoding steps; prompts keep
+    /// them f32 (or, against a matrix that gave up its shipped codes or is refined, take two
+    /// byte passes), so a prompt's logits are the same whether a prefix-cache hit recomputes
+    /// only its last position or not.
     #[default]
     Int8,
 }
