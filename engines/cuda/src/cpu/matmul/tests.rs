@@ -179,12 +179,7 @@ fn rounded_inputs_stay_close_to_the_exact_product() {
         for (i, (e, b)) in exact.iter().zip(&bytes).enumerate() {
             let (r, c) = (i / n, i % n);
             let bound: f32 = (0..k)
-                .map(|j| {
-                    let first = r * k + j / size * size;
-                    let group = &x[first..first + size];
-                    let largest = group.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    dense[c * k + j].abs() * largest / 254.0
-                })
+                .map(|j| dense[c * k + j].abs() * group_largest(&x, r * k, j, size) / 254.0)
                 .sum();
             assert!(
                 (e - b).abs() <= bound * 1.001 + 1e-5,
@@ -222,10 +217,7 @@ fn a_refined_byte_product_is_within_a_step_of_a_step_of_exact() {
             // pass leaves at most 1/254 of that.
             let bound: f32 = (0..k)
                 .map(|j| {
-                    let first = r * k + j / size * size;
-                    let group = &x[first..first + size];
-                    let largest = group.iter().fold(0f32, |m, v| m.max(v.abs()));
-                    dense[c * k + j].abs() * largest / (254.0 * 254.0)
+                    dense[c * k + j].abs() * group_largest(&x, r * k, j, size) / (254.0 * 254.0)
                 })
                 .sum();
             assert!(
@@ -234,4 +226,12 @@ fn a_refined_byte_product_is_within_a_step_of_a_step_of_exact() {
             );
         }
     }
+}
+
+/// The largest magnitude in the input group holding column `j` of the row starting at `row`.
+fn group_largest(x: &[f32], row: usize, j: usize, size: usize) -> f32 {
+    let first = row + j / size * size;
+    x[first..first + size]
+        .iter()
+        .fold(0f32, |m, v| m.max(v.abs()))
 }

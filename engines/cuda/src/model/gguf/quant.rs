@@ -180,17 +180,12 @@ pub fn dequantize(kind: GgmlType, bytes: &[u8], out: &mut [f32]) -> bool {
         GgmlType::Q4K => blocks.for_each(|(b, o)| q4_k(b, o)),
         GgmlType::Q5K => blocks.for_each(|(b, o)| q5_k(b, o)),
         GgmlType::Q6K => blocks.for_each(|(b, o)| q6_k(b, o)),
-        GgmlType::Q5_0
-        | GgmlType::Q5_1
-        | GgmlType::Q2K
-        | GgmlType::Q3K
-        | GgmlType::Iq4Nl
-        | GgmlType::Iq4Xs => {
+        // Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS; any other type is refused there.
+        low_bit => {
             return blocks.fold(true, |ok, (b, o)| {
-                ok & super::low_bit::dequantize(kind, b, o)
+                ok & super::low_bit::dequantize(low_bit, b, o)
             });
         }
-        GgmlType::Other(_) => return false,
     }
     true
 }

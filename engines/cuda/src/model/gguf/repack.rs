@@ -137,20 +137,15 @@ pub fn pack(kind: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Option<Pa
                 groups: out,
             }
         }
-        GgmlType::Q5_0
-        | GgmlType::Q5_1
-        | GgmlType::Q2K
-        | GgmlType::Q3K
-        | GgmlType::Iq4Nl
-        | GgmlType::Iq4Xs => {
-            let (group, with_min) = super::low_bit::grouping(kind)?;
+        // Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS; any other type has no grouping.
+        low_bit => {
+            let (group, with_min) = super::low_bit::grouping(low_bit)?;
             let mut out = groups(group, n, with_min);
             for b in blocks {
-                super::low_bit::decode(kind, b, &mut out);
+                super::low_bit::decode(low_bit, b, &mut out);
             }
             Codes::Q8 { group, groups: out }
         }
-        GgmlType::Other(_) => return None,
     };
     Some(Packed { rows, cols, codes })
 }
