@@ -5,6 +5,7 @@
 
 use rayon::prelude::*;
 
+use super::linalg::{rope, rotary_angles};
 use super::matmul::{Matrix, linear};
 use crate::device::{Batch, Device, DeviceError};
 use crate::model::encoder::{EncoderMlp, EncoderSpec, Positions};
@@ -153,11 +154,8 @@ impl EncoderDevice {
         } else {
             None
         };
-        let hd = spec.head_dim();
         let inv_freq = match spec.positions {
-            Positions::Rotary(theta) => (0..hd / 2)
-                .map(|i| 1.0 / theta.powf((2 * i) as f32 / hd as f32))
-                .collect(),
+            Positions::Rotary(theta) => crate::model::rotary::plain(spec.head_dim(), theta),
             Positions::Absolute => Vec::new(),
         };
         let pool = rayon::ThreadPoolBuilder::new()
@@ -233,10 +231,19 @@ impl EncoderDevice {
                 Some(start)
             })
             .collect();
+        // Each row's position within its input, and (rotary models) its angles, once for
+        // every block.
+        let angles = (!self.inv_freq.is_empty()).then(|| {
+            let positions = inputs.iter().flat_map(|tokens| 0..tokens.len());
+            rotary_angles(positions.collect::<Vec<_>>().into_iter(), &self.inv_freq)
+        });
         for block in &self.blocks {
             linear(&x, 0, &block.qkv, block.qkv_bias.as_deref(), &mut qkv);
-            if !self.inv_freq.is_empty() {
-                self.rotate(&mut qkv, inputs, &starts);
+            if let Some((cos, sin)) = &angles {
+                let half = self.inv_freq.len();
+                qkv.par_chunks_mut(3 * d)
+                    .zip(cos.par_chunks(half).zip(sin.par_chunks(half)))
+                    .for_each(|(row, (c, s))| rope(&mut row[..2 * d], c, s));
             }
             attend(&qkv, inputs, &starts, nh, hd, &mut attn);
             linear(&attn, 0, &block.o, block.o_bias.as_deref(), &mut proj);
@@ -264,38 +271,6 @@ impl EncoderDevice {
             layer_norm(&mut x, &block.out_norm, spec.eps);
         }
         Ok(x)
-    }
-
-    /// Rotates the query and key heads of every row by its position within its input.
-    fn rotate(&self, qkv: &mut [f32], inputs: &[Vec<u32>], starts: &[usize]) {
-        let d = self.spec.hidden_size;
-        let half = self.inv_freq.len();
-        let mut position = vec![0usize; qkv.len() / (3 * d)];
-        for (tokens, &start) in inputs.iter().zip(starts) {
-            for i in 0..tokens.len() {
-                position[start + i] = i;
-            }
-        }
-        qkv.par_chunks_mut(3 * d)
-            .zip(&position)
-            .for_each(|(row, &pos)| {
-                let (cos, sin): (Vec<f32>, Vec<f32>) = self
-                    .inv_freq
-                    .iter()
-                    .map(|f| {
-                        let angle = f64::from(pos as f32 * f);
-                        (angle.cos() as f32, angle.sin() as f32)
-                    })
-                    .unzip();
-                for head in row[..2 * d].chunks_exact_mut(2 * half) {
-                    let (a, b) = head.split_at_mut(half);
-                    for i in 0..half {
-                        let (x, y) = (a[i], b[i]);
-                        a[i] = x * cos[i] - y * sin[i];
-                        b[i] = y * cos[i] + x * sin[i];
-                    }
-                }
-            });
     }
 }
 

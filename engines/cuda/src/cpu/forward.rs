@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use super::attention::{Heads, TILE_ROWS, Tile, attend_tiles};
 use super::kv::{KvStore, LayerCache};
-use super::linalg::{add_into, gelu_gate, head_norm, rms_norm, rope, silu_gate};
+use super::linalg::{add_into, gelu_gate, head_norm, rms_norm, rope, rotary_angles, silu_gate};
 use super::matmul::{Matrix, linear};
 use crate::device::{Chunk, DeviceError};
 use crate::model::LayeredWeights;
@@ -109,18 +109,7 @@ pub fn hidden_states(
     // cos/sin per row, shared by every layer of a kind; angles in f32 as `transformers`
     // computes them.
     let half = hd / 2;
-    let angles = |inv_freq: &[f32]| {
-        let mut cos = vec![0.0f32; t * half];
-        let mut sin = vec![0.0f32; t * half];
-        for (r, &(_, pos)) in rows.at.iter().enumerate() {
-            for (i, f) in inv_freq.iter().enumerate() {
-                let angle = f64::from(pos as f32 * f);
-                cos[r * half + i] = angle.cos() as f32;
-                sin[r * half + i] = angle.sin() as f32;
-            }
-        }
-        (cos, sin)
-    };
+    let angles = |inv_freq: &[f32]| rotary_angles(rows.at.iter().map(|&(_, pos)| pos), inv_freq);
     let global = angles(&rotary.global);
     let local = rotary.local.as_deref().map(angles);
 

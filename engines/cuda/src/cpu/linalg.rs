@@ -66,6 +66,25 @@ pub fn add_into(x: &mut [f32], y: &[f32]) {
         .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
 }
 
+/// Cosines and sines of each row's angles (rows × `inv_freq.len()` each), for the rows'
+/// `positions`; angles in f32 as `transformers` computes them.
+pub fn rotary_angles(
+    positions: impl ExactSizeIterator<Item = usize>,
+    inv_freq: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let half = inv_freq.len();
+    let mut cos = vec![0.0f32; positions.len() * half];
+    let mut sin = vec![0.0f32; cos.len()];
+    for (r, pos) in positions.enumerate() {
+        for (i, f) in inv_freq.iter().enumerate() {
+            let angle = f64::from(pos as f32 * f);
+            cos[r * half + i] = angle.cos() as f32;
+            sin[r * half + i] = angle.sin() as f32;
+        }
+    }
+    (cos, sin)
+}
+
 /// Rotates each head (width `2 * cos.len()`) of a row in place, the "rotate half" layout of
 /// Hugging Face Llama: the pair is (i, i + half).
 pub fn rope(row: &mut [f32], cos: &[f32], sin: &[f32]) {

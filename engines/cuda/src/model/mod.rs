@@ -99,15 +99,7 @@ impl ModelFolder {
             std::fs::read_to_string(&config_path).map_err(|e| ModelError::io(&config_path, e))?;
         let config: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| ModelError::Config(format!("{}: {e}", config_path.display())))?;
-        let model_type = config["model_type"].as_str().unwrap_or("");
-        let encoder = encoder::ENCODER_TYPES
-            .contains(&model_type)
-            .then(|| encoder::EncoderSpec::from_config(&config))
-            .transpose()?;
-        let spec = match &encoder {
-            Some(encoder) => ModelSpec::of_encoder(encoder),
-            None => ModelSpec::from_json(&text)?,
-        };
+        let (spec, encoder) = specs(&config)?;
         let mut eos = spec.eos_token_ids.clone();
         let generation = path.join("generation_config.json");
         if let Ok(text) = std::fs::read_to_string(&generation) {
@@ -135,13 +127,7 @@ impl ModelFolder {
     fn open_gguf(path: &Path) -> Result<Self, ModelError> {
         let file = gguf::Gguf::open(path)?;
         let config = gguf::model::config(&file)?;
-        let (mut spec, encoder) = match config["model_type"].as_str() {
-            Some(t) if encoder::ENCODER_TYPES.contains(&t) => {
-                let encoder = encoder::EncoderSpec::from_config(&config)?;
-                (ModelSpec::of_encoder(&encoder), Some(encoder))
-            }
-            _ => (ModelSpec::from_json(&config.to_string())?, None),
-        };
+        let (mut spec, encoder) = specs(&config)?;
         // llama.cpp's converter stores Gemma's norm weights with the 1 of `1 + w` added.
         spec.arch.norm_offset = 0.0;
         let mut eos = spec.eos_token_ids.clone();
@@ -178,6 +164,19 @@ impl ModelFolder {
             pooling: gguf::model::pooling(&file),
             encoder,
         })
+    }
+}
+
+/// The shape a `config.json` describes, and for an encoder its own spec.
+fn specs(
+    config: &serde_json::Value,
+) -> Result<(ModelSpec, Option<encoder::EncoderSpec>), ModelError> {
+    match config["model_type"].as_str() {
+        Some(t) if encoder::ENCODER_TYPES.contains(&t) => {
+            let encoder = encoder::EncoderSpec::from_config(config)?;
+            Ok((ModelSpec::of_encoder(&encoder), Some(encoder)))
+        }
+        _ => Ok((ModelSpec::from_json(&config.to_string())?, None)),
     }
 }
 

@@ -35,7 +35,7 @@ impl RotaryTables {
 }
 
 /// `1 / theta^(2i / dim)` for each rotated pair.
-fn plain(dim: usize, theta: f32) -> Vec<f32> {
+pub fn plain(dim: usize, theta: f32) -> Vec<f32> {
     (0..dim / 2)
         .map(|i| 1.0 / theta.powf((2 * i) as f32 / dim as f32))
         .collect()

@@ -45,9 +45,9 @@ pub enum Activations {
     /// weights computes, to rounding order.
     Exact,
     /// Rounded to bytes in groups, as ggml does ([`int8`]), in decoding steps; prompts keep
-    /// them f32 (or, against a matrix that gave up its shipped codes or is refined, take two
-    /// byte passes), so a prompt's logits are the same whether a prefix-cache hit recomputes
-    /// only its last position or not.
+    /// them f32 (against a refined matrix, the output projection, every row takes two byte
+    /// passes), so a prompt's logits are the same whether a prefix-cache hit recomputes only
+    /// its last position or not.
     #[default]
     Int8,
 }
@@ -59,10 +59,8 @@ pub struct Matrix {
     /// The values as shipped (what prefill, lookups and norms read).
     pub packed: Packed,
     tiles: Option<int8::Tiles>,
-    /// Whether `packed` keeps its codes (a matrix only ever multiplied from its tiles gives
-    /// them up, so the model is in memory once).
-    exact: bool,
-    /// Whether byte products take a second pass over what rounding left out ([`Self::refine`]).
+    /// Whether every row's byte product takes a second pass over what rounding left out
+    /// ([`Self::refine`]).
     refined: bool,
 }
 
@@ -72,7 +70,6 @@ impl Matrix {
         Self {
             packed,
             tiles: None,
-            exact: true,
             refined: false,
         }
     }
@@ -85,13 +82,12 @@ impl Matrix {
         self.refined = true;
     }
 
-    /// For a matrix laid out for the byte kernels: drops the shipped codes, so every product
-    /// rounds its inputs and the matrix is held once (its shape stays readable). Nothing
-    /// changes for a matrix without tiles.
+    /// For a refined matrix laid out for the byte kernels (whose rows never read the shipped
+    /// codes): drops those codes, so the matrix is held once (its shape stays readable).
+    /// Nothing changes for any other matrix.
     pub fn tiles_only(&mut self) {
-        if self.tiles.is_some() {
+        if self.tiles.is_some() && self.refined {
             self.packed.codes = crate::model::packed::Codes::F32(Vec::new());
-            self.exact = false;
         }
     }
 
@@ -111,9 +107,9 @@ impl Matrix {
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`, on the current rayon pool. Where `w` is laid
 /// out for the byte kernels, the first `rounded` rows (decoding steps) round their inputs to
-/// bytes once; the others (prompts) keep f32 inputs, or, where `w` gave up its shipped codes
-/// ([`Matrix::tiles_only`]) or is refined ([`Matrix::refine`]), take two byte passes, which
-/// is within a byte's step of a byte's step of f32.
+/// bytes once and the others (prompts) keep f32 inputs; a refined `w` ([`Matrix::refine`])
+/// takes two byte passes for every row instead, which is within a byte's step of a byte's step
+/// of f32.
 ///
 /// # Panics
 /// When the shapes do not agree (a bug in the caller, never input-dependent).
@@ -136,7 +132,6 @@ pub fn linear_with(
     assert_eq!(out.len(), m * n, "output shape");
     let (once, twice) = match &w.tiles {
         Some(_) if w.refined => (0, m),
-        Some(_) if !w.exact => (rounded.min(m), m),
         Some(_) => (rounded.min(m), rounded.min(m)),
         None => (0, 0),
     };

@@ -130,24 +130,29 @@ fn iq4_codes(qs: &[u8], codes: &mut Vec<i8>) {
     codes.extend(qs.iter().map(|&q| IQ4_VALUES[usize::from(q >> 4)]));
 }
 
-/// Dequantizes one block of `kind` into `out` (the block's values) with ggml's formulas.
-pub fn dequantize(kind: GgmlType, b: &[u8], out: &mut [f32]) -> bool {
-    let Some((group, _)) = grouping(kind) else {
+/// Dequantizes `bytes`, whole blocks of `kind`, into `out` (the blocks' values) with ggml's
+/// formulas; `false` for a type not decoded here.
+pub fn dequantize(kind: GgmlType, bytes: &[u8], out: &mut [f32]) -> bool {
+    let (Some((group, _)), Some((values, size))) = (grouping(kind), kind.block()) else {
         return false;
     };
+    // One block's groups at a time, in a buffer the blocks share.
     let mut groups = Groups::default();
-    if !decode(kind, b, &mut groups) {
-        return false;
-    }
-    for (g, (codes, o)) in groups
-        .codes
-        .chunks_exact(group)
-        .zip(out.chunks_exact_mut(group))
-        .enumerate()
-    {
-        let (scale, min) = (groups.scale[g], groups.min_at(g));
-        for (o, &q) in o.iter_mut().zip(codes) {
-            *o = f32::from(q) * scale + min;
+    for (b, out) in bytes.chunks_exact(size).zip(out.chunks_exact_mut(values)) {
+        groups.scale.clear();
+        groups.min.clear();
+        groups.codes.clear();
+        decode(kind, b, &mut groups);
+        for (g, (codes, o)) in groups
+            .codes
+            .chunks_exact(group)
+            .zip(out.chunks_exact_mut(group))
+            .enumerate()
+        {
+            let (scale, min) = (groups.scale[g], groups.min_at(g));
+            for (o, &q) in o.iter_mut().zip(codes) {
+                *o = f32::from(q) * scale + min;
+            }
         }
     }
     true

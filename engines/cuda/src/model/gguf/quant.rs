@@ -181,11 +181,7 @@ pub fn dequantize(kind: GgmlType, bytes: &[u8], out: &mut [f32]) -> bool {
         GgmlType::Q5K => blocks.for_each(|(b, o)| q5_k(b, o)),
         GgmlType::Q6K => blocks.for_each(|(b, o)| q6_k(b, o)),
         // Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS; any other type is refused there.
-        low_bit => {
-            return blocks.fold(true, |ok, (b, o)| {
-                ok & super::low_bit::dequantize(low_bit, b, o)
-            });
-        }
+        low_bit => return super::low_bit::dequantize(low_bit, bytes, out),
     }
     true
 }
