@@ -32,11 +32,11 @@ extern "C" void emu_silu_and_mul(unsigned gx, unsigned gy, unsigned gz, unsigned
 
 extern "C" void emu_rotary_kv_store(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
     const float* qkv, const bf16_t* bias, const bf16_t* q_norm, const bf16_t* k_norm, float eps,
-    const int* positions, const float* inv_freq, const int* slots, float* q_out, bf16_t* k_cache,
-    bf16_t* v_cache, int q_heads, int kv_heads, int head_dim) {
+    const int* positions, const float* inv_freq, int rot_half, float rope_scale, const int* slots,
+    float* q_out, bf16_t* k_cache, bf16_t* v_cache, int q_heads, int kv_heads, int head_dim) {
     emulate(EMU_GRID, threads, [=] {
-        rotary_kv_store(qkv, bias, q_norm, k_norm, eps, positions, inv_freq, slots, q_out, k_cache,
-            v_cache, q_heads, kv_heads, head_dim);
+        rotary_kv_store(qkv, bias, q_norm, k_norm, eps, positions, inv_freq, rot_half, rope_scale,
+            slots, q_out, k_cache, v_cache, q_heads, kv_heads, head_dim);
     });
 }
 

@@ -143,8 +143,11 @@ def test_silu_and_mul(lib):
     close(f32(out), rounded(rounded(gelu) * u), 1e-2)
 
 
-@pytest.mark.parametrize("head_norm", [False, True], ids=["plain", "qk-norm"])
-def test_rotary_rotates_q_and_k_and_writes_the_cache(lib, head_norm):
+@pytest.mark.parametrize("head_norm,rotated,scale", [(False, 16, 1.0), (True, 16, 1.0), (False, 12, 1.19)],
+                         ids=["plain", "qk-norm", "partial-scaled"])
+def test_rotary_rotates_q_and_k_and_writes_the_cache(lib, head_norm, rotated, scale):
+    """The leading `rotated` values of each head turn (Phi-4-mini turns 3/4 of a head), their
+    cosines and sines times `scale` (LongRoPE's attention factor); the rest pass through."""
     t, hq, hkv, hd, slots_total = 4, 4, 2, 16, 32
     width = (hq + 2 * hkv) * hd
     qkv = rng.normal(size=(t, width)).astype(np.float32)
@@ -152,14 +155,14 @@ def test_rotary_rotates_q_and_k_and_writes_the_cache(lib, head_norm):
     q_norm, k_norm = (bf16(1 + rng.normal(size=hd) * 0.3) for _ in range(2))
     eps = 1e-6
     positions = np.array([0, 7, 300, 12], dtype=np.int32)
-    inv_freq = (1.0 / 10000 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
+    inv_freq = (1.0 / 10000 ** (np.arange(0, rotated, 2) / rotated)).astype(np.float32)
     slots = np.array([5, 17, -1, 30], dtype=np.int32)
     q_out = np.zeros((t, hq, hd), dtype=np.float32)
     k_cache = np.zeros((slots_total, hkv, hd), dtype=np.uint16)
     v_cache = np.zeros((slots_total, hkv, hd), dtype=np.uint16)
     norms = (q_norm, k_norm) if head_norm else (None, None)
     call(lib, "rotary_kv_store", (t, hq + 2 * hkv), hd // 2, qkv, bias, *norms, eps, positions,
-         inv_freq, slots, q_out, k_cache, v_cache, hq, hkv, hd)
+         inv_freq, rotated // 2, scale, slots, q_out, k_cache, v_cache, hq, hkv, hd)
     x = rounded(qkv + f32(bias)).reshape(t, hq + 2 * hkv, hd)
     if head_norm:
         # Qwen3: each q and k head RMS-normalised, rounded, then scaled by its weight.
@@ -169,9 +172,10 @@ def test_rotary_rotates_q_and_k_and_writes_the_cache(lib, head_norm):
         x = x.copy()
         x[:, : hq + hkv] = rounded(rounded(heads * inv) * weight)
     angle = positions[:, None].astype(np.float32) * inv_freq[None, :]
-    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
-    a, b = x[:, :, : hd // 2], x[:, :, hd // 2:]
-    rotated = np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=2)
+    cos, sin = scale * np.cos(angle)[:, None, :], scale * np.sin(angle)[:, None, :]
+    half = rotated // 2
+    a, b, rest = x[:, :, :half], x[:, :, half:rotated], x[:, :, rotated:]
+    rotated = np.concatenate([a * cos - b * sin, b * cos + a * sin, rest], axis=2)
     close(q_out, rounded(rotated[:, :hq]), 1e-2)
     for row, slot in enumerate(slots):
         if slot < 0:

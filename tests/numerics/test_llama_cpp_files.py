@@ -35,6 +35,8 @@ QUANTIZE = LLAMA_CPP / "build/bin/llama-quantize"
 WORDS = ["hello", "world", "the", "quick", "brown", "fox", "über", "naïve", "café", "数据", "模型", "🙂",
          "123", "4567", "x", "tab\t", "new\nline", "don't", "(a+b)", "path/to/file.rs"]
 # Every type llama-quantize writes whole with `--pure`, and one mixed file as people download them.
+# The trained context of the LongRoPE model ("phi4"): prompts on either side of it.
+TRAINED = 32
 QUANT_TYPES = ["Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q2_K", "Q3_K_S", "Q4_K_S", "Q5_K_S", "Q6_K",
                "IQ4_NL", "IQ4_XS", "Q4_K_M"]
 
@@ -84,6 +86,13 @@ def tiny_config(arch: str, vocab: int):
                                 query_pre_attn_scalar=64)
     if arch == "phi3":  # fused qkv and gate/up matrices
         return Phi3Config(**shape, pad_token_id=0)
+    if arch == "phi4":  # Phi-4-mini's shape: LongRoPE past a trained context of 32, 3/4 of each head rotated
+        rng = np.random.default_rng(4)
+        pairs = 256 // 4 * 3 // 4 // 2
+        rope = {"type": "longrope", "short_factor": (1 + rng.random(pairs)).tolist(),
+                "long_factor": (1 + 7 * rng.random(pairs)).tolist()}
+        return Phi3Config(**shape, pad_token_id=0, original_max_position_embeddings=TRAINED,
+                          partial_rotary_factor=0.75, rope_scaling=rope, tie_word_embeddings=True)
     raise ValueError(arch)
 
 
@@ -175,7 +184,7 @@ def kinds(path: Path) -> set[str]:
     return {t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
 
 
-@pytest.fixture(scope="module", params=["llama3", "qwen3", "gemma2", "gemma3", "phi3"])
+@pytest.fixture(scope="module", params=["llama3", "qwen3", "gemma2", "gemma3", "phi3", "phi4"])
 def model(request, vocabulary, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(request.param)
     folder = make_folder(tmp, request.param, vocabulary)
@@ -188,15 +197,27 @@ def prompts(seed: int, lengths, vocab=400):
 
 
 def check_against(hf, path: Path):
-    batch = prompts(21, [1, 13, 70])
-    runs = engine(path, [{"prompts": [p]} for p in batch])
-    for prompt, run in zip(batch, runs):
+    rope = getattr(hf.config, "rope_parameters", None) or {}
+    if rope.get("rope_type") == "longrope":
+        # transformers picks LongRoPE's factors per pass by the sequence's length, the engine
+        # once by the context it serves: long sequences in the whole context, short ones in a
+        # context of the trained length.
+        check_on(hf, path, prompts(21, [TRAINED + 1, 70]), prompts(22, [TRAINED + 5, 40]), 24)
+        check_on(hf, path, prompts(23, [1, 13, TRAINED]), prompts(24, [9]), TRAINED - 9, max_context=TRAINED)
+        return
+    check_on(hf, path, prompts(21, [1, 13, 70]), prompts(22, [9, 40]), 32)
+
+
+def check_on(hf, path: Path, scored, greedy, steps, max_context=None):
+    """Logits at the end of each `scored` prompt within 1e-4, `steps` greedy tokens after each
+    `greedy` prompt equal."""
+    runs = engine(path, [{"prompts": [p]} for p in scored], max_context=max_context)
+    for prompt, run in zip(scored, runs):
         err = rel_err(run["results"][0]["logits"], hf_last_logits(hf, prompt))
         assert err < TOLERANCE, f"{path.name}, prompt of {len(prompt)} tokens: relative error {err:.2e}"
-    batch = prompts(22, [9, 40])
-    [run] = engine(path, [{"prompts": batch, "generate": 32}], block_size=8)
-    for prompt, result in zip(batch, run["results"]):
-        assert result["tokens"] == hf_greedy(hf, prompt, 32), path.name
+    [run] = engine(path, [{"prompts": greedy, "generate": steps}], block_size=8, max_context=max_context)
+    for prompt, result in zip(greedy, run["results"]):
+        assert result["tokens"] == hf_greedy(hf, prompt, steps), path.name
 
 
 def test_the_converted_f32_file_computes_what_transformers_computes(model):
@@ -304,3 +325,39 @@ def test_a_file_it_cannot_serve_stops_the_server_with_one_line(tmp_path, model):
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode != 0
     assert "GGUF tokenizer `rwkv`" in out.stderr, out.stderr
+
+
+def test_a_multimodal_gemma3_folder_serves_its_language_model(vocabulary, tmp_path):
+    """Gemma 3's larger checkpoints are image-and-text models (`Gemma3ForConditionalGeneration`):
+    the language model's config nested, written as its difference from `Gemma3TextConfig`'s
+    defaults, and its weights under `model.language_model.`. The engine serves the language
+    model, from the folder and from llama.cpp's conversion of it, as transformers computes it
+    on text."""
+    from transformers import AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    spm_dir = tmp_path / "tokenizer"
+    spm_dir.mkdir()
+    shutil.copy(vocabulary, spm_dir / "tokenizer.model")
+    (spm_dir / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "add_bos_token": True, "legacy": False}))
+    tokenizer = AutoTokenizer.from_pretrained(spm_dir)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=32, patch_size=16)
+    config = Gemma3Config(text_config=tiny_config("gemma3", len(tokenizer)).to_dict(), vision_config=vision.to_dict(),
+                          mm_tokens_per_image=4)
+    torch.manual_seed(0)
+    model = Gemma3ForConditionalGeneration(config).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(torch.randn_like(p) * 0.2)
+    folder = tmp_path / "gemma3-vision"
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    shutil.copy(vocabulary, folder / "tokenizer.model")
+    saved = json.loads((folder / "config.json").read_text())
+    assert saved["model_type"] == "gemma3" and "hidden_size" in saved["text_config"]
+    hf = Gemma3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    check_against(hf, folder)
+    check_against(hf, convert(folder, tmp_path / "gemma3-vision.gguf"))

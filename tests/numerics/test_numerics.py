@@ -52,7 +52,7 @@ def prompts(seed: int, lengths):
     return [rng.integers(5, VOCAB, size=n).tolist() for n in lengths]
 
 
-def engine(path: Path, runs, block_size=16, max_batch_tokens=512, activations="exact"):
+def engine(path: Path, runs, block_size=16, max_batch_tokens=512, activations="exact", max_context=None):
     request = {
         "model": str(path),
         "block_size": block_size,
@@ -60,6 +60,8 @@ def engine(path: Path, runs, block_size=16, max_batch_tokens=512, activations="e
         "activations": activations,
         "runs": runs,
     }
+    if max_context is not None:
+        request["max_context"] = max_context
     out = subprocess.run([str(REFERENCE)], input=json.dumps(request), capture_output=True, text=True, check=True)
     return json.loads(out.stdout)["runs"]
 

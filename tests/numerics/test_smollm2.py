@@ -28,9 +28,13 @@ CHATS = [
 
 @pytest.fixture(scope="module")
 def reference():
+    return load_reference(Path(GGUF))
+
+
+def load_reference(path: Path):
+    """transformers on the file (it dequantizes to f32), and the token ids of the chats."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = Path(GGUF)
     assert path.is_file(), f"{path} is missing: run tests/run.sh, which fetches it"
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)

@@ -1,9 +1,12 @@
 // Rotary embeddings and the KV write, in one pass over the fused q/k/v projection.
 //
 // `qkv` is f32 [tokens, (q_heads + 2 * kv_heads) * head_dim] (q heads, then k, then v), with
-// an optional bf16 bias of one row. `inv_freq` holds head_dim / 2 inverse frequencies that
-// the host computed with the model's scaling (plain, linear or llama3), so this kernel does
-// not know which. Rotation pairs element i with i + head_dim / 2 (the HF `rotate_half` form).
+// an optional bf16 bias of one row. `inv_freq` holds `rot_half` inverse frequencies that the
+// host computed with the model's scaling (plain, linear, llama3, per-pair factors), so this
+// kernel does not know which; cosines and sines are multiplied by `rope_scale` (LongRoPE's
+// attention factor, else 1). Rotation pairs element i with i + rot_half (the HF `rotate_half`
+// form) over a head's leading 2 * rot_half values; the rest of the head passes through
+// (partial rotary embeddings).
 //
 // When `q_norm` and `k_norm` are given (Qwen3), each query and key head is RMS-normalised
 // first (in f32, rounded to bf16, then scaled by the bf16 weight of head_dim values, as HF
@@ -12,7 +15,24 @@
 // q heads go to `q_out` (f32 [tokens, q_heads, head_dim]); k and v heads go to the paged
 // cache at `slots[t]` (block * block_size + offset), laid out [slot, kv_heads, head_dim] in
 // bf16. A negative slot (batch padding) writes nothing.
-// Grid: (tokens, q_heads + 2 * kv_heads); block: head_dim / 2 threads.
+// Grid: (tokens, q_heads + 2 * kv_heads); block: head_dim / 2 threads (head_dim <= 256).
+
+// Element `e` of a head held in `head` after rotation by the angles of `position`.
+__device__ __forceinline__ float rotated(const float* head, int e, int position,
+    const float* __restrict__ inv_freq, int rot_half, float rope_scale) {
+    const float x = head[e];
+    if (e >= 2 * rot_half) {
+        return x;
+    }
+    const int j = e < rot_half ? e : e - rot_half;
+    float s;
+    float c;
+    sincosf((float)position * inv_freq[j], &s, &c);
+    c *= rope_scale;
+    s *= rope_scale;
+    return e < rot_half ? x * c - head[e + rot_half] * s : x * c + head[e - rot_half] * s;
+}
+
 extern "C" __global__ void __launch_bounds__(128, 1) rotary_kv_store(
     const float* __restrict__ qkv,
     const bf16_t* __restrict__ bias,
@@ -21,6 +41,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) rotary_kv_store(
     float eps,
     const int* __restrict__ positions,
     const float* __restrict__ inv_freq,
+    int rot_half,
+    float rope_scale,
     const int* __restrict__ slots,
     float* __restrict__ q_out,
     bf16_t* __restrict__ k_cache,
@@ -64,16 +86,22 @@ extern "C" __global__ void __launch_bounds__(128, 1) rotary_kv_store(
                 f32_to_bf16(bf16_to_f32(f32_to_bf16(b * inv)) * bf16_to_f32(w[i + half])));
         }
     }
-    if (!live) {
-        return;
-    }
     const long long slot = slots[t];
     if (head < q_heads + kv_heads) {
-        float s;
-        float c;
-        sincosf((float)positions[t] * inv_freq[i], &s, &c);
-        const float ra = a * c - b * s;
-        const float rb = b * c + a * s;
+        // The whole head in shared memory: a rotated value reads its partner, which another
+        // thread loaded when the rotated part is narrower than the head.
+        __shared__ float values[256];
+        if (live) {
+            values[i] = a;
+            values[i + half] = b;
+        }
+        __syncthreads();
+        if (!live) {
+            return;
+        }
+        const int position = positions[t];
+        const float ra = rotated(values, i, position, inv_freq, rot_half, rope_scale);
+        const float rb = rotated(values, i + half, position, inv_freq, rot_half, rope_scale);
         if (head < q_heads) {
             float* q = q_out + (t * q_heads + head) * head_dim;
             q[i] = bf16_to_f32(f32_to_bf16(ra));
@@ -83,7 +111,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) rotary_kv_store(
             k[i] = f32_to_bf16(ra);
             k[i + half] = f32_to_bf16(rb);
         }
-    } else if (slot >= 0) {
+    } else if (slot >= 0 && live) {
         bf16_t* v = v_cache + (slot * kv_heads + (head - q_heads - kv_heads)) * head_dim;
         v[i] = f32_to_bf16(a);
         v[i + half] = f32_to_bf16(b);

@@ -6,7 +6,9 @@
 //! Input (JSON on stdin):
 //! `{"model": DIR, "device": "cpu", "block_size": 16, "max_batch_tokens": 512,
 //! "num_blocks": 1024, "graphs": true, "activations": "exact", "runs": [{"prompts": [[ids]],
-//! "generate": 32}]}` (`activations`: the CPU's, `exact` unless `int8` is asked for). The runs share one KV cache, so a later run can hit the prefix cache of
+//! "generate": 32}]}` (`activations`: the CPU's, `exact` unless `int8` is asked for; an optional
+//! `max_context` serves less than the model's context, as the engine's setting does). The runs
+//! share one KV cache, so a later run can hit the prefix cache of
 //! an earlier one. Output (JSON on stdout), per run and prompt: the logits at the prompt's last
 //! position, the greedy tokens after it with each one's lead over the runner-up logit, and the
 //! prompt tokens served from the prefix cache.
@@ -38,6 +40,8 @@ struct Input {
     graphs: bool,
     #[serde(default = "default_activations")]
     activations: Activations,
+    #[serde(default)]
+    max_context: Option<usize>,
     runs: Vec<Run>,
 }
 
@@ -172,7 +176,10 @@ fn run() -> Result<String, String> {
         .read_to_string(&mut text)
         .map_err(|e| e.to_string())?;
     let input: Input = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-    let folder = ModelFolder::open(&input.model).map_err(|e| e.to_string())?;
+    let mut folder = ModelFolder::open(&input.model).map_err(|e| e.to_string())?;
+    if let Some(context) = input.max_context {
+        folder.spec.max_context = context.min(folder.spec.max_context);
+    }
     let mut device = open(&input, &folder)?;
     let mut scheduler = Scheduler::new(SchedulerConfig {
         max_batch_tokens: input.max_batch_tokens,

@@ -235,7 +235,11 @@ impl EncoderDevice {
         // every block.
         let angles = (!self.inv_freq.is_empty()).then(|| {
             let positions = inputs.iter().flat_map(|tokens| 0..tokens.len());
-            rotary_angles(positions.collect::<Vec<_>>().into_iter(), &self.inv_freq)
+            rotary_angles(
+                positions.collect::<Vec<_>>().into_iter(),
+                &self.inv_freq,
+                1.0,
+            )
         });
         for block in &self.blocks {
             linear(&x, 0, &block.qkv, block.qkv_bias.as_deref(), &mut qkv);
@@ -243,7 +247,7 @@ impl EncoderDevice {
                 let half = self.inv_freq.len();
                 qkv.par_chunks_mut(3 * d)
                     .zip(cos.par_chunks(half).zip(sin.par_chunks(half)))
-                    .for_each(|(row, (c, s))| rope(&mut row[..2 * d], c, s));
+                    .for_each(|(row, (c, s))| rope(&mut row[..2 * d], hd, c, s));
             }
             attend(&qkv, inputs, &starts, nh, hd, &mut attn);
             linear(&attn, 0, &block.o, block.o_bias.as_deref(), &mut proj);

@@ -108,10 +108,13 @@ pub fn hidden_states(
     }
     // cos/sin per row, shared by every layer of a kind; angles in f32 as `transformers`
     // computes them.
-    let half = hd / 2;
-    let angles = |inv_freq: &[f32]| rotary_angles(rows.at.iter().map(|&(_, pos)| pos), inv_freq);
-    let global = angles(&rotary.global);
-    let local = rotary.local.as_deref().map(angles);
+    let half = spec.rotary_dim / 2;
+    let positions = || rows.at.iter().map(|&(_, pos)| pos);
+    let global = rotary_angles(positions(), &rotary.global, rotary.global_scale);
+    let local = rotary
+        .local
+        .as_deref()
+        .map(|inv_freq| rotary_angles(positions(), inv_freq, 1.0));
 
     // Rows of the leading decoding chunks round their products' inputs to bytes once; prompt
     // rows take two byte passes (see `matmul::linear`).
@@ -156,7 +159,7 @@ pub fn hidden_states(
                 &cos[r * half..(r + 1) * half],
                 &sin[r * half..(r + 1) * half],
             );
-            rope(&mut row[..qw + kvw], c, s);
+            rope(&mut row[..qw + kvw], hd, c, s);
         });
         for (r, &slot) in slots.iter().enumerate() {
             let row = &qkv[r * qkv_w..(r + 1) * qkv_w];

@@ -67,10 +67,11 @@ pub fn add_into(x: &mut [f32], y: &[f32]) {
 }
 
 /// Cosines and sines of each row's angles (rows × `inv_freq.len()` each), for the rows'
-/// `positions`; angles in f32 as `transformers` computes them.
+/// `positions`, times `scale`; angles in f32 as `transformers` computes them.
 pub fn rotary_angles(
     positions: impl ExactSizeIterator<Item = usize>,
     inv_freq: &[f32],
+    scale: f32,
 ) -> (Vec<f32>, Vec<f32>) {
     let half = inv_freq.len();
     let mut cos = vec![0.0f32; positions.len() * half];
@@ -78,19 +79,20 @@ pub fn rotary_angles(
     for (r, pos) in positions.enumerate() {
         for (i, f) in inv_freq.iter().enumerate() {
             let angle = f64::from(pos as f32 * f);
-            cos[r * half + i] = angle.cos() as f32;
-            sin[r * half + i] = angle.sin() as f32;
+            cos[r * half + i] = angle.cos() as f32 * scale;
+            sin[r * half + i] = angle.sin() as f32 * scale;
         }
     }
     (cos, sin)
 }
 
-/// Rotates each head (width `2 * cos.len()`) of a row in place, the "rotate half" layout of
-/// Hugging Face Llama: the pair is (i, i + half).
-pub fn rope(row: &mut [f32], cos: &[f32], sin: &[f32]) {
+/// Rotates the leading `2 * cos.len()` values of each head (width `head_dim`) of a row in
+/// place, the "rotate half" layout of Hugging Face Llama: the pair is (i, i + half); the rest
+/// of each head passes through.
+pub fn rope(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
     let half = cos.len();
-    for head in row.chunks_exact_mut(2 * half) {
-        let (a, b) = head.split_at_mut(half);
+    for head in row.chunks_exact_mut(head_dim) {
+        let (a, b) = head[..2 * half].split_at_mut(half);
         for i in 0..half {
             let (x, y) = (a[i], b[i]);
             a[i] = x * cos[i] - y * sin[i];

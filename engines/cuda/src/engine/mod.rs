@@ -183,7 +183,7 @@ impl ModelRuntime {
     /// Loads the model and starts its worker.
     pub fn start(settings: &ModelSettings, seed: u64, host: &Host) -> Result<Self, EngineError> {
         let fail = |e: String| EngineError::invalid_config(format!("model `{}`: {e}", settings.id));
-        let folder = ModelFolder::open(&settings.path).map_err(|e| fail(e.to_string()))?;
+        let mut folder = ModelFolder::open(&settings.path).map_err(|e| fail(e.to_string()))?;
         if let Some(why) = &folder.tokenizer_error {
             // Served without a tokenizer the model would be listed by no gateway.
             return Err(fail(format!("its vocabulary cannot be used: {why}")));
@@ -191,6 +191,8 @@ impl ModelRuntime {
         let max_context = settings
             .max_context
             .map_or(folder.spec.max_context, |c| c.min(folder.spec.max_context));
+        // The devices size rotary scaling by the context served (LongRoPE's factors).
+        folder.spec.max_context = max_context;
         let device = open_device(settings, &folder, max_context, host)?;
         let grammars = grammars_for(&folder);
         let num_blocks = device.num_blocks();

@@ -189,6 +189,8 @@ pub struct Model<'a> {
     pub inv_freq: &'a DeviceBuffer,
     /// The sliding layers' own rotary frequencies, where the family has them.
     pub local_inv_freq: Option<&'a DeviceBuffer>,
+    /// Scale of the global layers' cosines and sines.
+    pub rope_scale: f32,
     pub kernels: &'a Kernels,
     pub blas: &'a Blas,
     pub stream: CUstream,
@@ -243,10 +245,11 @@ impl Model<'_> {
                 d,
             )?;
             let bias = layer.qkv_bias.as_ref().map_or(NULL, DeviceBuffer::ptr);
-            let inv_freq = match self.local_inv_freq {
-                Some(local) if arch.local_rope(l) => local,
-                _ => self.inv_freq,
+            let (inv_freq, rope_scale) = match self.local_inv_freq {
+                Some(local) if arch.local_rope(l) => (local, 1.0f32),
+                _ => (self.inv_freq, self.rope_scale),
             };
+            let rot_half = (spec.rotary_dim / 2) as i32;
             let (q_norm, k_norm) = layer
                 .qk_norm
                 .as_ref()
@@ -266,6 +269,8 @@ impl Model<'_> {
                     arg(&eps),
                     arg(&ws.positions.ptr()),
                     arg(&inv_freq.ptr()),
+                    arg(&rot_half),
+                    arg(&rope_scale),
                     arg(&ws.slots.ptr()),
                     arg(&ws.q.ptr()),
                     arg(&kv.k[l].ptr()),

@@ -247,7 +247,7 @@ mod tests {
             ("embedding", "embedding_gather", 5),
             ("norm", "rms_norm_residual", 8),
             ("norm", "rms_norm_rows", 4),
-            ("rotary", "rotary_kv_store", 14),
+            ("rotary", "rotary_kv_store", 16),
             ("activation", "silu_and_mul", 4),
             ("activation", "logit_softcap", 3),
             ("attention", "paged_attention", 19),

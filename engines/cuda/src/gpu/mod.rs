@@ -98,6 +98,8 @@ pub struct CudaDevice {
     inv_freq: DeviceBuffer,
     /// The sliding layers' own rotary frequencies (Gemma 3).
     local_inv_freq: Option<DeviceBuffer>,
+    /// Scale of the global layers' cosines and sines (LongRoPE).
+    rope_scale: f32,
     blas: Blas,
     kernels: Kernels,
     stream: Arc<CudaStream>,
@@ -199,6 +201,7 @@ impl CudaDevice {
             weights,
             inv_freq,
             local_inv_freq,
+            rope_scale: rotary.global_scale,
             blas,
             kernels,
             stream,
@@ -229,6 +232,7 @@ impl CudaDevice {
             weights: &self.weights,
             inv_freq: &self.inv_freq,
             local_inv_freq: self.local_inv_freq.as_ref(),
+            rope_scale: self.rope_scale,
             kernels: &self.kernels,
             blas: &self.blas,
             stream: self.stream.cu_stream(),
@@ -305,6 +309,7 @@ impl Device for CudaDevice {
                 weights: &self.weights,
                 inv_freq: &self.inv_freq,
                 local_inv_freq: self.local_inv_freq.as_ref(),
+                rope_scale: self.rope_scale,
                 kernels: &self.kernels,
                 blas: &self.blas,
                 stream,

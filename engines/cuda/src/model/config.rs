@@ -1,7 +1,8 @@
 //! `config.json` of a Hugging Face model folder, validated into a [`ModelSpec`] in one step.
 //!
 //! Only what the engine can serve passes: decoders with gated MLPs, RMSNorm, rotary embeddings
-//! (plain, `linear` or `llama3` scaling, or GGUF's per-frequency factors) and grouped-query
+//! (plain, `linear`, `llama3` or `longrope` scaling, GGUF's per-frequency factors, over the whole
+//! head or its leading part) and grouped-query
 //! attention, in the families [`super::architecture`] describes (`llama`, `mistral`, `qwen2`,
 //! `qwen3`, `gemma2`, `gemma3_text`, `phi3`). Anything else is an error that names what is
 //! unsupported.
@@ -50,6 +51,18 @@ pub enum RopeScaling {
     /// Each inverse frequency divided by its own factor (GGUF's `rope_freqs.weight`, which is
     /// how llama.cpp's converter carries Llama 3 scaling: one factor per rotated pair).
     Factors(Vec<f32>),
+    /// Phi-3's LongRoPE: per-pair factors, `short` for a context within the trained one and
+    /// `long` beyond it, and cosines and sines scaled by `attention_factor`.
+    LongRope {
+        /// Factors for a served context within `original_max_position`.
+        short: Vec<f32>,
+        /// Factors for a longer served context.
+        long: Vec<f32>,
+        /// The context the model was trained on before extension.
+        original_max_position: usize,
+        /// Scale of the cosines and sines (so of attention scores, squared).
+        attention_factor: f32,
+    },
 }
 
 /// The validated shape of a model.
@@ -69,6 +82,9 @@ pub struct ModelSpec {
     pub num_kv_heads: usize,
     /// Width of one head.
     pub head_dim: usize,
+    /// How many of a head's leading values rotate (`head_dim` unless `partial_rotary_factor`
+    /// says less); the rest pass through.
+    pub rotary_dim: usize,
     /// Rows of the embedding matrix.
     pub vocab_size: usize,
     /// RMSNorm epsilon.
@@ -77,7 +93,8 @@ pub struct ModelSpec {
     pub rope_theta: f32,
     /// RoPE scaling.
     pub rope_scaling: RopeScaling,
-    /// Context window the engine serves (`max_position_embeddings`, capped by a sliding window).
+    /// Context window the engine serves (`max_position_embeddings`, capped by a sliding window
+    /// and by the engine's settings before a device opens: LongRoPE picks its factors by it).
     pub max_context: usize,
     /// The output projection is the embedding matrix.
     pub tie_word_embeddings: bool,
@@ -131,6 +148,43 @@ fn default_eps() -> f64 {
     1e-6
 }
 
+/// The language model's config of a multimodal Gemma 3 folder. `transformers` writes a nested
+/// config as its difference from that class's defaults, so the defaults of `Gemma3TextConfig`
+/// fill what is left out.
+fn gemma3_language_model(mut doc: Value) -> Value {
+    let mut text = serde_json::json!({
+        "vocab_size": 262_208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 131_072,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "tie_word_embeddings": true,
+    });
+    let eos = doc["eos_token_id"].take();
+    if let (Some(text), Some(given)) = (text.as_object_mut(), doc["text_config"].as_object()) {
+        text.extend(given.clone());
+        // Newer `transformers` write the rotary bases in `rope_parameters`, which then rule.
+        if given.contains_key("rope_parameters") {
+            text.remove("rope_theta");
+            text.remove("rope_local_base_freq");
+        }
+        text.insert("model_type".into(), "gemma3_text".into());
+        if !given.contains_key("eos_token_id") {
+            text.insert("eos_token_id".into(), eos);
+        }
+    }
+    text
+}
+
 fn default_max_positions() -> usize {
     2048
 }
@@ -158,8 +212,13 @@ impl ModelSpec {
 
     /// Validates the text of a `config.json`.
     pub fn from_json(text: &str) -> Result<Self, ModelError> {
-        let doc: Value = serde_json::from_str(text)
+        let mut doc: Value = serde_json::from_str(text)
             .map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
+        // A multimodal Gemma 3 folder: its language model is served (text in, text out); the
+        // vision tower's weights stay unread.
+        if doc["model_type"] == "gemma3" && doc["text_config"].is_object() {
+            doc = gemma3_language_model(doc);
+        }
         let raw: RawConfig = serde_json::from_value(doc.clone())
             .map_err(|e| ModelError::Config(format!("config.json: {e}")))?;
         let model_type = raw.model_type.clone().unwrap_or_default();
@@ -221,23 +280,32 @@ impl ModelSpec {
             .and_then(|r| r["partial_rotary_factor"].as_f64())
             .or_else(|| doc["partial_rotary_factor"].as_f64())
             .unwrap_or(1.0);
-        if partial != 1.0 {
-            return Err(ModelError::Unsupported(format!(
-                "partial rotary embeddings (partial_rotary_factor {partial})"
+        // As `transformers` sizes it: the factor's share of the head, truncated.
+        let rotary_dim = (head_dim as f64 * partial) as usize;
+        if !(0.0..=1.0).contains(&partial) || rotary_dim < 2 || !rotary_dim.is_multiple_of(2) {
+            return Err(ModelError::Config(format!(
+                "partial_rotary_factor {partial} leaves {rotary_dim} rotated values of {head_dim}: an even number from 2 is needed"
             )));
         }
         let rope_theta = raw
             .rope_theta
             .or_else(|| rope.and_then(|r| r["rope_theta"].as_f64()))
             .unwrap_or(10_000.0);
-        let rope_scaling = rope_scaling(rope)?;
-        if let RopeScaling::Factors(factors) = &rope_scaling
-            && (factors.len() != head_dim / 2 || factors.iter().any(|f| f.is_nan() || *f <= 0.0))
-        {
+        let rope_scaling = rope_scaling(rope, raw.max_position_embeddings)?;
+        let pairs = rotary_dim / 2;
+        let bad = |factors: &[f32]| {
+            factors.len() != pairs || factors.iter().any(|f| f.is_nan() || *f <= 0.0)
+        };
+        let wrong = match &rope_scaling {
+            RopeScaling::Factors(factors) => bad(factors).then_some(factors.len()),
+            RopeScaling::LongRope { short, long, .. } => {
+                (bad(short) || bad(long)).then_some(short.len().min(long.len()))
+            }
+            _ => None,
+        };
+        if let Some(got) = wrong {
             return Err(ModelError::Config(format!(
-                "rotary frequency factors: {} positive values needed (head_dim / 2), got {}",
-                head_dim / 2,
-                factors.len()
+                "rotary frequency factors: {pairs} positive values needed (one per rotated pair), got {got}"
             )));
         }
         // Qwen2's window, where used, caps the context (its lower layers attend to all of it);
@@ -268,6 +336,7 @@ impl ModelSpec {
             num_heads: raw.num_attention_heads,
             num_kv_heads,
             head_dim,
+            rotary_dim,
             vocab_size: raw.vocab_size,
             rms_norm_eps: raw.rms_norm_eps as f32,
             rope_theta: rope_theta as f32,
@@ -290,6 +359,7 @@ impl ModelSpec {
             num_heads: encoder.num_heads,
             num_kv_heads: encoder.num_heads,
             head_dim,
+            rotary_dim: head_dim,
             vocab_size: encoder.vocab_size,
             rms_norm_eps: encoder.eps,
             rope_theta: 10_000.0,
@@ -307,7 +377,7 @@ impl ModelSpec {
     }
 }
 
-fn rope_scaling(value: Option<&Value>) -> Result<RopeScaling, ModelError> {
+fn rope_scaling(value: Option<&Value>, max_positions: usize) -> Result<RopeScaling, ModelError> {
     let Some(v) = value.filter(|v| !v.is_null()) else {
         return Ok(RopeScaling::None);
     };
@@ -316,6 +386,17 @@ fn rope_scaling(value: Option<&Value>) -> Result<RopeScaling, ModelError> {
         v[key].as_f64().map(|x| x as f32).ok_or_else(|| {
             ModelError::Config(format!("rope scaling `{key}` is missing or not a number"))
         })
+    };
+    let list = |key: &str| -> Vec<f32> {
+        v[key]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_f64)
+                    .map(|x| x as f32)
+                    .collect()
+            })
+            .unwrap_or_default()
     };
     match kind {
         None | Some("default") => Ok(RopeScaling::None),
@@ -328,19 +409,33 @@ fn rope_scaling(value: Option<&Value>) -> Result<RopeScaling, ModelError> {
             high_freq_factor: num("high_freq_factor")?,
             original_max_position: num("original_max_position_embeddings")?,
         }),
-        Some("frequency_factors") => Ok(RopeScaling::Factors(
-            v["factors"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|x| x.as_f64())
-                        .map(|x| x as f32)
-                        .collect()
-                })
-                .unwrap_or_default(),
-        )),
+        Some("frequency_factors") => Ok(RopeScaling::Factors(list("factors"))),
+        Some("longrope" | "su") => {
+            let original = num("original_max_position_embeddings")? as usize;
+            if original == 0 {
+                return Err(ModelError::Config(
+                    "rope scaling `original_max_position_embeddings` must be positive".into(),
+                ));
+            }
+            // As `transformers`: the given factor, else the extension's ratio, sets the
+            // default attention factor.
+            let factor = v["factor"]
+                .as_f64()
+                .unwrap_or(max_positions as f64 / original as f64);
+            let attention_factor = match v["attention_factor"].as_f64() {
+                Some(given) => given,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+            };
+            Ok(RopeScaling::LongRope {
+                short: list("short_factor"),
+                long: list("long_factor"),
+                original_max_position: original,
+                attention_factor: attention_factor as f32,
+            })
+        }
         Some(other) => Err(ModelError::Unsupported(format!(
-            "rope scaling `{other}` (supported: linear, llama3)"
+            "rope scaling `{other}` (supported: linear, llama3, longrope)"
         ))),
     }
 }
@@ -389,5 +484,63 @@ mod tests {
         let spec = ModelSpec::from_json(&text).expect("mistral");
         assert_eq!(spec.max_context, 2048);
         assert_eq!(spec.arch.windows, vec![Some(64); 2]);
+    }
+
+    #[test]
+    fn phi4_mini_rotates_part_of_each_head_with_longrope() {
+        let factors = |f: f32| format!("[{}]", vec![f.to_string(); 6].join(", "));
+        let text = format!(
+            r#"{{"model_type": "phi3", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+            "max_position_embeddings": 4096, "partial_rotary_factor": 0.75,
+            "rope_scaling": {{"type": "longrope", "original_max_position_embeddings": 256,
+            "short_factor": {}, "long_factor": {}}}}}"#,
+            factors(1.5),
+            factors(4.0)
+        );
+        let mut spec = ModelSpec::from_json(&text).expect("phi4-mini");
+        assert_eq!((spec.head_dim, spec.rotary_dim), (16, 12));
+        let RopeScaling::LongRope {
+            attention_factor, ..
+        } = spec.rope_scaling
+        else {
+            panic!("{:?}", spec.rope_scaling);
+        };
+        // sqrt(1 + ln(4096 / 256) / ln(256)) as transformers computes it.
+        assert!((attention_factor - 1.224_745).abs() < 1e-5);
+        let long = crate::model::RotaryTables::new(&spec);
+        spec.max_context = 256;
+        let short = crate::model::RotaryTables::new(&spec);
+        assert_eq!(long.global.len(), 6);
+        assert!((short.global[1] / long.global[1] - 4.0 / 1.5).abs() < 1e-5);
+        assert_eq!(long.global_scale, attention_factor);
+
+        let wrong = text.replace("0.75", "0.7");
+        let err = ModelSpec::from_json(&wrong)
+            .expect_err("5.6 values")
+            .to_string();
+        assert!(err.contains("partial_rotary_factor"), "{err}");
+    }
+
+    #[test]
+    fn a_multimodal_gemma3_folder_is_its_language_model_with_its_class_defaults() {
+        let text = r#"{"model_type": "gemma3", "eos_token_id": [1, 106],
+            "text_config": {"model_type": "gemma3_text", "hidden_size": 2560,
+            "intermediate_size": 10240, "num_hidden_layers": 34, "sliding_window": 1024,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
+            "vision_config": {"model_type": "siglip_vision_model"}}"#;
+        let spec = ModelSpec::from_json(text).expect("gemma 3 4b");
+        assert_eq!(spec.model_type, "gemma3_text");
+        assert_eq!(
+            (spec.num_heads, spec.num_kv_heads, spec.head_dim),
+            (8, 4, 256)
+        );
+        assert_eq!(spec.vocab_size, 262_208);
+        assert_eq!(spec.rope_theta, 1_000_000.0);
+        assert_eq!(spec.arch.local_rope_theta, Some(10_000.0));
+        assert_eq!(spec.eos_token_ids, vec![1, 106]);
+        assert!(spec.tie_word_embeddings);
+        assert_eq!(spec.arch.windows[5], None);
+        assert_eq!(spec.arch.windows[0], Some(1024));
     }
 }

@@ -1,6 +1,13 @@
 //! Rotary inverse frequencies, computed once per model in f32 the way `transformers` computes
 //! them, for both devices: the global layers' (with the model's scaling) and, where a family
-//! gives its sliding layers a base of their own (Gemma 3), theirs (unscaled).
+//! gives its sliding layers a base of their own (Gemma 3), theirs (unscaled). Each table has
+//! one entry per rotated pair: `rotary_dim / 2`, fewer than `head_dim / 2` where only a head's
+//! leading part rotates (Phi-4-mini).
+//!
+//! LongRoPE picks its short or long factors once, by the context the engine serves (as
+//! llama.cpp does): `transformers` picks them per forward pass by the sequence's length, so the
+//! two agree wherever the served context and the sequence fall on the same side of the trained
+//! context.
 
 use super::{ModelSpec, RopeScaling};
 
@@ -11,25 +18,22 @@ pub struct RotaryTables {
     pub global: Vec<f32>,
     /// The sliding layers' own.
     pub local: Option<Vec<f32>>,
+    /// Scale of the global layers' cosines and sines (LongRoPE's attention factor; else 1).
+    pub global_scale: f32,
 }
 
 impl RotaryTables {
     /// The tables of `spec`.
     pub fn new(spec: &ModelSpec) -> Self {
+        let base = plain(spec.rotary_dim, spec.rope_theta);
+        let (global, global_scale) = scaled(&base, &spec.rope_scaling, spec.max_context);
         Self {
-            global: scaled(&plain(spec.head_dim, spec.rope_theta), &spec.rope_scaling),
+            global,
+            global_scale,
             local: spec
                 .arch
                 .local_rope_theta
-                .map(|theta| plain(spec.head_dim, theta)),
-        }
-    }
-
-    /// Layer `layer`'s table.
-    pub fn layer(&self, spec: &ModelSpec, layer: usize) -> &[f32] {
-        match &self.local {
-            Some(local) if spec.arch.local_rope(layer) => local,
-            _ => &self.global,
+                .map(|theta| plain(spec.rotary_dim, theta)),
         }
     }
 }
@@ -41,11 +45,25 @@ pub fn plain(dim: usize, theta: f32) -> Vec<f32> {
         .collect()
 }
 
-fn scaled(base: &[f32], scaling: &RopeScaling) -> Vec<f32> {
+/// The scaled table, and the scale of its cosines and sines, for a served `context`.
+fn scaled(base: &[f32], scaling: &RopeScaling, context: usize) -> (Vec<f32>, f32) {
     match scaling {
-        RopeScaling::None => base.to_vec(),
-        RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
-        RopeScaling::Factors(factors) => base.iter().zip(factors).map(|(f, s)| f / s).collect(),
+        RopeScaling::None => (base.to_vec(), 1.0),
+        RopeScaling::Linear { factor } => (base.iter().map(|f| f / factor).collect(), 1.0),
+        RopeScaling::Factors(factors) => (divided(base, factors), 1.0),
+        RopeScaling::LongRope {
+            short,
+            long,
+            original_max_position,
+            attention_factor,
+        } => {
+            let factors = if context > *original_max_position {
+                long
+            } else {
+                short
+            };
+            (divided(base, factors), *attention_factor)
+        }
         &RopeScaling::Llama3 {
             factor,
             low_freq_factor,
@@ -54,7 +72,8 @@ fn scaled(base: &[f32], scaling: &RopeScaling) -> Vec<f32> {
         } => {
             let low_wavelen = original_max_position / low_freq_factor;
             let high_wavelen = original_max_position / high_freq_factor;
-            base.iter()
+            let table = base
+                .iter()
                 .map(|&f| {
                     let wavelen = 2.0 * std::f32::consts::PI / f;
                     if wavelen < high_wavelen {
@@ -67,7 +86,12 @@ fn scaled(base: &[f32], scaling: &RopeScaling) -> Vec<f32> {
                         (1.0 - smooth) * f / factor + smooth * f
                     }
                 })
-                .collect()
+                .collect();
+            (table, 1.0)
         }
     }
+}
+
+fn divided(base: &[f32], factors: &[f32]) -> Vec<f32> {
+    base.iter().zip(factors).map(|(f, s)| f / s).collect()
 }

@@ -82,12 +82,8 @@ impl Weights {
                 .map_err(|e| ModelError::Config(format!("{}: {e}", path.display())))?;
             for name in tensors.names() {
                 let at = (files.len(), name.to_string());
-                // A base model saved without its head (`Qwen3Model`, as embedding models are)
-                // names its tensors without the `model.` prefix.
-                if name.starts_with("layers.")
-                    || matches!(name, "embed_tokens.weight" | "norm.weight")
-                {
-                    index.insert(format!("model.{name}"), at.clone());
+                if let Some(alias) = decoder_name(name) {
+                    index.insert(alias, at.clone());
                 }
                 index.insert(name.to_string(), at);
             }
@@ -242,4 +238,21 @@ fn read_gguf(file: &Gguf, name: &str) -> Result<Tensor, ModelError> {
         shape: info.shape.clone(),
         data,
     })
+}
+
+/// The decoder's name for a tensor saved under another: a base model saved without its head
+/// (`Qwen3Model`, as embedding models are) names its tensors without the `model.` prefix; a
+/// multimodal checkpoint (Gemma 3) nests its language model as `language_model.model.` (older
+/// `transformers`) or `model.language_model.` (newer). The other towers keep their names and are
+/// never read.
+fn decoder_name(name: &str) -> Option<String> {
+    if name.starts_with("layers.") || matches!(name, "embed_tokens.weight" | "norm.weight") {
+        return Some(format!("model.{name}"));
+    }
+    if let Some(rest) = name.strip_prefix("model.language_model.") {
+        return Some(format!("model.{rest}"));
+    }
+    name.strip_prefix("language_model.")
+        .filter(|rest| rest.starts_with("model.") || rest.starts_with("lm_head."))
+        .map(str::to_string)
 }

@@ -67,27 +67,46 @@ pub fn config(file: &Gguf) -> Result<Value, ModelError> {
         Some(tensor) => Some(file.dequantize(tensor).map_err(ModelError::from)?),
         None => None,
     };
-    let rope_scaling = match meta(&format!("{arch}.rope.scaling.type")).and_then(MetaValue::as_str)
-    {
-        None | Some("none") if factors.is_some() => {
-            json!({"rope_type": "frequency_factors", "factors": factors})
+    let long_rope = match (
+        file.tensor("rope_factors_short.weight"),
+        file.tensor("rope_factors_long.weight"),
+    ) {
+        (Some(short), Some(long)) => Some((
+            file.dequantize(short).map_err(ModelError::from)?,
+            file.dequantize(long).map_err(ModelError::from)?,
+        )),
+        (None, None) => None,
+        _ => {
+            return Err(ModelError::Config(
+                "GGUF LongRoPE needs both `rope_factors_short` and `rope_factors_long`".into(),
+            ));
         }
-        None | Some("none") => Value::Null,
-        Some("linear") => json!({"rope_type": "linear", "factor": float("rope.scaling.factor")}),
-        Some(other) => {
+    };
+    let scaling_type = meta(&format!("{arch}.rope.scaling.type")).and_then(MetaValue::as_str);
+    let rope_scaling = match (long_rope, scaling_type) {
+        // Phi-3's LongRoPE, as llama.cpp's converter writes it: the two factor tensors, the
+        // trained context and the attention factor it computed.
+        (Some((short, long)), _) => json!({
+            "rope_type": "longrope",
+            "short_factor": short,
+            "long_factor": long,
+            "original_max_position_embeddings": need("rope.scaling.original_context_length")?,
+            "attention_factor": float("rope.scaling.attn_factor").unwrap_or(1.0),
+        }),
+        (None, None | Some("none")) => match factors {
+            Some(factors) => json!({"rope_type": "frequency_factors", "factors": factors}),
+            None => Value::Null,
+        },
+        (None, Some("linear")) => {
+            json!({"rope_type": "linear", "factor": float("rope.scaling.factor")})
+        }
+        (None, Some(other)) => {
             return Err(ModelError::Unsupported(format!(
                 "GGUF rope scaling `{other}`"
             )));
         }
     };
     let heads = need("attention.head_count")?;
-    for long in ["rope_factors_long.weight", "rope_factors_short.weight"] {
-        if file.tensor(long).is_some() {
-            return Err(ModelError::Unsupported(format!(
-                "long-context rotary factors (`{long}`, Phi-3's LongRoPE)"
-            )));
-        }
-    }
     let eos: Vec<u64> = ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"]
         .iter()
         .filter_map(|k| meta(k).and_then(MetaValue::as_u64))
