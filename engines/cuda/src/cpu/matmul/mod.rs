@@ -141,12 +141,27 @@ pub fn linear_with(
     let (refined_out, exact_out) = rest_out.split_at_mut((twice - once) * n);
     if let Some(tiles) = &w.tiles {
         split_int8(isa, tiles, bytes, bytes_out);
-        split_int8(isa, tiles, refined, refined_out);
         if !refined.is_empty() {
+            // Each row beside what its rounding left out, so one read of the weights serves
+            // both passes (the kernel shares a tile's codes among the rows it holds); the
+            // sums are the same as two separate products'.
             let residual = tiles.residual(refined);
-            let mut more = vec![0.0f32; refined_out.len()];
-            split_int8(isa, tiles, &residual, &mut more);
-            refined_out.iter_mut().zip(&more).for_each(|(o, m)| *o += m);
+            let mut both = Vec::with_capacity(2 * refined.len());
+            for (row, rest) in refined.chunks_exact(k).zip(residual.chunks_exact(k)) {
+                both.extend_from_slice(row);
+                both.extend_from_slice(rest);
+            }
+            let mut sums = vec![0.0f32; 2 * refined_out.len()];
+            split_int8(isa, tiles, &both, &mut sums);
+            for (o, pair) in refined_out
+                .chunks_exact_mut(n)
+                .zip(sums.chunks_exact(2 * n))
+            {
+                let (first, second) = pair.split_at(n);
+                o.iter_mut()
+                    .zip(first.iter().zip(second))
+                    .for_each(|(o, (a, b))| *o = a + b);
+            }
         }
     }
     match View::of(&w.packed) {
