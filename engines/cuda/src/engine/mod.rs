@@ -58,7 +58,8 @@ fn grammars_for(folder: &ModelFolder) -> Option<Grammars> {
 }
 
 /// Blocks the KV budget allows for this model.
-fn kv_blocks(settings: &ModelSettings, folder: &ModelFolder, max_context: usize) -> u32 {
+fn kv_blocks(settings: &ModelSettings, folder: &ModelFolder) -> u32 {
+    let max_context = folder.spec.max_context;
     // The CPU holds the cache in halves unless its inputs are exact (see `cpu::kv`).
     let value = match settings.cpu_activations {
         crate::cpu::Activations::Int8 => 2,
@@ -83,9 +84,10 @@ fn kv_blocks(settings: &ModelSettings, folder: &ModelFolder, max_context: usize)
 fn open_device(
     settings: &ModelSettings,
     folder: &ModelFolder,
-    max_context: usize,
     host: &Host,
 ) -> Result<Box<dyn Device>, EngineError> {
+    // The folder's spec carries the context served (see `ModelRuntime::start`).
+    let max_context = folder.spec.max_context;
     let fail = |e: String| EngineError::invalid_config(format!("model `{}`: {e}", settings.id));
     let gpu = match settings.device {
         DeviceChoice::Cpu => false,
@@ -125,9 +127,9 @@ fn open_device(
         return Ok(Box::new(device));
     }
     if gpu {
-        return open_gpu(settings, folder, max_context, host).map_err(fail);
+        return open_gpu(settings, folder, host).map_err(fail);
     }
-    let blocks = kv_blocks(settings, folder, max_context);
+    let blocks = kv_blocks(settings, folder);
     let device = crate::cpu::CpuDevice::load(
         folder,
         blocks,
@@ -143,10 +145,10 @@ fn open_device(
 fn open_gpu(
     settings: &ModelSettings,
     folder: &ModelFolder,
-    max_context: usize,
     host: &Host,
 ) -> Result<Box<dyn Device>, String> {
     use crate::gpu::{Capacity, CudaDevice, GpuKvBudget, GpuSettings};
+    let max_context = folder.spec.max_context;
     let kv_budget = match settings.kv_cache {
         KvBudget::Bytes(b) => GpuKvBudget::Bytes(b),
         KvBudget::Fraction(f) => GpuKvBudget::Fraction(f),
@@ -193,7 +195,7 @@ impl ModelRuntime {
             .map_or(folder.spec.max_context, |c| c.min(folder.spec.max_context));
         // The devices size rotary scaling by the context served (LongRoPE's factors).
         folder.spec.max_context = max_context;
-        let device = open_device(settings, &folder, max_context, host)?;
+        let device = open_device(settings, &folder, host)?;
         let grammars = grammars_for(&folder);
         let num_blocks = device.num_blocks();
         let min_blocks = max_context.div_ceil(settings.block_size as usize);
