@@ -16,23 +16,6 @@
 // cache at `slots[t]` (block * block_size + offset), laid out [slot, kv_heads, head_dim] in
 // bf16. A negative slot (batch padding) writes nothing.
 // Grid: (tokens, q_heads + 2 * kv_heads); block: head_dim / 2 threads (head_dim <= 256).
-
-// Element `e` of a head held in `head` after rotation by the angles of `position`.
-__device__ __forceinline__ float rotated(const float* head, int e, int position,
-    const float* __restrict__ inv_freq, int rot_half, float rope_scale) {
-    const float x = head[e];
-    if (e >= 2 * rot_half) {
-        return x;
-    }
-    const int j = e < rot_half ? e : e - rot_half;
-    float s;
-    float c;
-    sincosf((float)position * inv_freq[j], &s, &c);
-    c *= rope_scale;
-    s *= rope_scale;
-    return e < rot_half ? x * c - head[e + rot_half] * s : x * c + head[e - rot_half] * s;
-}
-
 extern "C" __global__ void __launch_bounds__(128, 1) rotary_kv_store(
     const float* __restrict__ qkv,
     const bf16_t* __restrict__ bias,
@@ -99,17 +82,38 @@ extern "C" __global__ void __launch_bounds__(128, 1) rotary_kv_store(
         if (!live) {
             return;
         }
-        const int position = positions[t];
-        const float ra = rotated(values, i, position, inv_freq, rot_half, rope_scale);
-        const float rb = rotated(values, i + half, position, inv_freq, rot_half, rope_scale);
+        // Thread i turns the pair (i, i + rot_half) by one angle; the threads past the rotated
+        // pairs carry two of the values that pass through.
+        int e0;
+        int e1;
+        float r0;
+        float r1;
+        if (i < rot_half) {
+            float s;
+            float c;
+            sincosf((float)positions[t] * inv_freq[i], &s, &c);
+            c *= rope_scale;
+            s *= rope_scale;
+            const float x = values[i];
+            const float y = values[i + rot_half];
+            e0 = i;
+            e1 = i + rot_half;
+            r0 = x * c - y * s;
+            r1 = y * c + x * s;
+        } else {
+            e0 = 2 * rot_half + 2 * (i - rot_half);
+            e1 = e0 + 1;
+            r0 = values[e0];
+            r1 = values[e1];
+        }
         if (head < q_heads) {
             float* q = q_out + (t * q_heads + head) * head_dim;
-            q[i] = bf16_to_f32(f32_to_bf16(ra));
-            q[i + half] = bf16_to_f32(f32_to_bf16(rb));
+            q[e0] = bf16_to_f32(f32_to_bf16(r0));
+            q[e1] = bf16_to_f32(f32_to_bf16(r1));
         } else if (slot >= 0) {
             bf16_t* k = k_cache + (slot * kv_heads + (head - q_heads)) * head_dim;
-            k[i] = f32_to_bf16(ra);
-            k[i + half] = f32_to_bf16(rb);
+            k[e0] = f32_to_bf16(r0);
+            k[e1] = f32_to_bf16(r1);
         }
     } else if (slot >= 0 && live) {
         bf16_t* v = v_cache + (slot * kv_heads + (head - q_heads - kv_heads)) * head_dim;
