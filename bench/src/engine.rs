@@ -20,6 +20,9 @@
 //! - `rss_after_load_mib` / `rss_load_peak_mib` / `rss_peak_mib`: this process's resident
 //!   memory once the model is loaded, its high-water mark then (loading's peak), and its
 //!   high-water mark at the end.
+//!
+//! `ENGINE_BENCH_QUICK=1` runs the first group alone (prefill, decode, time to first token,
+//! memory), three times, and prints it without writing `OUT_JSON`: for trying a change.
 
 #![allow(clippy::print_stdout, clippy::expect_used, clippy::unwrap_used)]
 
@@ -74,7 +77,8 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(512);
-    for _ in 0..RUNS {
+    let quick = std::env::var_os("ENGINE_BENCH_QUICK").is_some();
+    for _ in 0..if quick { 3 } else { RUNS } {
         let t = rt.block_on(run(&engine, "bench", vec![prompts.next(prompt_len)], 1));
         prefill.push(prompt_len as f64 / t.end);
         let t = rt.block_on(run(&engine, "bench", vec![prompts.next(16)], 128));
@@ -93,6 +97,20 @@ fn main() {
     }
     // Read before the bandwidth measurement, whose buffer would raise it.
     let rss_peak = status_mib("VmHWM");
+    if quick {
+        let core = json!({
+            "prefill_tokens_per_s": median(prefill),
+            "decode_1_tokens_per_s": median(decode_1),
+            "decode_8_tokens_per_s": median(decode_8),
+            "decode_16_tokens_per_s": median(decode_16),
+            "ttft_cold_ms": median(cold),
+            "ttft_prefix_hit_ms": median(warm),
+            "rss_after_load_mib": rss_after_load,
+            "rss_peak_mib": rss_peak,
+        });
+        println!("{core}");
+        return;
+    }
     // Under a grammar, after the peak is read: the peers run no such workload (their cached
     // blocks would not count against them).
     // The same model with grammar fast-forward off, in a second engine made only now: masking

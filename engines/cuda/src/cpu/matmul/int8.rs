@@ -148,7 +148,7 @@ impl Tiles {
 
     /// What rounding `x` to bytes leaves out: `x` minus its rounded value, element by element
     /// (multiplied in a second pass, it makes the product nearly exact; see
-    /// [`super::Matrix::refine`]).
+    /// [`super::SecondPass`]).
     pub fn residual(&self, x: &[f32]) -> Vec<f32> {
         let inputs = Inputs::quantize(x, self.cols, self.group, 0, false);
         x.chunks_exact(self.group)
@@ -301,8 +301,10 @@ fn tile_rows<S: Simd, const R: usize, const Q4: bool, const MIN: bool, const OFF
     acc
 }
 
-/// Every row of `x` against tiles `tiles` of `w`, writing `out`: rows in tiles of `T` (then
-/// 4, 2, 1).
+/// Every row of `x` against tiles `tiles` of `w`, writing `out`: tile by tile, and in each
+/// tile rows in blocks of `T` (then 4, 2, 1), so a tile's codes are read from memory once for
+/// the whole batch and stay in cache while every row meets them. Each row's sums are the same
+/// whatever the batch around it.
 ///
 /// # Safety
 /// `out.ptr` must point at `x.rows × out.n` writable floats (`out.n` = `w.rows()`), and no
@@ -315,59 +317,50 @@ pub unsafe fn block<S: Simd, const T: usize>(
     tiles: std::ops::Range<usize>,
     out: Out,
 ) {
-    let mut r0 = 0;
-    while r0 + T <= x.rows {
-        // SAFETY: the rows lie below x.rows and the tiles are the caller's.
-        unsafe { run::<S, T>(s, w, x, r0, tiles.clone(), out) };
-        r0 += T;
-    }
-    while r0 + 4 <= x.rows {
-        // SAFETY: as above.
-        unsafe { run::<S, 4>(s, w, x, r0, tiles.clone(), out) };
-        r0 += 4;
-    }
-    while r0 + 2 <= x.rows {
-        // SAFETY: as above.
-        unsafe { run::<S, 2>(s, w, x, r0, tiles.clone(), out) };
-        r0 += 2;
-    }
-    if r0 < x.rows {
-        // SAFETY: as above.
-        unsafe { run::<S, 1>(s, w, x, r0, tiles, out) };
+    for t in tiles {
+        let mut r0 = 0;
+        while r0 + T <= x.rows {
+            // SAFETY: the rows lie below x.rows and the tile is the caller's.
+            unsafe { run::<S, T>(s, w, x, r0, t, out) };
+            r0 += T;
+        }
+        while r0 + 4 <= x.rows {
+            // SAFETY: as above.
+            unsafe { run::<S, 4>(s, w, x, r0, t, out) };
+            r0 += 4;
+        }
+        while r0 + 2 <= x.rows {
+            // SAFETY: as above.
+            unsafe { run::<S, 2>(s, w, x, r0, t, out) };
+            r0 += 2;
+        }
+        if r0 < x.rows {
+            // SAFETY: as above.
+            unsafe { run::<S, 1>(s, w, x, r0, t, out) };
+        }
     }
 }
 
 /// # Safety
-/// As [`block`], for rows `r0..r0 + R`.
+/// As [`block`], for rows `r0..r0 + R` and tile `t`.
 #[inline(always)]
-unsafe fn run<S: Simd, const R: usize>(
-    s: S,
-    w: &Tiles,
-    x: &Inputs,
-    r0: usize,
-    tiles: std::ops::Range<usize>,
-    out: Out,
-) {
+unsafe fn run<S: Simd, const R: usize>(s: S, w: &Tiles, x: &Inputs, r0: usize, t: usize, out: Out) {
     let min = !w.min.is_empty();
-    for t in tiles {
-        let acc = match (w.kind, min) {
-            (Kind::Q4 { offset: 0 }, false) => {
-                tile_rows::<S, R, true, false, false>(s, w, x, r0, t)
-            }
-            (Kind::Q4 { offset: 0 }, true) => tile_rows::<S, R, true, true, false>(s, w, x, r0, t),
-            (Kind::Q4 { .. }, false) => tile_rows::<S, R, true, false, true>(s, w, x, r0, t),
-            (Kind::Q4 { .. }, true) => tile_rows::<S, R, true, true, true>(s, w, x, r0, t),
-            (Kind::Q8, false) => tile_rows::<S, R, false, false, false>(s, w, x, r0, t),
-            (Kind::Q8, true) => tile_rows::<S, R, false, true, false>(s, w, x, r0, t),
-        };
-        let (first, count) = (t * WIDTH, (w.rows - t * WIDTH).min(WIDTH));
-        for (r, acc) in acc.into_iter().enumerate() {
-            let mut lanes = [0f32; WIDTH];
-            s.store(acc, &mut lanes);
-            // SAFETY: the caller owns columns first..first + count of rows r0..r0 + R.
-            let dst = unsafe { out.ptr.add((r0 + r) * out.n + first) };
-            // SAFETY: as above; `lanes` is a local array, never overlapping `out`.
-            unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, count) };
-        }
+    let acc = match (w.kind, min) {
+        (Kind::Q4 { offset: 0 }, false) => tile_rows::<S, R, true, false, false>(s, w, x, r0, t),
+        (Kind::Q4 { offset: 0 }, true) => tile_rows::<S, R, true, true, false>(s, w, x, r0, t),
+        (Kind::Q4 { .. }, false) => tile_rows::<S, R, true, false, true>(s, w, x, r0, t),
+        (Kind::Q4 { .. }, true) => tile_rows::<S, R, true, true, true>(s, w, x, r0, t),
+        (Kind::Q8, false) => tile_rows::<S, R, false, false, false>(s, w, x, r0, t),
+        (Kind::Q8, true) => tile_rows::<S, R, false, true, false>(s, w, x, r0, t),
+    };
+    let (first, count) = (t * WIDTH, (w.rows - t * WIDTH).min(WIDTH));
+    for (r, acc) in acc.into_iter().enumerate() {
+        let mut lanes = [0f32; WIDTH];
+        s.store(acc, &mut lanes);
+        // SAFETY: the caller owns columns first..first + count of rows r0..r0 + R.
+        let dst = unsafe { out.ptr.add((r0 + r) * out.n + first) };
+        // SAFETY: as above; `lanes` is a local array, never overlapping `out`.
+        unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, count) };
     }
 }
