@@ -7,9 +7,9 @@ candidates are within the rounding of each other. For every family and type the 
 tokens (its CPU default, inputs rounded to bytes) are compared with llama-server's; where they
 part, the two servers' log-probabilities at that position (on the shared prefix, over
 llama-server's 20 likeliest tokens) are compared with `transformers` on the weights the file
-dequantizes to: the engine must be the one near the reference. On every file measured it is
-(within 0.011 where llama-server is 0.04-0.57 away), so each parting is a near-tie that
-llama.cpp's rounding tips, not a different computation on the engine's side.
+dequantizes to: the engine must be near the reference, and no farther from it than
+llama-server (to `SLACK`), so each parting is a near-tie that either server's rounding may tip,
+not a different computation on the engine's side.
 
 The random models use a vocabulary without byte fallback, so every token is whole UTF-8
 (llama-server reports no probabilities for a token that ends inside a character), with the
@@ -34,10 +34,12 @@ from test_numerics import engine, load_hf
 
 SERVER = Path(os.environ.get("TURNPIKE_LLAMA_SERVER", LLAMA_CPP / "build/bin/llama-server"))
 SMOLLM2 = os.environ.get("TURNPIKE_SMOLLM2_GGUF")
-# Natural-log probabilities. Measured at partings: engine to reference <= 0.011, llama-server to
-# reference 0.04-0.24 on the random models and 0.20-0.57 on SmolLM2.
-NEAR = 0.05
-TIE = 0.3
+# Natural-log probabilities. Measured at partings: the engine 0.03-0.09 from the reference on
+# the random models and 0.13-0.22 on SmolLM2, llama-server 0.05-0.24 and 0.14-0.52 (the
+# engine's prompts round the MLP's inputs to bytes once, as llama.cpp rounds every product's;
+# with f32 prompts it was within 0.011, at 0.72x llama.cpp's prefill).
+NEAR = 0.3
+SLACK = 0.03
 STEPS = 16
 
 pytestmark = pytest.mark.skipif(not SERVER.exists(), reason="llama-server is built by bench/llama-server.sh")
@@ -159,11 +161,11 @@ class Parting(NamedTuple):
 
 
 def check(found, name):
-    """Every parting is llama-server's: there the engine is within `NEAR` of the reference and
-    closer to it than llama-server (or, were both that close, within `TIE` of llama-server)."""
+    """Every parting is a near-tie: there the engine is within `NEAR` of the reference and no
+    farther from it than llama-server is, to `SLACK`."""
     for p in found:
         assert p.engine_reference < NEAR, f"{name}: {found}"
-        assert p.engine_reference <= p.llama_reference or p.engine_llama < TIE, f"{name}: {found}"
+        assert p.engine_reference <= p.llama_reference + SLACK, f"{name}: {found}"
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_K_M", "Q6_K", "Q4_0"])
@@ -181,8 +183,8 @@ def test_greedy_text_is_llama_servers_but_for_near_ties(f32_file, kind, tmp_path
 
 @pytest.mark.skipif(not SMOLLM2, reason="TURNPIKE_SMOLLM2_GGUF is not set (tests/run.sh sets it)")
 def test_smollm2_says_what_llama_server_says_but_for_near_ties(tmp_path):
-    """Measured: every prompt parts, and at each parting llama-server is 0.2-0.57 from
-    transformers, the engine within 0.01. "What is the capital of France?" parts at its first
+    """Measured: every prompt parts, and at each parting llama-server is 0.14-0.52 from
+    transformers, the engine 0.13-0.22. "What is the capital of France?" parts at its first
     token: transformers has 'The' 0.08 ahead of 'L', llama-server 'L' 0.24 ahead of 'The' (it
     then answers "L'Étoile, la Marseillaise", the engine and transformers "The capital of France
     is Paris.")."""

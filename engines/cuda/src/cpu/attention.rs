@@ -58,13 +58,17 @@ pub struct Tile<'a> {
     pub pos: usize,
     /// Cache offsets of the sequence's positions so far.
     pub offsets: &'a [usize],
+    /// The rows are a prompt's: scored by the tile kernel however few they are, so a prompt
+    /// row's output does not depend on the rows beside it (a prefix-cache hit recomputes a
+    /// prompt's last position alone and gets what the whole prompt got).
+    pub prompt: bool,
 }
 
 /// Rows per tile: enough query vectors to pay for transposing each block of keys once.
 pub const TILE_ROWS: usize = 16;
 
-/// Below this many rows (decoding), each row is scored key by key instead: transposing keys
-/// for one or two queries costs more than it saves.
+/// Below this many rows of decoding steps, each row is scored key by key instead: transposing
+/// keys for one or two queries costs more than it saves.
 const MIN_TILE: usize = 4;
 
 /// Attention of every tile (prefill chunks): `queries` holds each row's query heads at
@@ -88,7 +92,7 @@ pub fn attend_tiles<V: KvValue>(
     for tile in tiles {
         let (part, tail) = rest.split_at_mut(tile.len * width);
         rest = tail;
-        if tile.len >= MIN_TILE {
+        if tile.prompt || tile.len >= MIN_TILE {
             work.push(Work::Tile(*tile, part));
             continue;
         }

@@ -38,18 +38,29 @@ fn naive(heads: Heads, q: &[f32], keys: &[f32], vals: &[f32], positions: usize) 
     out
 }
 
-fn decode_row<V: KvValue>(heads: Heads, q: &[f32], keys: &[V], vals: &[V], n: usize) -> Vec<f32> {
+/// The last `rows` positions of `n` cached ones attending, as a prompt's rows or decoding
+/// steps' (one query row of `heads.query × heads.dim` per position, from `q`).
+fn attend<V: KvValue>(
+    heads: Heads,
+    q: &[f32],
+    keys: &[V],
+    vals: &[V],
+    n: usize,
+    rows: usize,
+    prompt: bool,
+) -> Vec<f32> {
     let width = heads.kv * heads.dim;
     let offsets: Vec<usize> = (0..n).map(|p| p * width).collect();
     let tile = Tile {
         row: 0,
-        len: 1,
-        pos: n - 1,
+        len: rows,
+        pos: n - rows,
         offsets: &offsets,
+        prompt,
     };
-    let mut out = vec![0.0; heads.query * heads.dim];
+    let mut out = vec![0.0; rows * heads.query * heads.dim];
     let cache = Cache { keys, values: vals };
-    attend_tiles(cache, heads, &[tile], q, q.len(), &mut out);
+    attend_tiles(cache, heads, &[tile], q, heads.query * heads.dim, &mut out);
     out
 }
 
@@ -72,13 +83,47 @@ fn a_decoding_row_attends_as_a_naive_softmax_does_in_either_cache() {
         let want = naive(heads, &q, &keys, &vals, n);
         let halves = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
         let got = [
-            decode_row(heads, &q, &keys, &vals, n),
-            decode_row(heads, &q, &halves(&keys), &halves(&vals), n),
+            attend(heads, &q, &keys, &vals, n, 1, false),
+            attend(heads, &q, &halves(&keys), &halves(&vals), n, 1, false),
+            attend(heads, &q, &keys, &vals, n, 1, true),
+            attend(heads, &q, &halves(&keys), &halves(&vals), n, 1, true),
         ];
         for out in got {
             for (i, (a, b)) in out.iter().zip(&want).enumerate() {
                 assert!((a - b).abs() < 1e-5, "{query}/{kv}×{dim} [{i}]: {a} vs {b}");
             }
         }
+    }
+}
+
+#[test]
+fn a_prompt_row_attends_alone_as_it_does_beside_the_rest_of_its_prompt() {
+    // What a prefix-cache hit relies on: the prompt's last position recomputed alone.
+    let heads = Heads {
+        query: 6,
+        kv: 2,
+        dim: 64,
+        scale: 0.125,
+        softcap: None,
+        window: None,
+    };
+    let (n, width) = (37, 6 * 64);
+    let keys: Vec<f16> = values(n * 2 * 64, 1)
+        .iter()
+        .map(|&x| f16::from_f32(x))
+        .collect();
+    let vals: Vec<f16> = values(n * 2 * 64, 2)
+        .iter()
+        .map(|&x| f16::from_f32(x))
+        .collect();
+    let q = values(n * width, 3);
+    for rows in [2, 5, 16] {
+        let together = attend(heads, &q[(n - rows) * width..], &keys, &vals, n, rows, true);
+        let alone = attend(heads, &q[(n - 1) * width..], &keys, &vals, n, 1, true);
+        assert_eq!(
+            alone[..],
+            together[(rows - 1) * width..],
+            "beside {rows} rows"
+        );
     }
 }

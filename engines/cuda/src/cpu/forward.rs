@@ -62,6 +62,7 @@ impl Rows {
                     len,
                     pos,
                     offsets: &self.offsets[c][..pos + len],
+                    prompt: !chunk.generated,
                 });
             }
             row += chunk.tokens.len();
@@ -116,8 +117,8 @@ pub fn hidden_states(
         .as_deref()
         .map(|inv_freq| rotary_angles(positions(), inv_freq, 1.0));
 
-    // Rows of the leading decoding chunks round their products' inputs to bytes once; prompt
-    // rows take two byte passes (see `matmul::linear`).
+    // Rows of the leading decoding chunks, which some products round to bytes in one pass
+    // where prompt rows take two (see `matmul::SecondPass`).
     let rounded: usize = chunks
         .iter()
         .take_while(|c| c.generated)

@@ -1,10 +1,10 @@
 //! The CPU device: the whole model on every core, each weight matrix in the precision it was
 //! shipped in (GGUF quantized types stay quantized) and every activation in f32, except the
-//! inputs of decoding products with 4- and 8-bit weights and of the output projection, which
-//! are rounded to bytes, and the KV cache, held in halves, unless [`Activations::Exact`] is
-//! asked for; the reference for correctness and the fallback where no GPU is present. Matrix
-//! products run the device's
-//! own kernels ([`matmul`], picked per instruction set at run time), parallel work the device's
+//! inputs of products with 4- and 8-bit weights (prompts and decoding steps alike), which are
+//! rounded to bytes, and the KV cache, held in halves, unless [`Activations::Exact`] is asked
+//! for; the reference for correctness and the fallback where no GPU is present. Matrix products
+//! run the device's own kernels ([`matmul`], picked per instruction set at run time), parallel
+//! work the device's
 //! own `rayon` pool (a plugin never touches the host's global pool).
 
 mod attention;
@@ -24,7 +24,7 @@ use crate::model::{
 use forward::DeviceWeights;
 use kv::KvStore;
 pub use matmul::Activations;
-use matmul::Matrix;
+use matmul::{Matrix, SecondPass};
 
 /// A model loaded for the CPU with its KV cache.
 #[derive(Debug)]
@@ -51,26 +51,29 @@ impl CpuDevice {
             Ok(Matrix::new(p))
         })?;
         drop(opened);
-        // Under `Int8` the layers' products round decoding rows' inputs to bytes; prompt rows
-        // keep f32 inputs against the shipped codes (the f32 panels are faster for prompts than
-        // two byte passes, and one pass costs accuracy: see `bench/results/engine-files-*`),
-        // so the layers are held twice. The output projection runs on bytes (with f32 inputs
-        // it was up to a third of a small model's decoding step), in two passes, since
-        // rounding its inputs once moves near-tied logits; a head tied to the embedding keeps
-        // its codes for the lookups.
+        // Under `Int8` every product with 4- and 8-bit layer weights rounds its inputs to
+        // bytes, so the layers are held once, in the byte kernels' layout. Prompt rows of the
+        // attention projections take a second pass: rounding them once puts its error into
+        // the cached keys and values every later token reads, which alone moved SmolLM2's
+        // greedy tokens off the f32 reference's (151 of 160 agreed; rounding the MLP's
+        // prompt rows once moved none). The output projection takes two passes for every
+        // row, since rounding its inputs once moves near-tied logits; a head tied to the
+        // embedding keeps its codes for the lookups.
         for layer in &mut weights.layers {
-            for matrix in [
-                &mut layer.qkv,
-                &mut layer.o,
-                &mut layer.gate_up,
-                &mut layer.down,
+            for (matrix, rows) in [
+                (&mut layer.qkv, SecondPass::Prompts),
+                (&mut layer.o, SecondPass::Prompts),
+                (&mut layer.gate_up, SecondPass::Never),
+                (&mut layer.down, SecondPass::Never),
             ] {
                 matrix.round_inputs(inputs);
+                matrix.second_pass(rows);
+                matrix.tiles_only();
             }
         }
         let head = weights.lm_head.as_mut().unwrap_or(&mut weights.embed);
         head.round_inputs(inputs);
-        head.refine();
+        head.second_pass(SecondPass::Always);
         if let Some(head) = &mut weights.lm_head {
             head.tiles_only();
         }

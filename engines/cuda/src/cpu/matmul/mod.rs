@@ -44,24 +44,38 @@ pub enum Activations {
     /// f32, against every weight decoded to f32: the sums a reference that dequantizes the
     /// weights computes, to rounding order.
     Exact,
-    /// Rounded to bytes in groups, as ggml does ([`int8`]), in decoding steps; prompts keep
-    /// them f32 (against a refined matrix, the output projection, every row takes two byte
-    /// passes), so a prompt's logits are the same whether a prefix-cache hit recomputes only
-    /// its last position or not.
+    /// Rounded to bytes in groups, as ggml does ([`int8`]), with a second byte pass over
+    /// what rounding left out where a matrix asks for one ([`SecondPass`]). A row's sums do
+    /// not depend on the rows beside it, so a prompt's logits are the same whether a
+    /// prefix-cache hit recomputes only its last position or not, and one layout of the
+    /// weights serves prompts and decoding steps.
     #[default]
     Int8,
 }
 
-/// A weight matrix as the CPU multiplies it: its values as shipped, and under
-/// [`Activations::Int8`] 4- and 8-bit codes also laid out for the byte kernels.
+/// Which rows of a byte product take a second pass over what rounding their inputs left out
+/// (itself rounded): a row in two passes is within a byte's step of a byte's step of f32, at
+/// twice a byte pass's arithmetic and the same read of the weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecondPass {
+    /// No row: one byte pass each.
+    Never,
+    /// Prompt rows, not decoding steps' ([`linear`]'s `rounded` rows).
+    Prompts,
+    /// Every row.
+    Always,
+}
+
+/// A weight matrix as the CPU multiplies it: its values as shipped, or under
+/// [`Activations::Int8`] 4- and 8-bit codes laid out for the byte kernels (the shipped codes
+/// kept beside them only where lookups read them, [`Self::tiles_only`]).
 #[derive(Debug)]
 pub struct Matrix {
-    /// The values as shipped (what prefill, lookups and norms read).
+    /// The values as shipped (what float products, lookups and norms read).
     pub packed: Packed,
     tiles: Option<int8::Tiles>,
-    /// Whether every row's byte product takes a second pass over what rounding left out
-    /// ([`Self::refine`]).
-    refined: bool,
+    /// Which rows' byte products take a second pass ([`Self::second_pass`]).
+    second_pass: SecondPass,
 }
 
 impl Matrix {
@@ -70,23 +84,20 @@ impl Matrix {
         Self {
             packed,
             tiles: None,
-            refined: false,
+            second_pass: SecondPass::Never,
         }
     }
 
-    /// Byte products of this matrix run twice: on the rounded inputs, then on what rounding left
-    /// out (itself rounded), so the sum is within a byte's step of a byte's step of exact, at
-    /// twice a byte product's cost (still under the f32 product's). For the output projection,
-    /// whose near-tied logits decide tokens.
-    pub fn refine(&mut self) {
-        self.refined = true;
+    /// Which rows of this matrix's byte products take a second pass.
+    pub fn second_pass(&mut self, rows: SecondPass) {
+        self.second_pass = rows;
     }
 
-    /// For a refined matrix laid out for the byte kernels (whose rows never read the shipped
+    /// For a matrix laid out for the byte kernels (whose products never read the shipped
     /// codes): drops those codes, so the matrix is held once (its shape stays readable).
-    /// Nothing changes for any other matrix.
+    /// Nothing changes for a matrix with float inputs.
     pub fn tiles_only(&mut self) {
-        if self.tiles.is_some() && self.refined {
+        if self.tiles.is_some() {
             self.packed.codes = crate::model::packed::Codes::F32(Vec::new());
         }
     }
@@ -97,7 +108,7 @@ impl Matrix {
     }
 
     /// Lays 4- and 8-bit codes out for the byte kernels where `inputs` asks for it, so
-    /// decoding steps' products round their inputs to bytes.
+    /// products round their inputs to bytes.
     pub fn round_inputs(&mut self, inputs: Activations) {
         if inputs == Activations::Int8 {
             self.tiles = int8::Tiles::new(&self.packed);
@@ -105,11 +116,10 @@ impl Matrix {
     }
 }
 
-/// `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`, on the current rayon pool. Where `w` is laid
-/// out for the byte kernels, the first `rounded` rows (decoding steps) round their inputs to
-/// bytes once and the others (prompts) keep f32 inputs; a refined `w` ([`Matrix::refine`])
-/// takes two byte passes for every row instead, which is within a byte's step of a byte's step
-/// of f32.
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias[n])`, on the current rayon pool, where the first
+/// `rounded` rows are decoding steps' and the others prompts'. Where `w` is laid out for the
+/// byte kernels each row rounds its inputs to bytes, in one pass or two as the matrix's
+/// [`SecondPass`] asks; other matrices multiply f32 inputs.
 ///
 /// # Panics
 /// When the shapes do not agree (a bug in the caller, never input-dependent).
@@ -130,46 +140,22 @@ pub fn linear_with(
     let m = x.len().checked_div(k).unwrap_or(0);
     assert_eq!(x.len(), m * k, "input shape");
     assert_eq!(out.len(), m * n, "output shape");
-    let (once, twice) = match &w.tiles {
-        Some(_) if w.refined => (0, m),
-        Some(_) => (rounded.min(m), rounded.min(m)),
-        None => (0, 0),
-    };
-    let (bytes, rest) = x.split_at(once * k);
-    let (refined, exact) = rest.split_at((twice - once) * k);
-    let (bytes_out, rest_out) = out.split_at_mut(once * n);
-    let (refined_out, exact_out) = rest_out.split_at_mut((twice - once) * n);
-    if let Some(tiles) = &w.tiles {
-        split_int8(isa, tiles, bytes, bytes_out);
-        if !refined.is_empty() {
-            // Each row beside what its rounding left out, so one read of the weights serves
-            // both passes (the kernel shares a tile's codes among the rows it holds); the
-            // sums are the same as two separate products'.
-            let residual = tiles.residual(refined);
-            let mut both = Vec::with_capacity(2 * refined.len());
-            for (row, rest) in refined.chunks_exact(k).zip(residual.chunks_exact(k)) {
-                both.extend_from_slice(row);
-                both.extend_from_slice(rest);
-            }
-            let mut sums = vec![0.0f32; 2 * refined_out.len()];
-            split_int8(isa, tiles, &both, &mut sums);
-            for (o, pair) in refined_out
-                .chunks_exact_mut(n)
-                .zip(sums.chunks_exact(2 * n))
-            {
-                let (first, second) = pair.split_at(n);
-                o.iter_mut()
-                    .zip(first.iter().zip(second))
-                    .for_each(|(o, (a, b))| *o = a + b);
-            }
+    match &w.tiles {
+        Some(tiles) => {
+            let once = match w.second_pass {
+                SecondPass::Never => m,
+                SecondPass::Prompts => rounded.min(m),
+                SecondPass::Always => 0,
+            };
+            bytes(isa, tiles, x, once, k, out);
         }
-    }
-    match View::of(&w.packed) {
-        View::F32(r) => split(isa, &r, exact, k, n, exact_out),
-        View::Bf16(r) => split(isa, &r, exact, k, n, exact_out),
-        View::F16(r) => split(isa, &r, exact, k, n, exact_out),
-        View::Q4(r) => split(isa, &r, exact, k, n, exact_out),
-        View::Q8(r) => split(isa, &r, exact, k, n, exact_out),
+        None => match View::of(&w.packed) {
+            View::F32(r) => split(isa, &r, x, k, n, out),
+            View::Bf16(r) => split(isa, &r, x, k, n, out),
+            View::F16(r) => split(isa, &r, x, k, n, out),
+            View::Q4(r) => split(isa, &r, x, k, n, out),
+            View::Q8(r) => split(isa, &r, x, k, n, out),
+        },
     }
     if let Some(bias) = bias {
         for o in out.chunks_exact_mut(n) {
@@ -177,6 +163,40 @@ pub fn linear_with(
                 *v += b;
             }
         }
+    }
+}
+
+/// Byte products: the first `once` rows of `x` round their inputs once, the others take two
+/// passes, the rounded inputs and then what rounding left out, in one read of the weights.
+fn bytes(isa: Isa, tiles: &int8::Tiles, x: &[f32], once: usize, k: usize, out: &mut [f32]) {
+    let n = tiles.rows();
+    if once * k == x.len() {
+        return split_int8(isa, tiles, x, out);
+    }
+    // Each row in two passes beside what its rounding left out, so one read of the weights
+    // serves both passes (the kernel shares a tile's codes among the rows it holds); the sums
+    // are the same as separate products'.
+    let (single, double) = x.split_at(once * k);
+    let residual = tiles.residual(double);
+    let mut rows = Vec::with_capacity(single.len() + 2 * double.len());
+    rows.extend_from_slice(single);
+    for (row, rest) in double.chunks_exact(k).zip(residual.chunks_exact(k)) {
+        rows.extend_from_slice(row);
+        rows.extend_from_slice(rest);
+    }
+    let mut sums = vec![0.0f32; rows.len() / k * n];
+    split_int8(isa, tiles, &rows, &mut sums);
+    let (single_out, double_out) = out.split_at_mut(once * n);
+    let (single_sums, double_sums) = sums.split_at(once * n);
+    single_out.copy_from_slice(single_sums);
+    for (o, pair) in double_out
+        .chunks_exact_mut(n)
+        .zip(double_sums.chunks_exact(2 * n))
+    {
+        let (first, second) = pair.split_at(n);
+        o.iter_mut()
+            .zip(first.iter().zip(second))
+            .for_each(|(o, (a, b))| *o = a + b);
     }
 }
 

@@ -121,30 +121,96 @@ fn every_layout_and_instruction_set_matches_a_naive_product() {
     for k in [64, 288] {
         for w in matrices(n, k) {
             let k = w.cols;
+            let quantized = matches!(w.codes, Codes::Q4 { .. } | Codes::Q8 { .. });
+            let size = match &w.codes {
+                Codes::Q8 { group, .. } => *group,
+                _ => 32,
+            };
+            let dense = w.to_f32();
             for m in [1, 2, 3, 5, 9, 17, 33, 41] {
                 let x = values(m * k, m);
+                let (near, exact) = (naive(&x, &w, &bias, quantized), naive(&x, &w, &bias, false));
                 for inputs in [Activations::Exact, Activations::Int8] {
-                    let mut matrix = Matrix::new(w.clone());
-                    matrix.round_inputs(inputs);
-                    let quantized = matches!(w.codes, Codes::Q4 { .. } | Codes::Q8 { .. });
                     let bytes = inputs == Activations::Int8 && quantized;
-                    let (near, exact) = (naive(&x, &w, &bias, bytes), naive(&x, &w, &bias, false));
-                    // All rows rounded, the first half, none.
-                    for rounded in [m, m / 2, 0] {
-                        for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
-                            if !isa.supported() {
-                                continue;
+                    for second in [SecondPass::Never, SecondPass::Prompts, SecondPass::Always] {
+                        let mut matrix = Matrix::new(w.clone());
+                        matrix.round_inputs(inputs);
+                        matrix.second_pass(second);
+                        matrix.tiles_only();
+                        // All rows decoding steps', the first half, none.
+                        for rounded in [m, m / 2, 0] {
+                            let once = match second {
+                                SecondPass::Never => m,
+                                SecondPass::Prompts => rounded,
+                                SecondPass::Always => 0,
+                            };
+                            for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
+                                if !isa.supported() {
+                                    continue;
+                                }
+                                let mut out = vec![0.0; m * n];
+                                linear_with(isa, &x, rounded, &matrix, Some(&bias), &mut out);
+                                for (i, got) in out.iter().enumerate() {
+                                    let (r, c) = (i / n, i % n);
+                                    let ((want, sum), allowed) = if !bytes {
+                                        (exact[i], 0.0)
+                                    } else if r < once {
+                                        (near[i], 0.0)
+                                    } else {
+                                        (exact[i], refined_bound(&dense, &x, k, r, c, size))
+                                    };
+                                    assert!(
+                                        (got - want).abs()
+                                            < 1e-4 * (1.0 + want.abs()) + 1e-6 * sum + allowed,
+                                        "{} k={k} m={m} {rounded} rounded {inputs:?} {second:?} {isa:?} [{i}]: {got} vs {want}",
+                                        w.kind()
+                                    );
+                                }
                             }
-                            let mut out = vec![0.0; m * n];
-                            linear_with(isa, &x, rounded, &matrix, Some(&bias), &mut out);
-                            for (i, got) in out.iter().enumerate() {
-                                let (want, size) = if i / n < rounded { near[i] } else { exact[i] };
-                                assert!(
-                                    (got - want).abs() < 1e-4 * (1.0 + want.abs()) + 1e-6 * size,
-                                    "{} k={k} m={m} {rounded} rounded {inputs:?} {isa:?} [{i}]: {got} vs {want}",
-                                    w.kind()
-                                );
-                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_row_gets_the_same_sums_alone_as_in_any_batch() {
+    // What lets a prefix-cache hit recompute a prompt's last position alone and give the
+    // same logits as the whole prompt did, under byte products. Float products of
+    // `panel::MIN_ROWS` rows and more go through decoded panels, which add in another order.
+    let n = 37;
+    for w in matrices(n, 288) {
+        let k = w.cols;
+        let quantized = matches!(w.codes, Codes::Q4 { .. } | Codes::Q8 { .. });
+        for inputs in [Activations::Exact, Activations::Int8] {
+            let bytes = quantized && inputs == Activations::Int8;
+            for second in [SecondPass::Never, SecondPass::Prompts, SecondPass::Always] {
+                let mut matrix = Matrix::new(w.clone());
+                matrix.round_inputs(inputs);
+                matrix.second_pass(second);
+                matrix.tiles_only();
+                for m in [2, 9, 17, 33, 41] {
+                    if !bytes && m >= panel::MIN_ROWS {
+                        continue;
+                    }
+                    let x = values(m * k, m + 3);
+                    // Decoding steps, then prompts.
+                    for decoding in [true, false] {
+                        let rounded = |rows: usize| if decoding { rows } else { 0 };
+                        let mut batch = vec![0.0; m * n];
+                        linear(&x, rounded(m), &matrix, None, &mut batch);
+                        for r in [0, m / 2, m - 1] {
+                            let mut alone = vec![0.0; n];
+                            let row = &x[r * k..(r + 1) * k];
+                            linear(row, rounded(1), &matrix, None, &mut alone);
+                            assert_eq!(
+                                alone,
+                                batch[r * n..(r + 1) * n],
+                                "{} {inputs:?} {second:?} decoding {decoding}: row {r} of {m}",
+                                w.kind()
+                            );
                         }
                     }
                 }
@@ -203,7 +269,7 @@ fn a_refined_byte_product_is_within_a_step_of_a_step_of_exact() {
         let mut refined = vec![0.0; 3 * n];
         let mut head = Matrix::new(w.clone());
         head.round_inputs(Activations::Int8);
-        head.refine();
+        head.second_pass(SecondPass::Always);
         head.tiles_only();
         linear(&x, 0, &Matrix::new(w.clone()), None, &mut exact);
         linear(&x, 0, &head, None, &mut refined);
@@ -213,19 +279,23 @@ fn a_refined_byte_product_is_within_a_step_of_a_step_of_exact() {
         };
         for (i, (e, b)) in exact.iter().zip(&refined).enumerate() {
             let (r, c) = (i / n, i % n);
-            // Rounding leaves at most a group's largest / 254 out of each input; the second
-            // pass leaves at most 1/254 of that.
-            let bound: f32 = (0..k)
-                .map(|j| {
-                    dense[c * k + j].abs() * group_largest(&x, r * k, j, size) / (254.0 * 254.0)
-                })
-                .sum();
+            let bound = refined_bound(&dense, &x, k, r, c, size);
             assert!(
-                (e - b).abs() <= bound * 1.01 + 1e-5,
+                (e - b).abs() <= bound + 1e-5,
                 "[{i}] {e} vs {b} (bound {bound})"
             );
         }
     }
+}
+
+/// How far a product in two byte passes may be from exact at row `r`, column `c`: rounding
+/// leaves at most a group's largest / 254 out of each input, and the second pass at most 1/254
+/// of that.
+fn refined_bound(dense: &[f32], x: &[f32], k: usize, r: usize, c: usize, size: usize) -> f32 {
+    let bound: f32 = (0..k)
+        .map(|j| dense[c * k + j].abs() * group_largest(x, r * k, j, size) / (254.0 * 254.0))
+        .sum();
+    bound * 1.01
 }
 
 /// The largest magnitude in the input group holding column `j` of the row starting at `row`.
