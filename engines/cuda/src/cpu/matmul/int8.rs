@@ -11,6 +11,11 @@
 //!
 //! The cost is the inputs' rounding: each input moves by at most half a step of its group
 //! (the group's largest magnitude / 254), well under the weights' own quantization error.
+//! Scales and minimums are held as IEEE halves: exactly the file's where it ships halves
+//! (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), and for the K-quants, whose group scales are a half
+//! times a small integer, within 1/2048 of it, an eighth of the inputs' rounding (a matrix with a scale outside the
+//! halves' normal range keeps f32 inputs instead). A decoding
+//! step reads them beside the codes, so at 4 bits they were a third of its bytes as f32.
 //! [`super::Activations::Exact`] keeps f32 inputs where bit-for-bit agreement with a reference
 //! matters.
 
@@ -54,8 +59,8 @@ enum Kind {
 
 /// A 4- or 8-bit matrix laid out for the byte kernels: tiles of 16 rows (output columns), and
 /// in each tile, group by group, blocks of 64 bytes holding four code bytes of each of the 16
-/// rows (block `q`: bytes `4q..4q + 4` of each row's group, row after row), then the group's
-/// 16 scales and minimums.
+/// rows (block `q`: bytes `4q..4q + 4` of each row's group, row after row); beside them each
+/// group's 16 scales and minimums, as halves.
 #[derive(Debug)]
 pub struct Tiles {
     rows: usize,
@@ -63,16 +68,18 @@ pub struct Tiles {
     group: usize,
     kind: Kind,
     codes: Vec<u8>,
-    scale: Vec<f32>,
-    /// Empty where the weights have no minimum.
-    min: Vec<f32>,
+    /// IEEE half bit patterns.
+    scale: Vec<u16>,
+    /// IEEE half bit patterns; empty where the weights have no minimum.
+    min: Vec<u16>,
 }
 
 impl Tiles {
-    /// `w` laid out in tiles, or `None` for float layouts.
+    /// `w` laid out in tiles, or `None` for float layouts and for a scale or minimum outside
+    /// the halves' normal range.
     pub fn new(w: &Packed) -> Option<Self> {
         match &w.codes {
-            Codes::Q4 { offset, groups } => Some(Self::build(
+            Codes::Q4 { offset, groups } => Self::build(
                 w,
                 32,
                 Kind::Q4 {
@@ -80,10 +87,10 @@ impl Tiles {
                 },
                 &groups.codes,
                 groups,
-            )),
+            ),
             Codes::Q8 { group, groups } => {
                 let codes: Vec<u8> = groups.codes.iter().map(|&c| c as u8).collect();
-                Some(Self::build(w, *group, Kind::Q8, &codes, groups))
+                Self::build(w, *group, Kind::Q8, &codes, groups)
             }
             _ => None,
         }
@@ -95,7 +102,7 @@ impl Tiles {
         kind: Kind,
         codes: &[u8],
         groups: &Groups<T>,
-    ) -> Self {
+    ) -> Option<Self> {
         let per = Self::bytes_per(kind, group);
         let count = w.cols / group;
         let tiles = w.rows.div_ceil(WIDTH);
@@ -105,9 +112,9 @@ impl Tiles {
             group,
             kind,
             codes: vec![0; tiles * count * WIDTH * per],
-            scale: vec![0.0; tiles * count * WIDTH],
+            scale: vec![0; tiles * count * WIDTH],
             min: vec![
-                0.0;
+                0;
                 if groups.min.is_empty() {
                     0
                 } else {
@@ -124,13 +131,13 @@ impl Tiles {
                     let dst = (at * per / 4 + q) * 4 * WIDTH + 4 * lane;
                     out.codes[dst..dst + 4].copy_from_slice(four);
                 }
-                out.scale[at * WIDTH + lane] = groups.scale[row * count + g];
+                out.scale[at * WIDTH + lane] = half(groups.scale[row * count + g])?;
                 if !out.min.is_empty() {
-                    out.min[at * WIDTH + lane] = groups.min_at(row * count + g);
+                    out.min[at * WIDTH + lane] = half(groups.min_at(row * count + g))?;
                 }
             }
         }
-        out
+        Some(out)
     }
 
     /// Code bytes per row per group.
@@ -165,7 +172,7 @@ impl Tiles {
 
     /// Bytes the tiles take in memory.
     pub fn bytes(&self) -> usize {
-        self.codes.len() + (self.scale.len() + self.min.len()) * 4
+        self.codes.len() + (self.scale.len() + self.min.len()) * 2
     }
 
     /// Input rows rounded for these weights.
@@ -176,6 +183,13 @@ impl Tiles {
         };
         Inputs::quantize(x, self.cols, self.group, offset, !self.min.is_empty())
     }
+}
+
+/// `v` as the bit pattern of the nearest IEEE half, where that is within 1/2048 of it (zero or
+/// in the halves' normal range).
+fn half(v: f32) -> Option<u16> {
+    let h = half::f16::from_f32(v);
+    (v == 0.0 || (h.is_normal() && v.is_finite())).then_some(h.to_bits())
 }
 
 /// Input rows rounded to bytes in groups.
@@ -284,9 +298,9 @@ fn tile_rows<S: Simd, const R: usize, const Q4: bool, const MIN: bool, const OFF
                 }
             }
         }
-        let scale = s.load(array(&w.scale, at * WIDTH));
+        let scale = s.f16(array(&w.scale, at * WIDTH));
         let min = if MIN {
-            s.load(array(&w.min, at * WIDTH))
+            s.f16(array(&w.min, at * WIDTH))
         } else {
             s.zero()
         };

@@ -8,6 +8,14 @@ fn values(n: usize, seed: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Values as the nearest IEEE halves: the scales and minimums of the files' 4- and 8-bit
+/// types are halves, and the byte kernels hold them so.
+fn halves(v: Vec<f32>) -> Vec<f32> {
+    v.into_iter()
+        .map(|x| half::f16::from_f32(x).to_f32())
+        .collect()
+}
+
 fn matrices(rows: usize, k: usize) -> Vec<Packed> {
     let tail = 37;
     let groups = rows * k / 32;
@@ -19,9 +27,9 @@ fn matrices(rows: usize, k: usize) -> Vec<Packed> {
         codes: Codes::Q4 {
             offset,
             groups: Groups {
-                scale: values(groups, 2).iter().map(|s| s / 3.0 + 0.5).collect(),
+                scale: halves(values(groups, 2).iter().map(|s| s / 3.0 + 0.5).collect()),
                 min: if with_min {
-                    values(groups, 3)
+                    halves(values(groups, 3))
                 } else {
                     Vec::new()
                 },
@@ -35,9 +43,9 @@ fn matrices(rows: usize, k: usize) -> Vec<Packed> {
         codes: Codes::Q8 {
             group,
             groups: Groups {
-                scale: values(rows * k / group, 4),
+                scale: halves(values(rows * k / group, 4)),
                 min: if with_min {
-                    values(rows * k / group, 5)
+                    halves(values(rows * k / group, 5))
                 } else {
                     Vec::new()
                 },
@@ -304,4 +312,22 @@ fn group_largest(x: &[f32], row: usize, j: usize, size: usize) -> f32 {
     x[first..first + size]
         .iter()
         .fold(0f32, |m, v| m.max(v.abs()))
+}
+
+#[test]
+fn a_scale_no_half_holds_keeps_the_matrix_on_f32_inputs() {
+    // 1e-6 is below the halves' normal range: rounding it to a half would move it by far more
+    // than 1/2048, so the matrix is not laid out for the byte kernels and multiplies exactly.
+    let mut w = matrices(29, 64).swap_remove(5);
+    if let Codes::Q8 { groups, .. } = &mut w.codes {
+        groups.scale[3] = 1e-6;
+    }
+    let x = values(3 * 64, 9);
+    let (mut exact, mut got) = (vec![0.0; 3 * 29], vec![0.0; 3 * 29]);
+    linear(&x, 0, &Matrix::new(w.clone()), None, &mut exact);
+    let mut matrix = Matrix::new(w);
+    matrix.round_inputs(Activations::Int8);
+    matrix.tiles_only();
+    linear(&x, 3, &matrix, None, &mut got);
+    assert_eq!(got, exact);
 }
