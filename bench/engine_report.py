@@ -46,15 +46,16 @@ for label, key, higher in rows:
             row[f"vs {name}"] = round(ours[key] / theirs if higher else theirs / ours[key], 2)
     table.append(row)
 
-# Bytes one decode step reads: every weight as the CPU device keeps it (4-bit codes with an f32
-# scale and minimum per 32, 8-bit codes with an f32 scale per 32, f32 as is).
+# Bytes one decode step reads: every weight as the CPU device keeps it (4-bit codes, or 8-bit
+# codes for the other quantized types, with a half scale, and a half minimum where the type has
+# one, per 32 values, or per 16 for Q6_K, Q2_K and Q3_K; f32 as is).
 packed_bytes = None
 if gguf:
     tool = os.path.join(os.path.dirname(sys.argv[0]), "..", "target", "release", "turnpike-gguf")
     info = json.loads(subprocess.run([tool, "info", gguf], capture_output=True, text=True, check=True).stdout)
-    per_value = {"F32": 4, "F16": 2, "BF16": 2, "Q4_0": 20 / 32, "Q4_1": 24 / 32, "Q4_K": 24 / 32,
-                 "Q8_0": 36 / 32, "Q5_K": 40 / 32, "Q6_K": 20 / 16, "Q5_0": 36 / 32, "Q5_1": 40 / 32,
-                 "Q2_K": 24 / 16, "Q3_K": 20 / 16, "IQ4_NL": 36 / 32, "IQ4_XS": 36 / 32}
+    per_value = {"F32": 4, "F16": 2, "BF16": 2, "Q4_0": 18 / 32, "Q4_1": 20 / 32, "Q4_K": 20 / 32,
+                 "Q8_0": 34 / 32, "Q5_K": 36 / 32, "Q6_K": 18 / 16, "Q5_0": 34 / 32, "Q5_1": 36 / 32,
+                 "Q2_K": 20 / 16, "Q3_K": 18 / 16, "IQ4_NL": 34 / 32, "IQ4_XS": 34 / 32}
     packed_bytes = 0
     for t in info["tensors"]:
         n = 1
