@@ -97,17 +97,17 @@ fn main() {
     }
     // Read before the bandwidth measurement, whose buffer would raise it.
     let rss_peak = status_mib("VmHWM");
+    let core = json!({
+        "prefill_tokens_per_s": median(prefill),
+        "decode_1_tokens_per_s": median(decode_1),
+        "decode_8_tokens_per_s": median(decode_8),
+        "decode_16_tokens_per_s": median(decode_16),
+        "ttft_cold_ms": median(cold),
+        "ttft_prefix_hit_ms": median(warm),
+        "rss_after_load_mib": rss_after_load,
+        "rss_peak_mib": rss_peak,
+    });
     if quick {
-        let core = json!({
-            "prefill_tokens_per_s": median(prefill),
-            "decode_1_tokens_per_s": median(decode_1),
-            "decode_8_tokens_per_s": median(decode_8),
-            "decode_16_tokens_per_s": median(decode_16),
-            "ttft_cold_ms": median(cold),
-            "ttft_prefix_hit_ms": median(warm),
-            "rss_after_load_mib": rss_after_load,
-            "rss_peak_mib": rss_peak,
-        });
         println!("{core}");
         return;
     }
@@ -160,15 +160,9 @@ fn main() {
         }
     }
     let bandwidth = read_bandwidth_gb_per_s();
-    let results = json!({
+    let mut results = json!({
         "runs": RUNS,
         "statistic": "median",
-        "prefill_tokens_per_s": median(prefill),
-        "decode_1_tokens_per_s": median(decode_1),
-        "decode_8_tokens_per_s": median(decode_8),
-        "decode_16_tokens_per_s": median(decode_16),
-        "ttft_cold_ms": median(cold),
-        "ttft_prefix_hit_ms": median(warm),
         "decode_1_json_tokens_per_s": median(decode_1_json),
         "decode_16_json_tokens_per_s": median(decode_16_json),
         "decode_1_json_masked_tokens_per_s": median(decode_1_masked),
@@ -176,13 +170,14 @@ fn main() {
         "decode_1_beside_json_tokens_per_s": median(decode_1_beside),
         "decode_16_beside_json_tokens_per_s": median(decode_16_beside),
         "grammar": grammar_timing::measure(&model),
-        "rss_after_load_mib": rss_after_load,
         "rss_load_peak_mib": rss_load_peak,
-        "rss_peak_mib": rss_peak,
         "memory_read_gb_per_s": bandwidth,
         "prompt_len": prompt_len,
         "stats": engine.stats().map(|s| serde_json::to_value(s).unwrap_or_default()).unwrap_or_default(),
     });
+    if let (Some(all), Some(core)) = (results.as_object_mut(), core.as_object()) {
+        all.extend(core.clone());
+    }
     std::fs::write(&out, serde_json::to_string_pretty(&results).expect("json")).expect("write");
     println!("{results}");
 }
