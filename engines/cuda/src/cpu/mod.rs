@@ -4,8 +4,7 @@
 //! rounded to bytes, and the KV cache, held in halves, unless [`Activations::Exact`] is asked
 //! for; the reference for correctness and the fallback where no GPU is present. Matrix products
 //! run the device's own kernels ([`matmul`], picked per instruction set at run time), parallel
-//! work the device's
-//! own `rayon` pool (a plugin never touches the host's global pool).
+//! work the device's own `rayon` pool (a plugin never touches the host's global pool).
 
 mod attention;
 pub mod encoder;
