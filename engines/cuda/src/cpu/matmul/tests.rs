@@ -99,10 +99,7 @@ fn naive(x: &[f32], w: &Packed, bias: &[f32], bytes: bool) -> Vec<(f32, f32)> {
     let (n, k) = (w.rows, w.cols);
     let m = x.len() / k;
     let dense = w.to_f32();
-    let size = match &w.codes {
-        Codes::Q8 { group, .. } => *group,
-        _ => 32,
-    };
+    let size = input_group(w);
     let near = if bytes {
         rounded(x, k, size)
     } else {
@@ -129,11 +126,8 @@ fn every_layout_and_instruction_set_matches_a_naive_product() {
     for k in [64, 288] {
         for w in matrices(n, k) {
             let k = w.cols;
-            let quantized = matches!(w.codes, Codes::Q4 { .. } | Codes::Q8 { .. });
-            let size = match &w.codes {
-                Codes::Q8 { group, .. } => *group,
-                _ => 32,
-            };
+            let quantized = quantized(&w);
+            let size = input_group(&w);
             let dense = w.to_f32();
             for m in [1, 2, 3, 5, 9, 17, 33, 41] {
                 let x = values(m * k, m);
@@ -191,7 +185,7 @@ fn a_row_gets_the_same_sums_alone_as_in_any_batch() {
     let n = 37;
     for w in matrices(n, 288) {
         let k = w.cols;
-        let quantized = matches!(w.codes, Codes::Q4 { .. } | Codes::Q8 { .. });
+        let quantized = quantized(&w);
         for inputs in [Activations::Exact, Activations::Int8] {
             let bytes = quantized && inputs == Activations::Int8;
             for second in [SecondPass::Never, SecondPass::Prompts, SecondPass::Always] {
@@ -234,7 +228,7 @@ fn rounded_inputs_stay_close_to_the_exact_product() {
     let n = 29;
     let bias = vec![0.0; n];
     for w in matrices(n, 288) {
-        if !matches!(w.codes, Codes::Q4 { .. } | Codes::Q8 { .. }) {
+        if !quantized(&w) {
             continue;
         }
         let k = w.cols;
@@ -242,10 +236,7 @@ fn rounded_inputs_stay_close_to_the_exact_product() {
         let x = values(4 * k, 7);
         let mut exact = vec![0.0; 4 * n];
         let mut bytes = vec![0.0; 4 * n];
-        let size = match &w.codes {
-            Codes::Q8 { group, .. } => *group,
-            _ => 32,
-        };
+        let size = input_group(&w);
         let mut rounded = Matrix::new(w.clone());
         rounded.round_inputs(Activations::Int8);
         linear(&x, 0, &Matrix::new(w.clone()), None, &mut exact);
@@ -267,7 +258,7 @@ fn rounded_inputs_stay_close_to_the_exact_product() {
 fn a_refined_byte_product_is_within_a_step_of_a_step_of_exact() {
     let n = 29;
     for w in matrices(n, 288) {
-        if !matches!(w.codes, Codes::Q4 { .. } | Codes::Q8 { .. }) {
+        if !quantized(&w) {
             continue;
         }
         let k = w.cols;
@@ -281,10 +272,7 @@ fn a_refined_byte_product_is_within_a_step_of_a_step_of_exact() {
         head.tiles_only();
         linear(&x, 0, &Matrix::new(w.clone()), None, &mut exact);
         linear(&x, 0, &head, None, &mut refined);
-        let size = match &w.codes {
-            Codes::Q8 { group, .. } => *group,
-            _ => 32,
-        };
+        let size = input_group(&w);
         for (i, (e, b)) in exact.iter().zip(&refined).enumerate() {
             let (r, c) = (i / n, i % n);
             let bound = refined_bound(&dense, &x, k, r, c, size);
@@ -304,6 +292,19 @@ fn refined_bound(dense: &[f32], x: &[f32], k: usize, r: usize, c: usize, size: u
         .map(|j| dense[c * k + j].abs() * group_largest(x, r * k, j, size) / (254.0 * 254.0))
         .sum();
     bound * 1.01
+}
+
+/// Whether `w` has 4- or 8-bit codes (what the byte kernels multiply).
+fn quantized(w: &Packed) -> bool {
+    matches!(w.codes, Codes::Q4 { .. } | Codes::Q8 { .. })
+}
+
+/// The inputs' rounding group for `w`: its own group for 8-bit codes, 32 otherwise.
+fn input_group(w: &Packed) -> usize {
+    match &w.codes {
+        Codes::Q8 { group, .. } => *group,
+        _ => 32,
+    }
 }
 
 /// The largest magnitude in the input group holding column `j` of the row starting at `row`.
