@@ -19,9 +19,11 @@
 //! [`super::Activations::Exact`] keeps f32 inputs where bit-for-bit agreement with a reference
 //! matters.
 
+use rayon::prelude::*;
+
 use super::rows::array;
 use super::tile::Out;
-use crate::cpu::simd::Simd;
+use crate::cpu::simd::{Isa, Kernel, Simd};
 use crate::model::packed::{Codes, Groups, Packed};
 
 /// Output columns per tile: one per i32 lane.
@@ -32,6 +34,11 @@ const WIDTH: usize = 16;
 /// (2 KiB of 4-bit codes) made SmolLM2's decoding steps 15% faster on 2 Xeon cores; 4 was
 /// slower and 16 no faster.
 const AHEAD: usize = 8;
+
+/// Rows a task takes through all its tiles before the next: 64 rows' inputs (at most 192 KiB
+/// at 3072 columns) stay in a core's cache, where a prompt's whole input (megabytes) was
+/// read again for every tile.
+const ROW_BLOCK: usize = 64;
 
 /// Asks for `len` bytes of `codes` from `at` (those in it) to be brought into the cache.
 #[inline(always)]
@@ -53,7 +60,10 @@ enum Kind {
     /// 4-bit codes, `code - offset`, in groups of 32; byte `j` of a group holds value `j` in
     /// its low nibble and `j + 16` in its high one.
     Q4 { offset: i32 },
-    /// Signed 8-bit codes.
+    /// Signed 8-bit codes, held as unsigned `code + 128`: where [`Simd::WIDE_UNSIGNED`] they
+    /// meet the signed inputs as they are (the inputs' sums times 128 taken off once per
+    /// group), one instruction per four bytes where signed codes took three; elsewhere each
+    /// register of codes is flipped back once for all rows.
     Q8,
 }
 
@@ -89,7 +99,7 @@ impl Tiles {
                 groups,
             ),
             Codes::Q8 { group, groups } => {
-                let codes: Vec<u8> = groups.codes.iter().map(|&c| c as u8).collect();
+                let codes: Vec<u8> = groups.codes.iter().map(|&c| c as u8 ^ 0x80).collect();
                 Self::build(w, *group, Kind::Q8, &codes, groups)
             }
             _ => None,
@@ -179,7 +189,7 @@ impl Tiles {
     pub fn inputs(&self, x: &[f32]) -> Inputs {
         let offset = match self.kind {
             Kind::Q4 { offset } => offset,
-            Kind::Q8 => 0,
+            Kind::Q8 => 128,
         };
         Inputs::quantize(x, self.cols, self.group, offset, !self.min.is_empty())
     }
@@ -214,19 +224,91 @@ impl Inputs {
     /// add them up.
     fn quantize(x: &[f32], k: usize, group: usize, offset: i32, sums: bool) -> Self {
         let rows = x.len().checked_div(k).unwrap_or(0);
-        let count = rows * (k / group);
+        let count = k / group;
         let mut inputs = Self {
             rows,
             codes: vec![0; rows * k],
-            scale: vec![0.0; count],
-            start: vec![0; if offset != 0 { count } else { 0 }],
-            sum: vec![0.0; if sums { count } else { 0 }],
+            scale: vec![0.0; rows * count],
+            start: vec![0; rows * count],
+            sum: vec![0.0; rows * count],
         };
-        let groups = x
+        // Rows are rounded on the pool, each compiled for the CPU's instruction set: a
+        // prompt's rows are many, and one core rounding them left the others waiting.
+        let isa = Isa::detected();
+        x.par_chunks(k)
+            .zip(inputs.codes.par_chunks_mut(k))
+            .zip(inputs.scale.par_chunks_mut(count))
+            .zip(inputs.start.par_chunks_mut(count))
+            .zip(inputs.sum.par_chunks_mut(count))
+            .with_min_len(4)
+            .for_each(|((((values, codes), scale), start), sum)| {
+                isa.run(RoundRow {
+                    values,
+                    group,
+                    offset,
+                    codes,
+                    scale,
+                    start,
+                    sum,
+                })
+            });
+        if offset == 0 {
+            inputs.start = Vec::new();
+        }
+        if !sums {
+            inputs.sum = Vec::new();
+        }
+        inputs
+    }
+}
+
+/// One row's groups rounded to bytes, as a [`Kernel`]: each group's codes, step,
+/// `-offset ×` its codes summed, and its rounded inputs summed.
+struct RoundRow<'a> {
+    values: &'a [f32],
+    group: usize,
+    offset: i32,
+    codes: &'a mut [i8],
+    scale: &'a mut [f32],
+    start: &'a mut [i32],
+    sum: &'a mut [f32],
+}
+
+impl Kernel for RoundRow<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd, const T: usize>(self, _: S) {
+        // Plain loops the compiler widens to the lanes (a closure would be compiled without
+        // the instruction set); the largest magnitude is kept per lane of sixteen, then
+        // folded, so the order of the maxima does not matter.
+        let group = self.group;
+        let groups = self
+            .values
             .chunks_exact(group)
-            .zip(inputs.codes.chunks_exact_mut(group));
+            .zip(self.codes.chunks_exact_mut(group));
         for (g, (values, codes)) in groups.enumerate() {
-            let largest = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let mut lanes = [0f32; 16];
+            for sixteen in values.chunks_exact(16) {
+                let sixteen: &[f32; 16] = match sixteen.try_into() {
+                    Ok(a) => a,
+                    Err(_) => unreachable!("chunks of sixteen are arrays of sixteen"),
+                };
+                for i in 0..16 {
+                    lanes[i] = larger(lanes[i], sixteen[i].abs());
+                }
+            }
+            for v in values.chunks_exact(16).remainder() {
+                lanes[0] = larger(lanes[0], v.abs());
+            }
+            let mut width = 16;
+            while width > 1 {
+                width /= 2;
+                for i in 0..width {
+                    lanes[i] = larger(lanes[i], lanes[i + width]);
+                }
+            }
+            let largest = lanes[0];
             let (step, inverse) = if largest > 0.0 {
                 (largest / 127.0, 127.0 / largest)
             } else {
@@ -234,20 +316,33 @@ impl Inputs {
             };
             let mut total = 0i32;
             for (c, &v) in codes.iter_mut().zip(values) {
-                // Half away from zero, as ggml rounds; |v · inverse| <= 127 (+ rounding).
-                *c = (v * inverse + 0.5f32.copysign(v)).clamp(-127.0, 127.0) as i8;
-                total += i32::from(*c);
+                // Half away from zero, as ggml rounds; |v · inverse| <= 127 (+ rounding). Through
+                // i32, whose conversion runs in lanes (a float's straight to a byte does not).
+                let code = larger(-127.0, v * inverse + 0.5f32.copysign(v));
+                // SAFETY: `larger` and `smaller` put NaN at -127 and every value in
+                // -127..=127, where an i32 holds it exactly.
+                let code: i32 = unsafe { smaller(127.0, code).to_int_unchecked() };
+                *c = code as i8;
+                total += code;
             }
-            inputs.scale[g] = step;
-            if offset != 0 {
-                inputs.start[g] = -offset * total;
-            }
-            if sums {
-                inputs.sum[g] = step * total as f32;
-            }
+            self.scale[g] = step;
+            self.start[g] = -self.offset * total;
+            self.sum[g] = step * total as f32;
         }
-        inputs
     }
+}
+
+/// The larger of `a` and `b` by one comparison (a NaN in `b` gives `a`), which runs in
+/// lanes where `f32::max`'s NaN rules did not.
+#[inline(always)]
+fn larger(a: f32, b: f32) -> f32 {
+    if b > a { b } else { a }
+}
+
+/// The smaller of `a` and `b` by one comparison (a NaN in `b` gives `a`).
+#[inline(always)]
+fn smaller(a: f32, b: f32) -> f32 {
+    if b < a { b } else { a }
 }
 
 /// Rows `r0..r0 + R` of `x` against tile `t` of `w`: sixteen columns per row.
@@ -290,11 +385,18 @@ fn tile_rows<S: Simd, const R: usize, const Q4: bool, const MIN: bool, const OFF
                     *ints = s.dot_unsigned(*ints, low, s.broadcast4(lo));
                     *ints = s.dot_unsigned(*ints, high, s.broadcast4(hi));
                 }
-            } else {
+            } else if OFFSET {
                 for (r, ints) in ints.iter_mut().enumerate() {
                     // SAFETY: r < R and g·group + 4q + 4 <= k, inside the R rows of `xs`.
                     let four = unsafe { &*xp.add(r * k + g * group + 4 * q).cast::<[i8; 4]>() };
-                    *ints = s.dot_signed(*ints, bytes, s.broadcast4(four));
+                    *ints = s.dot_unsigned(*ints, bytes, s.broadcast4(four));
+                }
+            } else {
+                let signed = s.flip_bytes(bytes);
+                for (r, ints) in ints.iter_mut().enumerate() {
+                    // SAFETY: as above.
+                    let four = unsafe { &*xp.add(r * k + g * group + 4 * q).cast::<[i8; 4]>() };
+                    *ints = s.dot_signed(*ints, signed, s.broadcast4(four));
                 }
             }
         }
@@ -315,10 +417,11 @@ fn tile_rows<S: Simd, const R: usize, const Q4: bool, const MIN: bool, const OFF
     acc
 }
 
-/// Every row of `x` against tiles `tiles` of `w`, writing `out`: tile by tile, and in each
-/// tile rows in blocks of `T` (then 4, 2, 1), so a tile's codes are read from memory once for
-/// the whole batch and stay in cache while every row meets them. Each row's sums are the same
-/// whatever the batch around it.
+/// Every row of `x` against tiles `tiles` of `w`, writing `out`: [`ROW_BLOCK`] rows at a time,
+/// tile by tile, and in each tile rows in blocks of `T` (then 4, 2, 1), so a tile's codes are
+/// read from memory once for a batch of decoding steps and stay in cache while every row meets
+/// them, and a long prompt's rows stay in cache while every tile meets them. Each row's sums
+/// are the same whatever the batch around it.
 ///
 /// # Safety
 /// `out.ptr` must point at `x.rows × out.n` writable floats (`out.n` = `w.rows()`), and no
@@ -331,27 +434,32 @@ pub unsafe fn block<S: Simd, const T: usize>(
     tiles: std::ops::Range<usize>,
     out: Out,
 ) {
-    for t in tiles {
-        let mut r0 = 0;
-        while r0 + T <= x.rows {
-            // SAFETY: the rows lie below x.rows and the tile is the caller's.
-            unsafe { run::<S, T>(s, w, x, r0, t, out) };
-            r0 += T;
+    let mut first = 0;
+    while first < x.rows {
+        let end = (first + ROW_BLOCK).min(x.rows);
+        for t in tiles.clone() {
+            let mut r0 = first;
+            while r0 + T <= end {
+                // SAFETY: the rows lie below x.rows and the tile is the caller's.
+                unsafe { run::<S, T>(s, w, x, r0, t, out) };
+                r0 += T;
+            }
+            while r0 + 4 <= end {
+                // SAFETY: as above.
+                unsafe { run::<S, 4>(s, w, x, r0, t, out) };
+                r0 += 4;
+            }
+            while r0 + 2 <= end {
+                // SAFETY: as above.
+                unsafe { run::<S, 2>(s, w, x, r0, t, out) };
+                r0 += 2;
+            }
+            if r0 < end {
+                // SAFETY: as above.
+                unsafe { run::<S, 1>(s, w, x, r0, t, out) };
+            }
         }
-        while r0 + 4 <= x.rows {
-            // SAFETY: as above.
-            unsafe { run::<S, 4>(s, w, x, r0, t, out) };
-            r0 += 4;
-        }
-        while r0 + 2 <= x.rows {
-            // SAFETY: as above.
-            unsafe { run::<S, 2>(s, w, x, r0, t, out) };
-            r0 += 2;
-        }
-        if r0 < x.rows {
-            // SAFETY: as above.
-            unsafe { run::<S, 1>(s, w, x, r0, t, out) };
-        }
+        first = end;
     }
 }
 
@@ -365,16 +473,27 @@ unsafe fn run<S: Simd, const R: usize>(s: S, w: &Tiles, x: &Inputs, r0: usize, t
         (Kind::Q4 { offset: 0 }, true) => tile_rows::<S, R, true, true, false>(s, w, x, r0, t),
         (Kind::Q4 { .. }, false) => tile_rows::<S, R, true, false, true>(s, w, x, r0, t),
         (Kind::Q4 { .. }, true) => tile_rows::<S, R, true, true, true>(s, w, x, r0, t),
+        (Kind::Q8, false) if S::WIDE_UNSIGNED => {
+            tile_rows::<S, R, false, false, true>(s, w, x, r0, t)
+        }
+        (Kind::Q8, true) if S::WIDE_UNSIGNED => {
+            tile_rows::<S, R, false, true, true>(s, w, x, r0, t)
+        }
         (Kind::Q8, false) => tile_rows::<S, R, false, false, false>(s, w, x, r0, t),
         (Kind::Q8, true) => tile_rows::<S, R, false, true, false>(s, w, x, r0, t),
     };
     let (first, count) = (t * WIDTH, (w.rows - t * WIDTH).min(WIDTH));
     for (r, acc) in acc.into_iter().enumerate() {
-        let mut lanes = [0f32; WIDTH];
-        s.store(acc, &mut lanes);
         // SAFETY: the caller owns columns first..first + count of rows r0..r0 + R.
         let dst = unsafe { out.ptr.add((r0 + r) * out.n + first) };
-        // SAFETY: as above; `lanes` is a local array, never overlapping `out`.
-        unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, count) };
+        if count == WIDTH {
+            // SAFETY: as above, all sixteen of them; `[f32; 16]` has f32's alignment.
+            s.store(acc, unsafe { &mut *dst.cast::<[f32; WIDTH]>() });
+        } else {
+            let mut lanes = [0f32; WIDTH];
+            s.store(acc, &mut lanes);
+            // SAFETY: as above; `lanes` is a local array, never overlapping `out`.
+            unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, count) };
+        }
     }
 }

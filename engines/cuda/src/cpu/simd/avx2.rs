@@ -178,6 +178,18 @@ impl Simd for Avx2 {
         }
     }
 
+    // vpmaddubsw saturates pairs of products at i16.
+    const WIDE_UNSIGNED: bool = false;
+
+    #[inline(always)]
+    fn flip_bytes(self, b: [__m256i; 2]) -> [__m256i; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            let top = _mm256_set1_epi8(i8::MIN);
+            [_mm256_xor_si256(b[0], top), _mm256_xor_si256(b[1], top)]
+        }
+    }
+
     #[inline(always)]
     fn dot_unsigned(self, acc: [__m256i; 2], u: [__m256i; 2], s: [__m256i; 2]) -> [__m256i; 2] {
         // Pairs of products in i16 (at most 2 · 127 · 128, no saturation), then pairs of those.

@@ -124,6 +124,15 @@ impl Simd for Avx512 {
         unsafe { _mm512_and_si512(_mm512_srli_epi16::<4>(b), _mm512_set1_epi8(15)) }
     }
 
+    // vpdpbusd widens each product to 32 bits before adding.
+    const WIDE_UNSIGNED: bool = true;
+
+    #[inline(always)]
+    fn flip_bytes(self, b: __m512i) -> __m512i {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_xor_si512(b, _mm512_set1_epi8(i8::MIN)) }
+    }
+
     #[inline(always)]
     fn dot_unsigned(self, acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
         // SAFETY: see above (the token proves the features; arrays bound the pointers).

@@ -61,9 +61,14 @@ pub trait Simd: Copy {
     fn low_nibbles(self, b: Self::B) -> Self::B;
     /// Each byte's high nibble.
     fn high_nibbles(self, b: Self::B) -> Self::B;
+    /// Whether [`Simd::dot_unsigned`] is exact for every unsigned byte, not only for those
+    /// at most 127.
+    const WIDE_UNSIGNED: bool;
     /// `acc` plus, in lane `i`, the sum of `u[4i + j] · s[4i + j]` over `j < 4`, with `u`
-    /// unsigned bytes at most 127 and `s` signed.
+    /// unsigned bytes (at most 127 unless [`Simd::WIDE_UNSIGNED`]) and `s` signed.
     fn dot_unsigned(self, acc: Self::I, u: Self::B, s: Self::B) -> Self::I;
+    /// Each byte with its top bit flipped (unsigned `v + 128` to signed `v`).
+    fn flip_bytes(self, b: Self::B) -> Self::B;
     /// As [`Simd::dot_unsigned`] with both signed; no byte of `b` may be -128.
     fn dot_signed(self, acc: Self::I, a: Self::B, b: Self::B) -> Self::I;
     /// All-zero i32 lanes.

@@ -91,6 +91,13 @@ impl Simd for Portable {
         b.map(|b| b >> 4)
     }
 
+    const WIDE_UNSIGNED: bool = true;
+
+    #[inline(always)]
+    fn flip_bytes(self, b: [u8; 64]) -> [u8; 64] {
+        b.map(|b| b ^ 0x80)
+    }
+
     #[inline(always)]
     fn dot_unsigned(self, acc: [i32; 16], u: [u8; 64], s: [u8; 64]) -> [i32; 16] {
         dot_lanes(acc, u, s, i32::from)
