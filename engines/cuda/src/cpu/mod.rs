@@ -22,7 +22,7 @@ use crate::model::{
 
 use forward::DeviceWeights;
 use kv::KvStore;
-pub use matmul::Activations;
+pub use matmul::{Activations, FloatWeights};
 use matmul::{Matrix, SecondPass};
 
 /// A model loaded for the CPU with its KV cache.

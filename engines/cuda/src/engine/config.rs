@@ -57,6 +57,8 @@ pub struct ModelSettings {
     pub threads: Option<usize>,
     /// The CPU's inputs to products with 4- and 8-bit weights.
     pub cpu_activations: crate::cpu::Activations,
+    /// What the CPU does with an encoder's float weights.
+    pub cpu_weights: crate::cpu::FloatWeights,
     /// Which GPU (CUDA device ordinal).
     pub gpu: usize,
     /// Capture decode steps into CUDA graphs.
@@ -111,6 +113,8 @@ struct RawModel {
     threads: Option<usize>,
     #[serde(default)]
     cpu_activations: Option<crate::cpu::Activations>,
+    #[serde(default)]
+    cpu_weights: Option<crate::cpu::FloatWeights>,
     #[serde(default)]
     gpu: Option<usize>,
     #[serde(default)]
@@ -195,6 +199,7 @@ impl RawModel {
             max_context: self.max_context,
             threads: self.threads,
             cpu_activations: self.cpu_activations.unwrap_or_default(),
+            cpu_weights: self.cpu_weights.unwrap_or_default(),
             gpu: self.gpu.unwrap_or(0),
             cuda_graphs: self.cuda_graphs.unwrap_or(true),
             grammar_fast_forward: self.grammar_fast_forward.unwrap_or(true),

@@ -117,14 +117,25 @@ fn open_device(
             ));
         }
         let blocks = max_context.div_ceil(settings.block_size as usize) as u32;
-        let device =
-            crate::cpu::encoder::EncoderDevice::load(&folder.path, encoder, blocks, threads)
-                .map_err(|e| fail(e.to_string()))?;
+        let device = crate::cpu::encoder::EncoderDevice::load(
+            &folder.path,
+            encoder,
+            blocks,
+            threads,
+            settings.cpu_activations,
+            settings.cpu_weights,
+        )
+        .map_err(|e| fail(e.to_string()))?;
         host.info(&format!(
             "model `{}`: an encoder, serving embeddings on the CPU",
             settings.id
         ));
         return Ok(Box::new(device));
+    }
+    if settings.cpu_weights != crate::cpu::FloatWeights::Shipped {
+        return Err(fail(
+            "`cpu_weights` applies to encoder embedding models only; this model generates".into(),
+        ));
     }
     if gpu {
         return open_gpu(settings, folder, host).map_err(fail);

@@ -214,6 +214,39 @@ impl Packed {
         out
     }
 
+    /// A float matrix rounded to signed 8-bit codes in groups of `group` (which must divide
+    /// `cols`), each group's step its largest magnitude / 127, as ggml's Q8_0 rounds; `None`
+    /// for a matrix whose values are codes already.
+    pub fn rounded_to_q8(&self, group: usize) -> Option<Packed> {
+        if !matches!(self.codes, Codes::F32(_) | Codes::Bf16(_) | Codes::F16(_))
+            || group == 0
+            || !self.cols.is_multiple_of(group)
+        {
+            return None;
+        }
+        let values = self.to_f32();
+        let mut groups = Groups {
+            scale: Vec::with_capacity(values.len() / group),
+            min: Vec::new(),
+            codes: Vec::with_capacity(values.len()),
+        };
+        for chunk in values.chunks_exact(group) {
+            let largest = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let inverse = if largest > 0.0 { 127.0 / largest } else { 0.0 };
+            groups.scale.push(largest / 127.0);
+            groups.codes.extend(
+                chunk
+                    .iter()
+                    .map(|v| (v * inverse).round().clamp(-127.0, 127.0) as i8),
+            );
+        }
+        Some(Packed {
+            rows: self.rows,
+            cols: self.cols,
+            codes: Codes::Q8 { group, groups },
+        })
+    }
+
     /// The same matrix with its rows in `order` (row `i` of the result is row `order[i]`).
     pub fn with_rows(&self, order: &[usize]) -> Self {
         let c = self.cols;
@@ -398,6 +431,24 @@ mod tests {
         let mixed = Packed::stack(vec![q4(1, 0, true), f.clone()]);
         assert_eq!(mixed.kind(), "f32");
         assert_eq!(mixed.to_f32()[64..], f.to_f32()[..]);
+    }
+
+    #[test]
+    fn rounding_floats_to_bytes_moves_each_value_by_at_most_half_its_groups_step() {
+        let values: Vec<f32> = (0..3 * 64)
+            .map(|i| ((i * 7919 % 257) as f32 - 128.0) / 37.0)
+            .collect();
+        let f = Packed::f32(3, 64, values.clone());
+        let q = f.rounded_to_q8(32).expect("an f32 matrix rounds");
+        assert_eq!(q.kind(), "q8");
+        for (group, got) in values.chunks(32).zip(q.to_f32().chunks(32)) {
+            let step = group.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+            for (v, g) in group.iter().zip(got) {
+                assert!((v - g).abs() <= step / 2.0 * 1.0001, "{v} became {g}");
+            }
+        }
+        assert!(q4(1, 0, false).rounded_to_q8(32).is_none());
+        assert!(f.rounded_to_q8(48).is_none());
     }
 
     #[test]

@@ -53,6 +53,20 @@ pub enum Activations {
     Int8,
 }
 
+/// What the CPU does with an encoder embedding model's float weights (the engine setting
+/// `cpu_weights`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FloatWeights {
+    /// Kept as shipped (f32, f16 or bf16): the reference's results to rounding.
+    #[default]
+    Shipped,
+    /// Rounded at load to bytes in groups of 32, as Q8_0 rounds, so that under
+    /// [`Activations::Int8`] products take the byte kernels: faster, a quarter of f32's
+    /// memory, and further from the reference (see `cpu::encoder`).
+    Int8,
+}
+
 /// Which rows of a byte product take a second pass over what rounding their inputs left out
 /// (itself rounded): a row in two passes is within a byte's step of a byte's step of f32, at
 /// twice a byte pass's arithmetic and the same read of the weights.
@@ -158,11 +172,11 @@ pub fn linear_with(
         },
     }
     if let Some(bias) = bias {
-        for o in out.chunks_exact_mut(n) {
+        out.par_chunks_mut(n).for_each(|o| {
             for (v, b) in o.iter_mut().zip(bias) {
                 *v += b;
             }
-        }
+        });
     }
 }
 
