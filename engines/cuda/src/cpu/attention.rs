@@ -248,12 +248,7 @@ impl<V: KvValue> Kernel for TileKernel<'_, V> {
                         }
                     }
                     for (c, acc) in acc.iter().enumerate().take(w) {
-                        let dst: &mut [f32; 16] =
-                            match (&mut o[(c0 + c) * 16..(c0 + c + 1) * 16]).try_into() {
-                                Ok(d) => d,
-                                Err(_) => unreachable!("sixteen items are an array of sixteen"),
-                            };
-                        s.store(*acc, dst);
+                        s.store(*acc, lanes_mut(o, (c0 + c) * 16));
                     }
                 }
                 for (d, o) in o.iter_mut().enumerate().skip(16 * whole) {
@@ -332,12 +327,7 @@ impl<V: KvValue> Kernel for Row<'_, V> {
                 }
             }
             for (h, acc) in acc.iter().enumerate().take(heads) {
-                let at = h * hd + 16 * c;
-                let dst: &mut [f32; 16] = match (&mut self.out[at..at + 16]).try_into() {
-                    Ok(d) => d,
-                    Err(_) => unreachable!("sixteen items are an array of sixteen"),
-                };
-                s.store(*acc, dst);
+                s.store(*acc, lanes_mut(self.out, h * hd + 16 * c));
             }
         }
     }
@@ -389,6 +379,15 @@ pub(super) fn lanes<T>(v: &[T], at: usize) -> &[T; 16] {
     }
 }
 
+/// Sixteen floats of `v` from `at` as an array to write.
+#[inline(always)]
+pub(super) fn lanes_mut(v: &mut [f32], at: usize) -> &mut [f32; 16] {
+    match (&mut v[at..at + 16]).try_into() {
+        Ok(a) => a,
+        Err(_) => unreachable!("sixteen items are an array of sixteen"),
+    }
+}
+
 /// `a · b`.
 #[inline(always)]
 pub(super) fn dot<S: Simd, V: KvValue>(s: S, a: &[f32], b: &[V]) -> f32 {
@@ -413,10 +412,7 @@ pub(super) fn axpy<S: Simd, V: KvValue>(s: S, p: f32, v: &[V], out: &mut [f32]) 
     let whole = n / 16 * 16;
     let ps = s.splat(p);
     for i in (0..whole).step_by(16) {
-        let o: &mut [f32; 16] = match (&mut out[i..i + 16]).try_into() {
-            Ok(o) => o,
-            Err(_) => unreachable!("sixteen items are an array of sixteen"),
-        };
+        let o = lanes_mut(out, i);
         let acc = s.mul_add(ps, V::load16(s, lanes(v, i)), s.load(o));
         s.store(acc, o);
     }

@@ -7,9 +7,9 @@
 
 use rayon::prelude::*;
 
-use super::attention::{axpy, dot, lanes};
+use super::attention::{axpy, dot, lanes, lanes_mut};
 use super::linalg::{gelu_erf, rope, rotary_angles};
-use super::matmul::{Activations, FloatWeights, Matrix, SecondPass, linear};
+use super::matmul::{Activations, FloatWeights, Matrix, linear};
 use super::simd::{Isa, Kernel, Simd};
 use crate::device::{Batch, Device, DeviceError};
 use crate::model::encoder::{EncoderMlp, EncoderSpec, Positions};
@@ -293,9 +293,9 @@ fn byte_layer(packed: Packed, inputs: Activations, float_weights: FloatWeights) 
         FloatWeights::Int8 => packed.rounded_to_q8(32).unwrap_or(packed),
         FloatWeights::Shipped => packed,
     };
+    // One byte pass per row (a new matrix's second pass is `Never`).
     let mut matrix = Matrix::new(packed);
     matrix.round_inputs(inputs);
-    matrix.second_pass(SecondPass::Never);
     matrix.tiles_only();
     matrix
 }
@@ -382,7 +382,7 @@ impl Kernel for QueryRow<'_> {
                     let v = lanes(self.keys, j * 3 * d + 2 * d + h * hd + c);
                     acc = s.mul_add(s.splat(p), s.load(v), acc);
                 }
-                s.store(acc, lanes_mut(&mut o[c..c + 16]));
+                s.store(acc, lanes_mut(o, c));
             }
             let tail = &mut o[whole..];
             tail.fill(0.0);
@@ -395,14 +395,6 @@ impl Kernel for QueryRow<'_> {
                 );
             }
         }
-    }
-}
-
-/// Sixteen floats as an array.
-fn lanes_mut(v: &mut [f32]) -> &mut [f32; 16] {
-    match v.try_into() {
-        Ok(a) => a,
-        Err(_) => unreachable!("sixteen items are an array of sixteen"),
     }
 }
 

@@ -289,11 +289,8 @@ impl Kernel for RoundRow<'_> {
             .zip(self.codes.chunks_exact_mut(group));
         for (g, (values, codes)) in groups.enumerate() {
             let mut lanes = [0f32; 16];
-            for sixteen in values.chunks_exact(16) {
-                let sixteen: &[f32; 16] = match sixteen.try_into() {
-                    Ok(a) => a,
-                    Err(_) => unreachable!("chunks of sixteen are arrays of sixteen"),
-                };
+            for c in 0..group / 16 {
+                let sixteen: &[f32; 16] = array(values, 16 * c);
                 for i in 0..16 {
                     lanes[i] = larger(lanes[i], sixteen[i].abs());
                 }
