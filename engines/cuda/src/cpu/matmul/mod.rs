@@ -268,11 +268,13 @@ fn split_int8(isa: Isa, w: &int8::Tiles, x: &[f32], out: &mut [f32]) {
     });
     let tiles = n.div_ceil(16);
     let chunk = tiles.div_ceil(threads * 4);
+    let amx = isa == Isa::Amx && isa.supported();
     (0..tiles.div_ceil(chunk)).into_par_iter().for_each(|c| {
         isa.run(Int8Block {
             w,
             x: &x,
             tiles: c * chunk..((c + 1) * chunk).min(tiles),
+            amx,
             out: dst,
         });
     });
@@ -283,6 +285,8 @@ struct Int8Block<'a> {
     w: &'a int8::Tiles,
     x: &'a int8::Inputs,
     tiles: std::ops::Range<usize>,
+    /// Whether rows may go by sixteen through AMX's tiles (granted to this process).
+    amx: bool,
     out: SendOut,
 }
 
@@ -292,8 +296,8 @@ impl Kernel for Int8Block<'_> {
     #[inline(always)]
     fn run<S: Simd, const T: usize>(self, s: S) {
         // SAFETY: `out` is m × n (checked in `linear_with`) and each task writes only its own
-        // tiles' columns.
-        unsafe { int8::block::<S, T>(s, self.w, self.x, self.tiles, self.out.get()) }
+        // tiles' columns; `amx` was set only where the tiles are granted.
+        unsafe { int8::block::<S, T>(s, self.w, self.x, self.tiles, self.amx, self.out.get()) }
     }
 }
 

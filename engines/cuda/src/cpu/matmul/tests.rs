@@ -146,7 +146,7 @@ fn every_layout_and_instruction_set_matches_a_naive_product() {
                                 SecondPass::Prompts => rounded,
                                 SecondPass::Always => 0,
                             };
-                            for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
+                            for isa in [Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Portable] {
                                 if !isa.supported() {
                                     continue;
                                 }
@@ -332,4 +332,33 @@ fn a_scale_no_half_holds_keeps_the_matrix_on_f32_inputs() {
     matrix.tiles_only();
     linear(&x, 3, &matrix, None, &mut got);
     assert_eq!(got, exact);
+}
+
+#[test]
+fn tiles_and_lanes_give_the_same_sums_bit_for_bit() {
+    // AMX's tile products and VNNI's lanes add the same integers and scale them alike, so a
+    // prompt's rows (tiles) and a decoding step's (lanes) agree with each other exactly.
+    if !Isa::Amx.supported() {
+        eprintln!("AMX tiles not granted on this machine: nothing to compare");
+        return;
+    }
+    // 288 columns: 9 or 18 groups, batches of four and a tail; 64: a tail alone.
+    for w in [64, 288]
+        .into_iter()
+        .flat_map(|k| matrices(37, k))
+        .filter(quantized)
+    {
+        let k = w.cols;
+        let mut matrix = Matrix::new(w.clone());
+        matrix.round_inputs(Activations::Int8);
+        matrix.tiles_only();
+        // Fewer rows than a tile, whole tiles, a part tile past a task's block of rows.
+        for m in [15, 16, 17, 33, 70] {
+            let x = values(m * k, m);
+            let (mut tiles, mut lanes) = (vec![0.0; m * 37], vec![0.0; m * 37]);
+            linear_with(Isa::Amx, &x, m, &matrix, None, &mut tiles);
+            linear_with(Isa::Avx512, &x, m, &matrix, None, &mut lanes);
+            assert_eq!(tiles, lanes, "{} m={m}", w.kind());
+        }
+    }
 }

@@ -247,4 +247,30 @@ impl Simd for Avx2 {
         // SAFETY: see above; the four bytes are read as one unaligned i32.
         unsafe { [_mm256_set1_epi32(v.as_ptr().cast::<i32>().read_unaligned()); 2] }
     }
+
+    #[inline(always)]
+    fn store_bytes(self, b: [__m256i; 2], dst: &mut [u8; 64]) {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            _mm256_storeu_si256(dst.as_mut_ptr().cast(), b[0]);
+            _mm256_storeu_si256(dst.as_mut_ptr().add(32).cast(), b[1]);
+        }
+    }
+
+    #[inline(always)]
+    fn int_load(self, src: &[i32; 16]) -> [__m256i; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            [
+                _mm256_loadu_si256(src.as_ptr().cast()),
+                _mm256_loadu_si256(src.as_ptr().add(8).cast()),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    fn int_add(self, a: [__m256i; 2], b: [__m256i; 2]) -> [__m256i; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { [_mm256_add_epi32(a[0], b[0]), _mm256_add_epi32(a[1], b[1])] }
+    }
 }

@@ -179,4 +179,22 @@ impl Simd for Avx512 {
         // SAFETY: see above; the four bytes are read as one unaligned i32.
         unsafe { _mm512_set1_epi32(v.as_ptr().cast::<i32>().read_unaligned()) }
     }
+
+    #[inline(always)]
+    fn store_bytes(self, b: __m512i, dst: &mut [u8; 64]) {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_storeu_si512(dst.as_mut_ptr().cast(), b) }
+    }
+
+    #[inline(always)]
+    fn int_load(self, src: &[i32; 16]) -> __m512i {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_loadu_si512(src.as_ptr().cast()) }
+    }
+
+    #[inline(always)]
+    fn int_add(self, a: __m512i, b: __m512i) -> __m512i {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { _mm512_add_epi32(a, b) }
+    }
 }

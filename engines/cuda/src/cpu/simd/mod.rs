@@ -1,7 +1,8 @@
 //! The instruction sets the CPU kernels are compiled for, and the one this CPU runs: found once
 //! at run time (`is_x86_feature_detected!`), never assumed at build time, so one binary runs on
-//! every x86-64 machine and uses AVX-512 or AVX2 + FMA where they exist. `TURNPIKE_CPU_ISA`
-//! (`avx512`, `avx2`, `portable`) picks a narrower one, for tests and measurements.
+//! every x86-64 machine and uses AMX tiles, AVX-512 or AVX2 + FMA where they exist.
+//! `TURNPIKE_CPU_ISA` (`amx`, `avx512`, `avx2`, `portable`) picks a narrower one, for tests and
+//! measurements.
 //!
 //! Besides float lanes, a set has byte lanes for products of 8-bit inputs with 4- and 8-bit
 //! weights: four byte products summed into each i32 lane (AVX-512 VNNI's `vpdpbusd`, AVX2's
@@ -14,6 +15,8 @@
 
 use std::sync::OnceLock;
 
+#[cfg(target_arch = "x86_64")]
+pub mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -81,6 +84,12 @@ pub trait Simd: Copy {
     fn int_to_float(self, v: Self::I) -> Self::V;
     /// `a · b`.
     fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    /// Stores sixty-four bytes into `dst`.
+    fn store_bytes(self, b: Self::B, dst: &mut [u8; 64]);
+    /// Sixteen i32 lanes from `src`.
+    fn int_load(self, src: &[i32; 16]) -> Self::I;
+    /// `a + b`, lane by lane.
+    fn int_add(self, a: Self::I, b: Self::I) -> Self::I;
 }
 
 /// A kernel body, compiled per instruction set by [`Isa::run`]. Implementations mark `run`
@@ -96,6 +105,8 @@ pub trait Kernel {
 /// An instruction set the kernels are built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
+    /// [`Isa::Avx512`] with AMX's tiles for byte products of many rows ([`amx`]).
+    Amx,
     /// AVX-512 (F, BW, VL, VNNI) with FMA: 16 floats per register, 32 registers.
     Avx512,
     /// AVX2 with FMA: 8 floats per register, 16 registers.
@@ -108,6 +119,7 @@ impl Isa {
     /// Its name.
     pub fn name(self) -> &'static str {
         match self {
+            Self::Amx => "amx",
             Self::Avx512 => "avx512",
             Self::Avx2 => "avx2",
             Self::Portable => "portable",
@@ -119,6 +131,7 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         {
             match self {
+                Self::Amx => Self::Avx512.supported() && amx::granted(),
                 Self::Avx512 => {
                     std::arch::is_x86_feature_detected!("avx512f")
                         && std::arch::is_x86_feature_detected!("avx512bw")
@@ -147,7 +160,7 @@ impl Isa {
         static ISA: OnceLock<Isa> = OnceLock::new();
         *ISA.get_or_init(|| {
             let wanted = std::env::var("TURNPIKE_CPU_ISA").ok();
-            let order = [Isa::Avx512, Isa::Avx2, Isa::Portable];
+            let order = [Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Portable];
             let pick = order
                 .into_iter()
                 .filter(|isa| wanted.as_deref().is_none_or(|w| w == isa.name()))
@@ -161,8 +174,9 @@ impl Isa {
     pub fn run<K: Kernel>(self, kernel: K) -> K::Output {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `supported` checked the CPU has every feature `avx512` enables.
-            Self::Avx512 if self.supported() => unsafe { x86::avx512(kernel) },
+            // SAFETY: `supported` checked the CPU has every feature `avx512` enables (AMX
+            // implies them).
+            Self::Amx | Self::Avx512 if self.supported() => unsafe { x86::avx512(kernel) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `supported` checked the CPU has AVX2 and FMA.
             Self::Avx2 if self.supported() => unsafe { x86::avx2(kernel) },

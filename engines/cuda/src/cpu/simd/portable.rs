@@ -132,6 +132,21 @@ impl Simd for Portable {
     fn broadcast4(self, v: &[i8; 4]) -> [u8; 64] {
         std::array::from_fn(|i| v[i % 4] as u8)
     }
+
+    #[inline(always)]
+    fn store_bytes(self, b: [u8; 64], dst: &mut [u8; 64]) {
+        *dst = b;
+    }
+
+    #[inline(always)]
+    fn int_load(self, src: &[i32; 16]) -> [i32; 16] {
+        *src
+    }
+
+    #[inline(always)]
+    fn int_add(self, a: [i32; 16], b: [i32; 16]) -> [i32; 16] {
+        std::array::from_fn(|i| a[i].wrapping_add(b[i]))
+    }
 }
 
 /// `acc` plus, in lane `i`, the products of bytes `4i..4i + 4` of `a` (read by `first`) and
