@@ -440,11 +440,13 @@ pub unsafe fn block<S: Simd, const T: usize>(
     amx: bool,
     out: Out,
 ) {
+    // The tiles and their scratch only where rows will take them: zeroing the scratch per
+    // task was a cost on every decoding step, whose few rows never do.
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: the caller vouches the tiles are granted where `amx`.
-    let configured = (amx && x.rows >= amx::ROWS).then(|| unsafe { amx::configure(w) });
-    #[cfg(target_arch = "x86_64")]
-    let mut scratch = amx::Scratch::new();
+    let mut tiled = (amx && x.rows >= amx::ROWS).then(|| {
+        // SAFETY: the caller vouches the tiles are granted where `amx`.
+        (unsafe { amx::configure(w) }, amx::Scratch::new())
+    });
     #[cfg(not(target_arch = "x86_64"))]
     let _ = amx;
     let mut first = 0;
@@ -453,12 +455,12 @@ pub unsafe fn block<S: Simd, const T: usize>(
         for t in tiles.clone() {
             let mut r0 = first;
             #[cfg(target_arch = "x86_64")]
-            if let Some(tiles) = configured.as_ref().filter(|_| end - r0 >= amx::ROWS) {
+            if let Some((tiles, scratch)) = tiled.as_mut().filter(|_| end - r0 >= amx::ROWS) {
                 while end - r0 >= amx::ROWS {
                     let valid = (end - r0).min(16);
                     // SAFETY: rows r0..r0 + valid lie below x.rows, the codes are padded to
                     // r0 + 16 (r0 is a multiple of 16 below ROW_BLOCK's), the tile is ours.
-                    unsafe { amx::run(s, tiles, &mut scratch, w, x, r0, valid, t, out) };
+                    unsafe { amx::run(s, tiles, scratch, w, x, r0, valid, t, out) };
                     r0 += valid;
                 }
             }
