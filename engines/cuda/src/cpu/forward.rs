@@ -216,12 +216,14 @@ fn joins_residual(
     Ok(())
 }
 
-/// Final norm and output projection of chosen rows of the residual stream.
+/// Final norm and output projection of chosen rows of the residual stream, the first
+/// `steps` of them decoding steps' (see `matmul::SecondPass`).
 pub fn logits(
     spec: &ModelSpec,
     w: &DeviceWeights,
     x: &[f32],
     rows: &[usize],
+    steps: usize,
 ) -> Result<Vec<f32>, DeviceError> {
     let d = spec.hidden_size;
     let mut picked = Vec::with_capacity(rows.len() * d);
@@ -231,7 +233,7 @@ pub fn logits(
     let mut normed = vec![0.0f32; picked.len()];
     rms_norm(&picked, vector(&w.norm)?, spec.rms_norm_eps, &mut normed);
     let mut out = vec![0.0f32; rows.len() * spec.vocab_size];
-    linear(&normed, rows.len(), w.output(), None, &mut out);
+    linear(&normed, steps, w.output(), None, &mut out);
     if let Some(cap) = spec.arch.final_softcap {
         out.iter_mut().for_each(|l| *l = softcap(*l, cap));
     }

@@ -76,8 +76,6 @@ pub enum SecondPass {
     Never,
     /// Prompt rows, not decoding steps' ([`linear`]'s `rounded` rows).
     Prompts,
-    /// Every row.
-    Always,
 }
 
 /// A weight matrix as the CPU multiplies it: its values as shipped, or under
@@ -159,7 +157,6 @@ pub fn linear_with(
             let once = match w.second_pass {
                 SecondPass::Never => m,
                 SecondPass::Prompts => rounded.min(m),
-                SecondPass::Always => 0,
             };
             bytes(isa, tiles, x, once, k, out);
         }

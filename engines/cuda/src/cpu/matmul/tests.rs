@@ -134,7 +134,7 @@ fn every_layout_and_instruction_set_matches_a_naive_product() {
                 let (near, exact) = (naive(&x, &w, &bias, quantized), naive(&x, &w, &bias, false));
                 for inputs in [Activations::Exact, Activations::Int8] {
                     let bytes = inputs == Activations::Int8 && quantized;
-                    for second in [SecondPass::Never, SecondPass::Prompts, SecondPass::Always] {
+                    for second in [SecondPass::Never, SecondPass::Prompts] {
                         let mut matrix = Matrix::new(w.clone());
                         matrix.round_inputs(inputs);
                         matrix.second_pass(second);
@@ -144,7 +144,6 @@ fn every_layout_and_instruction_set_matches_a_naive_product() {
                             let once = match second {
                                 SecondPass::Never => m,
                                 SecondPass::Prompts => rounded,
-                                SecondPass::Always => 0,
                             };
                             for isa in [Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Portable] {
                                 if !isa.supported() {
@@ -188,7 +187,7 @@ fn a_row_gets_the_same_sums_alone_as_in_any_batch() {
         let quantized = quantized(&w);
         for inputs in [Activations::Exact, Activations::Int8] {
             let bytes = quantized && inputs == Activations::Int8;
-            for second in [SecondPass::Never, SecondPass::Prompts, SecondPass::Always] {
+            for second in [SecondPass::Never, SecondPass::Prompts] {
                 let mut matrix = Matrix::new(w.clone());
                 matrix.round_inputs(inputs);
                 matrix.second_pass(second);
@@ -269,7 +268,7 @@ fn a_refined_byte_product_is_within_a_step_of_a_step_of_exact() {
         let mut refined = vec![0.0; 3 * n];
         let mut head = Matrix::new(w.clone());
         head.round_inputs(Activations::Int8);
-        head.second_pass(SecondPass::Always);
+        head.second_pass(SecondPass::Prompts);
         head.tiles_only();
         linear(&x, 0, &Matrix::new(w.clone()), None, &mut exact);
         linear(&x, 0, &head, None, &mut refined);
