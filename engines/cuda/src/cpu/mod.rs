@@ -14,7 +14,7 @@ mod linalg;
 mod matmul;
 mod simd;
 
-use crate::device::{Batch, Device, DeviceError};
+use crate::device::{Batch, Chunk, Device, DeviceError};
 use crate::model::pooling::PoolingMode;
 use crate::model::{
     LayeredWeights, ModelError, ModelFolder, ModelSpec, PackedReader, RotaryTables, Weights,
@@ -137,19 +137,23 @@ impl Device for CpuDevice {
         } = self;
         pool.install(|| {
             let x = forward::hidden_states(spec, weights, rotary, kv, batch.chunks)?;
+            let wanted = |c: &&Chunk<'_>| c.logits && !c.tokens.is_empty();
             let mut rows = Vec::new();
-            // Rows of the leading decoding chunks (the head rounds them once, see `load`).
-            let mut steps = 0;
             let mut end = 0;
             for chunk in batch.chunks {
                 end += chunk.tokens.len();
-                if chunk.logits && !chunk.tokens.is_empty() {
+                if wanted(&chunk) {
                     rows.push(end - 1);
-                    if chunk.generated && steps + 1 == rows.len() {
-                        steps += 1;
-                    }
                 }
             }
+            // The leading decoding chunks' rows, as `forward::hidden_states` counts them (the
+            // head rounds them once, see `load`).
+            let steps = batch
+                .chunks
+                .iter()
+                .take_while(|c| c.generated)
+                .filter(wanted)
+                .count();
             forward::logits(spec, weights, &x, &rows, steps)
         })
     }
@@ -168,7 +172,7 @@ impl Device for CpuDevice {
             self.kv.halves(),
         );
         let table: Vec<u32> = (0..blocks as u32).collect();
-        let chunks = [crate::device::Chunk {
+        let chunks = [Chunk {
             tokens,
             start: 0,
             block_table: &table,
