@@ -8,7 +8,8 @@
 #      4k tokens on the Llama-3.2-1B- and Llama-3.1-8B-shaped presets, beside transformers and
 #      the GPU's measured memory bandwidth (bench/results/gpu.{json,md}).
 # PYTHON picks the interpreter that has torch (python3 by default); WORK, where models go.
-#   bench/gpu/run.sh [correctness|speed|all]
+# SPEED_PRESETS narrows the speed run (comma-separated presets).
+#   bench/gpu/run.sh [smoke|correctness|speed|all]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dist=bench/gpu/dist
@@ -22,17 +23,35 @@ dirs = sorted({os.path.dirname(p) for r in roots for p in glob.glob(os.path.join
 print(":".join(dirs))
 PY
 )
-export LD_LIBRARY_PATH="${extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 work=${WORK:-$(mktemp -d)}
 mkdir -p "$work" bench/results
+# The plugin asks for libnvrtc.so / libcublas.so / libcublasLt.so or their CUDA 12 names; the
+# wheels of a CUDA 13 PyTorch carry only `.so.13`. Give each found library its plain name.
+links="$work/cuda-libs"
+mkdir -p "$links"
+for lib in nvrtc cublas cublasLt; do
+  found=$(IFS=:; for d in $extra /usr/local/cuda/lib64; do ls "$d/lib$lib.so".* 2>/dev/null || true; done | sort -V | tail -1)
+  [ -n "$found" ] && ln -sf "$found" "$links/lib$lib.so"
+done
+export LD_LIBRARY_PATH="${links}:${extra}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 what=${1:-all}
 status=0
+if [ "$what" = smoke ]; then
+  # One short prompt on each device of the smallest preset: fails fast when the GPU path breaks.
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
+  folder=$("$py" -c "import sys; sys.path.insert(0, 'bench/gpu'); import models, pathlib; print(models.make(pathlib.Path('$dist'), pathlib.Path('$work'), 'tiny'))")
+  for device in cpu cuda; do
+    echo "{\"model\": \"$folder\", \"device\": \"$device\", \"runs\": [{\"prompts\": [[5, 6, 7, 8, 9, 10, 11, 12, 13]], \"generate\": 8}]}" \
+      | "$dist/turnpike-cuda-reference" | "$py" -c "import json, sys; r = json.load(sys.stdin)['runs'][0]['results'][0]; print('$device', r['tokens'], r['logits'][:4])"
+  done
+  exit 0
+fi
 if [ "$what" = correctness ] || [ "$what" = all ]; then
   # A failed check still lets the speed run record its figures; the exit status keeps it.
   "$py" bench/gpu/correctness.py --dist "$dist" --work "$work" --out bench/results/gpu-correctness.json || status=$?
   "$py" bench/gpu/grammar.py --dist "$PWD/$dist" --work "$work" --out bench/results/gpu-grammar.json || status=$?
 fi
 if [ "$what" = speed ] || [ "$what" = all ]; then
-  "$py" bench/gpu/speed.py --dist "$dist" --work "$work" --out bench/results/gpu
+  "$py" bench/gpu/speed.py --dist "$dist" --work "$work" --out bench/results/gpu ${SPEED_PRESETS:+--presets "$SPEED_PRESETS"}
 fi
 exit "$status"

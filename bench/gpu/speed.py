@@ -122,27 +122,43 @@ gpu = torch.cuda.get_device_name(0)
 bw = bandwidth()
 print(f"{gpu}: copy bandwidth {bw / 1e9:.0f} GB/s")
 doc = {"benchmark": "gpu", "gpu": gpu, "bandwidth_bytes_per_s": bw, "torch": torch.__version__, "presets": {}}
-lines = [f"# Default engine, CUDA device, on {gpu}", "",
-         f"Measured copy bandwidth: {bw / 1e9:.0f} GB/s. Random bf16 weights; {PROMPT} prompt tokens, "
-         f"{OUTPUT} output tokens per sequence. Speedup > 1 means Turnpike is faster.", ""]
+
+
+def write():
+    """Writes what is measured so far, so a run cut short still leaves its figures."""
+    lines = [f"# Default engine, CUDA device, on {gpu}", "",
+             f"Measured copy bandwidth: {bw / 1e9:.0f} GB/s. Random bf16 weights; {PROMPT} prompt tokens, "
+             f"{OUTPUT} output tokens per sequence. Speedup > 1 means Turnpike is faster.", ""]
+    for preset, entry in doc["presets"].items():
+        a, b = entry["turnpike"], entry.get("transformers") or {}
+        weights, fraction = entry["step_weight_bytes"], entry["batch1_bandwidth_fraction"]
+        lines += [f"## {preset}", "", f"Weights read per decode step: {weights / 1e9:.2f} GB. Batch-1 decode at "
+                  f"{fraction:.0%} of the bandwidth limit ({bw / weights:.0f} steps/s).", "",
+                  "| measure | Turnpike | transformers | speedup |", "|---|---:|---:|---:|"]
+        for c in CONCURRENCY:
+            key = f"decode_{c}_tokens_per_s"
+            theirs = b.get(key)
+            ratio = f"{a[key] / theirs:.2f}x" if theirs else "n/a"
+            lines.append(f"| decode, {c} sequences (tokens/s) | {a[key]:.0f} | {theirs or 0:.0f} | {ratio} |")
+        for key, label in (("ttft_1k_ms", "time to first token, 1k prompt (ms)"),
+                           ("ttft_4k_ms", "time to first token, 4k prompt (ms)")):
+            theirs = b.get(key)
+            ratio = f"{theirs / a[key]:.2f}x" if theirs else "n/a"
+            lines.append(f"| {label} | {a[key]:.1f} | {theirs or 0:.1f} | {ratio} |")
+        lines.append("")
+    args.out.with_suffix(".json").write_text(json.dumps(doc, indent=2))
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
 for preset in args.presets.split(","):
     folder = make(preset)
     weights = step_bytes(folder)
-    a, b = ours(folder), peer(folder)
+    a = ours(folder)
     fraction = a["decode_1_tokens_per_s"] * weights / bw
-    doc["presets"][preset] = {"step_weight_bytes": weights, "turnpike": a, "transformers": b,
+    doc["presets"][preset] = {"step_weight_bytes": weights, "turnpike": a, "transformers": None,
                               "batch1_bandwidth_fraction": fraction}
-    lines += [f"## {preset}", "", f"Weights read per decode step: {weights / 1e9:.2f} GB. Batch-1 decode at "
-              f"{fraction:.0%} of the bandwidth limit ({bw / weights:.0f} steps/s).", "",
-              "| measure | Turnpike | transformers | speedup |", "|---|---:|---:|---:|"]
-    for c in CONCURRENCY:
-        key = f"decode_{c}_tokens_per_s"
-        theirs = b.get(key)
-        ratio = f"{a[key] / theirs:.2f}x" if theirs else "n/a"
-        lines.append(f"| decode, {c} sequences (tokens/s) | {a[key]:.0f} | {theirs or 0:.0f} | {ratio} |")
-    for key, label in (("ttft_1k_ms", "time to first token, 1k prompt (ms)"), ("ttft_4k_ms", "time to first token, 4k prompt (ms)")):
-        lines.append(f"| {label} | {a[key]:.1f} | {b[key]:.1f} | {b[key] / a[key]:.2f}x |")
-    lines.append("")
-args.out.with_suffix(".json").write_text(json.dumps(doc, indent=2))
-args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-print("\n".join(lines))
+    write()
+    doc["presets"][preset]["transformers"] = peer(folder)
+    write()
+print("\n".join(write()))
