@@ -21,6 +21,10 @@
 #define __shared__ static
 #define __launch_bounds__(...)
 
+struct uint4 {
+    unsigned int x, y, z, w;
+};
+
 struct dim3e {
     unsigned x = 1, y = 1, z = 1;
 };

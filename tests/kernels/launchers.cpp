@@ -43,20 +43,42 @@ extern "C" void emu_rotary_kv_store(unsigned gx, unsigned gy, unsigned gz, unsig
 extern "C" void emu_paged_attention(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
     const float* q, const bf16_t* k_cache, const bf16_t* v_cache, const int* context,
     const int* seq_of, const int* block_tables, const int* table_stride, int block_size, int q_heads,
-    int kv_heads, int head_dim, float scale, float softcap, int window, int partition,
+    int kv_heads, int head_dim, float scale, float softcap, int window, int first_token,
     float* part_max, float* part_sum, float* part_acc, bf16_t* out) {
     emulate(EMU_GRID, threads, [=] {
         paged_attention(q, k_cache, v_cache, context, seq_of, block_tables, table_stride,
-            block_size, q_heads, kv_heads, head_dim, scale, softcap, window, partition, part_max,
+            block_size, q_heads, kv_heads, head_dim, scale, softcap, window, first_token, part_max,
             part_sum, part_acc, out);
     });
 }
 
 extern "C" void emu_attention_combine(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
     const float* part_max, const float* part_sum, const float* part_acc, int splits,
-    int head_dim, bf16_t* out) {
+    int head_dim, int first_token, bf16_t* out) {
     emulate(EMU_GRID, threads, [=] {
-        attention_combine(part_max, part_sum, part_acc, splits, head_dim, out);
+        attention_combine(part_max, part_sum, part_acc, splits, head_dim, first_token, out);
+    });
+}
+
+extern "C" void emu_gather_kv(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+    const bf16_t* k_cache, const bf16_t* v_cache, const int* block_tables, const int* table_stride,
+    int seq, int block_size, int kv_heads, int head_dim, bf16_t* k_out, bf16_t* v_out) {
+    emulate(EMU_GRID, threads, [=] {
+        gather_kv(k_cache, v_cache, block_tables, table_stride, seq, block_size, kv_heads,
+            head_dim, k_out, v_out);
+    });
+}
+
+extern "C" void emu_pack_queries(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+    const float* q, int first_row, int head_dim, bf16_t* out) {
+    emulate(EMU_GRID, threads, [=] { pack_queries(q, first_row, head_dim, out); });
+}
+
+extern "C" void emu_masked_softmax(unsigned gx, unsigned gy, unsigned gz, unsigned threads,
+    const float* scores, int width, int first_position, int window, float softcap,
+    bf16_t* probs) {
+    emulate(EMU_GRID, threads, [=] {
+        masked_softmax(scores, width, first_position, window, softcap, probs);
     });
 }
 

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "engines" / "cuda" / "kernels"
-FILES = ["embedding", "norm", "rotary", "activation", "attention", "sampling"]
+FILES = ["embedding", "norm", "rotary", "activation", "attention", "dense_attention", "sampling"]
 NEG_INF = np.float32(-np.inf)
 
 
@@ -187,10 +187,21 @@ def test_rotary_rotates_q_and_k_and_writes_the_cache(lib, head_norm, rotated, sc
     assert not k_cache[untouched].any() and not v_cache[untouched].any()
 
 
-@pytest.mark.parametrize("splits,partition,hd,window,softcap",
-                         [(1, 64, 64, 0, 0.0), (4, 5, 64, 0, 0.0), (7, 3, 16, 0, 0.0), (3, 8, 80, 0, 0.0),
-                          (1, 64, 64, 6, 0.0), (4, 5, 64, 3, 0.0), (4, 5, 64, 3, 2.0), (1, 64, 16, 0, 1.5), (1, 64, 64, 0, 2.0)])
-def test_paged_attention_matches_softmax_attention(lib, splits, partition, hd, window, softcap):
+def softmax_attention(q, keys, values, slots, kv, scale, softcap):
+    """One query head against the given cache slots, in float64."""
+    scores = keys[slots, kv] @ q * scale
+    if softcap:
+        scores = softcap * np.tanh(scores / softcap)
+    weights = np.exp(scores - scores.max())
+    return weights @ values[slots, kv] / weights.sum()
+
+
+@pytest.mark.parametrize("splits,first,hd,window,softcap",
+                         [(1, 0, 64, 0, 0.0), (4, 0, 64, 0, 0.0), (7, 0, 16, 0, 0.0), (3, 0, 80, 0, 0.0),
+                          (1, 0, 64, 6, 0.0), (4, 0, 64, 3, 0.0), (4, 0, 64, 3, 2.0), (1, 0, 16, 0, 1.5),
+                          (1, 0, 64, 0, 2.0), (1, 2, 64, 0, 0.0), (5, 3, 16, 4, 0.0)])
+def test_paged_attention_matches_softmax_attention(lib, splits, first, hd, window, softcap):
+    """Tokens first.. of the step, each context cut into `splits` even spans of its own."""
     hq, hkv, block_size, num_blocks, max_blocks = 4, 2, 4, 24, 6
     k_cache = bf16(rng.normal(size=(num_blocks * block_size, hkv, hd)))
     v_cache = bf16(rng.normal(size=(num_blocks * block_size, hkv, hd)))
@@ -200,31 +211,108 @@ def test_paged_attention_matches_softmax_attention(lib, splits, partition, hd, w
     seq_of = np.array([0, 1, 1, 1, 1, 1, 2], dtype=np.int32)
     context = np.array([20, 4, 5, 6, 7, 8, 1], dtype=np.int32)
     t = len(seq_of)
+    n = t - first
     q = rng.normal(size=(t, hq, hd)).astype(np.float32)
     scale = float(1 / np.sqrt(hd))
-    part_max = np.zeros(t * hq * splits, dtype=np.float32)
+    part_max = np.zeros(n * hq * splits, dtype=np.float32)
     part_sum = np.zeros_like(part_max)
-    part_acc = np.zeros(t * hq * splits * hd, dtype=np.float32)
+    part_acc = np.zeros(n * hq * splits * hd, dtype=np.float32)
     out = np.zeros((t, hq, hd), dtype=np.uint16)
     stride = np.array([max_blocks], dtype=np.int32)
-    call(lib, "paged_attention", (t, hq, splits), 128, q, k_cache, v_cache, context, seq_of, tables,
-         stride, block_size, hq, hkv, hd, scale, softcap, window, partition, part_max, part_sum, part_acc,
+    call(lib, "paged_attention", (n, hq, splits), 128, q, k_cache, v_cache, context, seq_of, tables,
+         stride, block_size, hq, hkv, hd, scale, softcap, window, first, part_max, part_sum, part_acc,
          out)
     if splits > 1:
-        call(lib, "attention_combine", (t, hq), 128, part_max, part_sum, part_acc, splits, hd, out)
+        call(lib, "attention_combine", (n, hq), 128, part_max, part_sum, part_acc, splits, hd, first, out)
     keys, values = f32(k_cache), f32(v_cache)
     expected = np.zeros((t, hq, hd), dtype=np.float64)
-    for i in range(t):
+    for i in range(first, t):
         positions = np.arange(max(0, context[i] - window) if window else 0, context[i])
         slots = tables[seq_of[i], positions // block_size] * block_size + positions % block_size
         for h in range(hq):
-            kv = h // (hq // hkv)
-            scores = keys[slots, kv] @ q[i, h] * scale
+            expected[i, h] = softmax_attention(q[i, h], keys, values, slots, h // (hq // hkv), scale, softcap)
+    assert not out[:first].any(), "rows before the range were written"
+    close(f32(out[first:]), expected[first:], 1e-2)
+
+
+def test_gather_kv_lays_a_sequence_out_per_head(lib):
+    hkv, hd, block_size, num_blocks, max_blocks, positions = 3, 16, 4, 12, 5, 18
+    k_cache = bf16(rng.normal(size=(num_blocks * block_size, hkv, hd)))
+    v_cache = bf16(rng.normal(size=(num_blocks * block_size, hkv, hd)))
+    tables = rng.permutation(num_blocks)[: 2 * max_blocks].reshape(2, max_blocks).astype(np.int32)
+    stride = np.array([max_blocks], dtype=np.int32)
+    k_out = np.zeros((hkv, positions, hd), dtype=np.uint16)
+    v_out = np.zeros_like(k_out)
+    call(lib, "gather_kv", (positions,), 8, k_cache, v_cache, tables, stride, 1, block_size, hkv, hd,
+         k_out, v_out)
+    p = np.arange(positions)
+    slots = tables[1, p // block_size] * block_size + p % block_size
+    np.testing.assert_array_equal(k_out, k_cache[slots].transpose(1, 0, 2))
+    np.testing.assert_array_equal(v_out, v_cache[slots].transpose(1, 0, 2))
+
+
+def test_pack_queries_rounds_a_row_range_per_head(lib):
+    t, hq, hd, first, rows = 9, 4, 24, 3, 5
+    q = rng.normal(size=(t, hq, hd)).astype(np.float32)
+    out = np.zeros((hq, rows, hd), dtype=np.uint16)
+    call(lib, "pack_queries", (rows, hq), 16, q, first, hd, out)
+    np.testing.assert_array_equal(out, bf16(q[first:first + rows]).transpose(1, 0, 2))
+
+
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (5, 0.0), (0, 2.0), (3, 1.5)])
+def test_masked_softmax_sees_only_earlier_positions(lib, window, softcap):
+    """Query i of a tile at position first + i sees positions j <= first + i (within the
+    window); the rest of its row is 0. A row wider than the block's 32 threads is looped over."""
+    batch, rows, first = 2, 6, 40
+    width = first + rows
+    scores = (rng.normal(size=(batch, rows, width)) * 3).astype(np.float32)
+    probs = np.full((batch, rows, width), 0xFFFF, dtype=np.uint16)
+    call(lib, "masked_softmax", (rows, batch), 32, scores, width, first, window, softcap, probs)
+    expected = np.zeros((batch, rows, width))
+    for b in range(batch):
+        for i in range(rows):
+            position = first + i
+            low = max(0, position - window + 1) if window else 0
+            s = scores[b, i, low:position + 1].astype(np.float64)
             if softcap:
-                scores = softcap * np.tanh(scores / softcap)
-            weights = np.exp(scores - scores.max())
-            expected[i, h] = weights @ values[slots, kv] / weights.sum()
-    close(f32(out), expected, 1e-2)
+                s = softcap * np.tanh(s / softcap)
+            w = np.exp(s - s.max())
+            expected[b, i, low:position + 1] = w / w.sum()
+    np.testing.assert_array_equal(f32(probs) == 0, expected == 0)
+    close(f32(probs), expected, 1e-2)
+
+
+def test_dense_attention_composes_to_softmax_attention(lib):
+    """The product path as the device runs it (the two products done here in NumPy): gather,
+    pack, scores, masked softmax, weighted sum, for a chunk after a cached prefix."""
+    hq, hkv, hd, block_size, num_blocks, max_blocks = 4, 2, 16, 4, 16, 8
+    start, length = 5, 9
+    context = start + length
+    k_cache = bf16(rng.normal(size=(num_blocks * block_size, hkv, hd)))
+    v_cache = bf16(rng.normal(size=(num_blocks * block_size, hkv, hd)))
+    tables = rng.permutation(num_blocks)[:max_blocks].reshape(1, max_blocks).astype(np.int32)
+    stride = np.array([max_blocks], dtype=np.int32)
+    q = rng.normal(size=(length, hq, hd)).astype(np.float32)
+    k_out = np.zeros((hkv, context, hd), dtype=np.uint16)
+    v_out = np.zeros_like(k_out)
+    call(lib, "gather_kv", (context,), 32, k_cache, v_cache, tables, stride, 0, block_size, hkv, hd,
+         k_out, v_out)
+    packed = np.zeros((hq, length, hd), dtype=np.uint16)
+    call(lib, "pack_queries", (length, hq), 32, q, 0, hd, packed)
+    scale, group = float(1 / np.sqrt(hd)), hq // hkv
+    out = np.zeros((length, hq, hd))
+    for g in range(group):
+        heads = np.arange(hkv) * group + g
+        scores = (np.einsum("bid,bjd->bij", f32(packed[heads]), f32(k_out)) * scale).astype(np.float32)
+        probs = np.zeros(scores.shape, dtype=np.uint16)
+        call(lib, "masked_softmax", (length, hkv), 32, np.ascontiguousarray(scores), context, start, 0, 0.0, probs)
+        out[:, heads] = np.einsum("bij,bjd->ibd", f32(probs), f32(v_out))
+    keys, values = f32(k_cache), f32(v_cache)
+    for i in range(length):
+        positions = np.arange(start + i + 1)
+        slots = tables[0, positions // block_size] * block_size + positions % block_size
+        for h in range(hq):
+            close(out[i, h], softmax_attention(q[i, h], keys, values, slots, h // group, scale, 0.0), 2e-2)
 
 
 class Rows:

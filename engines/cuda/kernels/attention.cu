@@ -1,22 +1,23 @@
 // Attention over the paged KV cache, for decode and chunked prefill alike.
 //
-// Every query token t attends to positions 0 .. context[t] - 1 of its own sequence, whose
-// blocks are row `seq_of[t]` of `block_tables` ([seqs, *table_stride]; the stride is read
-// from device memory so a captured graph serves steps of any width). Causality is in the
-// lengths: a prefill token at position p has context p + 1, and a chunk that follows a
-// prefix-cache hit reads the cached blocks like any others.
+// Query token t (t = first_token + blockIdx.x) attends to positions 0 .. context[t] - 1 of its
+// own sequence, whose blocks are row `seq_of[t]` of `block_tables` ([seqs, *table_stride]; the
+// stride is read from device memory so a captured graph serves steps of any width). Causality
+// is in the lengths: a prefill token at position p has context p + 1, and a chunk that follows
+// a prefix-cache hit reads the cached blocks like any others.
 //
 // A sliding layer (`window` > 0) sees only the last `window` positions of the context; a
 // `softcap` > 0 turns each score into softcap * tanh(score / softcap) (Gemma 2). Scores are
 // q · k * `scale`.
 //
-// Long contexts are split: split s covers positions [s * partition, (s + 1) * partition).
-// With one split the block writes the output; with several it writes its running maximum,
-// sum and unnormalised accumulator, and `attention_combine` merges them. Splits past the end
-// of a context write an empty partial, so a fixed split count (as a CUDA graph needs) is safe.
+// The positions a token sees are cut into `splits` equal spans, computed from its own context,
+// so a graph captured with a fixed split count spreads a short context over every split as
+// well as a long one. With one split the block writes the output; with several it writes its
+// running maximum, sum and unnormalised accumulator (rows indexed from `first_token`), and
+// `attention_combine` merges them. An empty span writes an empty partial.
 //
 // Grid: (tokens, q_heads, splits); block: ATTN_WARPS warps. Warp w takes positions
-// w, w + ATTN_WARPS, ... of the split; lane l holds elements l, l + 32, ... of the head, so
+// w, w + ATTN_WARPS, ... of the span; lane l holds elements l, l + 32, ... of the head, so
 // loads of one position are coalesced. head_dim <= 256 (any value; lanes past it idle).
 
 #define ATTN_WARPS 4
@@ -37,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 1) paged_attenti
     float scale,
     float softcap,
     int window,
-    int partition,
+    int first_token,
     float* __restrict__ part_max,
     float* __restrict__ part_sum,
     float* __restrict__ part_acc,
@@ -47,7 +48,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 1) paged_attenti
     __shared__ float s_sum[ATTN_WARPS];
     __shared__ float s_acc[ATTN_WARPS][ATTN_MAX_PER_LANE * WARP];
 
-    const long long t = blockIdx.x;
+    const long long row = blockIdx.x;
+    const long long t = first_token + row;
     const int head = blockIdx.y;
     const int split = blockIdx.z;
     const int splits = gridDim.z;
@@ -57,8 +59,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 1) paged_attenti
     const int kv_head = head / (q_heads / kv_heads);
     const int length = context[t];
     const int first = window > 0 ? max(0, length - window) : 0;
-    const int begin = max(split * partition, first);
-    const int end = min(length, (split + 1) * partition);
+    const int span = (length - first + splits - 1) / splits;
+    const int begin = first + split * span;
+    const int end = min(length, begin + span);
     const int* table = block_tables + (long long)seq_of[t] * table_stride[0];
 
     float qv[ATTN_MAX_PER_LANE];
@@ -120,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 1) paged_attenti
             total += s_sum[w] * expf(s_max[w] - block_max_value);
         }
     }
-    const long long partial = (t * q_heads + head) * splits + split;
+    const long long partial = (row * q_heads + head) * splits + split;
     if (splits > 1 && threadIdx.x == 0) {
         part_max[partial] = block_max_value;
         part_sum[partial] = total;
@@ -141,17 +144,20 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * WARP, 1) paged_attenti
     }
 }
 
-// Merges the splits of `paged_attention`. Grid: (tokens, q_heads); block: any.
+// Merges the splits of `paged_attention` for tokens first_token .. first_token + gridDim.x - 1.
+// Grid: (tokens, q_heads); block: any.
 extern "C" __global__ void attention_combine(
     const float* __restrict__ part_max,
     const float* __restrict__ part_sum,
     const float* __restrict__ part_acc,
     int splits,
     int head_dim,
+    int first_token,
     bf16_t* __restrict__ out
 ) {
     const long long row = (long long)blockIdx.x * gridDim.y + blockIdx.y;
     const long long first = row * splits;
+    const long long out_row = ((long long)first_token + blockIdx.x) * gridDim.y + blockIdx.y;
     float m = NEG_INF;
     for (int s = 0; s < splits; ++s) {
         m = fmaxf(m, part_max[first + s]);
@@ -169,6 +175,6 @@ extern "C" __global__ void attention_combine(
                 value += part_acc[(first + s) * head_dim + i] * expf(part_max[first + s] - m);
             }
         }
-        out[row * head_dim + i] = f32_to_bf16(total > 0.0f ? value / total : 0.0f);
+        out[out_row * head_dim + i] = f32_to_bf16(total > 0.0f ? value / total : 0.0f);
     }
 }

@@ -5,6 +5,7 @@
 use cudarc::driver::sys::{CUdeviceptr, CUstream};
 
 use super::blas::Blas;
+use super::dense_attention::{AttentionPlan, PagedRange};
 use super::launch::{Kernels, arg, launch};
 use super::memory::DeviceBuffer;
 use super::workspace::Workspace;
@@ -199,15 +200,14 @@ pub struct Model<'a> {
 const NULL: CUdeviceptr = 0;
 
 impl Model<'_> {
-    /// Runs every layer over `tokens` tokens already uploaded, with attention in `splits` of
-    /// `partition` positions. Leaves the last MLP output in `ws.add`, not yet added.
+    /// Runs every layer over `tokens` tokens already uploaded, with attention as `plan` says.
+    /// Leaves the last MLP output in `ws.add`, not yet added.
     pub fn layers(
         &self,
         ws: &Workspace,
         kv: &KvCache,
         tokens: usize,
-        splits: usize,
-        partition: usize,
+        plan: &AttentionPlan,
     ) -> Result<(), DeviceError> {
         let spec = self.spec;
         let k = &self.kernels;
@@ -280,7 +280,12 @@ impl Model<'_> {
                     arg(&head_dim),
                 ],
             )?;
-            self.attention(ws, kv, l, t, splits, partition)?;
+            for range in &plan.paged {
+                self.paged_attention(ws, kv, l, range)?;
+            }
+            for chunk in &plan.dense {
+                self.dense_attention(ws, kv, l, chunk)?;
+            }
             self.blas.linear(
                 ws.attn.ptr(),
                 layer.o.ptr(),
@@ -421,15 +426,15 @@ impl Model<'_> {
         )
     }
 
-    fn attention(
+    fn paged_attention(
         &self,
         ws: &Workspace,
         kv: &KvCache,
         layer: usize,
-        tokens: u32,
-        splits: usize,
-        partition: usize,
+        range: &PagedRange,
     ) -> Result<(), DeviceError> {
+        let (tokens, splits) = (range.tokens as u32, range.splits);
+        let first_token = range.first as i32;
         let spec = self.spec;
         let block_size = kv.block_size as i32;
         let (q_heads, kv_heads, head_dim) = (
@@ -440,7 +445,6 @@ impl Model<'_> {
         let scale = spec.arch.attn_scale;
         let softcap = spec.arch.attn_softcap.unwrap_or(0.0);
         let window = spec.arch.windows.get(layer).copied().flatten().unwrap_or(0) as i32;
-        let partition = partition as i32;
         launch(
             &self.kernels.paged_attention,
             (tokens, spec.num_heads as u32, splits as u32),
@@ -461,7 +465,7 @@ impl Model<'_> {
                 arg(&scale),
                 arg(&softcap),
                 arg(&window),
-                arg(&partition),
+                arg(&first_token),
                 arg(&ws.part_max.ptr()),
                 arg(&ws.part_sum.ptr()),
                 arg(&ws.part_acc.ptr()),
@@ -481,6 +485,7 @@ impl Model<'_> {
                     arg(&ws.part_acc.ptr()),
                     arg(&splits),
                     arg(&head_dim),
+                    arg(&first_token),
                     arg(&ws.attn.ptr()),
                 ],
             )?;

@@ -23,6 +23,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("rotary", include_str!("../../kernels/rotary.cu")),
     ("activation", include_str!("../../kernels/activation.cu")),
     ("attention", include_str!("../../kernels/attention.cu")),
+    (
+        "dense_attention",
+        include_str!("../../kernels/dense_attention.cu"),
+    ),
     ("sampling", include_str!("../../kernels/sampling.cu")),
 ];
 
@@ -251,7 +255,10 @@ mod tests {
             ("activation", "silu_and_mul", 4),
             ("activation", "logit_softcap", 3),
             ("attention", "paged_attention", 19),
-            ("attention", "attention_combine", 6),
+            ("attention", "attention_combine", 7),
+            ("dense_attention", "gather_kv", 10),
+            ("dense_attention", "pack_queries", 4),
+            ("dense_attention", "masked_softmax", 6),
             ("sampling", "sample_rows", 12),
         ];
         for (file, function, count) in expected {

@@ -30,6 +30,9 @@ pub struct Kernels {
     pub logit_softcap: Kernel,
     pub paged_attention: Kernel,
     pub attention_combine: Kernel,
+    pub gather_kv: Kernel,
+    pub pack_queries: Kernel,
+    pub masked_softmax: Kernel,
     pub sample_rows: Kernel,
     /// Compiler warnings met while compiling (logged by the caller).
     pub warnings: Vec<String>,
@@ -81,6 +84,9 @@ impl Kernels {
             logit_softcap: function("activation", "logit_softcap")?,
             paged_attention: function("attention", "paged_attention")?,
             attention_combine: function("attention", "attention_combine")?,
+            gather_kv: function("dense_attention", "gather_kv")?,
+            pack_queries: function("dense_attention", "pack_queries")?,
+            masked_softmax: function("dense_attention", "masked_softmax")?,
             sample_rows: function("sampling", "sample_rows")?,
             warnings,
         })

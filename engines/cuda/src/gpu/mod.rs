@@ -18,6 +18,7 @@
 //!   of free memory, or a byte budget. Too little memory is an error at load that says so.
 
 mod blas;
+mod dense_attention;
 mod forward;
 mod graphs;
 pub mod kernels;
@@ -40,13 +41,14 @@ use crate::model::pooling::PoolingMode;
 use crate::model::{F32Reader, LayeredWeights, ModelFolder, ModelSpec, RotaryTables, Weights};
 use crate::sampler::Sampled;
 use blas::Blas;
+use dense_attention::AttentionPlan;
 use forward::{KvCache, Model, StepInputs};
 use graphs::{Graphs, bucket_for};
 use launch::Kernels;
 use memory::{DeviceBuffer, to_bf16};
 use sampling::Sampler;
 pub use workspace::Capacity;
-use workspace::{Workspace, attention_splits, graph_splits};
+use workspace::{Workspace, graph_splits};
 
 /// The largest head the attention kernel holds (`ATTN_MAX_PER_LANE` × 32).
 const MAX_HEAD_DIM: usize = 256;
@@ -166,7 +168,7 @@ impl CudaDevice {
             .as_deref()
             .map(|local| DeviceBuffer::from_host(local, "rotary frequencies"))
             .transpose()?;
-        let workspace = Workspace::new(&spec, settings.capacity)?;
+        let workspace = Workspace::new(&spec, settings.capacity, settings.block_size)?;
         let sampler = Sampler::new(settings.capacity.seqs, spec.vocab_size)?;
         let (free, _) = driver::mem_get_info()
             .map_err(|e| DeviceError::Unavailable(format!("cannot read GPU memory: {e}")))?;
@@ -224,6 +226,16 @@ impl CudaDevice {
     /// The GPU's name.
     pub fn gpu_name(&self) -> &str {
         &self.name
+    }
+
+    /// Which attention path each token of an eager step over `chunks` takes.
+    fn plan(&self, chunks: &[Chunk<'_>]) -> AttentionPlan {
+        AttentionPlan::new(
+            chunks,
+            self.spec.num_heads,
+            self.spec.num_kv_heads,
+            self.workspace.dense_context,
+        )
     }
 
     fn model(&self) -> Model<'_> {
@@ -303,7 +315,7 @@ impl Device for CudaDevice {
             inputs.pad_to(bucket);
             inputs.upload(&self.workspace, stream)?;
             let window = capacity.blocks_per_seq * self.kv.block_size;
-            let (splits, partition) = graph_splits(bucket, heads, window);
+            let plan = AttentionPlan::paged(bucket, graph_splits(bucket, heads, window));
             let model = Model {
                 spec: &self.spec,
                 weights: &self.weights,
@@ -316,15 +328,15 @@ impl Device for CudaDevice {
             };
             let (ws, kv) = (&self.workspace, &self.kv);
             self.graphs.run(bucket, stream, || {
-                model.layers(ws, kv, bucket, splits, partition)?;
+                model.layers(ws, kv, bucket, &plan)?;
                 model.head(ws, bucket)
             })?;
         } else {
             inputs.upload(&self.workspace, stream)?;
             let tokens = inputs.ids.len();
-            let (splits, partition) = attention_splits(tokens, heads, inputs.max_context);
+            let plan = self.plan(batch.chunks);
             let model = self.model();
-            model.layers(&self.workspace, &self.kv, tokens, splits, partition)?;
+            model.layers(&self.workspace, &self.kv, tokens, &plan)?;
             model.head(&self.workspace, inputs.rows.len())?;
         }
         if inputs.rows.is_empty() {
@@ -364,10 +376,9 @@ impl Device for CudaDevice {
                 self.workspace.capacity.blocks_per_seq,
             )?;
             inputs.upload(&self.workspace, stream)?;
-            let (splits, partition) =
-                attention_splits(part.len(), self.spec.num_heads, inputs.max_context);
+            let plan = self.plan(&[chunk]);
             let model = self.model();
-            model.layers(&self.workspace, &scratch, part.len(), splits, partition)?;
+            model.layers(&self.workspace, &scratch, part.len(), &plan)?;
             model.final_norm(&self.workspace, part.len(), false)?;
             let mut normed = vec![0u16; part.len() * d];
             self.workspace.normed.read(&mut normed, stream)?;

@@ -22,16 +22,17 @@ pub fn probe() -> Result<GpuPresent, String> {
     // SAFETY: as above.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(
-            "NVRTC (libnvrtc.so.12) was not found; install the CUDA toolkit or the \
-             `nvidia-cuda-nvrtc-cu12` package and put its lib folder on LD_LIBRARY_PATH"
+            "NVRTC (libnvrtc.so or libnvrtc.so.12) was not found; install the CUDA toolkit \
+             or the `nvidia-cuda-nvrtc-cu12` package and put its lib folder on LD_LIBRARY_PATH"
                 .into(),
         );
     }
     // SAFETY: as above.
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
         return Err(
-            "cuBLAS (libcublas.so.12) was not found; install the CUDA toolkit or the \
-             `nvidia-cublas-cu12` package and put its lib folder on LD_LIBRARY_PATH"
+            "cuBLAS (libcublas.so or libcublas.so.12) was not found; install the CUDA \
+             toolkit or the `nvidia-cublas-cu12` package and put its lib folder on \
+             LD_LIBRARY_PATH"
                 .into(),
         );
     }

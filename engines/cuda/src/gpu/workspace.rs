@@ -3,6 +3,7 @@
 //! plan, so their addresses never change (CUDA graphs rely on that) and GPU memory use is
 //! known before the KV cache takes the rest.
 
+use super::dense_attention::{DENSE_MAX_CONTEXT, DENSE_ROWS, SCORE_ELEMENTS};
 use super::memory::DeviceBuffer;
 use crate::device::DeviceError;
 use crate::model::ModelSpec;
@@ -10,8 +11,12 @@ use crate::model::ModelSpec;
 /// The attention partial rows (token × head × split) the workspace holds; bounds the splits
 /// of long-context steps.
 pub const PARTIAL_ROWS: usize = 1 << 18;
-/// Positions one attention split covers at least.
+/// Positions a split of a step's longest context covers at most, where the partials allow.
 pub const PARTITION: usize = 512;
+/// Positions a split covers at least.
+pub const MIN_SPAN: usize = 64;
+/// Blocks (token × head × split) that fill the GPU: a step with fewer is split further.
+pub const TARGET_BLOCKS: usize = 1024;
 
 /// The largest step the device must run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,11 +71,25 @@ pub struct Workspace {
     pub part_acc: DeviceBuffer,
     /// f32 [seqs × vocab].
     pub logits: DeviceBuffer,
+    /// The longest context dense attention gathers (0: the model's heads do not allow it).
+    pub dense_context: usize,
+    /// bf16 [kv heads × dense_context × head_dim] ×2: a dense chunk's gathered K and V.
+    pub dense_k: DeviceBuffer,
+    pub dense_v: DeviceBuffer,
+    /// bf16 [q heads × DENSE_ROWS × head_dim]: a tile's packed queries.
+    pub dense_q: DeviceBuffer,
+    /// f32 and bf16 [scores]: a tile's scores and probabilities.
+    pub scores: DeviceBuffer,
+    pub probs: DeviceBuffer,
 }
 
 impl Workspace {
-    /// Allocates every buffer for `capacity`.
-    pub fn new(spec: &ModelSpec, capacity: Capacity) -> Result<Self, DeviceError> {
+    /// Allocates every buffer for `capacity` with a cache of `block_size`-token blocks.
+    pub fn new(
+        spec: &ModelSpec,
+        capacity: Capacity,
+        block_size: usize,
+    ) -> Result<Self, DeviceError> {
         let t = capacity.tokens.max(1);
         let s = capacity.seqs.max(1);
         let d = spec.hidden_size;
@@ -80,6 +99,13 @@ impl Workspace {
         let i32s = |n: usize, what: &str| DeviceBuffer::alloc(n * 4, what);
         let f32s = |n: usize, what: &str| DeviceBuffer::alloc(n * 4, what);
         let bf16s = |n: usize, what: &str| DeviceBuffer::alloc(n * 2, what);
+        let dense_context = if hd.is_multiple_of(8) {
+            (capacity.blocks_per_seq * block_size).min(DENSE_MAX_CONTEXT)
+        } else {
+            0
+        };
+        let gathered = spec.num_kv_heads * dense_context * hd;
+        let scores = SCORE_ELEMENTS.min(spec.num_kv_heads * dense_context * DENSE_ROWS);
         Ok(Self {
             capacity,
             ids: i32s(t, "token ids")?,
@@ -102,6 +128,12 @@ impl Workspace {
             part_sum: f32s(PARTIAL_ROWS, "attention partials")?,
             part_acc: f32s(PARTIAL_ROWS * hd, "attention partials")?,
             logits: f32s(s * spec.vocab_size, "logits")?,
+            dense_context,
+            dense_k: bf16s(gathered, "gathered keys")?,
+            dense_v: bf16s(gathered, "gathered values")?,
+            dense_q: bf16s(spec.num_heads * DENSE_ROWS.min(t) * hd, "packed queries")?,
+            scores: f32s(scores, "attention scores")?,
+            probs: bf16s(scores, "attention probabilities")?,
         })
     }
 
@@ -128,6 +160,11 @@ impl Workspace {
             &self.part_sum,
             &self.part_acc,
             &self.logits,
+            &self.dense_k,
+            &self.dense_v,
+            &self.dense_q,
+            &self.scores,
+            &self.probs,
         ]
         .iter()
         .map(|b| b.bytes())
@@ -135,22 +172,28 @@ impl Workspace {
     }
 }
 
-/// How a step splits attention: `(splits, partition)` so that `splits × partition` covers
-/// `max_context` and `tokens × heads × splits` fits the partial buffers.
-pub fn attention_splits(tokens: usize, heads: usize, max_context: usize) -> (usize, usize) {
-    let wanted = max_context.div_ceil(PARTITION).max(1);
-    let room = (PARTIAL_ROWS / (tokens.max(1) * heads.max(1))).max(1);
-    let splits = wanted.min(room);
-    (splits, max_context.div_ceil(splits).max(1))
+/// How many spans a step splits each token's attention into (the kernel cuts each token's
+/// own context evenly): enough that the grid fills the GPU and, where the partials allow, that
+/// no span of the longest context passes [`PARTITION`]; never spans under [`MIN_SPAN`].
+pub fn attention_splits(tokens: usize, heads: usize, context: usize) -> usize {
+    let blocks = (tokens * heads).max(1);
+    let by_grid = TARGET_BLOCKS.div_ceil(blocks);
+    let by_length = context.div_ceil(PARTITION);
+    fit(blocks, context, by_grid.max(by_length))
 }
 
-/// The split count a decode graph of `bucket` sequences is captured with: enough to cover a
-/// long context with a few waves of blocks, never more than the partials hold; the partition
-/// then covers the whole window.
-pub fn graph_splits(bucket: usize, heads: usize, window: usize) -> (usize, usize) {
-    let (most, _) = attention_splits(bucket, heads, window);
-    let splits = most.min((1024 / (bucket.max(1) * heads.max(1))).max(1));
-    (splits, window.div_ceil(splits).max(1))
+/// The split count a decode graph of `bucket` sequences is captured with, for any context up
+/// to `window`: enough to fill the GPU, since the spans shrink with short contexts.
+pub fn graph_splits(bucket: usize, heads: usize, window: usize) -> usize {
+    let blocks = (bucket * heads).max(1);
+    fit(blocks, window, TARGET_BLOCKS.div_ceil(blocks))
+}
+
+fn fit(blocks: usize, context: usize, wanted: usize) -> usize {
+    wanted
+        .min(context.div_ceil(MIN_SPAN))
+        .min(PARTIAL_ROWS / blocks)
+        .max(1)
 }
 
 #[cfg(test)]
@@ -158,21 +201,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn splits_cover_the_context_and_fit_the_partials() {
+    fn splits_fill_the_gpu_and_fit_the_partials() {
         for (tokens, heads, context) in [
             (1, 32, 131_072),
             (256, 32, 8192),
             (4096, 32, 4096),
+            (8192, 64, 8192),
             (7, 3, 1),
         ] {
-            let (splits, partition) = attention_splits(tokens, heads, context);
-            assert!(splits * partition >= context);
-            assert!(splits == 1 || tokens * heads * splits <= PARTIAL_ROWS);
+            for splits in [
+                attention_splits(tokens, heads, context),
+                graph_splits(tokens, heads, context),
+            ] {
+                assert!(splits >= 1);
+                assert!(splits == 1 || tokens * heads * splits <= PARTIAL_ROWS);
+                assert!(splits == 1 || context.div_ceil(splits) >= MIN_SPAN);
+            }
         }
-        assert_eq!(attention_splits(1, 32, 131_072), (256, 512));
-        assert_eq!(attention_splits(4096, 32, 4096).0, 2);
-        assert_eq!(graph_splits(1, 32, 131_072), (32, 4096));
-        assert_eq!(graph_splits(256, 32, 131_072), (1, 131_072));
-        assert_eq!(graph_splits(1, 32, 512), (1, 512));
+        assert_eq!(attention_splits(1, 32, 131_072), 256);
+        assert_eq!(attention_splits(1, 32, 256), 4);
+        assert_eq!(attention_splits(4096, 32, 4096), 2);
+        assert_eq!(graph_splits(1, 32, 131_072), 32);
+        assert_eq!(graph_splits(256, 32, 131_072), 1);
+        assert_eq!(graph_splits(1, 32, 512), 8);
     }
 }
