@@ -67,10 +67,6 @@ pub struct Tile<'a> {
 /// Rows per tile: enough query vectors to pay for transposing each block of keys once.
 pub const TILE_ROWS: usize = 16;
 
-/// Below this many rows of decoding steps, each row is scored key by key instead: transposing
-/// keys for one or two queries costs more than it saves.
-const MIN_TILE: usize = 4;
-
 /// Attention of every tile (prefill chunks): `queries` holds each row's query heads at
 /// `stride` floats per row; writes `out` (rows × query heads × dim). Each block of sixteen
 /// keys is transposed once and scored against every query of the tile with no horizontal
@@ -92,12 +88,15 @@ pub fn attend_tiles<V: KvValue>(
     for tile in tiles {
         let (part, tail) = rest.split_at_mut(tile.len * width);
         rest = tail;
-        if tile.prompt || tile.len >= MIN_TILE {
+        if tile.prompt {
             work.push(Work::Tile(*tile, part));
             continue;
         }
         // Decoding rows: one task per row and key/value head, so a lone sequence's attention
-        // still spreads over the cores.
+        // still spreads over the cores, and each row is scored key by key however many rows
+        // its chunk has (transposing keys for one or two queries costs more than it saves): a
+        // step that checks drafts, or appends a grammar's forced tokens, then gives each row
+        // what a decoding step of that token alone would.
         for (i, row) in part.chunks_exact_mut(width).enumerate() {
             let at = (tile.row + i) * stride;
             let first = heads.first_visible(tile.pos + i);

@@ -127,3 +127,47 @@ fn a_prompt_row_attends_alone_as_it_does_beside_the_rest_of_its_prompt() {
         );
     }
 }
+
+#[test]
+fn a_decoding_row_attends_alone_as_it_does_beside_other_decoding_rows() {
+    // What checking drafts relies on: each drafted position gets what a plain decoding step at
+    // that position gets.
+    let heads = Heads {
+        query: 6,
+        kv: 2,
+        dim: 64,
+        scale: 0.125,
+        softcap: None,
+        window: None,
+    };
+    let (n, width) = (37, 6 * 64);
+    let keys: Vec<f16> = values(n * 2 * 64, 1)
+        .iter()
+        .map(|&x| f16::from_f32(x))
+        .collect();
+    let vals: Vec<f16> = values(n * 2 * 64, 2)
+        .iter()
+        .map(|&x| f16::from_f32(x))
+        .collect();
+    let q = values(n * width, 3);
+    for rows in [2, 5, 9] {
+        let together = attend(
+            heads,
+            &q[(n - rows) * width..],
+            &keys,
+            &vals,
+            n,
+            rows,
+            false,
+        );
+        for i in 0..rows {
+            let at = n - rows + i;
+            let alone = attend(heads, &q[at * width..], &keys, &vals, at + 1, 1, false);
+            assert_eq!(
+                alone[..],
+                together[i * width..(i + 1) * width],
+                "row {i} of {rows}"
+            );
+        }
+    }
+}
