@@ -18,10 +18,24 @@ pub struct Chunk<'a> {
     pub start: usize,
     /// The sequence's blocks, covering every position up to the end of this chunk.
     pub block_table: &'a [u32],
-    /// Return the logits of this chunk's last token.
+    /// Return the logits of this chunk's last token (and of the `drafts` before it).
     pub logits: bool,
     /// The tokens were generated, none is a prompt's (see [`PlannedChunk::generated`]).
     pub generated: bool,
+    /// The last `drafts` tokens are drafts ([`PlannedChunk::drafts`]): with `logits`, the
+    /// logits of the last `drafts + 1` tokens are returned, in order.
+    pub drafts: usize,
+}
+
+impl Chunk<'_> {
+    /// Logits rows this chunk asks for: 0, or its last `drafts + 1` tokens'.
+    pub fn logits_rows(&self) -> usize {
+        if self.logits && !self.tokens.is_empty() {
+            (self.drafts + 1).min(self.tokens.len())
+        } else {
+            0
+        }
+    }
 }
 
 impl<'a> Chunk<'a> {
@@ -33,6 +47,7 @@ impl<'a> Chunk<'a> {
             block_table: &chunk.block_table,
             logits: chunk.sample,
             generated: chunk.generated,
+            drafts: chunk.drafts,
         }
     }
 }

@@ -16,6 +16,7 @@
 //! | `prefix_hit_tokens` | `turnpike_engine_prefix_cache_hit_tokens_total` | counter |
 //! | `evictions` | `turnpike_engine_kv_cache_evictions_total` | counter |
 //! | `preemptions` | `turnpike_engine_preemptions_total` | counter |
+//! | `spec_drafted_tokens`, `spec_accepted_tokens` | `turnpike_engine_spec_drafted_tokens_total`, `turnpike_engine_spec_accepted_tokens_total` (speculative decoding: drafts checked and kept) | counter |
 //! | `gpu_memory_total_bytes`, `gpu_memory_free_bytes` | `turnpike_gpu_memory_total_bytes`, `turnpike_gpu_memory_used_bytes` | gauge |
 //! | `gpu_utilization_percent` (NVML, when the driver ships it) | `turnpike_gpu_utilization_ratio` | gauge (0 to 1) |
 //! | `busy_seconds` | `turnpike_engine_busy_seconds_total` (time the engine spent running steps: its rate is the device's utilisation) | counter |
@@ -89,6 +90,14 @@ pub(super) fn record(engine: &str, model: &str, stats: &Value) {
         ),
         ("evictions", "turnpike_engine_kv_cache_evictions_total"),
         ("preemptions", "turnpike_engine_preemptions_total"),
+        (
+            "spec_drafted_tokens",
+            "turnpike_engine_spec_drafted_tokens_total",
+        ),
+        (
+            "spec_accepted_tokens",
+            "turnpike_engine_spec_accepted_tokens_total",
+        ),
     ] {
         if let Some(v) = figure(key) {
             counter(name, None, v);

@@ -137,14 +137,11 @@ impl Device for CpuDevice {
         } = self;
         pool.install(|| {
             let x = forward::hidden_states(spec, weights, rotary, kv, batch.chunks)?;
-            let wanted = |c: &&Chunk<'_>| c.logits && !c.tokens.is_empty();
             let mut rows = Vec::new();
             let mut end = 0;
             for chunk in batch.chunks {
                 end += chunk.tokens.len();
-                if wanted(&chunk) {
-                    rows.push(end - 1);
-                }
+                rows.extend(end - chunk.logits_rows()..end);
             }
             // The leading decoding chunks' rows, as `forward::hidden_states` counts them (the
             // head rounds them once, see `load`).
@@ -152,8 +149,8 @@ impl Device for CpuDevice {
                 .chunks
                 .iter()
                 .take_while(|c| c.generated)
-                .filter(wanted)
-                .count();
+                .map(Chunk::logits_rows)
+                .sum();
             forward::logits(spec, weights, &x, &rows, steps)
         })
     }
@@ -178,6 +175,7 @@ impl Device for CpuDevice {
             block_table: &table,
             logits: false,
             generated: false,
+            drafts: 0,
         }];
         let Self {
             spec,

@@ -65,6 +65,8 @@ pub struct ModelSettings {
     pub cuda_graphs: bool,
     /// Append the tokens a grammar forces without sampling each (fast-forward).
     pub grammar_fast_forward: bool,
+    /// Speculative decoding by prompt lookup; off when absent.
+    pub speculative: Option<crate::speculative::SpeculativeSettings>,
 }
 
 /// The whole configuration.
@@ -121,6 +123,8 @@ struct RawModel {
     cuda_graphs: Option<bool>,
     #[serde(default)]
     grammar_fast_forward: Option<bool>,
+    #[serde(default)]
+    speculative: Option<crate::speculative::SpeculativeSettings>,
 }
 
 impl EngineSettings {
@@ -185,6 +189,9 @@ impl RawModel {
         if self.threads == Some(0) || self.max_context == Some(0) {
             return Err("threads and max_context must be positive".into());
         }
+        if let Some(speculative) = &self.speculative {
+            speculative.validate()?;
+        }
         Ok(ModelSettings {
             id: self.id,
             path: self.path,
@@ -203,6 +210,7 @@ impl RawModel {
             gpu: self.gpu.unwrap_or(0),
             cuda_graphs: self.cuda_graphs.unwrap_or(true),
             grammar_fast_forward: self.grammar_fast_forward.unwrap_or(true),
+            speculative: self.speculative.filter(|s| s.tokens > 0),
         })
     }
 }
@@ -248,6 +256,14 @@ mod tests {
             (
                 r#"{"models": [{"id": "m", "path": "/x", "max_running": 64, "max_batch_tokens": 256}]}"#,
                 "max_n",
+            ),
+            (
+                r#"{"models": [{"id": "m", "path": "/x", "speculative": {"min_ngram": 0}}]}"#,
+                "min_ngram",
+            ),
+            (
+                r#"{"models": [{"id": "m", "path": "/x", "speculative": {"token": 3}}]}"#,
+                "token",
             ),
         ] {
             let err = EngineSettings::parse(bad).expect_err(bad);

@@ -15,6 +15,10 @@ pub struct Counters {
     pub failed: AtomicU64,
     /// Tokens a grammar forced, appended without sampling (fast-forward).
     pub forced_tokens: AtomicU64,
+    /// Drafted tokens checked, and those kept (speculative decoding).
+    pub drafted_tokens: AtomicU64,
+    /// See `drafted_tokens`.
+    pub accepted_tokens: AtomicU64,
     /// Device steps run.
     pub steps: AtomicU64,
     /// Prefill chunks (one per sequence and step) and decode rows computed, summed over steps:

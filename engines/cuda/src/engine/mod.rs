@@ -5,6 +5,7 @@ mod config;
 mod counters;
 mod request;
 mod sampling;
+mod speculation;
 mod worker;
 
 use std::collections::HashMap;
@@ -43,6 +44,8 @@ pub struct ModelRuntime {
     grammars: Option<Grammars>,
     /// Whether its embeddings are L2-normalised (see [`crate::model::pooling`]).
     normalize: bool,
+    /// Whether it drafts tokens (speculative decoding).
+    speculative: bool,
 }
 
 /// The grammar compiler for a model (built on first use), or `None` without the model's
@@ -235,9 +238,20 @@ impl ModelRuntime {
         ));
         let counters = Arc::new(Counters::default());
         let stats = Arc::new(Mutex::new(None));
+        // Drafts are checked by sampling each position in turn on the host; a device that
+        // samples itself does not take them yet.
+        let speculative = settings.speculative.filter(|_| !device.samples());
+        if settings.speculative.is_some() && speculative.is_none() {
+            host.warn(&format!(
+                "model `{}`: speculative decoding is not run on the {device_name} device; it decodes without drafts",
+                settings.id
+            ));
+        }
+        let speculates = speculative.is_some();
         let worker = Worker {
             device,
             fast_forward: settings.grammar_fast_forward,
+            speculative,
             scheduler: Scheduler::new(scheduler_config),
             eos: folder.eos_token_ids.clone(),
             vocab: folder.spec.vocab_size,
@@ -288,6 +302,7 @@ impl ModelRuntime {
             thread: Mutex::new(Some(thread)),
             grammars,
             normalize: folder.pooling.normalize,
+            speculative: speculates,
         })
     }
 
@@ -436,6 +451,13 @@ impl ModelRuntime {
             extra["grammars_cached"] = json!(cached);
             extra["grammar_cache_limit"] = json!(crate::grammar::CACHED);
             extra["grammar_forced_tokens"] = json!(c.forced_tokens.load(Ordering::Relaxed));
+        }
+        if self.speculative {
+            let drafted = c.drafted_tokens.load(Ordering::Relaxed);
+            let accepted = c.accepted_tokens.load(Ordering::Relaxed);
+            extra["spec_drafted_tokens"] = json!(drafted);
+            extra["spec_accepted_tokens"] = json!(accepted);
+            extra["spec_acceptance_rate"] = json!(accepted as f64 / drafted.max(1) as f64);
         }
         (
             c.completed.load(Ordering::Relaxed),

@@ -38,6 +38,8 @@ pub struct Choice {
     /// Tokens the grammar forced after the last sampled one, sent already, for the scheduler
     /// to append with it (see [`LiveRequest::take_forced`]).
     pub forced: Vec<u32>,
+    /// How many tokens it drafts, where it speculates ([`crate::speculative`]).
+    pub drafts: Option<crate::speculative::DraftLength>,
 }
 
 /// What sampling a token did to a choice.
@@ -114,6 +116,7 @@ impl LiveRequest {
                 done: false,
                 constraint,
                 forced: Vec::new(),
+                drafts: None,
             }],
             seed,
             last_finish: Finish::default(),
@@ -154,6 +157,7 @@ impl LiveRequest {
                 done: false,
                 constraint,
                 forced: Vec::new(),
+                drafts: None,
             });
         }
         added

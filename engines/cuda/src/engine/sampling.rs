@@ -1,6 +1,7 @@
 //! The worker's sampling pass after a step: fork the `n` choices of requests whose prompt just
 //! finished, sample every choice that the step fed (on the host from logits rows, or on a
-//! device that samples), then advance, end or finish each choice and request.
+//! device that samples), check the drafts decodes carried, then advance, end or finish each
+//! choice and request, and draft for the next step where the model speculates.
 
 use turnpike_engine_api::Status;
 
@@ -9,6 +10,7 @@ use std::collections::HashMap;
 use rayon::prelude::*;
 
 use super::request::{LiveRequest, Mask, Outcome};
+use super::speculation::DraftCheck;
 use super::worker::Worker;
 use crate::device::SampleRequest;
 use crate::grammar::Constraint;
@@ -27,10 +29,16 @@ struct Target {
 }
 
 impl Worker {
-    /// Samples every choice the step's logits feed. `logits` is empty for a device that
-    /// samples; otherwise it holds one row per chunk that asked for logits.
+    /// Samples every choice the step's logits feed, and checks the drafts of decodes that
+    /// carried some (`check_drafts`). `logits` is empty for a device that samples; otherwise
+    /// it holds one row per chunk that asked for logits and one more per draft it carried.
     pub(super) fn sample_all(&mut self, plan: &StepPlan, mut logits: Vec<f32>) {
-        let wanted = plan.chunks.iter().filter(|c| c.sample).count();
+        let wanted: usize = plan
+            .chunks
+            .iter()
+            .filter(|c| c.sample)
+            .map(|c| 1 + c.drafts)
+            .sum();
         let on_device = self.device.samples();
         if !on_device && logits.len() != wanted * self.vocab {
             self.host.error(&format!(
@@ -41,6 +49,7 @@ impl Worker {
             return self.fail_plan(plan);
         }
         let mut targets = Vec::new();
+        let mut checks = Vec::new();
         let mut row = 0;
         for chunk in &plan.chunks {
             if let Some(&(id, _)) = self.seqs.get(&chunk.seq)
@@ -52,8 +61,18 @@ impl Worker {
             if !chunk.sample {
                 continue;
             }
+            if chunk.drafts > 0 && !on_device {
+                let drafts = &chunk.tokens[chunk.tokens.len() - chunk.drafts..];
+                checks.push(DraftCheck {
+                    seq: chunk.seq,
+                    row,
+                    drafts: drafts.to_vec(),
+                });
+                row += 1 + chunk.drafts;
+                continue;
+            }
             self.choices_of(chunk.seq, row, &mut targets);
-            row += 1;
+            row += 1 + chunk.drafts;
         }
         let mut masks = self.masks(&targets);
         let outcomes = if on_device {
@@ -85,6 +104,18 @@ impl Worker {
                 .collect()
         };
         self.apply(&targets, &outcomes);
+        let checked = self.check_drafts(&checks, &mut logits);
+        if self.speculative.is_some() {
+            let seqs: Vec<SeqId> = targets
+                .iter()
+                .filter_map(|t| {
+                    let live = self.requests.get(&t.id)?;
+                    live.choices.get(t.index).map(|c| c.seq)
+                })
+                .chain(checked)
+                .collect();
+            self.draft_next(&seqs);
+        }
     }
 
     /// The choices that `seq`'s logits row feeds, forking choices 1..n when the first choice
@@ -272,6 +303,12 @@ impl Worker {
                 touched.push(t.id);
             }
         }
+        self.settle(touched, failed);
+    }
+
+    /// Ends the requests in `failed` with their failure, then those of `touched` whose choices
+    /// have all ended.
+    pub(super) fn settle(&mut self, touched: Vec<u64>, failed: Vec<u64>) {
         for id in failed {
             let why = self
                 .requests

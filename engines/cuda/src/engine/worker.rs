@@ -51,6 +51,8 @@ pub struct Worker {
     pub(super) device: Box<dyn Device>,
     /// Grammar-forced tokens are appended without sampling (`grammar_fast_forward`).
     pub(super) fast_forward: bool,
+    /// Drafts by prompt lookup, where the model speculates ([`crate::speculative`]).
+    pub(super) speculative: Option<crate::speculative::SpeculativeSettings>,
     pub(super) scheduler: Scheduler,
     pub(super) eos: Vec<u32>,
     pub(super) vocab: usize,
@@ -159,8 +161,15 @@ impl Worker {
             return;
         }
         let zero_tokens = params.max_tokens == 0;
+        // Drafts for one choice without a grammar: its positions are checked one after the
+        // other on the host, where a grammar's state and other choices would have to follow.
+        let drafts = self
+            .speculative
+            .filter(|_| params.n <= 1 && constraint.is_none())
+            .map(|s| crate::speculative::DraftLength::new(s.tokens));
         let mut live = LiveRequest::new(sink, params, &prompt, seq, seed, constraint);
         live.fast_forward = self.fast_forward;
+        live.choices[0].drafts = drafts;
         if zero_tokens {
             live.last_finish = Finish::length();
             self.requests.insert(id, live);

@@ -236,6 +236,7 @@ mod tests {
             block_table: table,
             logits: true,
             generated: false,
+            drafts: 0,
         }
     }
 

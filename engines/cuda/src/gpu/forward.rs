@@ -129,9 +129,8 @@ impl StepInputs {
                 s.context.push(position as i32 + 1);
                 s.seq_of.push(row as i32);
             }
-            if chunk.logits && !chunk.tokens.is_empty() {
-                s.rows.push(s.ids.len() as i32 - 1);
-            }
+            let last = s.ids.len() as i32;
+            s.rows.extend(last - chunk.logits_rows() as i32..last);
             let mut table: Vec<i32> = chunk.block_table.iter().map(|&b| b as i32).collect();
             table.resize(s.stride, 0);
             s.tables.extend(table);
@@ -511,6 +510,7 @@ mod tests {
                 block_table: &tables[0],
                 logits: true,
                 generated: false,
+                drafts: 0,
             },
             Chunk {
                 tokens: &decode,
@@ -518,6 +518,7 @@ mod tests {
                 block_table: &tables[1],
                 logits: true,
                 generated: false,
+                drafts: 0,
             },
         ];
         let mut s = StepInputs::layout(&chunks, 4, 8, 4).unwrap_or_default();
@@ -544,6 +545,7 @@ mod tests {
             block_table: &tables[0],
             logits: false,
             generated: false,
+            drafts: 0,
         }];
         assert!(
             StepInputs::layout(&short, 4, 8, 4).is_err(),
@@ -555,6 +557,7 @@ mod tests {
             block_table: &[9],
             logits: false,
             generated: false,
+            drafts: 0,
         }];
         assert!(
             StepInputs::layout(&outside, 4, 8, 4).is_err(),

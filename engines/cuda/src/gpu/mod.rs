@@ -368,6 +368,7 @@ impl Device for CudaDevice {
                 block_table: &table,
                 logits: false,
                 generated: false,
+                drafts: 0,
             };
             let inputs = StepInputs::layout(
                 &[chunk],

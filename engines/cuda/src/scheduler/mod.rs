@@ -40,6 +40,13 @@
 //!    state is dropped with the tenant's last sequence (see `fair.rs` for the bounded memory of
 //!    idle tenants).
 //! 6. Forked children run at once when their parent runs and may exceed `max_running`.
+//! 7. **Drafts** ([`set_draft`]): a decode carries its sequence's drafted tokens after its
+//!    last token, as far as the budget (one token kept for every decode still to plan) and
+//!    the blocks that can be had allow; drafts never preempt. The drafts' positions are
+//!    computed but not counted: [`complete`] counts the real token, and [`accept_drafts`]
+//!    the drafts the engine kept once it has appended them. A rejected draft's cache
+//!    positions are written again by the tokens that follow; no block holding one is
+//!    registered in the prefix cache, since only computed tokens fill blocks.
 //!
 //! A sequence that can no longer fit in the whole cache (prompt + generated tokens) stalls: the
 //! caller must bound generation so that `tokens + 1` fits in `num_blocks * block_size`.
@@ -48,12 +55,16 @@
 //! [`complete`]: Scheduler::complete
 //! [`append`]: Scheduler::append
 //! [`remove`]: Scheduler::remove
+//! [`set_draft`]: Scheduler::set_draft
+//! [`accept_drafts`]: Scheduler::accept_drafts
 
 mod fair;
 mod plan;
 mod sequence;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_drafts;
 #[cfg(test)]
 mod tests_policy;
 
@@ -203,6 +214,9 @@ pub struct PlannedChunk {
     /// device may compute such chunks in lower precision and still give a prompt the same
     /// logits whether a prefix-cache hit recomputes only its end or not.
     pub generated: bool,
+    /// The chunk's last `drafts` tokens are drafts, after the sequence's last token; their
+    /// logits are wanted too (`sample` is then set).
+    pub drafts: usize,
 }
 
 /// Counters of a [`Scheduler`].
@@ -285,6 +299,7 @@ impl Scheduler {
                 prompt: seq.tokens.len(),
                 tokens: seq.tokens,
                 computed: 0,
+                draft: Vec::new(),
                 table: Vec::new(),
                 hashes: Vec::new(),
                 priority: seq.priority,
@@ -296,11 +311,10 @@ impl Scheduler {
         Ok(())
     }
 
-    /// After the device ran `plan`: each chunk's tokens now have KV (computed += len), and the
-    /// blocks that became full are registered in the prefix cache. Chunks of sequences removed
-    /// or preempted since the plan are skipped.
+    /// After the device ran `plan`: each chunk's tokens now have KV (computed += len, drafts
+    /// not counted), and the blocks that became full are registered in the prefix cache.
+    /// Chunks of sequences removed or preempted since the plan are skipped.
     pub fn complete(&mut self, plan: &StepPlan) {
-        let bs = self.blocks.block_size();
         for chunk in &plan.chunks {
             if !self.running.contains(&chunk.seq) {
                 continue;
@@ -311,19 +325,49 @@ impl Scheduler {
             if seq.computed != chunk.start {
                 continue;
             }
-            seq.computed = (chunk.start + chunk.tokens.len()).min(seq.tokens.len());
-            let full = (seq.computed / bs).min(seq.table.len());
-            while seq.hashes.len() < full {
-                let i = seq.hashes.len();
-                let Some(tokens) = seq.tokens.get(i * bs..(i + 1) * bs) else {
-                    break;
-                };
-                let hash =
-                    self.blocks
-                        .register_full(seq.table[i], seq.hashes.last().copied(), tokens);
-                seq.hashes.push(hash);
-            }
+            let real = chunk.tokens.len() - chunk.drafts.min(chunk.tokens.len());
+            seq.computed = (chunk.start + real).min(seq.tokens.len());
+            seq.draft.clear();
+            self.register_full(chunk.seq);
         }
+    }
+
+    /// Registers in the prefix cache the blocks of `id` that its computed tokens fill.
+    fn register_full(&mut self, id: SeqId) {
+        let bs = self.blocks.block_size();
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        let full = (seq.computed / bs).min(seq.table.len());
+        while seq.hashes.len() < full {
+            let i = seq.hashes.len();
+            let Some(tokens) = seq.tokens.get(i * bs..(i + 1) * bs) else {
+                break;
+            };
+            let hash = self
+                .blocks
+                .register_full(seq.table[i], seq.hashes.last().copied(), tokens);
+            seq.hashes.push(hash);
+        }
+    }
+
+    /// Sets the drafts a running decode of `id` carries in its next step (replacing any), at
+    /// most [`crate::speculative::MAX_DRAFT`]. Unknown ids are ignored.
+    pub fn set_draft(&mut self, id: SeqId, mut draft: Vec<u32>) {
+        draft.truncate(crate::speculative::MAX_DRAFT);
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.draft = draft;
+        }
+    }
+
+    /// After the engine kept the first `accepted` drafts of `id`'s last step and appended them
+    /// (and the token after them): their KV, computed in that step, now counts, all but the
+    /// last token's at most.
+    pub fn accept_drafts(&mut self, id: SeqId, accepted: usize) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.computed = (seq.computed + accepted).min(seq.tokens.len().saturating_sub(1));
+        }
+        self.register_full(id);
     }
 
     /// Appends a sampled token to a sequence (its KV is computed in a later step). Unknown ids
@@ -346,6 +390,7 @@ impl Scheduler {
             return false;
         };
         let mut seq = p.clone();
+        seq.draft.clear();
         seq.arrival = self.next_arrival;
         self.next_arrival += 1;
         for &b in &seq.table {
@@ -393,6 +438,11 @@ impl Scheduler {
     /// Tokens (prompt + appended) of a live sequence.
     pub fn tokens(&self, id: SeqId) -> Option<&[u32]> {
         self.seqs.get(&id).map(|s| s.tokens.as_slice())
+    }
+
+    /// Sequences running.
+    pub fn running(&self) -> usize {
+        self.running.len()
     }
 
     /// Nothing waits or runs.

@@ -24,13 +24,27 @@ impl Scheduler {
             .collect();
         order.sort_unstable();
 
+        let mut decodes = order
+            .iter()
+            .filter(|(_, id)| self.seqs.get(id).is_some_and(|s| s.is_decode()))
+            .count();
         for &(_, id) in &order {
             if budget == 0 {
                 break;
             }
-            let decode = self.seqs.get(&id).is_some_and(|s| s.is_decode());
-            if decode && self.running.contains(&id) {
-                budget -= self.plan_running(id, 1, &mut planned, &mut plan);
+            let Some(draft) = self
+                .seqs
+                .get(&id)
+                .filter(|s| s.is_decode())
+                .map(|s| s.draft.len())
+            else {
+                continue;
+            };
+            // Drafts take what the decodes still to plan leave of the budget.
+            let want = 1 + draft.min(budget.saturating_sub(decodes));
+            decodes = decodes.saturating_sub(1);
+            if self.running.contains(&id) {
+                budget -= self.plan_running(id, want, &mut planned, &mut plan);
             }
         }
         for &(_, id) in &order {
@@ -140,14 +154,24 @@ impl Scheduler {
         };
         let start = seq.computed;
         let end = (start + len).min(seq.tokens.len());
+        let mut tokens = seq.tokens[start..end].to_vec();
+        // A decode carries its drafts into the positions after its last token.
+        let drafts = if end == seq.tokens.len() {
+            let drafts = (start + len - end).min(seq.draft.len());
+            tokens.extend_from_slice(&seq.draft[..drafts]);
+            drafts
+        } else {
+            0
+        };
         plan.chunks.push(PlannedChunk {
             seq: id,
             start,
-            tokens: seq.tokens[start..end].to_vec(),
+            tokens,
             block_table: seq.table.clone(),
             sample: end == seq.tokens.len(),
             cached_tokens,
             generated: start >= seq.prompt,
+            drafts,
         });
         self.fair.charge(&seq.tenant, end - start, seq.weight);
     }
@@ -163,6 +187,7 @@ impl Scheduler {
         }
         seq.table.clear();
         seq.hashes.clear();
+        seq.draft.clear();
         seq.computed = 0;
         self.running.remove(&id);
         self.fair

@@ -11,6 +11,9 @@ pub(super) struct Sequence {
     pub(super) prompt: usize,
     /// Leading tokens whose KV is computed.
     pub(super) computed: usize,
+    /// Guesses of the tokens after the last one, checked in its decoding step
+    /// ([`crate::speculative`]); never part of `tokens` until accepted.
+    pub(super) draft: Vec<u32>,
     /// Blocks holding positions `[i * block_size, (i + 1) * block_size)`.
     pub(super) table: Vec<BlockId>,
     /// Chain hash of each registered full block, in order (`hashes.len() <= table.len()`).

@@ -1,0 +1,128 @@
+//! The worker's side of speculative decoding ([`crate::speculative`]): checking a step's drafts
+//! against the logits computed at their positions, and drafting for the next step.
+
+use std::sync::atomic::Ordering;
+
+use super::request::Outcome;
+use super::worker::Worker;
+use crate::scheduler::SeqId;
+use crate::speculative::prompt_lookup;
+
+/// A decode that carried drafts: its sequence, its first logits row (its last token's) and
+/// the drafts, whose rows follow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraftCheck {
+    pub seq: SeqId,
+    pub row: usize,
+    pub drafts: Vec<u32>,
+}
+
+impl Worker {
+    /// Samples each checked sequence's rows in turn, exactly as plain decoding steps would,
+    /// keeping a draft while it equals the token sampled before it; the first token that
+    /// differs is kept too and ends the check. Appends what was kept and has the scheduler
+    /// count the kept drafts as computed. Returns the sequences that go on.
+    pub(super) fn check_drafts(&mut self, checks: &[DraftCheck], logits: &mut [f32]) -> Vec<SeqId> {
+        let vocab = self.vocab.max(1);
+        let (mut touched, mut failed, mut going) = (Vec::new(), Vec::new(), Vec::new());
+        for check in checks {
+            let Some(&(id, index)) = self.seqs.get(&check.seq) else {
+                continue;
+            };
+            let mut kept = 0;
+            let mut ended = false;
+            for (i, row) in (check.row..=check.row + check.drafts.len()).enumerate() {
+                let (Some(live), Some(slice)) = (
+                    self.requests.get_mut(&id),
+                    logits.get_mut(row * vocab..(row + 1) * vocab),
+                ) else {
+                    ended = true;
+                    break;
+                };
+                match live.sample(index, slice, &self.eos, self.max_context, None) {
+                    Outcome::Continue(token) => {
+                        self.scheduler.append(check.seq, token);
+                        if check.drafts.get(i) != Some(&token) {
+                            break;
+                        }
+                        kept += 1;
+                    }
+                    Outcome::Ended => {
+                        self.scheduler.remove(check.seq);
+                        self.seqs.remove(&check.seq);
+                        ended = true;
+                        break;
+                    }
+                    Outcome::Failed => {
+                        failed.push(id);
+                        ended = true;
+                        break;
+                    }
+                }
+            }
+            self.counters
+                .drafted_tokens
+                .fetch_add(check.drafts.len() as u64, Ordering::Relaxed);
+            self.counters
+                .accepted_tokens
+                .fetch_add(kept as u64, Ordering::Relaxed);
+            if let Some(drafts) = self
+                .requests
+                .get_mut(&id)
+                .and_then(|live| live.choices.get_mut(index))
+                .and_then(|choice| choice.drafts.as_mut())
+            {
+                drafts.record(check.drafts.len(), kept);
+            }
+            if !ended {
+                self.scheduler.accept_drafts(check.seq, kept);
+                going.push(check.seq);
+            }
+            if !failed.contains(&id) && touched.last() != Some(&id) {
+                touched.push(id);
+            }
+        }
+        self.settle(touched, failed);
+        going
+    }
+
+    /// Drafts the next step's tokens for `seqs` (those that just took a token), by prompt
+    /// lookup over each one's text, while few enough sequences run for drafts to pay.
+    pub(super) fn draft_next(&mut self, seqs: &[SeqId]) {
+        let Some(settings) = self.speculative else {
+            return;
+        };
+        if self.scheduler.running() > settings.max_running {
+            return;
+        }
+        for &seq in seqs {
+            let Some(&(id, index)) = self.seqs.get(&seq) else {
+                continue;
+            };
+            let Some(live) = self.requests.get_mut(&id) else {
+                continue;
+            };
+            let max_tokens = live.params.max_tokens;
+            let Some(choice) = live.choices.get_mut(index).filter(|choice| !choice.done) else {
+                continue;
+            };
+            let generated = choice.generated;
+            let Some(length) = choice.drafts.as_mut() else {
+                continue;
+            };
+            let k = length.take();
+            let draft = match self.scheduler.tokens(seq) {
+                Some(tokens) if k > 0 => {
+                    // Never past the window (the last token sits at `len - 1`), nor past the
+                    // tokens the choice may still generate.
+                    let room = (self.max_context as usize).saturating_sub(tokens.len());
+                    let left = max_tokens.saturating_sub(generated).saturating_sub(1) as usize;
+                    let k = k.min(room).min(left);
+                    prompt_lookup(tokens, k, settings.min_ngram, settings.max_ngram)
+                }
+                _ => Vec::new(),
+            };
+            self.scheduler.set_draft(seq, draft);
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! Speculative decoding: guesses of a sequence's next tokens (drafts) that the model checks
+//! in the step that decodes its last token, so one read of the weights can yield several
+//! tokens.
+//!
+//! The scheduler plans a drafted sequence's step as its last token followed by the drafts,
+//! asking for logits at every one of those positions. The engine then samples each position
+//! in turn exactly as a plain decoding step would (the same sampler, penalties, RNG draws and
+//! log probabilities) and keeps a draft only while it equals the token sampled before it;
+//! the first token that differs from its draft is kept too and ends the check. Every token
+//! kept is therefore the token plain decoding would have produced, greedy or sampled with
+//! the same seed. For drafts that are a single guess, as prompt lookup's are, this is
+//! speculative rejection sampling: a draft is kept with the model's probability of it, and
+//! a rejected one is replaced by a draw from the model's distribution without it. The cache
+//! positions of rejected drafts are simply written again later.
+//!
+//! Drafts come from [`prompt_lookup`] (no second model): the tokens that followed the latest
+//! earlier occurrence of the sequence's last few tokens. [`DraftLength`] adapts how many a
+//! sequence drafts to how many it has had accepted, and pauses a sequence whose drafts keep
+//! failing, so text that does not repeat pays next to nothing.
+
+use serde::Deserialize;
+
+/// How a model speculates (the engine setting `speculative`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeSettings {
+    /// Drafted tokens per step at most (`num_assistant_tokens`); 0 turns speculation off.
+    #[serde(default = "default_tokens")]
+    pub tokens: usize,
+    /// The longest run of last tokens looked up in the text so far.
+    #[serde(default = "default_max_ngram")]
+    pub max_ngram: usize,
+    /// The shortest.
+    #[serde(default = "default_min_ngram")]
+    pub min_ngram: usize,
+    /// Sequences running at most for drafts to be made: with more, a step's arithmetic, not
+    /// its read of the weights, bounds it, and checking drafts costs throughput.
+    #[serde(default = "default_max_running")]
+    pub max_running: usize,
+}
+
+fn default_tokens() -> usize {
+    4
+}
+
+fn default_max_ngram() -> usize {
+    3
+}
+
+fn default_min_ngram() -> usize {
+    2
+}
+
+fn default_max_running() -> usize {
+    4
+}
+
+impl Default for SpeculativeSettings {
+    fn default() -> Self {
+        Self {
+            tokens: default_tokens(),
+            max_ngram: default_max_ngram(),
+            min_ngram: default_min_ngram(),
+            max_running: default_max_running(),
+        }
+    }
+}
+
+impl SpeculativeSettings {
+    /// Checks the n-gram bounds (`1 <= min_ngram <= max_ngram`) and a draft length of at most
+    /// [`MAX_DRAFT`].
+    pub fn validate(&self) -> Result<(), String> {
+        if self.min_ngram == 0 || self.min_ngram > self.max_ngram {
+            return Err(format!(
+                "speculative.min_ngram ({}) must be at least 1 and at most max_ngram ({})",
+                self.min_ngram, self.max_ngram
+            ));
+        }
+        if self.tokens > MAX_DRAFT {
+            return Err(format!(
+                "speculative.tokens ({}) must be at most {MAX_DRAFT}",
+                self.tokens
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The most tokens a sequence drafts in one step.
+pub const MAX_DRAFT: usize = 16;
+
+/// How far back [`prompt_lookup`] searches (the text's last tokens): bounds its work per step.
+pub const LOOKUP_WINDOW: usize = 1 << 16;
+
+/// Up to `k` tokens that followed the latest earlier occurrence of the last `n` tokens of
+/// `tokens`, for `n` from `max_ngram` down to `min_ngram` (the first `n` found wins). Empty
+/// when nothing repeats.
+pub fn prompt_lookup(tokens: &[u32], k: usize, min_ngram: usize, max_ngram: usize) -> Vec<u32> {
+    let window = &tokens[tokens.len().saturating_sub(LOOKUP_WINDOW)..];
+    let len = window.len();
+    if k == 0 || min_ngram == 0 {
+        return Vec::new();
+    }
+    for n in (min_ngram..=max_ngram.min(len.saturating_sub(1))).rev() {
+        let tail = &window[len - n..];
+        // Latest first; an occurrence must leave at least one token after it before the tail.
+        for start in (0..len - n).rev() {
+            if &window[start..start + n] == tail {
+                let from = start + n;
+                let end = (from + k).min(len);
+                return window[from..end].to_vec();
+            }
+        }
+    }
+    Vec::new()
+}
+
+/// Steps a sequence skips drafting after its acceptance falls under [`PAUSE_BELOW`].
+const PAUSE_STEPS: u32 = 16;
+/// Acceptance (a moving average of accepted over drafted) under which drafting pauses.
+const PAUSE_BELOW: f32 = 0.2;
+/// Weight of the newest step in the moving average.
+const RATE_WEIGHT: f32 = 0.3;
+
+/// One sequence's draft length, adapted to how many of its drafts were accepted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DraftLength {
+    most: usize,
+    rate: f32,
+    paused: u32,
+}
+
+impl DraftLength {
+    /// Starts hopeful: the full `most` tokens.
+    pub fn new(most: usize) -> Self {
+        Self {
+            most,
+            rate: 1.0,
+            paused: 0,
+        }
+    }
+
+    /// Tokens to draft this step (0 while paused); counts a paused step.
+    pub fn take(&mut self) -> usize {
+        if self.paused > 0 {
+            self.paused -= 1;
+            return 0;
+        }
+        if self.most == 0 {
+            return 0;
+        }
+        ((self.rate * self.most as f32).round() as usize).clamp(1, self.most)
+    }
+
+    /// After a step that checked `drafted` drafts and kept `accepted` of them.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        let step = accepted as f32 / drafted as f32;
+        self.rate = (1.0 - RATE_WEIGHT) * self.rate + RATE_WEIGHT * step;
+        if self.rate < PAUSE_BELOW {
+            self.paused = PAUSE_STEPS;
+            // After the pause, one token at a time until drafts are accepted again.
+            self.rate = 1.0 / self.most.max(1) as f32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_continues_the_latest_earlier_occurrence() {
+        // "a b c d a b" -> after "a b" came "c d a b"; the latest "a b" before the tail.
+        let text = [1, 2, 3, 4, 1, 2];
+        assert_eq!(prompt_lookup(&text, 3, 1, 3), vec![3, 4, 1]);
+        assert_eq!(prompt_lookup(&text, 10, 1, 3), vec![3, 4, 1, 2]);
+        // The longest n-gram wins over a later, shorter match.
+        let text = [7, 8, 9, 5, 8, 9, 6, 7, 8, 9];
+        assert_eq!(prompt_lookup(&text, 2, 1, 3), vec![5, 8]);
+        assert_eq!(prompt_lookup(&text, 2, 1, 2), vec![6, 7]);
+        // Nothing repeats, or n-grams longer than the text.
+        assert!(prompt_lookup(&[1, 2, 3, 4], 4, 1, 3).is_empty());
+        assert!(prompt_lookup(&[1, 2], 4, 2, 3).is_empty());
+        assert!(prompt_lookup(&[], 4, 1, 3).is_empty());
+        assert!(prompt_lookup(&[1, 1, 1], 0, 1, 3).is_empty());
+        // A run of one token drafts more of it.
+        assert_eq!(prompt_lookup(&[5, 5, 5, 5], 2, 2, 3), vec![5]);
+    }
+
+    #[test]
+    fn draft_length_follows_acceptance_and_pauses_when_drafts_fail() {
+        let mut length = DraftLength::new(4);
+        assert_eq!(length.take(), 4);
+        length.record(4, 4);
+        assert_eq!(length.take(), 4);
+        length.record(4, 1);
+        let shorter = length.take();
+        assert!((1..4).contains(&shorter), "{shorter}");
+        for _ in 0..6 {
+            length.record(2, 0);
+        }
+        assert_eq!(length.take(), 0, "paused");
+        for _ in 0..PAUSE_STEPS {
+            length.take();
+        }
+        assert_eq!(length.take(), 1, "one token after a pause");
+        length.record(0, 0);
+        assert_eq!(length.take(), 1, "a step without drafts changes nothing");
+    }
+
+    #[test]
+    fn settings_bound_the_ngrams_and_the_draft() {
+        assert!(SpeculativeSettings::default().validate().is_ok());
+        let bad = SpeculativeSettings {
+            min_ngram: 0,
+            ..SpeculativeSettings::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = SpeculativeSettings {
+            min_ngram: 4,
+            max_ngram: 3,
+            ..SpeculativeSettings::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = SpeculativeSettings {
+            tokens: MAX_DRAFT + 1,
+            ..SpeculativeSettings::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+}
