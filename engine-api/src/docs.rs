@@ -11,6 +11,9 @@ use serde_json::{Map, Value};
 /// The most alternatives a request may ask for per token (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: u32 = 20;
 
+/// The most tokens a request may ask to be drafted per step (`num_assistant_tokens`).
+pub const MAX_ASSISTANT_TOKENS: u32 = 16;
+
 /// Parses a JSON object into `T`; empty text is `{}`. Anything but an object is refused (serde
 /// would otherwise read a struct from an array, by position).
 pub fn from_json_object<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
@@ -83,6 +86,11 @@ pub struct GenerationParams {
     /// samples a model lets its weights decide whether to call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_grammar: Option<Grammar>,
+    /// Speculative decoding: tokens to draft per step for this request (`num_assistant_tokens`;
+    /// 0: none); the engine's own choice, adapted to acceptance, when absent. Sent only to
+    /// models whose capabilities declare `speculative`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_assistant_tokens: Option<u32>,
 }
 
 impl Default for GenerationParams {
@@ -110,6 +118,7 @@ impl Default for GenerationParams {
             tenant_weight: 1,
             reasoning_effort: None,
             tool_call_grammar: None,
+            num_assistant_tokens: None,
         }
     }
 }
@@ -151,6 +160,14 @@ impl GenerationParams {
             return Err(format!(
                 "repetition_penalty must be positive, got {}",
                 self.repetition_penalty
+            ));
+        }
+        if self
+            .num_assistant_tokens
+            .is_some_and(|k| k > MAX_ASSISTANT_TOKENS)
+        {
+            return Err(format!(
+                "num_assistant_tokens must be at most {MAX_ASSISTANT_TOKENS}"
             ));
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
@@ -256,6 +273,8 @@ pub struct Capabilities {
     /// The engine draws its tool calls from the `tool_call_grammar` parameter (the simulator
     /// does); the host sends that parameter only to such models.
     pub tool_call_grammar: bool,
+    /// The model decodes speculatively and takes `num_assistant_tokens` per request.
+    pub speculative: bool,
 }
 
 impl Default for Capabilities {
@@ -269,6 +288,7 @@ impl Default for Capabilities {
             penalties: false,
             grammar: false,
             tool_call_grammar: false,
+            speculative: false,
         }
     }
 }

@@ -152,3 +152,26 @@ def test_every_draft_length_and_both_activation_paths(tmp_path, tokens, activati
     finally:
         plain.close()
         drafting.close()
+
+
+def test_a_request_names_its_draft_length_and_a_model_that_does_not_draft_refuses(pair):
+    import openai
+
+    plain, drafting = pair
+    want = answer(plain.chat(EDIT, max_tokens=40, temperature=0))
+    for k in (0, 2, 16):
+        assert answer(drafting.chat(EDIT, max_tokens=40, temperature=0, extra_body={"num_assistant_tokens": k})) == want
+    # Zero drafts nothing.
+    before = drafting.stat("spec_drafted_tokens")
+    drafting.chat(EDIT, max_tokens=40, temperature=0, extra_body={"num_assistant_tokens": 0})
+    assert drafting.stat("spec_drafted_tokens") == before
+    # Plain decoding is all a model that does not speculate does: asking for none is fine.
+    assert answer(plain.chat(EDIT, max_tokens=40, temperature=0, extra_body={"num_assistant_tokens": 0})) == want
+    for gateway, body, param in [
+        (plain, {"num_assistant_tokens": 3}, "num_assistant_tokens"),
+        (drafting, {"num_assistant_tokens": 17}, "num_assistant_tokens"),
+        (drafting, {"assistant_confidence_threshold": 0.4}, "assistant_confidence_threshold"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            gateway.chat(EDIT, max_tokens=8, extra_body=body)
+        assert refused.value.body["param"] == param, refused.value.body

@@ -86,8 +86,8 @@ impl SpeculativeSettings {
     }
 }
 
-/// The most tokens a sequence drafts in one step.
-pub const MAX_DRAFT: usize = 16;
+/// The most tokens a sequence drafts in one step (what a request may ask for).
+pub const MAX_DRAFT: usize = turnpike_engine_api::docs::MAX_ASSISTANT_TOKENS as usize;
 
 /// How far back [`prompt_lookup`] searches (the text's last tokens): bounds its work per step.
 pub const LOOKUP_WINDOW: usize = 1 << 16;
@@ -122,21 +122,31 @@ const PAUSE_BELOW: f32 = 0.2;
 /// Weight of the newest step in the moving average.
 const RATE_WEIGHT: f32 = 0.3;
 
-/// One sequence's draft length, adapted to how many of its drafts were accepted.
+/// One sequence's draft length, adapted to how many of its drafts were accepted, or fixed.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DraftLength {
     most: usize,
     rate: f32,
     paused: u32,
+    fixed: bool,
 }
 
 impl DraftLength {
     /// Starts hopeful: the full `most` tokens.
     pub fn new(most: usize) -> Self {
         Self {
-            most,
+            most: most.min(MAX_DRAFT),
             rate: 1.0,
             paused: 0,
+            fixed: false,
+        }
+    }
+
+    /// Always `k` tokens (a request's `num_assistant_tokens`).
+    pub fn fixed(k: usize) -> Self {
+        Self {
+            fixed: true,
+            ..Self::new(k)
         }
     }
 
@@ -154,7 +164,7 @@ impl DraftLength {
 
     /// After a step that checked `drafted` drafts and kept `accepted` of them.
     pub fn record(&mut self, drafted: usize, accepted: usize) {
-        if drafted == 0 {
+        if drafted == 0 || self.fixed {
             return;
         }
         let step = accepted as f32 / drafted as f32;
@@ -209,6 +219,16 @@ mod tests {
         assert_eq!(length.take(), 1, "one token after a pause");
         length.record(0, 0);
         assert_eq!(length.take(), 1, "a step without drafts changes nothing");
+    }
+
+    #[test]
+    fn a_fixed_length_never_adapts() {
+        let mut length = DraftLength::fixed(3);
+        for _ in 0..10 {
+            assert_eq!(length.take(), 3);
+            length.record(3, 0);
+        }
+        assert_eq!(DraftLength::fixed(99).take(), MAX_DRAFT);
     }
 
     #[test]

@@ -161,6 +161,7 @@ impl Engine for SimEngine {
                     penalties: true,
                     grammar: m.grammars.is_some(),
                     tool_call_grammar: m.tool_calls.is_some() && m.grammars.is_some(),
+                    speculative: false,
                 },
             })
             .collect()

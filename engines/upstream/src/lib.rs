@@ -166,6 +166,7 @@ impl Engine for Upstream {
                         penalties: true,
                         grammar: c.grammar,
                         tool_call_grammar: false,
+                        speculative: false,
                     },
                 }
             })

@@ -52,6 +52,10 @@ pub struct Extensions {
     pub guided_json: Option<Value>,
     /// The same four under vLLM's newer object (`regex`, `grammar`, `choice`, `json`).
     pub structured_outputs: Option<GuidedOutputs>,
+    /// Speculative decoding: tokens drafted per step (OpenVINO Model Server's name).
+    pub num_assistant_tokens: Option<Number>,
+    /// Speculative decoding with a draft model: its confidence below which it stops drafting.
+    pub assistant_confidence_threshold: Option<f64>,
 }
 
 /// vLLM's `structured_outputs` object.
@@ -84,6 +88,10 @@ impl Extensions {
             guided_choice: self.guided_choice.or(o.guided_choice),
             guided_json: self.guided_json.or(o.guided_json),
             structured_outputs: self.structured_outputs.or(o.structured_outputs),
+            num_assistant_tokens: self.num_assistant_tokens.or(o.num_assistant_tokens),
+            assistant_confidence_threshold: self
+                .assistant_confidence_threshold
+                .or(o.assistant_confidence_threshold),
         }
     }
 }

@@ -216,6 +216,31 @@ pub(crate) fn generation_params(
             format!("model `{}` does not support penalties", model.id),
         ));
     }
+    if let Some(k) = &e.num_assistant_tokens {
+        let k = integer(
+            "num_assistant_tokens",
+            k,
+            0,
+            i64::from(turnpike_engine_api::docs::MAX_ASSISTANT_TOKENS),
+        )? as u32;
+        if k > 0 && !caps.speculative {
+            return Err(ApiError::unsupported(
+                "num_assistant_tokens",
+                format!("model `{}` does not decode speculatively", model.id),
+            ));
+        }
+        // Zero asks for plain decoding, which is all a model that does not speculate does.
+        p.num_assistant_tokens = caps.speculative.then_some(k);
+    }
+    if e.assistant_confidence_threshold.is_some() {
+        return Err(ApiError::unsupported(
+            "assistant_confidence_threshold",
+            format!(
+                "model `{}` drafts by prompt lookup, which has no confidence to stop at; use num_assistant_tokens",
+                model.id
+            ),
+        ));
+    }
     if !caps.sampling {
         // A deterministic engine: sampling controls cannot change its output.
         let keep = (

@@ -243,6 +243,7 @@ pub fn fake(script: Script) -> (Arc<Seen>, FakeBackend) {
             penalties: true,
             grammar: false,
             tool_call_grammar: false,
+            speculative: false,
         },
     };
     (Arc::clone(&seen), FakeBackend { info, script, seen })

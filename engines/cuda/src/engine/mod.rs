@@ -287,6 +287,7 @@ impl ModelRuntime {
                 penalties: true,
                 grammar: grammars.is_some(),
                 tool_call_grammar: false,
+                speculative: speculates,
             },
         };
         Ok(Self {

@@ -166,7 +166,11 @@ impl Worker {
         let drafts = self
             .speculative
             .filter(|_| params.n <= 1 && constraint.is_none())
-            .map(|s| crate::speculative::DraftLength::new(s.tokens));
+            .and_then(|s| match params.num_assistant_tokens {
+                None => Some(crate::speculative::DraftLength::new(s.tokens)),
+                Some(0) => None,
+                Some(k) => Some(crate::speculative::DraftLength::fixed(k as usize)),
+            });
         let mut live = LiveRequest::new(sink, params, &prompt, seq, seed, constraint);
         live.fast_forward = self.fast_forward;
         live.choices[0].drafts = drafts;
