@@ -60,8 +60,11 @@ class Gateway:
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
     def stat(self, name: str) -> float:
+        """An engine stat; 0 for the speculative counters before any draft (they are
+        reported once the model speculates), an error for any other stat that is missing."""
         text = urllib.request.urlopen(f"{self.base}/metrics", timeout=10).read().decode()
         found = re.search(rf'turnpike_engine_stat\{{[^}}]*stat="{name}"[^}}]*\}} (\S+)', text)
+        assert found or name.startswith("spec_"), f"no engine stat {name}"
         return float(found.group(1)) if found else 0.0
 
     def close(self):
@@ -175,3 +178,27 @@ def test_a_request_names_its_draft_length_and_a_model_that_does_not_draft_refuse
         with pytest.raises(openai.BadRequestError) as refused:
             gateway.chat(EDIT, max_tokens=8, extra_body=body)
         assert refused.value.body["param"] == param, refused.value.body
+
+
+def test_cancelled_drafting_streams_leave_every_block_free(pair):
+    """Streams dropped mid-answer while their drafts are being checked: once the engine is
+    idle again, no KV block is held."""
+    import time
+
+    _, drafting = pair
+
+    def cut(i):
+        stream = drafting.chat(EDIT, max_tokens=60, temperature=0.3 * (i % 3), seed=i, stream=True)
+        for n, _ in enumerate(stream):
+            if n >= 2 + i % 4:
+                break
+        stream.close()
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(cut, range(12)))
+    drafting.chat(EDIT, max_tokens=8, temperature=0)
+    for _ in range(100):
+        if drafting.stat("kv_blocks_used") == 0:
+            break
+        time.sleep(0.1)
+    assert drafting.stat("kv_blocks_used") == 0
