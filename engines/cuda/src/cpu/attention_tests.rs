@@ -96,27 +96,49 @@ fn a_decoding_row_attends_as_a_naive_softmax_does_in_either_cache() {
     }
 }
 
+/// 37 cached positions of 2 key/value heads (halves) and a query row for each, 6 heads of 64.
+struct Rows {
+    heads: Heads,
+    n: usize,
+    width: usize,
+    keys: Vec<f16>,
+    vals: Vec<f16>,
+    q: Vec<f32>,
+}
+
+impl Rows {
+    fn new() -> Self {
+        let (n, width) = (37, 6 * 64);
+        let halves = |v: Vec<f32>| v.iter().map(|&x| f16::from_f32(x)).collect();
+        Self {
+            heads: Heads {
+                query: 6,
+                kv: 2,
+                dim: 64,
+                scale: 0.125,
+                softcap: None,
+                window: None,
+            },
+            n,
+            width,
+            keys: halves(values(n * 2 * 64, 1)),
+            vals: halves(values(n * 2 * 64, 2)),
+            q: values(n * width, 3),
+        }
+    }
+}
+
 #[test]
 fn a_prompt_row_attends_alone_as_it_does_beside_the_rest_of_its_prompt() {
     // What a prefix-cache hit relies on: the prompt's last position recomputed alone.
-    let heads = Heads {
-        query: 6,
-        kv: 2,
-        dim: 64,
-        scale: 0.125,
-        softcap: None,
-        window: None,
-    };
-    let (n, width) = (37, 6 * 64);
-    let keys: Vec<f16> = values(n * 2 * 64, 1)
-        .iter()
-        .map(|&x| f16::from_f32(x))
-        .collect();
-    let vals: Vec<f16> = values(n * 2 * 64, 2)
-        .iter()
-        .map(|&x| f16::from_f32(x))
-        .collect();
-    let q = values(n * width, 3);
+    let Rows {
+        heads,
+        n,
+        width,
+        keys,
+        vals,
+        q,
+    } = Rows::new();
     for rows in [2, 5, 16] {
         let together = attend(heads, &q[(n - rows) * width..], &keys, &vals, n, rows, true);
         let alone = attend(heads, &q[(n - 1) * width..], &keys, &vals, n, 1, true);
@@ -132,24 +154,14 @@ fn a_prompt_row_attends_alone_as_it_does_beside_the_rest_of_its_prompt() {
 fn a_decoding_row_attends_alone_as_it_does_beside_other_decoding_rows() {
     // What checking drafts relies on: each drafted position gets what a plain decoding step at
     // that position gets.
-    let heads = Heads {
-        query: 6,
-        kv: 2,
-        dim: 64,
-        scale: 0.125,
-        softcap: None,
-        window: None,
-    };
-    let (n, width) = (37, 6 * 64);
-    let keys: Vec<f16> = values(n * 2 * 64, 1)
-        .iter()
-        .map(|&x| f16::from_f32(x))
-        .collect();
-    let vals: Vec<f16> = values(n * 2 * 64, 2)
-        .iter()
-        .map(|&x| f16::from_f32(x))
-        .collect();
-    let q = values(n * width, 3);
+    let Rows {
+        heads,
+        n,
+        width,
+        keys,
+        vals,
+        q,
+    } = Rows::new();
     for rows in [2, 5, 9] {
         let together = attend(
             heads,
