@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct (its Q4_1 GGUF; `tests/run.sh` sets TURNPIKE_SMOLLM2_GGUF)
 the real gateway twice: plainly, and with the default engine's `speculative` setting. Both
 answer the same requests through the `openai` SDK: greedy and seeded sampling, streamed and
 not, with stop strings, log probabilities and a grammar, alone and many at once, on text that
-repeats its prompt (where drafts are kept) and text that does not. The drafts are checked by
+repeats its prompt (where drafts are kept) and text that does not, and under a JSON Schema. The drafts are checked by
 sampling each position as a plain step would, so the answers must be identical, not merely
 alike; the engine's counters show that drafts were made and kept.
 """
@@ -124,10 +124,16 @@ def test_streamed_answers_and_grammars_match(pair):
     plain, drafting = pair
     for kwargs in ({"max_tokens": 60, "temperature": 0}, {"max_tokens": 50, "temperature": 0.7, "seed": 5}):
         assert drafting.streamed(EDIT, **kwargs) == plain.streamed(EDIT, **kwargs)
-    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
-    kwargs = {"max_tokens": 60, "temperature": 0,
-              "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}}
-    assert answer(drafting.chat(EDIT, **kwargs)) == answer(plain.chat(EDIT, **kwargs))
+    # Under a grammar: drafts are sampled under its mask, forced text ends a check.
+    schema = {"type": "object", "properties": {"text": {"type": "string"}, "changed": {"type": "boolean"}},
+              "required": ["text", "changed"]}
+    shaped = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    before = drafting.stat("spec_accepted_tokens")
+    for kwargs in ({"max_tokens": 80, "temperature": 0}, {"max_tokens": 80, "temperature": 0.7, "seed": 4},
+                   {"max_tokens": 40, "temperature": 0, "logprobs": True}):
+        assert answer(drafting.chat(EDIT, response_format=shaped, **kwargs)) == \
+            answer(plain.chat(EDIT, response_format=shaped, **kwargs))
+    assert drafting.stat("spec_accepted_tokens") > before
 
 
 def test_many_requests_at_once_match(pair):

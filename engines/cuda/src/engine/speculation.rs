@@ -1,5 +1,7 @@
 //! The worker's side of speculative decoding ([`crate::speculative`]): checking a step's drafts
-//! against the logits computed at their positions, and drafting for the next step.
+//! against the logits computed at their positions, and drafting for the next step. A request
+//! under a grammar drafts too: each position is sampled under the mask its grammar's state
+//! gives there, and tokens the grammar forces after a kept one end the check.
 
 use std::sync::atomic::Ordering;
 
@@ -39,13 +41,29 @@ impl Worker {
                     ended = true;
                     break;
                 };
-                match live.sample(index, slice, &self.eos, self.max_context, None) {
+                // Under a grammar the mask is computed here, from the state the kept tokens
+                // left, so drafts are held to the grammar as sampled tokens are.
+                let outcome = live.sample(index, slice, &self.eos, self.max_context, None);
+                let forced = live.take_forced(index);
+                match outcome {
                     Outcome::Continue(token) => {
                         self.scheduler.append(check.seq, token);
-                        if check.drafts.get(i) != Some(&token) {
+                        let matched = check.drafts.get(i) == Some(&token);
+                        kept += usize::from(matched);
+                        if !forced.is_empty() {
+                            // The grammar forced text after this token, already sent: it takes
+                            // the positions the drafts after it were checked at.
+                            self.counters
+                                .forced_tokens
+                                .fetch_add(forced.len() as u64, Ordering::Relaxed);
+                            for token in forced {
+                                self.scheduler.append(check.seq, token);
+                            }
                             break;
                         }
-                        kept += 1;
+                        if !matched {
+                            break;
+                        }
                     }
                     Outcome::Ended => {
                         self.scheduler.remove(check.seq);

@@ -161,16 +161,15 @@ impl Worker {
             return;
         }
         let zero_tokens = params.max_tokens == 0;
-        // Drafts for one choice without a grammar: its positions are checked one after the
-        // other on the host, where a grammar's state and other choices would have to follow.
-        let drafts = self
-            .speculative
-            .filter(|_| params.n <= 1 && constraint.is_none())
-            .and_then(|s| match params.num_assistant_tokens {
+        // Drafts for requests of one choice: its positions are checked one after the other on
+        // the host, where the choices of `n > 1` would have to follow each other.
+        let drafts = self.speculative.filter(|_| params.n <= 1).and_then(|s| {
+            match params.num_assistant_tokens {
                 None => Some(crate::speculative::DraftLength::new(s.tokens)),
                 Some(0) => None,
                 Some(k) => Some(crate::speculative::DraftLength::fixed(k as usize)),
-            });
+            }
+        });
         let mut live = LiveRequest::new(sink, params, &prompt, seq, seed, constraint);
         live.fast_forward = self.fast_forward;
         live.choices[0].drafts = drafts;
