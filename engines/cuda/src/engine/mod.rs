@@ -44,8 +44,6 @@ pub struct ModelRuntime {
     grammars: Option<Grammars>,
     /// Whether its embeddings are L2-normalised (see [`crate::model::pooling`]).
     normalize: bool,
-    /// Whether it drafts tokens (speculative decoding).
-    speculative: bool,
 }
 
 /// The grammar compiler for a model (built on first use), or `None` without the model's
@@ -303,7 +301,6 @@ impl ModelRuntime {
             thread: Mutex::new(Some(thread)),
             grammars,
             normalize: folder.pooling.normalize,
-            speculative: speculates,
         })
     }
 
@@ -453,7 +450,7 @@ impl ModelRuntime {
             extra["grammar_cache_limit"] = json!(crate::grammar::CACHED);
             extra["grammar_forced_tokens"] = json!(c.forced_tokens.load(Ordering::Relaxed));
         }
-        if self.speculative {
+        if self.info.capabilities.speculative {
             let drafted = c.drafted_tokens.load(Ordering::Relaxed);
             let accepted = c.accepted_tokens.load(Ordering::Relaxed);
             extra["spec_drafted_tokens"] = json!(drafted);

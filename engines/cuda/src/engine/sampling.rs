@@ -20,6 +20,17 @@ use crate::scheduler::{SeqId, StepPlan};
 /// Constrained choices from which a step's masks are computed in parallel.
 const PARALLEL_MASKS: usize = 4;
 
+/// What [`Worker::advance`] did with a sampled outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Advanced {
+    /// The token was appended, and `forced` tokens its grammar forced after it.
+    Token { token: u32, forced: usize },
+    /// The choice ended; its sequence is gone.
+    Ended,
+    /// The request cannot go on.
+    Failed,
+}
+
 /// A choice to sample this step: its request, its index and its logits row.
 #[derive(Debug, Clone, Copy)]
 struct Target {
@@ -62,11 +73,10 @@ impl Worker {
                 continue;
             }
             if chunk.drafts > 0 && !on_device {
-                let drafts = &chunk.tokens[chunk.tokens.len() - chunk.drafts..];
                 checks.push(DraftCheck {
                     seq: chunk.seq,
                     row,
-                    drafts: drafts.to_vec(),
+                    drafts: &chunk.tokens[chunk.tokens.len() - chunk.drafts..],
                 });
                 row += 1 + chunk.drafts;
                 continue;
@@ -274,36 +284,56 @@ impl Worker {
             else {
                 continue;
             };
-            match outcome {
-                Some(Outcome::Continue(token)) => {
-                    self.scheduler.append(seq, *token);
-                    let forced = self
-                        .requests
-                        .get_mut(&t.id)
-                        .map(|live| live.take_forced(t.index))
-                        .unwrap_or_default();
-                    self.counters
-                        .forced_tokens
-                        .fetch_add(forced.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    for token in forced {
-                        self.scheduler.append(seq, token);
-                    }
-                }
-                Some(Outcome::Ended) => {
-                    self.scheduler.remove(seq);
-                    self.seqs.remove(&seq);
-                }
-                Some(Outcome::Failed) => {
-                    failed.push(t.id);
-                    continue;
-                }
-                None => continue,
+            let Some(outcome) = outcome else {
+                continue;
+            };
+            if self.advance(t.id, t.index, seq, *outcome) == Advanced::Failed {
+                failed.push(t.id);
+                continue;
             }
             if touched.last() != Some(&t.id) {
                 touched.push(t.id);
             }
         }
         self.settle(touched, failed);
+    }
+
+    /// Takes one sampled outcome of choice `index` of request `id` into its sequence `seq`:
+    /// appends the token and the tokens its grammar forced after it, or drops the sequence
+    /// of a choice that ended.
+    pub(super) fn advance(
+        &mut self,
+        id: u64,
+        index: usize,
+        seq: SeqId,
+        outcome: Outcome,
+    ) -> Advanced {
+        match outcome {
+            Outcome::Continue(token) => {
+                self.scheduler.append(seq, token);
+                let forced = self
+                    .requests
+                    .get_mut(&id)
+                    .map(|live| live.take_forced(index))
+                    .unwrap_or_default();
+                self.counters
+                    .forced_tokens
+                    .fetch_add(forced.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                for &token in &forced {
+                    self.scheduler.append(seq, token);
+                }
+                Advanced::Token {
+                    token,
+                    forced: forced.len(),
+                }
+            }
+            Outcome::Ended => {
+                self.scheduler.remove(seq);
+                self.seqs.remove(&seq);
+                Advanced::Ended
+            }
+            Outcome::Failed => Advanced::Failed,
+        }
     }
 
     /// Ends the requests in `failed` with their failure, then those of `touched` whose choices

@@ -5,18 +5,18 @@
 
 use std::sync::atomic::Ordering;
 
-use super::request::Outcome;
+use super::sampling::Advanced;
 use super::worker::Worker;
 use crate::scheduler::SeqId;
 use crate::speculative::prompt_lookup;
 
 /// A decode that carried drafts: its sequence, its first logits row (its last token's) and
 /// the drafts, whose rows follow.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DraftCheck {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraftCheck<'a> {
     pub seq: SeqId,
     pub row: usize,
-    pub drafts: Vec<u32>,
+    pub drafts: &'a [u32],
 }
 
 impl Worker {
@@ -24,7 +24,11 @@ impl Worker {
     /// keeping a draft while it equals the token sampled before it; the first token that
     /// differs is kept too and ends the check. Appends what was kept and has the scheduler
     /// count the kept drafts as computed. Returns the sequences that go on.
-    pub(super) fn check_drafts(&mut self, checks: &[DraftCheck], logits: &mut [f32]) -> Vec<SeqId> {
+    pub(super) fn check_drafts(
+        &mut self,
+        checks: &[DraftCheck<'_>],
+        logits: &mut [f32],
+    ) -> Vec<SeqId> {
         let vocab = self.vocab.max(1);
         let (mut touched, mut failed, mut going) = (Vec::new(), Vec::new(), Vec::new());
         for check in checks {
@@ -44,34 +48,21 @@ impl Worker {
                 // Under a grammar the mask is computed here, from the state the kept tokens
                 // left, so drafts are held to the grammar as sampled tokens are.
                 let outcome = live.sample(index, slice, &self.eos, self.max_context, None);
-                let forced = live.take_forced(index);
-                match outcome {
-                    Outcome::Continue(token) => {
-                        self.scheduler.append(check.seq, token);
+                match self.advance(id, index, check.seq, outcome) {
+                    Advanced::Token { token, forced } => {
                         let matched = check.drafts.get(i) == Some(&token);
                         kept += usize::from(matched);
-                        if !forced.is_empty() {
-                            // The grammar forced text after this token, already sent: it takes
-                            // the positions the drafts after it were checked at.
-                            self.counters
-                                .forced_tokens
-                                .fetch_add(forced.len() as u64, Ordering::Relaxed);
-                            for token in forced {
-                                self.scheduler.append(check.seq, token);
-                            }
-                            break;
-                        }
-                        if !matched {
+                        // Text the grammar forced after the token (sent with it) takes the
+                        // positions the drafts after it were checked at.
+                        if forced > 0 || !matched {
                             break;
                         }
                     }
-                    Outcome::Ended => {
-                        self.scheduler.remove(check.seq);
-                        self.seqs.remove(&check.seq);
+                    Advanced::Ended => {
                         ended = true;
                         break;
                     }
-                    Outcome::Failed => {
+                    Advanced::Failed => {
                         failed.push(id);
                         ended = true;
                         break;
