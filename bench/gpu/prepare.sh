@@ -9,7 +9,7 @@ cargo build --release -p turnpike -p turnpike-cuda -p turnpike-bench
 dist=bench/gpu/dist
 rm -rf "$dist"
 mkdir -p "$dist"
-for file in turnpike libturnpike_cuda.so turnpike-cuda-reference engine-gpu-bench; do
+for file in turnpike libturnpike_cuda.so turnpike-cuda-reference turnpike-cuda-profile engine-gpu-bench; do
   objcopy --strip-debug "target/release/$file" "$dist/$file"
 done
 du -sh "$dist"

@@ -8,8 +8,9 @@
 #      4k tokens on the Llama-3.2-1B- and Llama-3.1-8B-shaped presets, beside transformers and
 #      the GPU's measured memory bandwidth (bench/results/gpu.{json,md}).
 # PYTHON picks the interpreter that has torch (python3 by default); WORK, where models go.
-# SPEED_PRESETS narrows the speed run (comma-separated presets).
-#   bench/gpu/run.sh [smoke|correctness|speed|all]
+# SPEED_PRESETS narrows the speed run (comma-separated presets); SPEED_PEER=0 skips transformers;
+# SPEED_OUT writes the figures elsewhere than bench/results/gpu.{json,md}.
+#   bench/gpu/run.sh [smoke|profile|correctness|speed|all]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dist=bench/gpu/dist
@@ -46,12 +47,23 @@ if [ "$what" = smoke ]; then
   done
   exit 0
 fi
+if [ "$what" = profile ]; then
+  # Where a decode step's time goes, per preset (SPEED_PRESETS), as JSON in bench/results/.
+  for preset in $(echo "${SPEED_PRESETS:-llama-3.1-8b,llama-3.2-1b}" | tr , ' '); do
+    folder=$("$py" -c "import sys; sys.path.insert(0, 'bench/gpu'); import models, pathlib; print(models.make(pathlib.Path('$dist'), pathlib.Path('$work'), '$preset'))")
+    "$dist/turnpike-cuda-profile" "$folder" > "bench/results/gpu-profile-$preset.json"
+  done
+  exit 0
+fi
 if [ "$what" = correctness ] || [ "$what" = all ]; then
   # A failed check still lets the speed run record its figures; the exit status keeps it.
   "$py" bench/gpu/correctness.py --dist "$dist" --work "$work" --out bench/results/gpu-correctness.json || status=$?
   "$py" bench/gpu/grammar.py --dist "$PWD/$dist" --work "$work" --out bench/results/gpu-grammar.json || status=$?
 fi
 if [ "$what" = speed ] || [ "$what" = all ]; then
-  "$py" bench/gpu/speed.py --dist "$dist" --work "$work" --out bench/results/gpu ${SPEED_PRESETS:+--presets "$SPEED_PRESETS"}
+  flags=(--out "${SPEED_OUT:-bench/results/gpu}")
+  [ -n "${SPEED_PRESETS:-}" ] && flags+=(--presets "$SPEED_PRESETS")
+  [ "${SPEED_PEER:-1}" = 0 ] && flags+=(--no-peer)
+  "$py" bench/gpu/speed.py --dist "$dist" --work "$work" "${flags[@]}"
 fi
 exit "$status"

@@ -38,6 +38,7 @@ parser.add_argument("--dist", type=pathlib.Path, required=True)
 parser.add_argument("--work", type=pathlib.Path, required=True)
 parser.add_argument("--out", type=pathlib.Path, required=True)
 parser.add_argument("--presets", default=",".join(PRESETS))
+parser.add_argument("--no-peer", action="store_true", help="skip transformers (quicker reruns)")
 args = parser.parse_args()
 device = "cuda"
 
@@ -85,6 +86,33 @@ def ours(folder):
     subprocess.run([str(args.dist / "engine-gpu-bench"), str(args.dist / "libturnpike_cuda.so"), str(folder), str(out)],
                    check=True)
     return json.loads(out.read_text())
+
+
+def profile(folder):
+    """Where a decode step's time goes (turnpike-cuda-profile), at 1..256 sequences."""
+    done = subprocess.run([str(args.dist / "turnpike-cuda-profile"), str(folder)], check=True,
+                          capture_output=True, text=True)
+    return json.loads(done.stdout)["profiles"]
+
+
+def profile_lines(profiles):
+    """A table of each part's microseconds per step, and each product's GB/s."""
+    parts = []
+    for p in profiles:
+        parts += [line["part"] for line in p["lines"] if line["part"] not in parts]
+    lines = ["| part (µs per step) | " + " | ".join(f"{p['batch']} seq" for p in profiles) + " |",
+             "|---|" + "---:|" * len(profiles)]
+    for name in parts:
+        cells = []
+        for p in profiles:
+            part = next((line for line in p["lines"] if line["part"] == name), None)
+            if part is None:
+                cells.append("")
+                continue
+            rate = f" ({part['weight_bytes'] / part['micros'] / 1e3:.0f} GB/s)" if part["weight_bytes"] else ""
+            cells.append(f"{part['micros']:.1f}{rate}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def peer(folder):
@@ -146,6 +174,9 @@ def write():
             ratio = f"{theirs / a[key]:.2f}x" if theirs else "n/a"
             lines.append(f"| {label} | {a[key]:.1f} | {theirs or 0:.1f} | {ratio} |")
         lines.append("")
+        if entry.get("profile"):
+            lines += [f"Where a decode step's time goes (`turnpike-cuda-profile`, contexts of "
+                      f"{entry['profile'][0]['context']} tokens):", ""] + profile_lines(entry["profile"]) + [""]
     args.out.with_suffix(".json").write_text(json.dumps(doc, indent=2))
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return lines
@@ -159,6 +190,9 @@ for preset in args.presets.split(","):
     doc["presets"][preset] = {"step_weight_bytes": weights, "turnpike": a, "transformers": None,
                               "batch1_bandwidth_fraction": fraction}
     write()
-    doc["presets"][preset]["transformers"] = peer(folder)
+    doc["presets"][preset]["profile"] = profile(folder)
     write()
+    if not args.no_peer:
+        doc["presets"][preset]["transformers"] = peer(folder)
+        write()
 print("\n".join(write()))

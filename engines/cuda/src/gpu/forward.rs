@@ -196,6 +196,54 @@ pub struct Model<'a> {
     pub stream: CUstream,
 }
 
+/// The launches of one layer, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Adds the last MLP output to the residual stream and norms it.
+    InputNorm,
+    Qkv,
+    /// Rotary embedding (with q/k norms and bias where the family has them) and the KV write.
+    Rotary,
+    Attention,
+    /// The output projection (and its norm where the family has one).
+    OutProj,
+    /// Adds the attention output to the residual stream and norms it.
+    MlpNorm,
+    GateUp,
+    Activation,
+    /// The down projection (and its norm where the family has one).
+    Down,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 9] = [
+        Stage::InputNorm,
+        Stage::Qkv,
+        Stage::Rotary,
+        Stage::Attention,
+        Stage::OutProj,
+        Stage::MlpNorm,
+        Stage::GateUp,
+        Stage::Activation,
+        Stage::Down,
+    ];
+
+    /// The stage's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::InputNorm => "input_norm",
+            Stage::Qkv => "qkv",
+            Stage::Rotary => "rotary_kv_store",
+            Stage::Attention => "attention",
+            Stage::OutProj => "o_proj",
+            Stage::MlpNorm => "mlp_norm",
+            Stage::GateUp => "gate_up",
+            Stage::Activation => "activation",
+            Stage::Down => "down",
+        }
+    }
+}
+
 const NULL: CUdeviceptr = 0;
 
 impl Model<'_> {
@@ -208,19 +256,11 @@ impl Model<'_> {
         tokens: usize,
         plan: &AttentionPlan,
     ) -> Result<(), DeviceError> {
-        let spec = self.spec;
-        let k = &self.kernels;
-        let t = tokens as u32;
-        let (d, hd) = (spec.hidden_size, spec.head_dim);
-        let (hq, hkv) = (spec.num_heads, spec.num_kv_heads);
-        let qkv_width = (hq + 2 * hkv) * hd;
-        let f = spec.intermediate_size;
-        let hidden = d as i32;
-        let arch = &spec.arch;
-        let embed_scale = arch.embed_scale.unwrap_or(1.0);
+        let hidden = self.spec.hidden_size as i32;
+        let embed_scale = self.spec.arch.embed_scale.unwrap_or(1.0);
         launch(
-            &k.embedding_gather,
-            (t, 1, 1),
+            &self.kernels.embedding_gather,
+            (tokens as u32, 1, 1),
             ROW_THREADS,
             self.stream,
             &mut [
@@ -231,99 +271,138 @@ impl Model<'_> {
                 arg(&embed_scale),
             ],
         )?;
-        for (l, layer) in self.weights.layers.iter().enumerate() {
-            // resid += previous MLP output; normed = norm(resid).
-            let add = if l == 0 { NULL } else { ws.add.ptr() };
-            self.norm(ws, add, NULL, NULL, layer.attn_norm.ptr(), t)?;
-            self.blas.linear(
+        for l in 0..self.weights.layers.len() {
+            for stage in Stage::ALL {
+                self.stage(stage, ws, kv, l, tokens, plan)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one stage of layer `l` (the profiler times each stage on its own).
+    pub fn stage(
+        &self,
+        stage: Stage,
+        ws: &Workspace,
+        kv: &KvCache,
+        l: usize,
+        tokens: usize,
+        plan: &AttentionPlan,
+    ) -> Result<(), DeviceError> {
+        let spec = self.spec;
+        let layer = &self.weights.layers[l];
+        let t = tokens as u32;
+        let (d, hd) = (spec.hidden_size, spec.head_dim);
+        let (hq, hkv) = (spec.num_heads, spec.num_kv_heads);
+        let f = spec.intermediate_size;
+        let arch = &spec.arch;
+        match stage {
+            Stage::InputNorm => {
+                // resid += previous MLP output; normed = norm(resid).
+                let add = if l == 0 { NULL } else { ws.add.ptr() };
+                self.norm(ws, add, NULL, NULL, layer.attn_norm.ptr(), t)
+            }
+            Stage::Qkv => self.blas.linear(
                 ws.normed.ptr(),
                 layer.qkv.ptr(),
                 ws.qkv.ptr(),
                 tokens,
-                qkv_width,
+                (hq + 2 * hkv) * hd,
                 d,
-            )?;
-            let bias = layer.qkv_bias.as_ref().map_or(NULL, DeviceBuffer::ptr);
-            let (inv_freq, rope_scale) = match self.local_inv_freq {
-                Some(local) if arch.local_rope(l) => (local, 1.0f32),
-                _ => (self.inv_freq, self.rope_scale),
-            };
-            let rot_half = (spec.rotary_dim / 2) as i32;
-            let (q_norm, k_norm) = layer
-                .qk_norm
-                .as_ref()
-                .map_or((NULL, NULL), |(q, k)| (q.ptr(), k.ptr()));
-            let eps = spec.rms_norm_eps;
-            let (q_heads, kv_heads, head_dim) = (hq as i32, hkv as i32, hd as i32);
-            launch(
-                &k.rotary_kv_store,
-                (t, (hq + 2 * hkv) as u32, 1),
-                (hd / 2) as u32,
-                self.stream,
-                &mut [
-                    arg(&ws.qkv.ptr()),
-                    arg(&bias),
-                    arg(&q_norm),
-                    arg(&k_norm),
-                    arg(&eps),
-                    arg(&ws.positions.ptr()),
-                    arg(&inv_freq.ptr()),
-                    arg(&rot_half),
-                    arg(&rope_scale),
-                    arg(&ws.slots.ptr()),
-                    arg(&ws.q.ptr()),
-                    arg(&kv.k[l].ptr()),
-                    arg(&kv.v[l].ptr()),
-                    arg(&q_heads),
-                    arg(&kv_heads),
-                    arg(&head_dim),
-                ],
-            )?;
-            for range in &plan.paged {
-                self.paged_attention(ws, kv, l, range)?;
+            ),
+            Stage::Rotary => {
+                let bias = layer.qkv_bias.as_ref().map_or(NULL, DeviceBuffer::ptr);
+                let (inv_freq, rope_scale) = match self.local_inv_freq {
+                    Some(local) if arch.local_rope(l) => (local, 1.0f32),
+                    _ => (self.inv_freq, self.rope_scale),
+                };
+                let rot_half = (spec.rotary_dim / 2) as i32;
+                let (q_norm, k_norm) = layer
+                    .qk_norm
+                    .as_ref()
+                    .map_or((NULL, NULL), |(q, k)| (q.ptr(), k.ptr()));
+                let eps = spec.rms_norm_eps;
+                let (q_heads, kv_heads, head_dim) = (hq as i32, hkv as i32, hd as i32);
+                launch(
+                    &self.kernels.rotary_kv_store,
+                    (t, (hq + 2 * hkv) as u32, 1),
+                    (hd / 2) as u32,
+                    self.stream,
+                    &mut [
+                        arg(&ws.qkv.ptr()),
+                        arg(&bias),
+                        arg(&q_norm),
+                        arg(&k_norm),
+                        arg(&eps),
+                        arg(&ws.positions.ptr()),
+                        arg(&inv_freq.ptr()),
+                        arg(&rot_half),
+                        arg(&rope_scale),
+                        arg(&ws.slots.ptr()),
+                        arg(&ws.q.ptr()),
+                        arg(&kv.k[l].ptr()),
+                        arg(&kv.v[l].ptr()),
+                        arg(&q_heads),
+                        arg(&kv_heads),
+                        arg(&head_dim),
+                    ],
+                )
             }
-            for chunk in &plan.dense {
-                self.dense_attention(ws, kv, l, chunk)?;
+            Stage::Attention => {
+                for range in &plan.paged {
+                    self.paged_attention(ws, kv, l, range)?;
+                }
+                for chunk in &plan.dense {
+                    self.dense_attention(ws, kv, l, chunk)?;
+                }
+                Ok(())
             }
-            self.blas.linear(
-                ws.attn.ptr(),
-                layer.o.ptr(),
-                ws.add.ptr(),
-                tokens,
-                d,
-                hq * hd,
-            )?;
-            // A family with output norms has no output bias (the norm would come after it).
-            self.output_norm(ws, layer.post_attn_norm.as_ref(), t)?;
-            let o_bias = layer.o_bias.as_ref().map_or(NULL, DeviceBuffer::ptr);
-            self.norm(ws, ws.add.ptr(), o_bias, NULL, layer.mlp_norm.ptr(), t)?;
-            self.blas.linear(
+            Stage::OutProj => {
+                self.blas.linear(
+                    ws.attn.ptr(),
+                    layer.o.ptr(),
+                    ws.add.ptr(),
+                    tokens,
+                    d,
+                    hq * hd,
+                )?;
+                // A family with output norms has no output bias (the norm would come after it).
+                self.output_norm(ws, layer.post_attn_norm.as_ref(), t)
+            }
+            Stage::MlpNorm => {
+                let o_bias = layer.o_bias.as_ref().map_or(NULL, DeviceBuffer::ptr);
+                self.norm(ws, ws.add.ptr(), o_bias, NULL, layer.mlp_norm.ptr(), t)
+            }
+            Stage::GateUp => self.blas.linear(
                 ws.normed.ptr(),
                 layer.gate_up.ptr(),
                 ws.gate_up.ptr(),
                 tokens,
                 2 * f,
                 d,
-            )?;
-            let inter = f as i32;
-            let gelu = i32::from(arch.activation == Activation::GeluTanh);
-            launch(
-                &k.silu_and_mul,
-                (t, (f as u32).div_ceil(256), 1),
-                256,
-                self.stream,
-                &mut [
-                    arg(&ws.gate_up.ptr()),
-                    arg(&ws.act.ptr()),
-                    arg(&inter),
-                    arg(&gelu),
-                ],
-            )?;
-            self.blas
-                .linear(ws.act.ptr(), layer.down.ptr(), ws.add.ptr(), tokens, d, f)?;
-            self.output_norm(ws, layer.post_mlp_norm.as_ref(), t)?;
+            ),
+            Stage::Activation => {
+                let inter = f as i32;
+                let gelu = i32::from(arch.activation == Activation::GeluTanh);
+                launch(
+                    &self.kernels.silu_and_mul,
+                    (t, (f as u32).div_ceil(256), 1),
+                    256,
+                    self.stream,
+                    &mut [
+                        arg(&ws.gate_up.ptr()),
+                        arg(&ws.act.ptr()),
+                        arg(&inter),
+                        arg(&gelu),
+                    ],
+                )
+            }
+            Stage::Down => {
+                self.blas
+                    .linear(ws.act.ptr(), layer.down.ptr(), ws.add.ptr(), tokens, d, f)?;
+                self.output_norm(ws, layer.post_mlp_norm.as_ref(), t)
+            }
         }
-        Ok(())
     }
 
     /// Adds the last MLP output and applies the final norm to `rows` uploaded rows (all

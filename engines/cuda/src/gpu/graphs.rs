@@ -24,9 +24,9 @@ pub fn bucket_for(n: usize) -> Option<usize> {
 
 /// An instantiated graph.
 #[derive(Debug)]
-struct Graph {
+pub(super) struct Graph {
     graph: CUgraph,
-    exec: CUgraphExec,
+    pub(super) exec: CUgraphExec,
 }
 
 impl Drop for Graph {
@@ -113,7 +113,7 @@ impl Graphs {
 
 /// Captures `launches` on `stream` into an instantiated graph. A failure ends the capture,
 /// so the stream is usable again.
-fn capture(
+pub(super) fn capture(
     stream: CUstream,
     launches: &mut impl FnMut() -> Result<(), DeviceError>,
 ) -> Result<Graph, DeviceError> {

@@ -26,6 +26,7 @@ mod launch;
 mod memory;
 mod nvml;
 pub mod probe;
+mod profile;
 mod sampling;
 mod workspace;
 
@@ -46,6 +47,7 @@ use forward::{KvCache, Model, StepInputs};
 use graphs::{Graphs, bucket_for};
 use launch::Kernels;
 use memory::{DeviceBuffer, to_bf16};
+pub use profile::ProfileLine;
 use sampling::Sampler;
 pub use workspace::Capacity;
 use workspace::{Workspace, graph_splits};

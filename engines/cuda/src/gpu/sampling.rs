@@ -216,9 +216,14 @@ impl Sampler {
         let mut top_ids = vec![0i32; n * MAX_TOP];
         let mut top_logprobs = vec![0f32; n * MAX_TOP];
         self.tokens.read(&mut tokens, stream)?;
-        self.logprobs.read(&mut logprobs, stream)?;
-        self.top_ids.read(&mut top_ids, stream)?;
-        self.top_logprobs.read(&mut top_logprobs, stream)?;
+        // Each copy into pageable memory costs a round trip: read only what a row asked for.
+        if inputs.rows.iter().any(|row| row.top_logprobs >= 0) {
+            self.logprobs.read(&mut logprobs, stream)?;
+        }
+        if inputs.rows.iter().any(|row| row.top_logprobs > 0) {
+            self.top_ids.read(&mut top_ids, stream)?;
+            self.top_logprobs.read(&mut top_logprobs, stream)?;
+        }
         super::sync(stream)?;
         Ok(inputs
             .rows
