@@ -91,6 +91,14 @@ pub struct GenerationParams {
     /// models whose capabilities declare `speculative`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_assistant_tokens: Option<u32>,
+    /// Beam search with this many beams (`best_of` greater than `n`), returning the `n` best;
+    /// deterministic (the sampling settings do not apply). Sent only to models whose
+    /// capabilities declare a `max_beam_width` at least this wide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beam_width: Option<u32>,
+    /// Beam search scores a finished sequence by its cumulative log-probability over its
+    /// length to this power (above 0 favours longer sequences).
+    pub length_penalty: f32,
 }
 
 impl Default for GenerationParams {
@@ -119,6 +127,8 @@ impl Default for GenerationParams {
             reasoning_effort: None,
             tool_call_grammar: None,
             num_assistant_tokens: None,
+            beam_width: None,
+            length_penalty: 1.0,
         }
     }
 }
@@ -169,6 +179,12 @@ impl GenerationParams {
             return Err(format!(
                 "num_assistant_tokens must be at most {MAX_ASSISTANT_TOKENS}"
             ));
+        }
+        if let Some(width) = self.beam_width {
+            if width < self.n {
+                return Err(format!("beam_width ({width}) is below n ({})", self.n));
+            }
+            in_range("length_penalty", self.length_penalty, -10.0, 10.0)?;
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(format!(
@@ -275,6 +291,8 @@ pub struct Capabilities {
     pub tool_call_grammar: bool,
     /// The model decodes speculatively and takes `num_assistant_tokens` per request.
     pub speculative: bool,
+    /// Widest beam search (`beam_width`); 0 when the model does not search beams.
+    pub max_beam_width: u32,
 }
 
 impl Default for Capabilities {
@@ -289,6 +307,7 @@ impl Default for Capabilities {
             grammar: false,
             tool_call_grammar: false,
             speculative: false,
+            max_beam_width: 0,
         }
     }
 }

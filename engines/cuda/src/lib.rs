@@ -24,7 +24,9 @@
 //!   these block tables and give me these logits". [`cpu`] is the reference device (f32 on
 //!   every core); the CUDA device implements the same trait.
 //! - `engine`: one worker thread per model owns a scheduler, a device and the live requests,
-//!   and turns the host's `submit`/`cancel` into steps and events.
+//!   and turns the host's `submit`/`cancel` into steps and events; beam search (`best_of`
+//!   above `n`) is its own pure logic there (`engine::beams`), the worker only forking and
+//!   dropping the beams' sequences as it says.
 //!
 //! The plugin is configured with a JSON document (see `README.md` beside this crate) and
 //! exported through the engine ABI as `turnpike-cuda`.

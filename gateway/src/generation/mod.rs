@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
+pub(crate) use crate::pipeline::params::refuse_streamed_beams;
 pub(crate) use crate::pipeline::request::{
     GenerationRequest, HostedServer, OutputFormat, ParamNames, Prompt, Sampling, ToolChoice, Tools,
 };

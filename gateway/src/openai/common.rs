@@ -56,6 +56,11 @@ pub struct Extensions {
     pub num_assistant_tokens: Option<Number>,
     /// Speculative decoding with a draft model: its confidence below which it stops drafting.
     pub assistant_confidence_threshold: Option<f64>,
+    /// Beam search with this many beams when above `n` (OpenVINO Model Server's and vLLM's
+    /// name; a top-level field of the legacy completions request).
+    pub best_of: Option<Number>,
+    /// Beam search's length normalisation exponent.
+    pub length_penalty: Option<f64>,
 }
 
 /// vLLM's `structured_outputs` object.
@@ -92,6 +97,8 @@ impl Extensions {
             assistant_confidence_threshold: self
                 .assistant_confidence_threshold
                 .or(o.assistant_confidence_threshold),
+            best_of: self.best_of.or(o.best_of),
+            length_penalty: self.length_penalty.or(o.length_penalty),
         }
     }
 }

@@ -58,8 +58,32 @@ pub struct Sampling {
     pub stop: Option<StopParam>,
     /// `logit_bias`.
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// `best_of` (legacy completions; chat takes it as an extension): beam search with this
+    /// many beams when above `n`. `None` where the protocol has no beams.
+    pub best_of: Option<Number>,
     /// Extensions (top level merged with `nvext`).
     pub extensions: Extensions,
+}
+
+/// Beam search (`best_of` above `n`) answers only once every beam has finished, so a stream
+/// of it is refused up front, as OpenAI and vLLM do.
+pub(crate) fn refuse_streamed_beams(
+    best_of: Option<&Number>,
+    n: Option<&Number>,
+    stream: bool,
+) -> Result<(), ApiError> {
+    let (Some(best_of), true) = (best_of, stream) else {
+        return Ok(());
+    };
+    let best_of = integer("best_of", best_of, 1, i64::from(MAX_N))?;
+    let n = n.map_or(Ok(1), |n| integer("n", n, 1, i64::from(MAX_N)))?;
+    if best_of > n {
+        return Err(ApiError::invalid(
+            "best_of",
+            "'best_of' above 'n' (beam search) cannot be streamed",
+        ));
+    }
+    Ok(())
 }
 
 /// An integer parameter: a JSON integer, or a float with no fraction.
@@ -231,6 +255,30 @@ pub(crate) fn generation_params(
         }
         // Zero asks for plain decoding, which is all a model that does not speculate does.
         p.num_assistant_tokens = caps.speculative.then_some(k);
+    }
+    if let Some(best_of) = &s.best_of {
+        let best_of = integer("best_of", best_of, 1, i64::from(MAX_N))? as u32;
+        if best_of < n {
+            return Err(ApiError::invalid(
+                "best_of",
+                format!("'best_of' ({best_of}) must be at least 'n' ({n})"),
+            ));
+        }
+        if best_of > n {
+            if best_of > caps.max_beam_width {
+                return Err(ApiError::unsupported(
+                    "best_of",
+                    format!(
+                        "'best_of' above 'n' searches {best_of} beams; model `{}` searches at most {}",
+                        model.id, caps.max_beam_width
+                    ),
+                ));
+            }
+            p.beam_width = Some(best_of);
+            if let Some(penalty) = e.length_penalty {
+                p.length_penalty = ranged("length_penalty", penalty, -10.0, 10.0)?;
+            }
+        }
     }
     if e.assistant_confidence_threshold.is_some() {
         return Err(ApiError::unsupported(

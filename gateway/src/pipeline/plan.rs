@@ -89,6 +89,15 @@ pub(crate) fn plan(
         }
         Some(Shaping::Check(check)) => Some(check),
     };
+    if p.beam_width.is_some() && (p.grammar.is_some() || p.top_logprobs > 0) {
+        return Err(ApiError::unsupported(
+            "best_of",
+            format!(
+                "beam search ('best_of' above 'n') takes neither a constrained output nor '{}'",
+                names.top_logprobs
+            ),
+        ));
+    }
     p.tool_call_grammar = tool_call_grammar(&req.tools, tools.as_ref(), shaped_by_format, model);
     let budget = params::prompt_limit(model, defaults);
     let (prompts, prompt_texts, reasoning) = match &req.prompt {

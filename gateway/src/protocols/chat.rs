@@ -10,7 +10,9 @@ use super::{Call, Reply};
 use crate::clock::unix_now;
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
-use crate::generation::{GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started};
+use crate::generation::{
+    GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started, refuse_streamed_beams,
+};
 use crate::ids::new_id;
 use crate::openai::chat::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
@@ -59,6 +61,13 @@ pub(crate) fn generation_request(
         (None, Some(n)) => (Some(n.clone()), "max_tokens"),
         (None, None) => (None, "max_tokens"),
     };
+    let extensions = req.extensions.clone().or(req.nvext.clone());
+    let best_of = extensions.best_of.clone();
+    refuse_streamed_beams(
+        best_of.as_ref(),
+        req.n.as_ref(),
+        req.stream.unwrap_or(false),
+    )?;
     Ok(GenerationRequest {
         model: req.model.clone(),
         prompt: Prompt::Chat {
@@ -75,7 +84,8 @@ pub(crate) fn generation_request(
             frequency_penalty: req.frequency_penalty,
             stop: req.stop.clone(),
             logit_bias: req.logit_bias.clone(),
-            extensions: req.extensions.clone().or(req.nvext.clone()),
+            best_of,
+            extensions,
         },
         max_tokens,
         default_max_tokens: None,

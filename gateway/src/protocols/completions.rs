@@ -65,19 +65,11 @@ pub(crate) fn generation_request(
             "'suffix' (insertion) is not supported",
         ));
     }
-    if let Some(best_of) = &req.best_of {
-        let best_of = params::integer("best_of", best_of, 1, i64::from(params::MAX_N))? as u32;
-        let n = match &req.n {
-            Some(n) => params::integer("n", n, 1, i64::from(params::MAX_N))? as u32,
-            None => 1,
-        };
-        if best_of != 1 && best_of != n {
-            return Err(ApiError::unsupported(
-                "best_of",
-                "'best_of' other than 1 or n is not supported",
-            ));
-        }
-    }
+    params::refuse_streamed_beams(
+        req.best_of.as_ref(),
+        req.n.as_ref(),
+        req.stream.unwrap_or(false),
+    )?;
     let echo = req.echo.unwrap_or(false);
     let logprobs = requested_logprobs(req.logprobs.as_ref())?;
     if echo && logprobs.is_some() {
@@ -98,6 +90,7 @@ pub(crate) fn generation_request(
             frequency_penalty: req.frequency_penalty,
             stop: req.stop.clone(),
             logit_bias: req.logit_bias.clone(),
+            best_of: req.best_of.clone(),
             extensions: req.extensions.clone().or(req.nvext.clone()),
         },
         max_tokens: req.max_tokens.clone(),

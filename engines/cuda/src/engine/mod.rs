@@ -1,6 +1,8 @@
 //! One served model: its device, its worker thread and the checks a request passes before it
 //! is accepted. [`ModelRuntime`] is what the plugin's entry points talk to.
 
+mod beam_step;
+mod beams;
 mod config;
 mod counters;
 mod request;
@@ -286,6 +288,12 @@ impl ModelRuntime {
                 grammar: grammars.is_some(),
                 tool_call_grammar: false,
                 speculative: speculates,
+                // Beams are sequences, as many as a request's choices may be.
+                max_beam_width: if settings.max_n > 1 {
+                    settings.max_n
+                } else {
+                    0
+                },
             },
         };
         Ok(Self {
@@ -325,7 +333,24 @@ impl ModelRuntime {
     /// Checks a request and hands it to the worker.
     pub fn submit(&self, request: Request, sink: Sink) -> Result<(), EngineError> {
         let params = &request.params;
-        self.check(&request.prompt, params.n)?;
+        if let Some(width) = params.beam_width {
+            if width > self.info.capabilities.max_beam_width {
+                return Err(EngineError::unsupported(format!(
+                    "model `{}` searches at most {} beams, asked for {width}",
+                    self.info.id, self.info.capabilities.max_beam_width
+                )));
+            }
+            if params.grammar.is_some() || params.top_logprobs > 0 {
+                return Err(EngineError::unsupported(
+                    "beam search takes neither a grammar nor top_logprobs",
+                ));
+            }
+        }
+        self.check(
+            &request.prompt,
+            params.n.max(params.beam_width.unwrap_or(1)),
+        )?;
+
         let constraint = match (&params.grammar, &self.grammars) {
             (None, _) => None,
             (Some(_), None) => {

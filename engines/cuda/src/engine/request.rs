@@ -76,6 +76,8 @@ pub struct LiveRequest {
     pub failure: Option<String>,
     /// Append the tokens its grammar forces without sampling each.
     pub fast_forward: bool,
+    /// Its beam search, once its prompt is computed, when it searches beams.
+    pub beams: Option<super::beams::BeamSearch>,
 }
 
 /// Sampling settings of a request.
@@ -122,6 +124,7 @@ impl LiveRequest {
             last_finish: Finish::default(),
             failure: None,
             fast_forward: true,
+            beams: None,
         }
     }
 

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use rayon::prelude::*;
 
+use super::beam_step::BeamRow;
 use super::request::{LiveRequest, Mask, Outcome};
 use super::speculation::DraftCheck;
 use super::worker::Worker;
@@ -61,6 +62,7 @@ impl Worker {
         }
         let mut targets = Vec::new();
         let mut checks = Vec::new();
+        let mut beams = Vec::new();
         let mut row = 0;
         for chunk in &plan.chunks {
             if let Some(&(id, _)) = self.seqs.get(&chunk.seq)
@@ -70,6 +72,17 @@ impl Worker {
                 live.cached = Some(chunk.cached_tokens as u32);
             }
             if !chunk.sample {
+                continue;
+            }
+            if self.is_beam(chunk.seq) {
+                if let Some(&(id, _)) = self.seqs.get(&chunk.seq) {
+                    beams.push(BeamRow {
+                        id,
+                        seq: chunk.seq,
+                        row,
+                    });
+                }
+                row += 1 + chunk.drafts;
                 continue;
             }
             if chunk.drafts > 0 && !on_device {
@@ -83,6 +96,25 @@ impl Worker {
             }
             self.choices_of(chunk.seq, row, &mut targets);
             row += 1 + chunk.drafts;
+        }
+        if !beams.is_empty() {
+            // Beams rank every token: a device that samples hands its logits rows back.
+            let rows = if on_device {
+                match self.device.read_logits(wanted) {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        self.host
+                            .error(&format!("cannot read the logits back: {e}"));
+                        return self.fail_plan(plan);
+                    }
+                }
+            } else {
+                std::mem::take(&mut logits)
+            };
+            self.step_beams(&beams, &rows);
+            if !on_device {
+                logits = rows;
+            }
         }
         let mut masks = self.masks(&targets);
         let outcomes = if on_device {

@@ -201,9 +201,13 @@ impl Worker {
         let Some(mut live) = self.requests.remove(&id) else {
             return;
         };
-        for choice in &live.choices {
-            self.scheduler.remove(choice.seq);
-            self.seqs.remove(&choice.seq);
+        let beams = live
+            .beams
+            .iter()
+            .flat_map(|b| b.running.iter().map(|r| r.seq));
+        for seq in live.choices.iter().map(|c| c.seq).chain(beams) {
+            self.scheduler.remove(seq);
+            self.seqs.remove(&seq);
         }
         let usage = live.usage();
         let counter = match status {

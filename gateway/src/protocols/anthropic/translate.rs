@@ -269,6 +269,7 @@ pub(crate) fn generation_request(
             frequency_penalty: None,
             stop: req.stop_sequences.clone().map(StopParam::Many),
             logit_bias: None,
+            best_of: None,
             extensions: Extensions {
                 top_k: req.top_k.clone(),
                 ..Extensions::default()

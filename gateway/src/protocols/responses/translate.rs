@@ -175,6 +175,14 @@ pub(crate) fn generation_request(
         .iter()
         .flatten()
         .any(|i| i == "message.output_text.logprobs");
+    let extensions = req.extensions.clone().or(req.nvext.clone());
+    if extensions.best_of.is_some() {
+        // A response has one output: there is nothing to return the other beams in.
+        return Err(ApiError::unsupported(
+            "best_of",
+            "beam search ('best_of') is offered by chat and legacy completions",
+        ));
+    }
     Ok(GenerationRequest {
         model: req.model.clone(),
         prompt: prompt(req, shown, tools)?,
@@ -187,7 +195,8 @@ pub(crate) fn generation_request(
             frequency_penalty: req.frequency_penalty,
             stop: req.stop.clone(),
             logit_bias: None,
-            extensions: req.extensions.clone().or(req.nvext.clone()),
+            best_of: None,
+            extensions,
         },
         max_tokens: req.max_output_tokens.clone(),
         default_max_tokens: None,
