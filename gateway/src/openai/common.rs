@@ -61,6 +61,10 @@ pub struct Extensions {
     pub best_of: Option<Number>,
     /// Beam search's length normalisation exponent.
     pub length_penalty: Option<f64>,
+    /// Diverse beam search: groups the beams split into (`transformers`' name).
+    pub num_beam_groups: Option<Number>,
+    /// Diverse beam search: the price of a token an earlier group chose at the same step.
+    pub diversity_penalty: Option<f64>,
 }
 
 /// vLLM's `structured_outputs` object.
@@ -99,6 +103,8 @@ impl Extensions {
                 .or(o.assistant_confidence_threshold),
             best_of: self.best_of.or(o.best_of),
             length_penalty: self.length_penalty.or(o.length_penalty),
+            num_beam_groups: self.num_beam_groups.or(o.num_beam_groups),
+            diversity_penalty: self.diversity_penalty.or(o.diversity_penalty),
         }
     }
 }

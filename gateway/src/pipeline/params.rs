@@ -278,7 +278,28 @@ pub(crate) fn generation_params(
             if let Some(penalty) = e.length_penalty {
                 p.length_penalty = ranged("length_penalty", penalty, -10.0, 10.0)?;
             }
+            if let Some(groups) = &e.num_beam_groups {
+                p.beam_groups = integer("num_beam_groups", groups, 1, i64::from(best_of))? as u32;
+                if !best_of.is_multiple_of(p.beam_groups) {
+                    return Err(ApiError::invalid(
+                        "num_beam_groups",
+                        format!(
+                            "'num_beam_groups' ({}) must divide 'best_of' ({best_of})",
+                            p.beam_groups
+                        ),
+                    ));
+                }
+            }
+            if let Some(penalty) = e.diversity_penalty {
+                p.diversity_penalty = ranged("diversity_penalty", penalty, 0.0, 100.0)?;
+            }
         }
+    }
+    if p.beam_width.is_none() && e.num_beam_groups.is_some() {
+        return Err(ApiError::invalid(
+            "num_beam_groups",
+            "'num_beam_groups' splits a beam search: it needs 'best_of' above 'n'",
+        ));
     }
     if e.assistant_confidence_threshold.is_some() {
         return Err(ApiError::unsupported(

@@ -5,7 +5,8 @@
 
 use turnpike_engine_api::{Finish, Status};
 
-use super::beams::BeamSearch;
+use super::beam_groups::{GroupBeamSearch, GroupSettings};
+use super::beams::{BeamSearch, Search};
 use super::worker::Worker;
 use crate::scheduler::SeqId;
 
@@ -46,22 +47,37 @@ impl Worker {
                 if !p.ignore_eos {
                     ends.extend(eos);
                 }
+                // The first end token stands for a done group's beams (as padding).
+                let pad = ends.first().copied().unwrap_or_default();
                 ends.sort_unstable();
                 ends.dedup();
-                BeamSearch::new(
-                    r.seq,
-                    p.beam_width.unwrap_or(1) as usize,
-                    p.length_penalty,
-                    p.max_tokens.min(room) as usize,
-                    p.min_tokens as usize,
-                    ends.len(),
-                )
+                let width = p.beam_width.unwrap_or(1) as usize;
+                let max_tokens = p.max_tokens.min(room) as usize;
+                if p.beam_groups > 1 {
+                    Search::Groups(GroupBeamSearch::new(
+                        r.seq,
+                        GroupSettings {
+                            width,
+                            groups: p.beam_groups as usize,
+                            diversity_penalty: p.diversity_penalty,
+                            length_penalty: p.length_penalty,
+                            max_tokens,
+                            pad,
+                            end_tokens: ends.len(),
+                        },
+                    ))
+                } else {
+                    Search::Beams(BeamSearch::new(
+                        r.seq,
+                        width,
+                        p.length_penalty,
+                        max_tokens,
+                        p.min_tokens as usize,
+                        ends.len(),
+                    ))
+                }
             });
-            let generated = search
-                .running
-                .iter()
-                .find(|b| b.seq == r.seq)
-                .map_or(0, |b| b.tokens.len());
+            let generated = search.generated();
             let below_min = generated < p.min_tokens as usize;
             let ends =
                 |t: u32| p.stop_token_ids.contains(&t) || (!p.ignore_eos && eos.contains(&t));
@@ -85,7 +101,7 @@ impl Worker {
         let Some(search) = live.beams.as_mut().filter(|s| s.ready()) else {
             return;
         };
-        let parents: Vec<SeqId> = search.running.iter().map(|b| b.seq).collect();
+        let parents: Vec<SeqId> = search.sequences();
         let ends = |t: u32| p.stop_token_ids.contains(&t) || (!p.ignore_eos && eos.contains(&t));
         let successors = search.step(ends);
         if search.done() {
@@ -122,7 +138,7 @@ impl Worker {
         let Some(search) = live.beams.as_ref() else {
             return;
         };
-        for beam in &search.running {
+        for beam in search.running() {
             if let Some(&token) = beam.tokens.last() {
                 self.scheduler.append(beam.seq, token);
             }

@@ -109,24 +109,13 @@ impl BeamSearch {
         if !self.runs(seq) {
             return;
         }
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
-        let log_norm = max + sum.ln() as f32;
-        let mut best: Vec<(u32, f32)> = Vec::with_capacity(self.row_keep + 1);
-        for (token, &l) in logits.iter().enumerate() {
-            let token = token as u32;
-            if banned(token) {
-                continue;
-            }
-            let lp = l - log_norm;
-            if best.len() == self.row_keep && best.last().is_some_and(|&(_, worst)| lp <= worst) {
-                continue;
-            }
-            let at = best.partition_point(|&(_, v)| v >= lp);
-            best.insert(at, (token, lp));
-            best.truncate(self.row_keep);
-        }
+        let best = best_log_probs(logits, self.row_keep, banned);
         self.pending.insert(seq, best);
+    }
+
+    /// Tokens the beams have generated.
+    pub fn generated(&self) -> usize {
+        self.running.first().map_or(0, |b| b.tokens.len())
     }
 
     /// Every running beam's row has arrived.
@@ -235,6 +224,107 @@ impl BeamSearch {
         }
         all.truncate(n);
         all
+    }
+}
+
+/// The `keep` most likely tokens of a logits row under its log-softmax (over every token,
+/// `banned` ones included), `banned` ones left out, most likely first.
+pub(super) fn best_log_probs(
+    logits: &[f32],
+    keep: usize,
+    banned: impl Fn(u32) -> bool,
+) -> Vec<(u32, f32)> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
+    let log_norm = max + sum.ln() as f32;
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(keep + 1);
+    for (token, &l) in logits.iter().enumerate() {
+        let token = token as u32;
+        if banned(token) {
+            continue;
+        }
+        let lp = l - log_norm;
+        if best.len() == keep && best.last().is_some_and(|&(_, worst)| lp <= worst) {
+            continue;
+        }
+        let at = best.partition_point(|&(_, v)| v >= lp);
+        best.insert(at, (token, lp));
+        best.truncate(keep);
+    }
+    best
+}
+
+/// A request's search: plain beams, or beams in diverse groups.
+#[derive(Debug)]
+pub enum Search {
+    Beams(BeamSearch),
+    Groups(super::beam_groups::GroupBeamSearch),
+}
+
+impl Search {
+    pub fn offer(&mut self, seq: SeqId, logits: &[f32], banned: impl Fn(u32) -> bool) {
+        match self {
+            Search::Beams(s) => s.offer(seq, logits, banned),
+            Search::Groups(s) => s.offer(seq, logits, banned),
+        }
+    }
+
+    pub fn ready(&self) -> bool {
+        match self {
+            Search::Beams(s) => s.ready(),
+            Search::Groups(s) => s.ready(),
+        }
+    }
+
+    pub fn done(&self) -> bool {
+        match self {
+            Search::Beams(s) => s.done(),
+            Search::Groups(s) => s.done(),
+        }
+    }
+
+    pub fn generated(&self) -> usize {
+        match self {
+            Search::Beams(s) => s.generated(),
+            Search::Groups(s) => s.generated(),
+        }
+    }
+
+    pub fn step(&mut self, ends: impl Fn(u32) -> bool) -> Vec<Successor> {
+        match self {
+            Search::Beams(s) => s.step(ends),
+            Search::Groups(s) => s.step(ends),
+        }
+    }
+
+    pub fn assign(&mut self, index: usize, seq: SeqId) {
+        match self {
+            Search::Beams(s) => s.assign(index, seq),
+            Search::Groups(s) => s.assign(index, seq),
+        }
+    }
+
+    /// The running beams, in the order of the last step's successors.
+    pub fn running(&self) -> Box<dyn Iterator<Item = &Beam> + '_> {
+        match self {
+            Search::Beams(s) => Box::new(s.running.iter()),
+            Search::Groups(s) => Box::new(s.running()),
+        }
+    }
+
+    /// The running beams' sequences, each once.
+    pub fn sequences(&self) -> Vec<SeqId> {
+        let mut seqs: Vec<SeqId> = self.running().map(|b| b.seq).collect();
+        seqs.sort_unstable();
+        seqs.dedup();
+        seqs
+    }
+
+    pub fn best(&self, n: usize) -> Vec<Hypothesis> {
+        match self {
+            Search::Beams(s) => s.best(n),
+            Search::Groups(s) => s.best(n),
+        }
     }
 }
 

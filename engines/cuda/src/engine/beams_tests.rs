@@ -154,3 +154,39 @@ fn banned_tokens_are_never_chosen_but_count_in_the_normalisation() {
     let lp = log_softmax(&[5.0, 0.0, -1.0]);
     assert!((s.running[0].score - lp[1]).abs() < 1e-5);
 }
+
+#[test]
+fn a_diversity_penalty_sends_the_second_group_elsewhere() {
+    use super::super::beam_groups::{GroupBeamSearch, GroupSettings};
+    let settings = |diversity_penalty| GroupSettings {
+        width: 2,
+        groups: 2,
+        diversity_penalty,
+        length_penalty: 1.0,
+        max_tokens: 4,
+        pad: END,
+        end_tokens: 1,
+    };
+    let row = [-9.0, 2.0, 1.0, 0.5];
+    let first_tokens = |penalty| {
+        let mut s = GroupBeamSearch::new(1, settings(penalty));
+        s.offer(1, &row, |_| false);
+        assert!(s.ready());
+        let next = s.step(|t| t == END);
+        assert!(
+            next.iter().all(|succ| succ.parent == 1),
+            "both groups start from the prompt"
+        );
+        next.iter().map(|succ| succ.token).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        first_tokens(0.0),
+        vec![1, 1],
+        "no penalty: both groups take the best"
+    );
+    assert_eq!(
+        first_tokens(5.0),
+        vec![1, 2],
+        "the second group pays for repeating the first"
+    );
+}

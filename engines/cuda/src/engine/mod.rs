@@ -1,6 +1,7 @@
 //! One served model: its device, its worker thread and the checks a request passes before it
 //! is accepted. [`ModelRuntime`] is what the plugin's entry points talk to.
 
+mod beam_groups;
 mod beam_step;
 mod beams;
 mod config;

@@ -77,7 +77,7 @@ pub struct LiveRequest {
     /// Append the tokens its grammar forces without sampling each.
     pub fast_forward: bool,
     /// Its beam search, once its prompt is computed, when it searches beams.
-    pub beams: Option<super::beams::BeamSearch>,
+    pub beams: Option<super::beams::Search>,
 }
 
 /// Sampling settings of a request.

@@ -201,10 +201,7 @@ impl Worker {
         let Some(mut live) = self.requests.remove(&id) else {
             return;
         };
-        let beams = live
-            .beams
-            .iter()
-            .flat_map(|b| b.running.iter().map(|r| r.seq));
+        let beams = live.beams.iter().flat_map(|b| b.sequences());
         for seq in live.choices.iter().map(|c| c.seq).chain(beams) {
             self.scheduler.remove(seq);
             self.seqs.remove(&seq);
