@@ -3,12 +3,17 @@
 //! worker forks, extends and drops the beams' sequences as it says. A finished search sends
 //! its `n` best hypotheses as the request's choices and ends the request.
 
-use turnpike_engine_api::{Finish, Status};
+use turnpike_engine_api::{Finish, GenerationParams, Status};
 
 use super::beam_groups::{GroupBeamSearch, GroupSettings};
 use super::beams::{BeamSearch, Search};
 use super::worker::Worker;
 use crate::scheduler::SeqId;
+
+/// Whether `token` ends a sequence of a request with parameters `p` (`eos`: the model's).
+fn ends(p: &GenerationParams, eos: &[u32], token: u32) -> bool {
+    p.stop_token_ids.contains(&token) || (!p.ignore_eos && eos.contains(&token))
+}
 
 /// A beam's logits row this step: its request, its sequence and its row.
 #[derive(Debug, Clone, Copy)]
@@ -43,14 +48,14 @@ impl Worker {
             let p = &live.params;
             let search = live.beams.get_or_insert_with(|| {
                 let room = max_context.saturating_sub(live.prompt_len);
-                let mut ends: Vec<u32> = p.stop_token_ids.clone();
+                let mut end_tokens: Vec<u32> = p.stop_token_ids.clone();
                 if !p.ignore_eos {
-                    ends.extend(eos);
+                    end_tokens.extend(eos);
                 }
                 // The first end token stands for a done group's beams (as padding).
-                let pad = ends.first().copied().unwrap_or_default();
-                ends.sort_unstable();
-                ends.dedup();
+                let pad = end_tokens.first().copied().unwrap_or_default();
+                end_tokens.sort_unstable();
+                end_tokens.dedup();
                 let width = p.beam_width.unwrap_or(1) as usize;
                 let max_tokens = p.max_tokens.min(room) as usize;
                 if p.beam_groups > 1 {
@@ -63,7 +68,7 @@ impl Worker {
                             length_penalty: p.length_penalty,
                             max_tokens,
                             pad,
-                            end_tokens: ends.len(),
+                            end_tokens: end_tokens.len(),
                         },
                     ))
                 } else {
@@ -73,15 +78,13 @@ impl Worker {
                         p.length_penalty,
                         max_tokens,
                         p.min_tokens as usize,
-                        ends.len(),
+                        end_tokens.len(),
                     ))
                 }
             });
             let generated = search.generated();
             let below_min = generated < p.min_tokens as usize;
-            let ends =
-                |t: u32| p.stop_token_ids.contains(&t) || (!p.ignore_eos && eos.contains(&t));
-            search.offer(r.seq, row, |t| below_min && ends(t));
+            search.offer(r.seq, row, |t| below_min && ends(p, eos, t));
             if !touched.contains(&r.id) {
                 touched.push(r.id);
             }
@@ -102,8 +105,7 @@ impl Worker {
             return;
         };
         let parents: Vec<SeqId> = search.sequences();
-        let ends = |t: u32| p.stop_token_ids.contains(&t) || (!p.ignore_eos && eos.contains(&t));
-        let successors = search.step(ends);
+        let successors = search.step(|t| ends(p, &eos, t));
         if search.done() {
             for parent in parents {
                 self.scheduler.remove(parent);
