@@ -14,7 +14,8 @@
 use cudarc::driver::sys::CUdeviceptr;
 
 use super::blas::{Operand, Strided};
-use super::forward::{KvCache, Model};
+use super::forward::Model;
+use super::inputs::KvCache;
 use super::launch::{arg, launch};
 use super::workspace::{Workspace, attention_splits};
 use crate::device::{Chunk, DeviceError};

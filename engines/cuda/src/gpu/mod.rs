@@ -21,6 +21,7 @@ mod blas;
 mod dense_attention;
 mod forward;
 mod graphs;
+mod inputs;
 pub mod kernels;
 mod launch;
 mod memory;
@@ -43,8 +44,9 @@ use crate::model::{F32Reader, LayeredWeights, ModelFolder, ModelSpec, RotaryTabl
 use crate::sampler::Sampled;
 use blas::Blas;
 use dense_attention::AttentionPlan;
-use forward::{KvCache, Model, StepInputs};
+use forward::Model;
 use graphs::{Graphs, bucket_for};
+use inputs::{KvCache, StepInputs};
 use launch::Kernels;
 use memory::{DeviceBuffer, to_bf16};
 pub use profile::ProfileLine;

@@ -13,8 +13,9 @@ use cudarc::driver::result as driver;
 use cudarc::driver::sys::{self, CUevent, CUstream};
 
 use super::dense_attention::AttentionPlan;
-use super::forward::{Stage, StepInputs};
+use super::forward::Stage;
 use super::graphs::{bucket_for, capture};
+use super::inputs::StepInputs;
 use super::workspace::graph_splits;
 use super::{CudaDevice, sync};
 use crate::device::{Chunk, DeviceError, SampleRequest};
