@@ -108,6 +108,17 @@ def hf_beams(hf, ids, width, n, max_tokens, length_penalty):
     return results
 
 
+def assert_same_choices(ours, theirs, n, tokenizer):
+    """Our `n` choices are the reference's, in order: text, finish and each token's log-probability."""
+    assert len(ours.choices) == n
+    for choice, want in zip(sorted(ours.choices, key=lambda c: c.index), theirs):
+        assert choice.text == tokenizer.decode(want["tokens"], skip_special_tokens=True), f"choice {choice.index}"
+        assert choice.finish_reason == want["finish"], f"choice {choice.index}"
+        got = choice.logprobs.token_logprobs
+        assert len(got) == len(want["logprobs"])
+        assert max((abs(a - b) for a, b in zip(got, want["logprobs"])), default=0.0) < 1e-3
+
+
 CASES = [  # width, n, max_tokens, length_penalty, prompt seed
     (2, 1, 12, 1.0, 1),
     (3, 2, 16, 0.0, 2),
@@ -128,13 +139,7 @@ def test_the_same_beams_as_transformers(client, hf, tokenizer, width, n, max_tok
     theirs = hf_beams(hf, ids, width, n, max_tokens, penalty)
     ours = client.completions.create(model="tiny", prompt=ids, best_of=width, n=n, max_tokens=max_tokens,
                                      logprobs=0, extra_body={"length_penalty": penalty})
-    assert len(ours.choices) == n
-    for choice, want in zip(sorted(ours.choices, key=lambda c: c.index), theirs):
-        assert choice.text == tokenizer.decode(want["tokens"], skip_special_tokens=True), f"choice {choice.index}"
-        assert choice.finish_reason == want["finish"], f"choice {choice.index}"
-        got = choice.logprobs.token_logprobs
-        assert len(got) == len(want["logprobs"])
-        assert max((abs(a - b) for a, b in zip(got, want["logprobs"])), default=0.0) < 1e-3
+    assert_same_choices(ours, theirs, n, tokenizer)
     assert ours.usage.completion_tokens == sum(len(w["tokens"]) + (w["finish"] == "stop") for w in theirs)
 
 
@@ -172,13 +177,7 @@ def test_diverse_groups_as_transformers(client, tokenizer, group_reference, case
     ours = client.completions.create(model="tiny", prompt=prompt(seed), best_of=width, n=n, max_tokens=max_tokens,
                                      logprobs=0, extra_body={"length_penalty": penalty, "num_beam_groups": groups,
                                                              "diversity_penalty": diversity})
-    assert len(ours.choices) == n
-    for choice, want in zip(sorted(ours.choices, key=lambda c: c.index), theirs):
-        assert choice.text == tokenizer.decode(want["tokens"], skip_special_tokens=True), f"choice {choice.index}"
-        assert choice.finish_reason == want["finish"], f"choice {choice.index}"
-        got = choice.logprobs.token_logprobs
-        assert len(got) == len(want["logprobs"])
-        assert max((abs(a - b) for a, b in zip(got, want["logprobs"])), default=0.0) < 1e-3
+    assert_same_choices(ours, theirs, n, tokenizer)
 
 
 def test_groups_that_do_not_divide_the_beams_are_refused(client):
