@@ -91,6 +91,11 @@ pub struct GenerationParams {
     /// models whose capabilities declare `speculative`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_assistant_tokens: Option<u32>,
+    /// Speculative decoding: a draft ends at its first token whose probability under the
+    /// draft model is below this, in `(0, 1]` (`assistant_confidence_threshold`). Sent only to
+    /// models whose capabilities declare `draft_confidence`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assistant_confidence_threshold: Option<f32>,
     /// Beam search with this many beams (`best_of` greater than `n`), returning the `n` best;
     /// deterministic (the sampling settings do not apply). Sent only to models whose
     /// capabilities declare a `max_beam_width` at least this wide.
@@ -133,6 +138,7 @@ impl Default for GenerationParams {
             reasoning_effort: None,
             tool_call_grammar: None,
             num_assistant_tokens: None,
+            assistant_confidence_threshold: None,
             beam_width: None,
             length_penalty: 1.0,
             beam_groups: 1,
@@ -187,6 +193,19 @@ impl GenerationParams {
             return Err(format!(
                 "num_assistant_tokens must be at most {MAX_ASSISTANT_TOKENS}"
             ));
+        }
+        if let Some(threshold) = self.assistant_confidence_threshold {
+            if !(threshold > 0.0 && threshold <= 1.0) {
+                return Err(format!(
+                    "assistant_confidence_threshold must be in (0, 1], got {threshold}"
+                ));
+            }
+            if self.num_assistant_tokens.is_some() {
+                return Err(
+                    "num_assistant_tokens and assistant_confidence_threshold exclude each other"
+                        .into(),
+                );
+            }
         }
         if let Some(width) = self.beam_width {
             if width < self.n {
@@ -306,6 +325,9 @@ pub struct Capabilities {
     pub tool_call_grammar: bool,
     /// The model decodes speculatively and takes `num_assistant_tokens` per request.
     pub speculative: bool,
+    /// Its drafts come from a draft model, whose probabilities end a draft where they fall
+    /// under a request's `assistant_confidence_threshold`.
+    pub draft_confidence: bool,
     /// Widest beam search (`beam_width`); 0 when the model does not search beams.
     pub max_beam_width: u32,
 }
@@ -322,6 +344,7 @@ impl Default for Capabilities {
             grammar: false,
             tool_call_grammar: false,
             speculative: false,
+            draft_confidence: false,
             max_beam_width: 0,
         }
     }

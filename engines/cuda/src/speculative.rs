@@ -14,14 +14,20 @@
 //! positions of rejected drafts are simply written again later.
 //!
 //! Drafts come from [`prompt_lookup`] (no second model): the tokens that followed the latest
-//! earlier occurrence of the sequence's last few tokens. [`DraftLength`] adapts how many a
-//! sequence drafts to how many it has had accepted, and pauses a sequence whose drafts keep
-//! failing, so text that does not repeat pays next to nothing.
+//! earlier occurrence of the sequence's last few tokens; or from a draft model sharing the
+//! target's vocabulary, which may be the target's own first layers (self-speculation), run
+//! greedily by the engine beside the target (`engine::draft_model`). Either way a draft is a
+//! single guess per position, so the check above keeps the output exact. [`DraftLength`]
+//! adapts how many a sequence drafts to how many it has had accepted, and pauses a sequence
+//! whose drafts keep failing, so text that does not repeat pays next to nothing; a draft
+//! model's drafts may instead end where its own confidence falls under a threshold.
+
+use std::path::PathBuf;
 
 use serde::Deserialize;
 
 /// How a model speculates (the engine setting `speculative`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpeculativeSettings {
     /// Drafted tokens per step at most (`num_assistant_tokens`); 0 turns speculation off.
@@ -37,6 +43,18 @@ pub struct SpeculativeSettings {
     /// its read of the weights, bounds it, and checking drafts costs throughput.
     #[serde(default = "default_max_running")]
     pub max_running: usize,
+    /// Drafts come from this model (a folder or GGUF file with the target's vocabulary)
+    /// instead of prompt lookup.
+    #[serde(default)]
+    pub draft_model: Option<PathBuf>,
+    /// The draft model runs only its first this many layers (then its final norm and head);
+    /// without `draft_model`, these layers of the target itself are the draft.
+    #[serde(default)]
+    pub draft_layers: Option<usize>,
+    /// A draft model's default `assistant_confidence_threshold`: a draft ends at its first
+    /// token less likely than this under the draft model.
+    #[serde(default)]
+    pub confidence: Option<f32>,
 }
 
 fn default_tokens() -> usize {
@@ -62,6 +80,9 @@ impl Default for SpeculativeSettings {
             max_ngram: default_max_ngram(),
             min_ngram: default_min_ngram(),
             max_running: default_max_running(),
+            draft_model: None,
+            draft_layers: None,
+            confidence: None,
         }
     }
 }
@@ -82,7 +103,28 @@ impl SpeculativeSettings {
                 self.tokens
             ));
         }
+        if self.draft_layers == Some(0) {
+            return Err("speculative.draft_layers must be at least 1".into());
+        }
+        if let Some(confidence) = self.confidence {
+            if !(confidence > 0.0 && confidence <= 1.0) {
+                return Err(format!(
+                    "speculative.confidence ({confidence}) must be in (0, 1]"
+                ));
+            }
+            if !self.uses_model() {
+                return Err(
+                    "speculative.confidence applies to a draft model (draft_model or draft_layers); prompt lookup has no confidence"
+                        .into(),
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// Whether drafts come from a model (`draft_model` or `draft_layers`).
+    pub fn uses_model(&self) -> bool {
+        self.draft_model.is_some() || self.draft_layers.is_some()
     }
 }
 
@@ -248,6 +290,28 @@ mod tests {
         let bad = SpeculativeSettings {
             tokens: MAX_DRAFT + 1,
             ..SpeculativeSettings::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = SpeculativeSettings {
+            draft_layers: Some(0),
+            ..SpeculativeSettings::default()
+        };
+        assert!(bad.validate().is_err());
+        // A confidence needs a draft model, and must be a probability.
+        let lookup = SpeculativeSettings {
+            confidence: Some(0.5),
+            ..SpeculativeSettings::default()
+        };
+        assert!(lookup.validate().is_err());
+        let model = SpeculativeSettings {
+            draft_layers: Some(4),
+            confidence: Some(0.5),
+            ..SpeculativeSettings::default()
+        };
+        assert!(model.validate().is_ok() && model.uses_model());
+        let bad = SpeculativeSettings {
+            confidence: Some(1.5),
+            ..model
         };
         assert!(bad.validate().is_err());
     }

@@ -162,6 +162,7 @@ impl Engine for SimEngine {
                     grammar: m.grammars.is_some(),
                     tool_call_grammar: m.tool_calls.is_some() && m.grammars.is_some(),
                     speculative: false,
+                    draft_confidence: false,
                     max_beam_width: 0,
                 },
             })

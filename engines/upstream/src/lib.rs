@@ -167,6 +167,7 @@ impl Engine for Upstream {
                         grammar: c.grammar,
                         tool_call_grammar: false,
                         speculative: false,
+                        draft_confidence: false,
                         max_beam_width: 0,
                     },
                 }

@@ -301,14 +301,31 @@ pub(crate) fn generation_params(
             "'num_beam_groups' splits a beam search: it needs 'best_of' above 'n'",
         ));
     }
-    if e.assistant_confidence_threshold.is_some() {
-        return Err(ApiError::unsupported(
-            "assistant_confidence_threshold",
-            format!(
-                "model `{}` drafts by prompt lookup, which has no confidence to stop at; use num_assistant_tokens",
-                model.id
-            ),
-        ));
+    if let Some(threshold) = e.assistant_confidence_threshold {
+        if !caps.draft_confidence {
+            let why = if caps.speculative {
+                "drafts by prompt lookup, which has no confidence to stop at; use num_assistant_tokens"
+            } else {
+                "does not decode speculatively"
+            };
+            return Err(ApiError::unsupported(
+                "assistant_confidence_threshold",
+                format!("model `{}` {why}", model.id),
+            ));
+        }
+        if e.num_assistant_tokens.is_some() {
+            return Err(ApiError::invalid(
+                "assistant_confidence_threshold",
+                "'assistant_confidence_threshold' and 'num_assistant_tokens' exclude each other",
+            ));
+        }
+        if !(threshold > 0.0 && threshold <= 1.0) {
+            return Err(ApiError::invalid(
+                "assistant_confidence_threshold",
+                format!("'assistant_confidence_threshold' must be in (0, 1], got {threshold}"),
+            ));
+        }
+        p.assistant_confidence_threshold = Some(threshold as f32);
     }
     if !caps.sampling {
         // A deterministic engine: sampling controls cannot change its output.

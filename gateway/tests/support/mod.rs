@@ -244,6 +244,7 @@ pub fn fake(script: Script) -> (Arc<Seen>, FakeBackend) {
             grammar: false,
             tool_call_grammar: false,
             speculative: false,
+            draft_confidence: false,
             max_beam_width: 0,
         },
     };

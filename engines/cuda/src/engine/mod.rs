@@ -6,6 +6,8 @@ mod beam_step;
 mod beams;
 mod config;
 mod counters;
+mod draft_load;
+mod draft_model;
 mod request;
 mod sampling;
 mod speculation;
@@ -175,7 +177,13 @@ fn open_gpu(
             ordinal: settings.gpu,
             capacity: Capacity {
                 tokens: settings.max_batch_tokens,
-                seqs: settings.max_running * settings.max_n as usize,
+                // Drafting sequences ask for a logits row per draft.
+                seqs: (settings.max_running * settings.max_n as usize).max(
+                    settings
+                        .speculative
+                        .as_ref()
+                        .map_or(0, |s| s.max_running * (1 + crate::speculative::MAX_DRAFT)),
+                ),
                 blocks_per_seq: max_context.div_ceil(settings.block_size as usize),
             },
             block_size: settings.block_size as usize,
@@ -210,6 +218,8 @@ impl ModelRuntime {
             .map_or(folder.spec.max_context, |c| c.min(folder.spec.max_context));
         // The devices size rotary scaling by the context served (LongRoPE's factors).
         folder.spec.max_context = max_context;
+        // The draft first: on a GPU the target's cache takes a share of what is left.
+        let drafter = draft_load::load_draft(settings, &folder, host)?;
         let device = open_device(settings, &folder, host)?;
         let grammars = grammars_for(&folder);
         let num_blocks = device.num_blocks();
@@ -239,20 +249,14 @@ impl ModelRuntime {
         ));
         let counters = Arc::new(Counters::default());
         let stats = Arc::new(Mutex::new(None));
-        // Drafts are checked by sampling each position in turn on the host; a device that
-        // samples itself does not take them yet.
-        let speculative = settings.speculative.filter(|_| !device.samples());
-        if settings.speculative.is_some() && speculative.is_none() {
-            host.warn(&format!(
-                "model `{}`: speculative decoding is not run on the {device_name} device; it decodes without drafts",
-                settings.id
-            ));
-        }
+        let speculative = settings.speculative.clone();
         let speculates = speculative.is_some();
+        let draft_confidence = drafter.is_some();
         let worker = Worker {
             device,
             fast_forward: settings.grammar_fast_forward,
             speculative,
+            drafter,
             scheduler: Scheduler::new(scheduler_config),
             eos: folder.eos_token_ids.clone(),
             vocab: folder.spec.vocab_size,
@@ -289,6 +293,7 @@ impl ModelRuntime {
                 grammar: grammars.is_some(),
                 tool_call_grammar: false,
                 speculative: speculates,
+                draft_confidence,
                 // Beams are sequences, as many as a request's choices may be.
                 max_beam_width: if settings.max_n > 1 {
                     settings.max_n

@@ -85,7 +85,7 @@ impl Worker {
                 row += 1 + chunk.drafts;
                 continue;
             }
-            if chunk.drafts > 0 && !on_device {
+            if chunk.drafts > 0 {
                 checks.push(DraftCheck {
                     seq: chunk.seq,
                     row,
@@ -97,24 +97,20 @@ impl Worker {
             self.choices_of(chunk.seq, row, &mut targets);
             row += 1 + chunk.drafts;
         }
-        if !beams.is_empty() {
-            // Beams rank every token: a device that samples hands its logits rows back.
-            let rows = if on_device {
-                match self.device.read_logits(wanted) {
-                    Ok(rows) => rows,
-                    Err(e) => {
-                        self.host
-                            .error(&format!("cannot read the logits back: {e}"));
-                        return self.fail_plan(plan);
-                    }
+        if on_device && !(beams.is_empty() && checks.is_empty()) {
+            // Beams rank every token and drafts are checked position by position on the host:
+            // a device that samples hands its logits rows back.
+            match self.device.read_logits(wanted) {
+                Ok(rows) => logits = rows,
+                Err(e) => {
+                    self.host
+                        .error(&format!("cannot read the logits back: {e}"));
+                    return self.fail_plan(plan);
                 }
-            } else {
-                std::mem::take(&mut logits)
-            };
-            self.step_beams(&beams, &rows);
-            if !on_device {
-                logits = rows;
             }
+        }
+        if !beams.is_empty() {
+            self.step_beams(&beams, &logits);
         }
         let mut masks = self.masks(&targets);
         let outcomes = if on_device {

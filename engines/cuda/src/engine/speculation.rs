@@ -1,10 +1,12 @@
 //! The worker's side of speculative decoding ([`crate::speculative`]): checking a step's drafts
-//! against the logits computed at their positions, and drafting for the next step. A request
+//! against the logits computed at their positions, and drafting for the next step (by the
+//! draft model where there is one, else by prompt lookup). A request
 //! under a grammar drafts too: each position is sampled under the mask its grammar's state
 //! gives there, and tokens the grammar forces after a kept one end the check.
 
 use std::sync::atomic::Ordering;
 
+use super::draft_model::DraftAsk;
 use super::sampling::Advanced;
 use super::worker::Worker;
 use crate::scheduler::SeqId;
@@ -95,15 +97,19 @@ impl Worker {
         going
     }
 
-    /// Drafts the next step's tokens for `seqs` (those that just took a token), by prompt
-    /// lookup over each one's text, while few enough sequences run for drafts to pay.
+    /// Drafts the next step's tokens for `seqs` (those that just took a token), by the draft
+    /// model or by prompt lookup over each one's text, while few enough sequences run for
+    /// drafts to pay.
     pub(super) fn draft_next(&mut self, seqs: &[SeqId]) {
-        let Some(settings) = self.speculative else {
+        let Some(settings) = &self.speculative else {
             return;
         };
+        let (min_ngram, max_ngram) = (settings.min_ngram, settings.max_ngram);
+        let confidence = settings.confidence;
         if self.scheduler.running() > settings.max_running {
             return;
         }
+        let mut asks = Vec::new();
         for &seq in seqs {
             let Some(&(id, index)) = self.seqs.get(&seq) else {
                 continue;
@@ -112,6 +118,7 @@ impl Worker {
                 continue;
             };
             let max_tokens = live.params.max_tokens;
+            let threshold = live.params.assistant_confidence_threshold.or(confidence);
             let Some(choice) = live.choices.get_mut(index).filter(|choice| !choice.done) else {
                 continue;
             };
@@ -120,17 +127,50 @@ impl Worker {
                 continue;
             };
             let k = length.take();
-            let draft = match self.scheduler.tokens(seq) {
-                Some(tokens) if k > 0 => {
-                    // Never past the window (the last token sits at `len - 1`), nor past the
-                    // tokens the choice may still generate.
-                    let room = (self.max_context as usize).saturating_sub(tokens.len());
-                    let left = max_tokens.saturating_sub(generated).saturating_sub(1) as usize;
-                    let k = k.min(room).min(left);
-                    prompt_lookup(tokens, k, settings.min_ngram, settings.max_ngram)
-                }
-                _ => Vec::new(),
+            let Some(tokens) = self.scheduler.tokens(seq) else {
+                continue;
             };
+            // Never past the window (the last token sits at `len - 1`), nor past the tokens
+            // the choice may still generate.
+            let room = (self.max_context as usize).saturating_sub(tokens.len());
+            let left = max_tokens.saturating_sub(generated).saturating_sub(1) as usize;
+            asks.push((seq, k.min(room).min(left), threshold));
+        }
+        let drafts: Vec<Vec<u32>> = match &mut self.drafter {
+            Some(drafter) => {
+                let scheduler = &self.scheduler;
+                let requests: Vec<DraftAsk<'_>> = asks
+                    .iter()
+                    .filter_map(|&(seq, k, confidence)| {
+                        Some(DraftAsk {
+                            seq,
+                            tokens: scheduler.tokens(seq)?,
+                            k,
+                            confidence,
+                        })
+                    })
+                    .collect();
+                match drafter.draft(&requests) {
+                    Ok(drafts) => drafts,
+                    Err(e) => {
+                        self.host.error(&format!(
+                            "the draft model failed ({e}); decoding goes on without drafts"
+                        ));
+                        self.drafter = None;
+                        self.speculative = None;
+                        return;
+                    }
+                }
+            }
+            None => asks
+                .iter()
+                .map(|&(seq, k, _)| match self.scheduler.tokens(seq) {
+                    Some(tokens) if k > 0 => prompt_lookup(tokens, k, min_ngram, max_ngram),
+                    _ => Vec::new(),
+                })
+                .collect(),
+        };
+        for ((seq, _, _), draft) in asks.into_iter().zip(drafts) {
             self.scheduler.set_draft(seq, draft);
         }
     }

@@ -51,8 +51,10 @@ pub struct Worker {
     pub(super) device: Box<dyn Device>,
     /// Grammar-forced tokens are appended without sampling (`grammar_fast_forward`).
     pub(super) fast_forward: bool,
-    /// Drafts by prompt lookup, where the model speculates ([`crate::speculative`]).
+    /// How the model speculates, where it does ([`crate::speculative`]).
     pub(super) speculative: Option<crate::speculative::SpeculativeSettings>,
+    /// The draft model, where drafts come from one (else from prompt lookup).
+    pub(super) drafter: Option<super::draft_model::DraftModel>,
     pub(super) scheduler: Scheduler,
     pub(super) eos: Vec<u32>,
     pub(super) vocab: usize,
@@ -163,13 +165,23 @@ impl Worker {
         let zero_tokens = params.max_tokens == 0;
         // Drafts for requests of one choice: its positions are checked one after the other on
         // the host, where the choices of `n > 1` would have to follow each other.
-        let drafts = self.speculative.filter(|_| params.n <= 1).and_then(|s| {
-            match params.num_assistant_tokens {
-                None => Some(crate::speculative::DraftLength::new(s.tokens)),
-                Some(0) => None,
-                Some(k) => Some(crate::speculative::DraftLength::fixed(k as usize)),
-            }
-        });
+        let drafts = self
+            .speculative
+            .as_ref()
+            .filter(|_| params.n <= 1 && params.beam_width.is_none())
+            .and_then(|s| {
+                use crate::speculative::{DraftLength, MAX_DRAFT};
+                match (
+                    params.num_assistant_tokens,
+                    params.assistant_confidence_threshold,
+                ) {
+                    // The threshold, not the acceptance, says where a draft ends.
+                    (None, Some(_)) => Some(DraftLength::fixed(MAX_DRAFT)),
+                    (None, None) => Some(DraftLength::new(s.tokens)),
+                    (Some(0), _) => None,
+                    (Some(k), _) => Some(DraftLength::fixed(k as usize)),
+                }
+            });
         let mut live = LiveRequest::new(sink, params, &prompt, seq, seed, constraint);
         live.fast_forward = self.fast_forward;
         live.choices[0].drafts = drafts;
@@ -205,6 +217,9 @@ impl Worker {
         for seq in live.choices.iter().map(|c| c.seq).chain(beams) {
             self.scheduler.remove(seq);
             self.seqs.remove(&seq);
+            if let Some(drafter) = &mut self.drafter {
+                drafter.forget(seq);
+            }
         }
         let usage = live.usage();
         let counter = match status {
@@ -300,7 +315,14 @@ impl Worker {
 
     fn publish(&self) {
         if let Ok(mut slot) = self.stats.lock() {
-            *slot = Some((self.scheduler.stats(), self.device.stats()));
+            let mut device = self.device.stats();
+            if let Some(drafter) = &self.drafter {
+                let (used, total, seqs) = drafter.usage();
+                device.push(("spec_draft_kv_blocks_used", used as f64));
+                device.push(("spec_draft_kv_blocks_total", total as f64));
+                device.push(("spec_draft_sequences", seqs as f64));
+            }
+            *slot = Some((self.scheduler.stats(), device));
         }
     }
 
