@@ -1,7 +1,9 @@
-"""Speculative decoding by prompt lookup on a GGUF file: Turnpike's default engine with and
-without drafts, and llama.cpp's `llama-server` with and without its n-gram drafts
-(`--spec-type ngram-simple`, sized as Turnpike's lookup: 3-token n-grams, DRAFT_TOKENS drafted),
-each alone on the machine in turn, over interleaved rounds.
+"""Speculative decoding on a GGUF file: Turnpike's default engine with and without drafts, and
+llama.cpp's `llama-server` with and without its n-gram drafts (`--spec-type ngram-simple`,
+sized as Turnpike's lookup: 3-token n-grams, DRAFT_TOKENS drafted), each alone on the machine
+in turn, over interleaved rounds. KINDS picks the servers; besides those four, draft models:
+`turnpike-self` (the model's own first layers), `turnpike-model` and `llama-model` (a draft
+model file, see DRAFT_MODEL below).
 
 Workloads, one request at a time, greedy, through each server's OpenAI chat endpoint (the
 file's own chat template), streamed:
@@ -28,6 +30,12 @@ ROUNDS = int(os.environ.get("ROUNDS", "3"))
 REPEATS = int(os.environ.get("REPEATS", "3"))
 DRAFT = int(os.environ.get("DRAFT_TOKENS", "4"))
 MAX_TOKENS = 160
+# Draft models: `turnpike-self` drafts with the model's own first SELF_LAYERS layers,
+# `turnpike-model` and `llama-model` with DRAFT_MODEL (the model itself by default), drafts
+# ending below P_MIN (llama.cpp's --draft-p-min, Turnpike's `confidence`).
+SELF_LAYERS = int(os.environ.get("SELF_LAYERS", "24"))
+DRAFT_MODEL = os.environ.get("DRAFT_MODEL") or gguf
+P_MIN = float(os.environ.get("P_MIN", "0.75"))
 
 PARAGRAPHS = [
     "The old lighthouse stood at the end of the harbour wall. Every evening the keeper climbed the "
@@ -71,6 +79,10 @@ def start(kind, tmp):
         if kind == "turnpike-drafts":
             extra = os.environ.get("SPECULATIVE_EXTRA", "")
             lines.append(f"speculative = {{ tokens = {DRAFT}{extra} }}")
+        elif kind == "turnpike-self":
+            lines.append(f"speculative = {{ tokens = {DRAFT}, draft_layers = {SELF_LAYERS} }}")
+        elif kind == "turnpike-model":
+            lines.append(f'speculative = {{ tokens = {DRAFT}, draft_model = "{DRAFT_MODEL}", confidence = {P_MIN} }}')
         open(config, "w").write("\n".join(lines) + "\n")
         env = dict(os.environ, TURNPIKE_CACHE_DIR=os.path.join(tmp, "cache"))
         proc = subprocess.Popen([turnpike, "serve", "--config", config], stdout=subprocess.DEVNULL,
@@ -82,6 +94,10 @@ def start(kind, tmp):
             # Its lookup sized as Turnpike's: the last 3 tokens looked up, DRAFT tokens drafted.
             args += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
                      "--spec-ngram-simple-size-m", str(DRAFT)]
+        if kind == "llama-model":
+            # Its draft model, with drafts ending below the same probability as Turnpike's.
+            args += ["-md", DRAFT_MODEL, "--draft-max", str(DRAFT), "--draft-min", "0",
+                     "--draft-p-min", str(P_MIN), "-cd", "4096"]
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -153,7 +169,8 @@ def summary(rows):
 
 
 doc = {"benchmark": "speculative", "model": os.path.basename(gguf), "rounds": ROUNDS, "repeats": REPEATS,
-       "draft_tokens": DRAFT, "max_tokens": MAX_TOKENS,
+       "draft_tokens": DRAFT, "max_tokens": MAX_TOKENS, "self_layers": SELF_LAYERS,
+       "draft_model": os.path.basename(DRAFT_MODEL), "p_min": P_MIN,
        "servers": {k: {w: summary(rows) for w, rows in v.items()} for k, v in results.items()}, "raw": results}
 json.dump(doc, open(out, "w"), indent=2)
 print(json.dumps(doc["servers"], indent=2))

@@ -6,11 +6,14 @@
 #      constrained answers through the real gateway (bench/results/gpu-grammar.json);
 #   2. speed: decode tokens/s at 1, 8, 64 and 256 sequences and time to first token at 1k and
 #      4k tokens on the Llama-3.2-1B- and Llama-3.1-8B-shaped presets, beside transformers and
-#      the GPU's measured memory bandwidth (bench/results/gpu.{json,md}).
+#      the GPU's measured memory bandwidth (bench/results/gpu.{json,md});
+#   3. speculative: drafts (prompt lookup, self-speculation, a draft model) and beams through the
+#      real gateway: greedy answers equal plain decoding's, and batch-1 tokens/s with each
+#      drafter over without (bench/results/gpu-speculative.json).
 # PYTHON picks the interpreter that has torch (python3 by default); WORK, where models go.
 # SPEED_PRESETS narrows the speed run (comma-separated presets); SPEED_PEER=0 skips transformers;
 # SPEED_OUT writes the figures elsewhere than bench/results/gpu.{json,md}.
-#   bench/gpu/run.sh [smoke|profile|correctness|speed|all]
+#   bench/gpu/run.sh [smoke|profile|correctness|speed|speculative|all]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dist=bench/gpu/dist
@@ -65,5 +68,8 @@ if [ "$what" = speed ] || [ "$what" = all ]; then
   [ -n "${SPEED_PRESETS:-}" ] && flags+=(--presets "$SPEED_PRESETS")
   [ "${SPEED_PEER:-1}" = 0 ] && flags+=(--no-peer)
   "$py" bench/gpu/speed.py --dist "$dist" --work "$work" "${flags[@]}"
+fi
+if [ "$what" = speculative ] || [ "$what" = all ]; then
+  "$py" bench/gpu/speculative.py --dist "$dist" --work "$work" --out bench/results/gpu-speculative.json || status=$?
 fi
 exit "$status"
