@@ -150,3 +150,54 @@ def test_a_draft_model_with_another_vocabulary_is_refused_at_start(tmp_path):
         run = subprocess.run([str(BIN), "serve", "--config", str(config)], capture_output=True, text=True,
                              timeout=120, env=dict(os.environ, TURNPIKE_CACHE_DIR=str(tmp_path / "cache")))
         assert run.returncode != 0 and says in run.stderr, run.stderr[-2000:]
+
+
+def test_speculation_settings_travel_through_the_upstream_plugin_to_a_node(gateways, tmp_path):
+    """A front serving the model through the upstream plugin (`speculative = true`) in front
+    of the draft-model node: a request's draft length and threshold reach the node's engine."""
+    import json
+
+    import openai
+    from tokenizers import Tokenizer
+
+    plain, _, node = gateways
+    upstream = Path(os.environ.get("TURNPIKE_UPSTREAM", BIN.parent / "libturnpike_upstream.so"))
+    folder = tmp_path / "smollm2"
+    subprocess.run([str(BIN.parent / "turnpike-gguf"), "tokenizer", GGUF, str(folder)], check=True,
+                   stdout=subprocess.DEVNULL)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    eos = tokenizer.token_to_id(json.loads((folder / "tokenizer_config.json").read_text())["eos_token"])
+    config = tmp_path / "front.toml"
+    config.write_text("\n".join([
+        "[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"', "[[engines]]", 'name = "fleet"',
+        f'plugin = "{upstream}"', "[engines.config]", "[[engines.config.models]]", 'id = "smollm2"',
+        'protocol = "turnpike"', f'endpoints = ["{node.base}"]', f"vocab_size = {tokenizer.get_vocab_size()}",
+        f"eos_token_ids = [{eos}]", "max_context = 4096", "speculative = true",
+        "[[models]]", 'name = "smollm2"', 'engine = "fleet"', f'folder = "{folder}"']) + "\n")
+    front = subprocess.Popen([str(BIN), "serve", "--config", str(config)], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env=dict(os.environ, TURNPIKE_CACHE_DIR=str(tmp_path)))
+    try:
+        line = front.stdout.readline()
+        assert "listening on" in line, line
+        client = openai.OpenAI(base_url=line.split()[-1] + "/v1", api_key="unused", max_retries=0)
+
+        def ask(**body):
+            r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": OPEN}],
+                                               max_tokens=24, temperature=0, extra_body=body)
+            return r.choices[0].message.content
+
+        want = answer(plain.chat(OPEN, max_tokens=24, temperature=0))[0]
+        before = node.stat("spec_drafted_tokens")
+        assert ask(num_assistant_tokens=0) == want
+        assert node.stat("spec_drafted_tokens") == before, "zero drafts reached the node"
+        assert ask(num_assistant_tokens=5) == want
+        assert node.stat("spec_drafted_tokens") - before >= 5 * 4, "five per step"
+        before = node.stat("spec_drafted_tokens")
+        assert ask(assistant_confidence_threshold=1.0) == want
+        sure = node.stat("spec_drafted_tokens") - before
+        before = node.stat("spec_drafted_tokens")
+        assert ask(assistant_confidence_threshold=0.01) == want
+        assert node.stat("spec_drafted_tokens") - before > sure, "the threshold reached the node"
+    finally:
+        front.terminate()
+        front.wait(timeout=30)

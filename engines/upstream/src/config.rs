@@ -40,6 +40,8 @@ struct RawModel {
     max_n: u32,
     #[serde(default)]
     grammar: bool,
+    #[serde(default)]
+    speculative: bool,
     #[serde(default = "default_block")]
     affinity_tokens: usize,
     #[serde(default = "default_imbalance")]
@@ -139,6 +141,10 @@ pub(crate) struct ModelConfig {
     pub max_n: u32,
     /// The nodes constrain output by grammar (Turnpike nodes and SGLang do).
     pub grammar: bool,
+    /// The nodes decode speculatively and take a request's `num_assistant_tokens` and
+    /// `assistant_confidence_threshold` (Turnpike nodes that speculate; llama-server started
+    /// with a draft model, as `speculative.n_max` and `speculative.p_min`).
+    pub speculative: bool,
     /// Leading prompt tokens that pick a replica by affinity (0: load only).
     pub affinity_tokens: usize,
     /// How many more requests than the least-loaded replica the affine one may hold.
@@ -201,6 +207,12 @@ impl Config {
             if m.eos_token_ids.is_empty() || m.eos_token_ids.iter().any(|&t| t >= m.vocab_size) {
                 return Err(format!("{at}.eos_token_ids must be ids below vocab_size"));
             }
+            if m.speculative && !m.protocol.carries_drafts() {
+                return Err(format!(
+                    "{at}.speculative: the {:?} protocol carries no per-request speculation",
+                    m.protocol
+                ));
+            }
             if m.breaker.failures == 0 {
                 return Err(format!("{at}.breaker.failures must be at least 1"));
             }
@@ -231,6 +243,7 @@ impl Config {
                 max_context: m.max_context,
                 max_n: max_n.max(1),
                 grammar: m.grammar,
+                speculative: m.speculative,
                 affinity_tokens: m.affinity_tokens,
                 affinity_max_imbalance: m.affinity_max_imbalance,
                 retries: m.retries,
@@ -259,4 +272,30 @@ pub(crate) fn base_url(url: &str) -> Result<(), String> {
         return Err(format!("`{url}` is not a base URL (http://host:port)"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(protocol: &str, speculative: bool) -> String {
+        format!(
+            r#"{{"models": [{{"id": "m", "protocol": "{protocol}", "endpoints": ["http://127.0.0.1:1"],
+                "vocab_size": 10, "eos_token_ids": [1], "speculative": {speculative}}}]}}"#
+        )
+    }
+
+    #[test]
+    fn speculation_is_declared_only_where_the_protocol_carries_it() {
+        for protocol in ["sglang", "turnpike", "llama_cpp"] {
+            let parsed = Config::parse(&model(protocol, true));
+            assert!(parsed.is_ok_and(|c| c.models[0].speculative), "{protocol}");
+        }
+        let refused = Config::parse(&model("vllm", true)).err();
+        assert!(
+            refused.is_some_and(|e| e.contains("speculative")),
+            "vLLM's generate API carries no speculation"
+        );
+        assert!(Config::parse(&model("vllm", false)).is_ok());
+    }
 }

@@ -166,8 +166,8 @@ impl Engine for Upstream {
                         penalties: true,
                         grammar: c.grammar,
                         tool_call_grammar: false,
-                        speculative: false,
-                        draft_confidence: false,
+                        speculative: c.speculative,
+                        draft_confidence: c.speculative,
                         max_beam_width: 0,
                     },
                 }

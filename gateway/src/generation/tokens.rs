@@ -145,6 +145,7 @@ impl Generator {
                 format!("model `{}` cannot constrain its output", model.id),
             ));
         }
+        check_speculation(p, caps, &model.id)?;
         let tenant = &caller.principal.tenant;
         p.tenant = Some(tenant.name.clone());
         p.tenant_weight = tenant.plan.weight;
@@ -188,5 +189,90 @@ impl Generator {
             ended: false,
             span,
         })
+    }
+}
+
+/// A token request's speculation settings, held to what the model declares: zero drafts is
+/// plain decoding, which every model does; anything else needs `speculative` (and a threshold
+/// `draft_confidence`), in range and not both.
+fn check_speculation(
+    p: &mut GenerationParams,
+    caps: &turnpike_engine_api::Capabilities,
+    model: &str,
+) -> Result<(), ApiError> {
+    const TOKENS: &str = "sampling_params.num_assistant_tokens";
+    const THRESHOLD: &str = "sampling_params.assistant_confidence_threshold";
+    let most = turnpike_engine_api::docs::MAX_ASSISTANT_TOKENS;
+    if let Some(k) = p.num_assistant_tokens {
+        if k > most {
+            return Err(ApiError::invalid(
+                TOKENS,
+                format!("at most {most} tokens are drafted per step"),
+            ));
+        }
+        if k > 0 && !caps.speculative {
+            return Err(ApiError::unsupported(
+                TOKENS,
+                format!("model `{model}` does not decode speculatively"),
+            ));
+        }
+        if !caps.speculative {
+            p.num_assistant_tokens = None;
+        }
+    }
+    if let Some(threshold) = p.assistant_confidence_threshold {
+        if !caps.draft_confidence {
+            return Err(ApiError::unsupported(
+                THRESHOLD,
+                format!("model `{model}` has no draft model whose confidence ends a draft"),
+            ));
+        }
+        if !(threshold > 0.0 && threshold <= 1.0) || p.num_assistant_tokens.is_some() {
+            return Err(ApiError::invalid(
+                THRESHOLD,
+                "must be in (0, 1], and excludes num_assistant_tokens",
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnpike_engine_api::Capabilities;
+
+    #[test]
+    fn speculation_settings_are_held_to_the_models_capabilities() {
+        let plain = Capabilities::default();
+        let lookup = Capabilities {
+            speculative: true,
+            ..Capabilities::default()
+        };
+        let drafting = Capabilities {
+            draft_confidence: true,
+            ..lookup.clone()
+        };
+        let params = |k: Option<u32>, t: Option<f32>| GenerationParams {
+            num_assistant_tokens: k,
+            assistant_confidence_threshold: t,
+            ..GenerationParams::default()
+        };
+        // Zero drafts is plain decoding: every model takes it (and is not sent it).
+        let mut p = params(Some(0), None);
+        assert!(check_speculation(&mut p, &plain, "m").is_ok());
+        assert_eq!(p.num_assistant_tokens, None);
+        let refused = |mut p: GenerationParams, caps: &Capabilities| {
+            check_speculation(&mut p, caps, "m")
+                .err()
+                .map(|e| e.to_string())
+        };
+        assert!(refused(params(Some(3), None), &plain).is_some());
+        assert!(refused(params(Some(17), None), &lookup).is_some());
+        assert!(refused(params(Some(3), None), &lookup).is_none());
+        assert!(refused(params(None, Some(0.5)), &lookup).is_some());
+        assert!(refused(params(None, Some(0.5)), &drafting).is_none());
+        assert!(refused(params(None, Some(0.0)), &drafting).is_some());
+        assert!(refused(params(Some(2), Some(0.5)), &drafting).is_some());
     }
 }

@@ -118,7 +118,12 @@ impl Worker {
                 continue;
             };
             let max_tokens = live.params.max_tokens;
-            let threshold = live.params.assistant_confidence_threshold.or(confidence);
+            // A request's fixed draft length drafts that many, whatever the model's default
+            // confidence; its own threshold replaces the default.
+            let threshold = live
+                .params
+                .assistant_confidence_threshold
+                .or(confidence.filter(|_| live.params.num_assistant_tokens.is_none()));
             let Some(choice) = live.choices.get_mut(index).filter(|choice| !choice.done) else {
                 continue;
             };

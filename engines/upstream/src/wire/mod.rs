@@ -49,6 +49,17 @@ impl Protocol {
         }
     }
 
+    /// Whether requests can carry speculation settings: Turnpike nodes take
+    /// `num_assistant_tokens` and `assistant_confidence_threshold` in `sampling_params`
+    /// (SGLang's own servers refuse unknown keys, so only nodes declared `speculative` get
+    /// them), llama-server its `speculative.*` keys; vLLM's generate API has none.
+    pub(crate) fn carries_drafts(self) -> bool {
+        match self {
+            Self::Sglang | Self::LlamaCpp => true,
+            Self::Vllm => false,
+        }
+    }
+
     /// The body of a streamed request, or why this protocol cannot carry `req` (a refusal
     /// before anything is sent). `model` is the nodes' name for the model, sent when given.
     pub(crate) fn body(

@@ -30,6 +30,13 @@ pub(super) fn body(model: Option<&str>, req: &Request, rid: &str) -> Value {
     if let Some(seed) = p.seed {
         sampling["sampling_seed"] = json!(seed);
     }
+    // Sent only to models declared `speculative` (the gateway sends neither otherwise).
+    if let Some(k) = p.num_assistant_tokens {
+        sampling["num_assistant_tokens"] = json!(k);
+    }
+    if let Some(threshold) = p.assistant_confidence_threshold {
+        sampling["assistant_confidence_threshold"] = json!(threshold);
+    }
     match &p.grammar {
         Some(Grammar::JsonSchema { schema }) => sampling["json_schema"] = json!(schema.to_string()),
         Some(Grammar::JsonObject) => {
@@ -127,6 +134,40 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use turnpike_engine_api::GenerationParams;
+
+    #[test]
+    fn speculation_settings_are_sent_only_when_asked_for() {
+        let mut req = Request {
+            id: 1,
+            model: "m".into(),
+            prompt: vec![1, 2, 3],
+            trace_context: String::new(),
+            params: GenerationParams::default(),
+        };
+        let plain = body(None, &req, "r");
+        assert!(
+            plain["sampling_params"]
+                .get("num_assistant_tokens")
+                .is_none()
+        );
+        assert!(
+            plain["sampling_params"]
+                .get("assistant_confidence_threshold")
+                .is_none()
+        );
+        req.params.num_assistant_tokens = Some(0);
+        assert_eq!(
+            body(None, &req, "r")["sampling_params"]["num_assistant_tokens"],
+            json!(0)
+        );
+        req.params.num_assistant_tokens = None;
+        req.params.assistant_confidence_threshold = Some(0.25);
+        assert_eq!(
+            body(None, &req, "r")["sampling_params"]["assistant_confidence_threshold"],
+            json!(0.25)
+        );
+    }
 
     #[test]
     fn incremental_and_cumulative_chunks_read_the_same() {

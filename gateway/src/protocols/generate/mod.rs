@@ -5,7 +5,7 @@
 //! In: `input_ids`, `sampling_params` (`max_new_tokens` (default 128), `min_new_tokens`,
 //! `temperature`, `top_p`, `top_k` (-1 off), `min_p`, the three penalties, `stop_token_ids`,
 //! `ignore_eos`, `n`, `json_schema` (a string), `regex`, `sampling_seed` (or `seed`), and
-//! Turnpike's `lark`),
+//! Turnpike's `lark`, `num_assistant_tokens` and `assistant_confidence_threshold`),
 //! `stream`, `return_logprob`, `top_logprobs_num`, `rid`, and `model` (optional when the node
 //! serves one model). Other keys (routers add some) are ignored; `text` prompts are refused: the
 //! caller owns the text.
@@ -79,6 +79,8 @@ struct SamplingParams {
     ebnf: Option<String>,
     #[serde(alias = "sampling_seed")]
     seed: Option<u64>,
+    num_assistant_tokens: Option<u32>,
+    assistant_confidence_threshold: Option<f32>,
 }
 
 /// The engine parameters and the model a request asks for.
@@ -148,6 +150,8 @@ fn translate(req: &GenerateRequest, only_model: Option<&str>) -> Result<TokenReq
         logprobs,
         top_logprobs: req.top_logprobs_num,
         grammar,
+        num_assistant_tokens: s.num_assistant_tokens,
+        assistant_confidence_threshold: s.assistant_confidence_threshold,
         ..defaults
     };
     Ok(TokenRequest {
