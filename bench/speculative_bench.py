@@ -96,8 +96,8 @@ def start(kind, tmp):
                      "--spec-ngram-simple-size-m", str(DRAFT)]
         if kind == "llama-model":
             # Its draft model, with drafts ending below the same probability as Turnpike's.
-            args += ["-md", DRAFT_MODEL, "--draft-max", str(DRAFT), "--draft-min", "0",
-                     "--draft-p-min", str(P_MIN), "-cd", "4096"]
+            args += ["-md", DRAFT_MODEL, "--spec-type", "draft-simple", "--spec-draft-n-max", str(DRAFT),
+                     "--spec-draft-n-min", "0", "--spec-draft-p-min", str(P_MIN)]
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     for _ in range(600):

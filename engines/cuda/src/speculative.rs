@@ -157,10 +157,16 @@ pub fn prompt_lookup(tokens: &[u32], k: usize, min_ngram: usize, max_ngram: usiz
     Vec::new()
 }
 
-/// Steps a sequence skips drafting after its acceptance falls under [`PAUSE_BELOW`].
+/// Steps a sequence skips drafting after its acceptance falls under [`PAUSE_BELOW`]; doubled
+/// after each pause that a retry did not end, up to `PAUSE_STEPS << MAX_BACKOFF`.
 const PAUSE_STEPS: u32 = 16;
-/// Acceptance (a moving average of accepted over drafted) under which drafting pauses.
+/// The most doublings of a pause.
+const MAX_BACKOFF: u32 = 4;
+/// Acceptance (a moving average of accepted over drafted) under which drafting pauses, where
+/// drafts cost next to nothing (prompt lookup).
 const PAUSE_BELOW: f32 = 0.2;
+/// The highest acceptance a draft's cost can demand before drafting pauses.
+const MOST_DEMANDED: f32 = 0.9;
 /// Weight of the newest step in the moving average.
 const RATE_WEIGHT: f32 = 0.3;
 
@@ -171,6 +177,10 @@ pub struct DraftLength {
     rate: f32,
     paused: u32,
     fixed: bool,
+    /// Acceptance under which drafting pauses.
+    pause_below: f32,
+    /// Pauses in a row.
+    pauses: u32,
 }
 
 impl DraftLength {
@@ -181,6 +191,19 @@ impl DraftLength {
             rate: 1.0,
             paused: 0,
             fixed: false,
+            pause_below: PAUSE_BELOW,
+            pauses: 0,
+        }
+    }
+
+    /// Drafts that each cost `cost` of a step of the model (a draft model's share of the
+    /// weights a step reads): with one draft per step, a step yields `1 + a` tokens for
+    /// `1 + cost` of the time at acceptance `a`, so drafting pauses while `a` is below the
+    /// cost.
+    pub fn costing(self, cost: f32) -> Self {
+        Self {
+            pause_below: cost.clamp(PAUSE_BELOW, MOST_DEMANDED),
+            ..self
         }
     }
 
@@ -190,6 +213,22 @@ impl DraftLength {
             fixed: true,
             ..Self::new(k)
         }
+    }
+
+    /// Starts paused as long as repeated failures would pause it: for a model whose drafts
+    /// have not paid so far.
+    pub fn doubtful(self) -> Self {
+        Self {
+            paused: PAUSE_STEPS << MAX_BACKOFF,
+            pauses: MAX_BACKOFF,
+            rate: 1.0 / self.most.max(1) as f32,
+            ..self
+        }
+    }
+
+    /// Whether drafts kept at `acceptance` pay for drafts of this cost (see [`Self::costing`]).
+    pub fn pays(cost: f32, acceptance: f32) -> bool {
+        acceptance >= cost.clamp(PAUSE_BELOW, MOST_DEMANDED)
     }
 
     /// Tokens to draft this step (0 while paused); counts a paused step.
@@ -211,10 +250,15 @@ impl DraftLength {
         }
         let step = accepted as f32 / drafted as f32;
         self.rate = (1.0 - RATE_WEIGHT) * self.rate + RATE_WEIGHT * step;
-        if self.rate < PAUSE_BELOW {
-            self.paused = PAUSE_STEPS;
+        if self.rate < self.pause_below {
+            // Each pause a retry does not end is longer: text that never repeats, or a draft
+            // model that keeps guessing wrong, costs ever less.
+            self.paused = PAUSE_STEPS << self.pauses.min(MAX_BACKOFF);
+            self.pauses += 1;
             // After the pause, one token at a time until drafts are accepted again.
             self.rate = 1.0 / self.most.max(1) as f32;
+        } else if step >= self.pause_below {
+            self.pauses = 0;
         }
     }
 }
@@ -251,16 +295,54 @@ mod tests {
         length.record(4, 1);
         let shorter = length.take();
         assert!((1..4).contains(&shorter), "{shorter}");
-        for _ in 0..6 {
+        while length.paused == 0 {
             length.record(2, 0);
         }
-        assert_eq!(length.take(), 0, "paused");
-        for _ in 0..PAUSE_STEPS {
-            length.take();
-        }
+        let paused = (0..).take_while(|_| length.take() == 0).count();
+        assert_eq!(paused, PAUSE_STEPS as usize);
+        // The step that ended the count drafted: one token after a pause.
+        let mut length = DraftLength {
+            paused: 0,
+            ..length
+        };
         assert_eq!(length.take(), 1, "one token after a pause");
         length.record(0, 0);
         assert_eq!(length.take(), 1, "a step without drafts changes nothing");
+        // A retry that fails pauses twice as long; one that is kept ends the backing off.
+        length.record(1, 0);
+        let paused = (0..).take_while(|_| length.take() == 0).count();
+        assert_eq!(paused, 2 * PAUSE_STEPS as usize);
+        length.record(1, 1);
+        while length.paused == 0 {
+            length.record(1, 0);
+        }
+        let paused = (0..).take_while(|_| length.take() == 0).count();
+        assert_eq!(paused, PAUSE_STEPS as usize);
+    }
+
+    #[test]
+    fn a_costly_draft_pauses_at_the_acceptance_that_pays_for_it() {
+        // Half the drafts kept: worth it when drafts are free, not at 0.6 of a step each.
+        let mut free = DraftLength::new(4);
+        let mut costly = DraftLength::new(4).costing(0.6);
+        for _ in 0..8 {
+            free.record(2, 1);
+            costly.record(2, 1);
+        }
+        assert!(free.take() > 0);
+        assert_eq!(costly.take(), 0);
+        // The model drafting for itself (cost 1) still drafts while it is nearly always right.
+        // A model whose drafts have not paid starts new sequences paused for long.
+        assert!(!DraftLength::pays(0.6, 0.5) && DraftLength::pays(0.0, 0.5));
+        let mut doubtful = DraftLength::new(4).costing(0.6).doubtful();
+        let paused = (0..).take_while(|_| doubtful.take() == 0).count();
+        assert_eq!(paused, (PAUSE_STEPS << MAX_BACKOFF) as usize);
+        let mut itself = DraftLength::new(4).costing(1.0);
+        for _ in 0..8 {
+            itself.record(4, 4);
+        }
+        itself.record(6, 5);
+        assert!(itself.take() > 0);
     }
 
     #[test]

@@ -142,8 +142,7 @@ pub(crate) struct ModelConfig {
     /// The nodes constrain output by grammar (Turnpike nodes and SGLang do).
     pub grammar: bool,
     /// The nodes decode speculatively and take a request's `num_assistant_tokens` and
-    /// `assistant_confidence_threshold` (Turnpike nodes that speculate; llama-server started
-    /// with a draft model, as `speculative.n_max` and `speculative.p_min`).
+    /// `assistant_confidence_threshold` (Turnpike nodes that speculate).
     pub speculative: bool,
     /// Leading prompt tokens that pick a replica by affinity (0: load only).
     pub affinity_tokens: usize,
@@ -287,15 +286,17 @@ mod tests {
 
     #[test]
     fn speculation_is_declared_only_where_the_protocol_carries_it() {
-        for protocol in ["sglang", "turnpike", "llama_cpp"] {
+        for protocol in ["sglang", "turnpike"] {
             let parsed = Config::parse(&model(protocol, true));
             assert!(parsed.is_ok_and(|c| c.models[0].speculative), "{protocol}");
         }
-        let refused = Config::parse(&model("vllm", true)).err();
-        assert!(
-            refused.is_some_and(|e| e.contains("speculative")),
-            "vLLM's generate API carries no speculation"
-        );
+        for protocol in ["vllm", "llama_cpp"] {
+            let refused = Config::parse(&model(protocol, true)).err();
+            assert!(
+                refused.is_some_and(|e| e.contains("speculative")),
+                "{protocol} carries no per-request speculation"
+            );
+        }
         assert!(Config::parse(&model("vllm", false)).is_ok());
     }
 }

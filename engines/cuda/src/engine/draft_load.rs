@@ -9,7 +9,8 @@ use turnpike_engine_api::EngineError;
 use turnpike_engine_api::plugin::Host;
 
 use super::draft_model::DraftModel;
-use super::{KvBudget, ModelSettings, available_memory, open_device};
+use super::open::open_device;
+use super::{KvBudget, ModelSettings, available_memory};
 use crate::model::ModelFolder;
 
 /// The draft model `settings` name, loaded; `None` where the model drafts by prompt lookup or
@@ -75,12 +76,16 @@ pub(super) fn load_draft(
         device.name(),
         device.num_blocks()
     ));
+    // A drafted token's cost as a share of a step of the model, by the weights each reads
+    // (the same element types assumed).
+    let cost = folder.spec.step_weights() as f32 / target.spec.step_weights().max(1) as f32;
     Ok(Some(DraftModel::new(
         device,
         settings.block_size as usize,
         folder.spec.vocab_size,
         settings.max_batch_tokens,
         max_context,
+        cost,
     )))
 }
 

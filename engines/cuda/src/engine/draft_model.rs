@@ -65,6 +65,8 @@ pub struct DraftModel {
     step_tokens: usize,
     /// The draft model's context window.
     max_context: usize,
+    /// A drafted token's cost as a share of a step of the model.
+    cost: f32,
     calls: u64,
 }
 
@@ -79,13 +81,15 @@ impl std::fmt::Debug for DraftModel {
 }
 
 impl DraftModel {
-    /// A draft model on `device`, whose cache has blocks of `block_size` tokens.
+    /// A draft model on `device`, whose cache has blocks of `block_size` tokens, each of
+    /// whose drafted tokens costs `cost` of a step of the model.
     pub fn new(
         device: Box<dyn Device>,
         block_size: usize,
         vocab: usize,
         step_tokens: usize,
         max_context: usize,
+        cost: f32,
     ) -> Self {
         let total_blocks = device.num_blocks() as usize;
         Self {
@@ -97,8 +101,14 @@ impl DraftModel {
             vocab,
             step_tokens: step_tokens.max(1),
             max_context,
+            cost,
             calls: 0,
         }
+    }
+
+    /// A drafted token's cost as a share of a step of the model.
+    pub fn cost(&self) -> f32 {
+        self.cost
     }
 
     /// Gives up what `seq` holds (it ended).

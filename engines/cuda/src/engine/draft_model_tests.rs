@@ -30,6 +30,7 @@ fn draft_model(folder: &ModelFolder, blocks: u32) -> DraftModel {
         folder.spec.vocab_size,
         64,
         folder.spec.max_context,
+        1.0,
     )
 }
 

@@ -55,6 +55,8 @@ pub struct Worker {
     pub(super) speculative: Option<crate::speculative::SpeculativeSettings>,
     /// The draft model, where drafts come from one (else from prompt lookup).
     pub(super) drafter: Option<super::draft_model::DraftModel>,
+    /// What a drafted token costs, as a share of a step of the model (0 for prompt lookup).
+    pub(super) draft_cost: f32,
     pub(super) scheduler: Scheduler,
     pub(super) eos: Vec<u32>,
     pub(super) vocab: usize,
@@ -177,7 +179,14 @@ impl Worker {
                 ) {
                     // The threshold, not the acceptance, says where a draft ends.
                     (None, Some(_)) => Some(DraftLength::fixed(MAX_DRAFT)),
-                    (None, None) => Some(DraftLength::new(s.tokens)),
+                    (None, None) => {
+                        let length = DraftLength::new(s.tokens).costing(self.draft_cost);
+                        Some(if self.drafts_pay() {
+                            length
+                        } else {
+                            length.doubtful()
+                        })
+                    }
                     (Some(0), _) => None,
                     (Some(k), _) => Some(DraftLength::fixed(k as usize)),
                 }
@@ -200,6 +209,22 @@ impl Worker {
                 self.end(id, Status::Overloaded, &refused.to_string());
             }
         }
+    }
+
+    /// Whether the draft model's drafts have paid for themselves so far (always, for prompt
+    /// lookup, whose drafts cost next to nothing, and until enough were drafted to judge).
+    /// A draft model must also see every token it drafts after: a sequence that drafts pays
+    /// for that too, so new sequences of a model whose drafts do not pay start paused.
+    fn drafts_pay(&self) -> bool {
+        const JUDGED_AFTER: u64 = 64;
+        let drafted = self.counters.drafted_tokens.load(Ordering::Relaxed);
+        let accepted = self.counters.accepted_tokens.load(Ordering::Relaxed);
+        self.drafter.is_none()
+            || drafted < JUDGED_AFTER
+            || crate::speculative::DraftLength::pays(
+                self.draft_cost,
+                accepted as f32 / drafted as f32,
+            )
     }
 
     fn cancel(&mut self, id: u64) {

@@ -375,6 +375,15 @@ impl ModelSpec {
     pub fn kv_values_per_token(&self) -> usize {
         2 * self.num_layers * self.num_kv_heads * self.head_dim
     }
+
+    /// Weights a decoding step reads: every layer's products and the head.
+    pub fn step_weights(&self) -> usize {
+        let d = self.hidden_size;
+        let attention = d * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+            + self.num_heads * self.head_dim * d;
+        let mlp = 3 * d * self.intermediate_size;
+        self.num_layers * (attention + mlp) + self.vocab_size * d
+    }
 }
 
 fn rope_scaling(value: Option<&Value>, max_positions: usize) -> Result<RopeScaling, ModelError> {

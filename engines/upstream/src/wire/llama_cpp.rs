@@ -6,8 +6,7 @@
 //! context as the other engines apply it. What the server cannot do is refused before sending:
 //! more than one choice, `min_tokens`, and grammars other than JSON Schema. Stop token ids are
 //! not part of its API; `run` ends the choice when one arrives and closes the connection, which
-//! the server takes as its cancel. Speculation settings travel as the server's
-//! `speculative.n_max` / `speculative.p_min` (they act where it was started with a draft model).
+//! the server takes as its cancel.
 
 use serde_json::{Value, json};
 use turnpike_engine_api::plugin::Request;
@@ -45,16 +44,6 @@ pub(super) fn body(model: Option<&str>, req: &Request) -> Result<Value, String> 
     if let Some(seed) = p.seed {
         // The server's seed is 32 bits.
         body["seed"] = json!(seed as u32);
-    }
-    // A server started with a draft model (`-md`): a fixed draft length drafts that many
-    // whatever the draft model's confidence; a threshold ends drafts below it.
-    if let Some(k) = p.num_assistant_tokens {
-        body["speculative.n_max"] = json!(k);
-        body["speculative.n_min"] = json!(0);
-        body["speculative.p_min"] = json!(0.0);
-    }
-    if let Some(threshold) = p.assistant_confidence_threshold {
-        body["speculative.p_min"] = json!(threshold);
     }
     match &p.grammar {
         Some(Grammar::JsonSchema { schema }) => body["json_schema"] = schema.clone(),
@@ -144,23 +133,6 @@ mod tests {
             pattern: "a+".into(),
         });
         assert!(super::body(None, &req).unwrap_err().contains("regex"));
-        req.params.grammar = None;
-        // No speculation keys unless asked for: the server's own settings hold.
-        assert!(body.get("speculative.n_max").is_none());
-        req.params.num_assistant_tokens = Some(3);
-        let fixed = super::body(None, &req).unwrap();
-        assert_eq!(
-            (
-                fixed["speculative.n_max"].clone(),
-                fixed["speculative.p_min"].clone()
-            ),
-            (json!(3), json!(0.0))
-        );
-        req.params.num_assistant_tokens = None;
-        req.params.assistant_confidence_threshold = Some(0.5);
-        let sure = super::body(None, &req).unwrap();
-        assert_eq!(sure["speculative.p_min"], json!(0.5));
-        assert!(sure.get("speculative.n_max").is_none());
     }
 
     #[test]

@@ -52,11 +52,12 @@ impl Protocol {
     /// Whether requests can carry speculation settings: Turnpike nodes take
     /// `num_assistant_tokens` and `assistant_confidence_threshold` in `sampling_params`
     /// (SGLang's own servers refuse unknown keys, so only nodes declared `speculative` get
-    /// them), llama-server its `speculative.*` keys; vLLM's generate API has none.
+    /// them). vLLM's generate API has none, and llama-server (build 11434) compiles its
+    /// per-request `speculative.*` fields out: its command line settles drafting for all.
     pub(crate) fn carries_drafts(self) -> bool {
         match self {
-            Self::Sglang | Self::LlamaCpp => true,
-            Self::Vllm => false,
+            Self::Sglang => true,
+            Self::LlamaCpp | Self::Vllm => false,
         }
     }
 
