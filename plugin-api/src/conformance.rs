@@ -188,7 +188,14 @@ fn check_guard(report: &mut Report, instance: &PluginInstance) {
     for (i, request) in sample_requests().iter().enumerate() {
         let started = Instant::now();
         let verdict = instance.guard(request);
-        let took = started.elapsed();
+        // Promptness is the best of three calls: a plugin slow on every call fails, a first
+        // call that warms caches or a machine that paused the thread once does not.
+        let mut took = started.elapsed();
+        for _ in 0..2 {
+            let again = Instant::now();
+            let _ = instance.guard(request);
+            took = took.min(again.elapsed());
+        }
         report.record(
             &format!("guard sample {i}: a valid verdict"),
             verdict.is_ok(),

@@ -16,8 +16,9 @@
 //!   preempted and later recomputed.
 //! - [`sampler`]: temperature, top-k, top-p, min-p, penalties, per-sequence seeded RNGs (the
 //!   same seed gives the same tokens whatever else is in the batch) and log probabilities.
-//! - [`speculative`]: drafts of a sequence's next tokens (prompt lookup), checked in the step
-//!   that decodes its last token, so one read of the weights can give several tokens.
+//! - [`speculative`]: drafts of a sequence's next tokens (prompt lookup, or a draft model run
+//!   beside the model by `engine`), checked in the step that decodes its last token, so one
+//!   read of the weights can give several tokens.
 //! - [`grammar`]: grammar-constrained decoding (`llguidance`): a request's JSON Schema, regex
 //!   or Lark grammar bans, before each sample, every token that would leave it.
 //! - [`device`]: the seam to hardware, one trait and plain data: "run these chunks against
