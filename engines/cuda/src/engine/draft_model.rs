@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 
 use crate::device::{Batch, Chunk, Device, DeviceError, SampleRequest};
-use crate::sampler::SamplingParams;
+use crate::sampler::{SamplingParams, most_likely};
 use crate::scheduler::SeqId;
 
 /// One sequence's request for a draft.
@@ -259,14 +259,13 @@ impl DraftModel {
     fn reserve(&mut self, seq: SeqId, blocks: usize) -> bool {
         let have = self.held.get(&seq).map_or(0, |h| h.blocks.len());
         let want = blocks.saturating_sub(have);
-        if want > self.free.len() + self.evictable(seq) {
+        let evictable: usize = self.idle(seq).map(|(_, h)| h.blocks.len()).sum();
+        if want > self.free.len() + evictable {
             return false;
         }
         while self.free.len() < want {
             let oldest = self
-                .held
-                .iter()
-                .filter(|(s, h)| **s != seq && h.used < self.calls)
+                .idle(seq)
                 .min_by_key(|(s, h)| (h.used, **s))
                 .map(|(s, _)| *s);
             match oldest {
@@ -285,13 +284,12 @@ impl DraftModel {
         true
     }
 
-    /// Blocks held by sequences not drafting in this call.
-    fn evictable(&self, seq: SeqId) -> usize {
+    /// The sequences other than `seq` that are not drafting in this call (whose blocks may be
+    /// taken).
+    fn idle(&self, seq: SeqId) -> impl Iterator<Item = (&SeqId, &Held)> {
         self.held
             .iter()
-            .filter(|(s, h)| **s != seq && h.used < self.calls)
-            .map(|(_, h)| h.blocks.len())
-            .sum()
+            .filter(move |(s, h)| **s != seq && h.used < self.calls)
     }
 
     fn table(&self, seq: SeqId) -> Vec<u32> {
@@ -353,21 +351,15 @@ impl DraftModel {
                 logits.len()
             )));
         }
-        Ok(logits.chunks_exact(vocab).map(greedy).collect())
+        logits
+            .chunks_exact(vocab)
+            .map(|row| {
+                most_likely(row).ok_or_else(|| {
+                    DeviceError::InvalidBatch("the draft model's logits hold no number".into())
+                })
+            })
+            .collect()
     }
-}
-
-/// The most likely token of a logits row (the lowest id among equals) and its probability.
-fn greedy(row: &[f32]) -> (u32, f32) {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    let max = row[best];
-    let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
-    (best as u32, 1.0 / sum.max(1.0))
 }
 
 #[cfg(test)]

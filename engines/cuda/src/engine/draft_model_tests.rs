@@ -56,7 +56,7 @@ fn greedy_after(folder: &ModelFolder, prompt: &[u32], k: usize) -> Vec<u32> {
                 chunks: &[chunk],
             })
             .unwrap_or_else(|e| panic!("{e}"));
-        let (token, _) = greedy(&logits);
+        let (token, _) = most_likely(&logits).unwrap_or_else(|| panic!("no logits"));
         start = tokens.len();
         tokens.push(token);
         out.push(token);

@@ -139,43 +139,32 @@ impl Worker {
             // the choice may still generate.
             let room = (self.max_context as usize).saturating_sub(tokens.len());
             let left = max_tokens.saturating_sub(generated).saturating_sub(1) as usize;
-            asks.push((seq, k.min(room).min(left), threshold));
+            asks.push(DraftAsk {
+                seq,
+                tokens,
+                k: k.min(room).min(left),
+                confidence: threshold,
+            });
         }
         let drafts: Vec<Vec<u32>> = match &mut self.drafter {
-            Some(drafter) => {
-                let scheduler = &self.scheduler;
-                let requests: Vec<DraftAsk<'_>> = asks
-                    .iter()
-                    .filter_map(|&(seq, k, confidence)| {
-                        Some(DraftAsk {
-                            seq,
-                            tokens: scheduler.tokens(seq)?,
-                            k,
-                            confidence,
-                        })
-                    })
-                    .collect();
-                match drafter.draft(&requests) {
-                    Ok(drafts) => drafts,
-                    Err(e) => {
-                        self.host.error(&format!(
-                            "the draft model failed ({e}); decoding goes on without drafts"
-                        ));
-                        self.drafter = None;
-                        self.speculative = None;
-                        return;
-                    }
+            Some(drafter) => match drafter.draft(&asks) {
+                Ok(drafts) => drafts,
+                Err(e) => {
+                    self.host.error(&format!(
+                        "the draft model failed ({e}); decoding goes on without drafts"
+                    ));
+                    self.drafter = None;
+                    self.speculative = None;
+                    return;
                 }
-            }
+            },
             None => asks
                 .iter()
-                .map(|&(seq, k, _)| match self.scheduler.tokens(seq) {
-                    Some(tokens) if k > 0 => prompt_lookup(tokens, k, min_ngram, max_ngram),
-                    _ => Vec::new(),
-                })
+                .map(|ask| prompt_lookup(ask.tokens, ask.k, min_ngram, max_ngram))
                 .collect(),
         };
-        for ((seq, _, _), draft) in asks.into_iter().zip(drafts) {
+        let seqs: Vec<SeqId> = asks.iter().map(|ask| ask.seq).collect();
+        for (seq, draft) in seqs.into_iter().zip(drafts) {
             self.scheduler.set_draft(seq, draft);
         }
     }

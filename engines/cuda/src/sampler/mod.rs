@@ -260,6 +260,13 @@ impl SequenceSampler {
     }
 }
 
+/// The most likely token of `logits` (ties to the lowest id, as greedy sampling picks) and its
+/// probability under the raw logits; `None` when no logit is a number.
+pub(crate) fn most_likely(logits: &[f32]) -> Option<(u32, f32)> {
+    let (id, _) = argmax(logits)?;
+    Some((id, LogSoftmax::new(logits).of_token(logits, id).exp()))
+}
+
 /// The largest non-NaN logit and its id, ties to the lowest id; `None` if there is none.
 fn argmax(logits: &[f32]) -> Option<(u32, f32)> {
     const CHUNK: usize = 64;
