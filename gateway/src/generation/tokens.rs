@@ -16,6 +16,7 @@ use turnpike_engine_api::{EngineEvent, FinalEvent, GenerationParams, Status};
 use super::Generator;
 use crate::engine_host::EngineRun;
 use crate::error::ApiError;
+use crate::pipeline::speculation::{Names, speculation};
 use crate::tenancy::{Admission, Caller};
 
 /// A token-level request.
@@ -200,40 +201,16 @@ fn check_speculation(
     caps: &turnpike_engine_api::Capabilities,
     model: &str,
 ) -> Result<(), ApiError> {
-    const TOKENS: &str = "sampling_params.num_assistant_tokens";
-    const THRESHOLD: &str = "sampling_params.assistant_confidence_threshold";
-    let most = turnpike_engine_api::docs::MAX_ASSISTANT_TOKENS;
-    if let Some(k) = p.num_assistant_tokens {
-        if k > most {
-            return Err(ApiError::invalid(
-                TOKENS,
-                format!("at most {most} tokens are drafted per step"),
-            ));
-        }
-        if k > 0 && !caps.speculative {
-            return Err(ApiError::unsupported(
-                TOKENS,
-                format!("model `{model}` does not decode speculatively"),
-            ));
-        }
-        if !caps.speculative {
-            p.num_assistant_tokens = None;
-        }
-    }
-    if let Some(threshold) = p.assistant_confidence_threshold {
-        if !caps.draft_confidence {
-            return Err(ApiError::unsupported(
-                THRESHOLD,
-                format!("model `{model}` has no draft model whose confidence ends a draft"),
-            ));
-        }
-        if !(threshold > 0.0 && threshold <= 1.0) || p.num_assistant_tokens.is_some() {
-            return Err(ApiError::invalid(
-                THRESHOLD,
-                "must be in (0, 1], and excludes num_assistant_tokens",
-            ));
-        }
-    }
+    (p.num_assistant_tokens, p.assistant_confidence_threshold) = speculation(
+        p.num_assistant_tokens,
+        p.assistant_confidence_threshold.map(f64::from),
+        caps,
+        model,
+        Names {
+            tokens: "sampling_params.num_assistant_tokens",
+            threshold: "sampling_params.assistant_confidence_threshold",
+        },
+    )?;
     Ok(())
 }
 

@@ -15,5 +15,6 @@ pub(crate) mod plan;
 pub(crate) mod prompt;
 pub(crate) mod request;
 pub(crate) mod run;
+pub(crate) mod speculation;
 pub(crate) mod tool_grammar;
 pub(crate) mod validate;

@@ -8,6 +8,7 @@
 use serde_json::{Number, Value};
 use turnpike_engine_api::{GenerationParams, Grammar};
 
+use super::speculation::{Names, speculation};
 use crate::engine_host::Defaults;
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
@@ -240,22 +241,28 @@ pub(crate) fn generation_params(
             format!("model `{}` does not support penalties", model.id),
         ));
     }
-    if let Some(k) = &e.num_assistant_tokens {
-        let k = integer(
-            "num_assistant_tokens",
-            k,
-            0,
-            i64::from(turnpike_engine_api::docs::MAX_ASSISTANT_TOKENS),
-        )? as u32;
-        if k > 0 && !caps.speculative {
-            return Err(ApiError::unsupported(
+    let tokens = e
+        .num_assistant_tokens
+        .as_ref()
+        .map(|k| {
+            integer(
                 "num_assistant_tokens",
-                format!("model `{}` does not decode speculatively", model.id),
-            ));
-        }
-        // Zero asks for plain decoding, which is all a model that does not speculate does.
-        p.num_assistant_tokens = caps.speculative.then_some(k);
-    }
+                k,
+                0,
+                i64::from(turnpike_engine_api::docs::MAX_ASSISTANT_TOKENS),
+            )
+        })
+        .transpose()?;
+    (p.num_assistant_tokens, p.assistant_confidence_threshold) = speculation(
+        tokens.map(|k| k as u32),
+        e.assistant_confidence_threshold,
+        caps,
+        &model.id,
+        Names {
+            tokens: "num_assistant_tokens",
+            threshold: "assistant_confidence_threshold",
+        },
+    )?;
     if let Some(best_of) = &s.best_of {
         let best_of = integer("best_of", best_of, 1, i64::from(MAX_N))? as u32;
         if best_of < n {
@@ -300,32 +307,6 @@ pub(crate) fn generation_params(
             "num_beam_groups",
             "'num_beam_groups' splits a beam search: it needs 'best_of' above 'n'",
         ));
-    }
-    if let Some(threshold) = e.assistant_confidence_threshold {
-        if !caps.draft_confidence {
-            let why = if caps.speculative {
-                "drafts by prompt lookup, which has no confidence to stop at; use num_assistant_tokens"
-            } else {
-                "does not decode speculatively"
-            };
-            return Err(ApiError::unsupported(
-                "assistant_confidence_threshold",
-                format!("model `{}` {why}", model.id),
-            ));
-        }
-        if e.num_assistant_tokens.is_some() {
-            return Err(ApiError::invalid(
-                "assistant_confidence_threshold",
-                "'assistant_confidence_threshold' and 'num_assistant_tokens' exclude each other",
-            ));
-        }
-        if !(threshold > 0.0 && threshold <= 1.0) {
-            return Err(ApiError::invalid(
-                "assistant_confidence_threshold",
-                format!("'assistant_confidence_threshold' must be in (0, 1], got {threshold}"),
-            ));
-        }
-        p.assistant_confidence_threshold = Some(threshold as f32);
     }
     if !caps.sampling {
         // A deterministic engine: sampling controls cannot change its output.

@@ -23,7 +23,7 @@ use rayon::prelude::*;
 
 use super::rows::array;
 use super::tile::Out;
-use crate::cpu::simd::{Isa, Kernel, Simd};
+use crate::cpu::simd::{Isa, Kernel, NIBBLE_PRODUCTS, Simd};
 use crate::model::packed::{Codes, Groups, Packed};
 
 #[cfg(target_arch = "x86_64")]
@@ -373,32 +373,44 @@ fn tile_rows<S: Simd, const R: usize, const Q4: bool, const MIN: bool, const OFF
                 *ints = s.int_splat(x.start[(r0 + r) * count + g]);
             }
         }
-        for q in 0..per / 4 {
-            let bytes = s.bytes64(array(codes, 64 * q));
-            if Q4 {
+        if Q4 {
+            // A group's 4-bit products (two per byte of its 16 code bytes: 8 calls) add up
+            // narrow and widen once.
+            const _: () = assert!(2 * 4 <= NIBBLE_PRODUCTS);
+            let mut sums = [s.nibble_zero(); R];
+            for q in 0..per / 4 {
+                let bytes = s.bytes64(array(codes, 64 * q));
                 let (low, high) = (s.low_nibbles(bytes), s.high_nibbles(bytes));
-                for (r, ints) in ints.iter_mut().enumerate() {
+                for (r, sums) in sums.iter_mut().enumerate() {
                     // SAFETY: r < R and g·32 + 16 + 4q + 4 <= k (q < 4), inside the R rows of
                     // `xs`; `[i8; 4]` has i8's alignment.
                     let (lo, hi) = unsafe {
                         let at = xp.add(r * k + g * group + 4 * q);
                         (&*at.cast::<[i8; 4]>(), &*at.add(16).cast::<[i8; 4]>())
                     };
-                    *ints = s.dot_unsigned(*ints, low, s.broadcast4(lo));
-                    *ints = s.dot_unsigned(*ints, high, s.broadcast4(hi));
+                    *sums = s.nibble_products(*sums, low, s.broadcast4(lo));
+                    *sums = s.nibble_products(*sums, high, s.broadcast4(hi));
                 }
-            } else if OFFSET {
-                for (r, ints) in ints.iter_mut().enumerate() {
-                    // SAFETY: r < R and g·group + 4q + 4 <= k, inside the R rows of `xs`.
-                    let four = unsafe { &*xp.add(r * k + g * group + 4 * q).cast::<[i8; 4]>() };
-                    *ints = s.dot_unsigned(*ints, bytes, s.broadcast4(four));
-                }
-            } else {
-                let signed = s.flip_bytes(bytes);
-                for (r, ints) in ints.iter_mut().enumerate() {
-                    // SAFETY: as above.
-                    let four = unsafe { &*xp.add(r * k + g * group + 4 * q).cast::<[i8; 4]>() };
-                    *ints = s.dot_signed(*ints, signed, s.broadcast4(four));
+            }
+            for (ints, sums) in ints.iter_mut().zip(sums) {
+                *ints = s.nibble_widen(*ints, sums);
+            }
+        } else {
+            for q in 0..per / 4 {
+                let bytes = s.bytes64(array(codes, 64 * q));
+                if OFFSET {
+                    for (r, ints) in ints.iter_mut().enumerate() {
+                        // SAFETY: r < R and g·group + 4q + 4 <= k, inside the R rows of `xs`.
+                        let four = unsafe { &*xp.add(r * k + g * group + 4 * q).cast::<[i8; 4]>() };
+                        *ints = s.dot_unsigned(*ints, bytes, s.broadcast4(four));
+                    }
+                } else {
+                    let signed = s.flip_bytes(bytes);
+                    for (r, ints) in ints.iter_mut().enumerate() {
+                        // SAFETY: as above.
+                        let four = unsafe { &*xp.add(r * k + g * group + 4 * q).cast::<[i8; 4]>() };
+                        *ints = s.dot_signed(*ints, signed, s.broadcast4(four));
+                    }
                 }
             }
         }

@@ -361,3 +361,41 @@ fn tiles_and_lanes_give_the_same_sums_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn four_bit_sums_at_their_largest_stay_exact_on_every_instruction_set() {
+    // Every nibble 15 and every input rounded to ±127: the largest sums AVX2's i16 partial
+    // sums ever hold (`simd::NIBBLE_PRODUCTS` calls of 2 · 15 · 127 per lane).
+    let (n, k) = (16, 128);
+    let w = Packed {
+        rows: n,
+        cols: k,
+        codes: Codes::Q4 {
+            offset: 0,
+            groups: Groups {
+                scale: vec![1.0; n * k / 32],
+                min: Vec::new(),
+                codes: vec![0xFF; n * k / 2],
+            },
+        },
+    };
+    let mut matrix = Matrix::new(w);
+    matrix.round_inputs(Activations::Int8);
+    matrix.second_pass(SecondPass::Never);
+    matrix.tiles_only();
+    // Rows of +1 and -1 (each rounds to ±127 · 1/127), alone and beside others.
+    let x: Vec<f32> = (0..5 * k)
+        .map(|i| if (i / k) % 2 == 0 { 1.0 } else { -1.0 })
+        .collect();
+    for isa in [Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Portable] {
+        if !isa.supported() {
+            continue;
+        }
+        let mut out = vec![0.0; 5 * n];
+        linear_with(isa, &x, 5, &matrix, None, &mut out);
+        for (i, got) in out.iter().enumerate() {
+            let want = if (i / n) % 2 == 0 { 15.0 } else { -15.0 } * k as f32;
+            assert!((got - want).abs() < 1e-3, "{isa:?} [{i}]: {got} vs {want}");
+        }
+    }
+}

@@ -273,4 +273,36 @@ impl Simd for Avx2 {
         // SAFETY: see above (the token proves the features; arrays bound the pointers).
         unsafe { [_mm256_add_epi32(a[0], b[0]), _mm256_add_epi32(a[1], b[1])] }
     }
+
+    type P = [__m256i; 2];
+
+    #[inline(always)]
+    fn nibble_zero(self) -> [__m256i; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe { [_mm256_setzero_si256(); 2] }
+    }
+
+    #[inline(always)]
+    fn nibble_products(self, p: [__m256i; 2], u: [__m256i; 2], s: [__m256i; 2]) -> [__m256i; 2] {
+        // Pairs of products in i16 (at most 2 · 15 · 127 each), added in i16.
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            [
+                _mm256_add_epi16(p[0], _mm256_maddubs_epi16(u[0], s[0])),
+                _mm256_add_epi16(p[1], _mm256_maddubs_epi16(u[1], s[1])),
+            ]
+        }
+    }
+
+    #[inline(always)]
+    fn nibble_widen(self, acc: [__m256i; 2], p: [__m256i; 2]) -> [__m256i; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            let ones = _mm256_set1_epi16(1);
+            [
+                _mm256_add_epi32(acc[0], _mm256_madd_epi16(p[0], ones)),
+                _mm256_add_epi32(acc[1], _mm256_madd_epi16(p[1], ones)),
+            ]
+        }
+    }
 }

@@ -197,4 +197,22 @@ impl Simd for Avx512 {
         // SAFETY: see above (the token proves the features; arrays bound the pointers).
         unsafe { _mm512_add_epi32(a, b) }
     }
+
+    // Products widen to i32 as cheaply as they are made: the partial sums are the sums.
+    type P = __m512i;
+
+    #[inline(always)]
+    fn nibble_zero(self) -> __m512i {
+        self.int_zero()
+    }
+
+    #[inline(always)]
+    fn nibble_products(self, p: __m512i, u: Self::B, s: Self::B) -> __m512i {
+        self.dot_unsigned(p, u, s)
+    }
+
+    #[inline(always)]
+    fn nibble_widen(self, acc: __m512i, p: __m512i) -> __m512i {
+        self.int_add(acc, p)
+    }
 }

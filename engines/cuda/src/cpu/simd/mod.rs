@@ -90,7 +90,24 @@ pub trait Simd: Copy {
     fn int_load(self, src: &[i32; 16]) -> Self::I;
     /// `a + b`, lane by lane.
     fn int_add(self, a: Self::I, b: Self::I) -> Self::I;
+
+    /// Sums of byte products as narrow as they stay exact for 4-bit codes: AVX2 keeps pairs
+    /// of products in i16 lanes and widens them once per group, a third fewer instructions
+    /// than widening each product; sets that widen in one instruction keep i32 lanes.
+    type P: Copy;
+    /// All-zero partial sums.
+    fn nibble_zero(self) -> Self::P;
+    /// `p` plus the products of `u` (every byte at most 15) with `s` (every byte within
+    /// ±127), grouped as [`Simd::dot_unsigned`] groups them; exact for at most
+    /// [`NIBBLE_PRODUCTS`] calls before [`Simd::nibble_widen`].
+    fn nibble_products(self, p: Self::P, u: Self::B, s: Self::B) -> Self::P;
+    /// `acc` plus `p`, in [`Simd::dot_unsigned`]'s i32 lanes.
+    fn nibble_widen(self, acc: Self::I, p: Self::P) -> Self::I;
 }
+
+/// Calls of [`Simd::nibble_products`] that stay exact in i16 lanes: each adds at most
+/// 2 · 15 · 127 = 3,810 to a lane, and 8 · 3,810 = 30,480 is under `i16::MAX`.
+pub const NIBBLE_PRODUCTS: usize = 8;
 
 /// A kernel body, compiled per instruction set by [`Isa::run`]. Implementations mark `run`
 /// `#[inline(always)]` so it is compiled inside each instruction set's function.

@@ -147,6 +147,24 @@ impl Simd for Portable {
     fn int_add(self, a: [i32; 16], b: [i32; 16]) -> [i32; 16] {
         std::array::from_fn(|i| a[i].wrapping_add(b[i]))
     }
+
+    // Products widen to i32 as cheaply as they are made: the partial sums are the sums.
+    type P = [i32; 16];
+
+    #[inline(always)]
+    fn nibble_zero(self) -> [i32; 16] {
+        [0; 16]
+    }
+
+    #[inline(always)]
+    fn nibble_products(self, p: [i32; 16], u: Self::B, s: Self::B) -> [i32; 16] {
+        self.dot_unsigned(p, u, s)
+    }
+
+    #[inline(always)]
+    fn nibble_widen(self, acc: [i32; 16], p: [i32; 16]) -> [i32; 16] {
+        self.int_add(acc, p)
+    }
 }
 
 /// `acc` plus, in lane `i`, the products of bytes `4i..4i + 4` of `a` (read by `first`) and
