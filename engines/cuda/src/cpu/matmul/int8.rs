@@ -434,9 +434,9 @@ fn tile_rows<S: Simd, const R: usize, const Q4: bool, const MIN: bool, const OFF
 /// Every row of `x` against tiles `tiles` of `w`, writing `out`: [`ROW_BLOCK`] rows at a time,
 /// tile by tile, and in each tile rows in blocks of `T` (then 4, 3, 2, 1; five at once where
 /// `T` is 4), so a tile's codes are read from memory once for a batch of decoding steps and
-/// stay in cache while every row meets them, and a long prompt's rows stay in cache while every tile meets them. With `amx`
-/// (granted, see [`crate::cpu::simd::amx`]) rows go by sixteen through AMX's tiles first,
-/// while at least [`amx::ROWS`] are left. Each row's sums are the same whatever the batch
+/// stay in cache while every row meets them, and a long prompt's rows stay in cache while
+/// every tile meets them. With `amx` (granted, see [`crate::cpu::simd::amx`]) rows go by
+/// sixteen through AMX's tiles first, while at least [`amx::ROWS`] are left. Each row's sums are the same whatever the batch
 /// around it, and whichever path took it.
 ///
 /// # Safety
