@@ -13,13 +13,14 @@
 //! a rejected one is replaced by a draw from the model's distribution without it. The cache
 //! positions of rejected drafts are simply written again later.
 //!
-//! Drafts come from [`prompt_lookup`] (no second model): the tokens that followed the latest
+//! Drafts come from [`prompt_lookup`] ([`lookup_drafts`]; no second model): the tokens that followed the latest
 //! earlier occurrence of the sequence's last few tokens; or from a draft model sharing the
 //! target's vocabulary, which may be the target's own first layers (self-speculation), run
 //! greedily by the engine beside the target (`engine::draft_model`). Either way a draft is a
 //! single guess per position, so the check above keeps the output exact. [`DraftLength`]
 //! adapts how many a sequence drafts to how many it has had accepted, and pauses a sequence
-//! whose drafts keep failing, so text that does not repeat pays next to nothing; a draft
+//! whose drafts keep failing, so text that does not repeat pays next to nothing (a lookup
+//! that matches the longest n-gram drafts in full all the same: text being copied); a draft
 //! model's drafts may instead end where its own confidence falls under a threshold.
 
 use std::path::PathBuf;
@@ -135,13 +136,18 @@ pub const MAX_DRAFT: usize = turnpike_engine_api::docs::MAX_ASSISTANT_TOKENS as 
 pub const LOOKUP_WINDOW: usize = 1 << 16;
 
 /// Up to `k` tokens that followed the latest earlier occurrence of the last `n` tokens of
-/// `tokens`, for `n` from `max_ngram` down to `min_ngram` (the first `n` found wins). Empty
-/// when nothing repeats.
-pub fn prompt_lookup(tokens: &[u32], k: usize, min_ngram: usize, max_ngram: usize) -> Vec<u32> {
+/// `tokens`, for `n` from `max_ngram` down to `min_ngram` (the first `n` found wins), and that
+/// `n`. Empty (and 0) when nothing repeats.
+pub fn prompt_lookup(
+    tokens: &[u32],
+    k: usize,
+    min_ngram: usize,
+    max_ngram: usize,
+) -> (Vec<u32>, usize) {
     let window = &tokens[tokens.len().saturating_sub(LOOKUP_WINDOW)..];
     let len = window.len();
     if k == 0 || min_ngram == 0 {
-        return Vec::new();
+        return (Vec::new(), 0);
     }
     for n in (min_ngram..=max_ngram.min(len.saturating_sub(1))).rev() {
         let tail = &window[len - n..];
@@ -150,11 +156,30 @@ pub fn prompt_lookup(tokens: &[u32], k: usize, min_ngram: usize, max_ngram: usiz
             if &window[start..start + n] == tail {
                 let from = start + n;
                 let end = (from + k).min(len);
-                return window[from..end].to_vec();
+                return (window[from..end].to_vec(), n);
             }
         }
     }
-    Vec::new()
+    (Vec::new(), 0)
+}
+
+/// Prompt lookup's drafts for a sequence whose [`DraftLength`] gave `k` this step: a match of
+/// the longest n-gram (`max_ngram`) is text being copied and drafts up to `full` tokens
+/// whatever `k` (even while paused), since such matches are mostly kept (on rewrites, 90%
+/// of first drafted tokens after a match of 3 or more, against 55% after a match of 2) and a
+/// step checking a few drafts costs little more than a plain one; a shorter match drafts `k`.
+pub fn lookup_drafts(
+    tokens: &[u32],
+    k: usize,
+    full: usize,
+    min_ngram: usize,
+    max_ngram: usize,
+) -> Vec<u32> {
+    let (mut drafts, n) = prompt_lookup(tokens, full.max(k), min_ngram, max_ngram);
+    if n < max_ngram {
+        drafts.truncate(k);
+    }
+    drafts
 }
 
 /// Steps a sequence skips drafting after its acceptance falls under [`PAUSE_BELOW`]; doubled
@@ -243,6 +268,11 @@ impl DraftLength {
         ((self.rate * self.most as f32).round() as usize).clamp(1, self.most)
     }
 
+    /// The most tokens a step drafts (the adapted length's ceiling).
+    pub fn most(&self) -> usize {
+        self.most
+    }
+
     /// After a step that checked `drafted` drafts and kept `accepted` of them.
     pub fn record(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 || self.fixed {
@@ -264,137 +294,5 @@ impl DraftLength {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lookup_continues_the_latest_earlier_occurrence() {
-        // "a b c d a b" -> after "a b" came "c d a b"; the latest "a b" before the tail.
-        let text = [1, 2, 3, 4, 1, 2];
-        assert_eq!(prompt_lookup(&text, 3, 1, 3), vec![3, 4, 1]);
-        assert_eq!(prompt_lookup(&text, 10, 1, 3), vec![3, 4, 1, 2]);
-        // The longest n-gram wins over a later, shorter match.
-        let text = [7, 8, 9, 5, 8, 9, 6, 7, 8, 9];
-        assert_eq!(prompt_lookup(&text, 2, 1, 3), vec![5, 8]);
-        assert_eq!(prompt_lookup(&text, 2, 1, 2), vec![6, 7]);
-        // Nothing repeats, or n-grams longer than the text.
-        assert!(prompt_lookup(&[1, 2, 3, 4], 4, 1, 3).is_empty());
-        assert!(prompt_lookup(&[1, 2], 4, 2, 3).is_empty());
-        assert!(prompt_lookup(&[], 4, 1, 3).is_empty());
-        assert!(prompt_lookup(&[1, 1, 1], 0, 1, 3).is_empty());
-        // A run of one token drafts more of it.
-        assert_eq!(prompt_lookup(&[5, 5, 5, 5], 2, 2, 3), vec![5]);
-    }
-
-    #[test]
-    fn draft_length_follows_acceptance_and_pauses_when_drafts_fail() {
-        let mut length = DraftLength::new(4);
-        assert_eq!(length.take(), 4);
-        length.record(4, 4);
-        assert_eq!(length.take(), 4);
-        length.record(4, 1);
-        let shorter = length.take();
-        assert!((1..4).contains(&shorter), "{shorter}");
-        while length.paused == 0 {
-            length.record(2, 0);
-        }
-        let paused = (0..).take_while(|_| length.take() == 0).count();
-        assert_eq!(paused, PAUSE_STEPS as usize);
-        // The step that ended the count drafted: one token after a pause.
-        let mut length = DraftLength {
-            paused: 0,
-            ..length
-        };
-        assert_eq!(length.take(), 1, "one token after a pause");
-        length.record(0, 0);
-        assert_eq!(length.take(), 1, "a step without drafts changes nothing");
-        // A retry that fails pauses twice as long; one that is kept ends the backing off.
-        length.record(1, 0);
-        let paused = (0..).take_while(|_| length.take() == 0).count();
-        assert_eq!(paused, 2 * PAUSE_STEPS as usize);
-        length.record(1, 1);
-        while length.paused == 0 {
-            length.record(1, 0);
-        }
-        let paused = (0..).take_while(|_| length.take() == 0).count();
-        assert_eq!(paused, PAUSE_STEPS as usize);
-    }
-
-    #[test]
-    fn a_costly_draft_pauses_at_the_acceptance_that_pays_for_it() {
-        // Half the drafts kept: worth it when drafts are free, not at 0.6 of a step each.
-        let mut free = DraftLength::new(4);
-        let mut costly = DraftLength::new(4).costing(0.6);
-        for _ in 0..8 {
-            free.record(2, 1);
-            costly.record(2, 1);
-        }
-        assert!(free.take() > 0);
-        assert_eq!(costly.take(), 0);
-        // The model drafting for itself (cost 1) still drafts while it is nearly always right.
-        // A model whose drafts have not paid starts new sequences paused for long.
-        assert!(!DraftLength::pays(0.6, 0.5) && DraftLength::pays(0.0, 0.5));
-        let mut doubtful = DraftLength::new(4).costing(0.6).doubtful();
-        let paused = (0..).take_while(|_| doubtful.take() == 0).count();
-        assert_eq!(paused, (PAUSE_STEPS << MAX_BACKOFF) as usize);
-        let mut itself = DraftLength::new(4).costing(1.0);
-        for _ in 0..8 {
-            itself.record(4, 4);
-        }
-        itself.record(6, 5);
-        assert!(itself.take() > 0);
-    }
-
-    #[test]
-    fn a_fixed_length_never_adapts() {
-        let mut length = DraftLength::fixed(3);
-        for _ in 0..10 {
-            assert_eq!(length.take(), 3);
-            length.record(3, 0);
-        }
-        assert_eq!(DraftLength::fixed(99).take(), MAX_DRAFT);
-    }
-
-    #[test]
-    fn settings_bound_the_ngrams_and_the_draft() {
-        assert!(SpeculativeSettings::default().validate().is_ok());
-        let bad = SpeculativeSettings {
-            min_ngram: 0,
-            ..SpeculativeSettings::default()
-        };
-        assert!(bad.validate().is_err());
-        let bad = SpeculativeSettings {
-            min_ngram: 4,
-            max_ngram: 3,
-            ..SpeculativeSettings::default()
-        };
-        assert!(bad.validate().is_err());
-        let bad = SpeculativeSettings {
-            tokens: MAX_DRAFT + 1,
-            ..SpeculativeSettings::default()
-        };
-        assert!(bad.validate().is_err());
-        let bad = SpeculativeSettings {
-            draft_layers: Some(0),
-            ..SpeculativeSettings::default()
-        };
-        assert!(bad.validate().is_err());
-        // A confidence needs a draft model, and must be a probability.
-        let lookup = SpeculativeSettings {
-            confidence: Some(0.5),
-            ..SpeculativeSettings::default()
-        };
-        assert!(lookup.validate().is_err());
-        let model = SpeculativeSettings {
-            draft_layers: Some(4),
-            confidence: Some(0.5),
-            ..SpeculativeSettings::default()
-        };
-        assert!(model.validate().is_ok() && model.uses_model());
-        let bad = SpeculativeSettings {
-            confidence: Some(1.5),
-            ..model
-        };
-        assert!(bad.validate().is_err());
-    }
-}
+#[path = "speculative_tests.rs"]
+mod tests;

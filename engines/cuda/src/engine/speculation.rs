@@ -10,7 +10,7 @@ use super::draft_model::DraftAsk;
 use super::sampling::Advanced;
 use super::worker::Worker;
 use crate::scheduler::SeqId;
-use crate::speculative::prompt_lookup;
+use crate::speculative::lookup_drafts;
 
 /// A decode that carried drafts: its sequence, its first logits row (its last token's) and
 /// the drafts, whose rows follow.
@@ -109,7 +109,7 @@ impl Worker {
         if self.scheduler.running() > settings.max_running {
             return;
         }
-        let mut asks = Vec::new();
+        let (mut asks, mut full) = (Vec::new(), Vec::new());
         for &seq in seqs {
             let Some(&(id, index)) = self.seqs.get(&seq) else {
                 continue;
@@ -131,7 +131,7 @@ impl Worker {
             let Some(length) = choice.drafts.as_mut() else {
                 continue;
             };
-            let k = length.take();
+            let (k, most) = (length.take(), length.most());
             let Some(tokens) = self.scheduler.tokens(seq) else {
                 continue;
             };
@@ -139,6 +139,7 @@ impl Worker {
             // the choice may still generate.
             let room = (self.max_context as usize).saturating_sub(tokens.len());
             let left = max_tokens.saturating_sub(generated).saturating_sub(1) as usize;
+            full.push(most.min(room).min(left));
             asks.push(DraftAsk {
                 seq,
                 tokens,
@@ -160,7 +161,8 @@ impl Worker {
             },
             None => asks
                 .iter()
-                .map(|ask| prompt_lookup(ask.tokens, ask.k, min_ngram, max_ngram))
+                .zip(full)
+                .map(|(ask, full)| lookup_drafts(ask.tokens, ask.k, full, min_ngram, max_ngram))
                 .collect(),
         };
         let seqs: Vec<SeqId> = asks.iter().map(|ask| ask.seq).collect();
