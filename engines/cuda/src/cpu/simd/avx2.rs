@@ -94,12 +94,6 @@ impl Simd for Avx2 {
     }
 
     #[inline(always)]
-    fn div(self, a: [__m256; 2], b: [__m256; 2]) -> [__m256; 2] {
-        // SAFETY: see above (the token proves the features; arrays bound the pointers).
-        unsafe { [_mm256_div_ps(a[0], b[0]), _mm256_div_ps(a[1], b[1])] }
-    }
-
-    #[inline(always)]
     fn min(self, a: [__m256; 2], b: [__m256; 2]) -> [__m256; 2] {
         // SAFETY: see above (the token proves the features; arrays bound the pointers).
         unsafe { [_mm256_min_ps(a[0], b[0]), _mm256_min_ps(a[1], b[1])] }

@@ -71,12 +71,6 @@ impl Simd for Avx512 {
     }
 
     #[inline(always)]
-    fn div(self, a: __m512, b: __m512) -> __m512 {
-        // SAFETY: see above (the token proves the features; arrays bound the pointers).
-        unsafe { _mm512_div_ps(a, b) }
-    }
-
-    #[inline(always)]
     fn min(self, a: __m512, b: __m512) -> __m512 {
         // SAFETY: see above (the token proves the features; arrays bound the pointers).
         unsafe { _mm512_min_ps(a, b) }

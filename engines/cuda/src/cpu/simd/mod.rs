@@ -45,8 +45,6 @@ pub trait Simd: Copy {
     fn mul_then_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// The sum of the lanes.
     fn sum(self, v: Self::V) -> f32;
-    /// `a / b`.
-    fn div(self, a: Self::V, b: Self::V) -> Self::V;
     /// The smaller of `a` and `b`, lane by lane.
     fn min(self, a: Self::V, b: Self::V) -> Self::V;
     /// The larger of `a` and `b`, lane by lane.

@@ -54,11 +54,6 @@ impl Simd for Portable {
     }
 
     #[inline(always)]
-    fn div(self, a: [f32; 16], b: [f32; 16]) -> [f32; 16] {
-        std::array::from_fn(|i| a[i] / b[i])
-    }
-
-    #[inline(always)]
     fn min(self, a: [f32; 16], b: [f32; 16]) -> [f32; 16] {
         std::array::from_fn(|i| a[i].min(b[i]))
     }
