@@ -9,7 +9,7 @@
 use rayon::prelude::*;
 
 use super::kv::{Cache, KvValue};
-use super::simd::{Isa, Kernel, Simd, exp};
+use super::simd::{Isa, Kernel, Simd};
 
 /// The attention shape of a model.
 #[derive(Clone, Copy, Debug)]
@@ -228,7 +228,7 @@ impl<V: KvValue> Kernel for TileKernel<'_, V> {
                 let first = self.heads.first_visible(pos + i);
                 let p = &mut self.scores[v * n + first..v * n + visible];
                 let offsets = &offsets[first..];
-                softmax(s, p);
+                softmax(p);
                 let head = g * group + h;
                 let o = &mut self.out[i * width + head * hd..i * width + (head + 1) * hd];
                 let whole = hd / 16;
@@ -262,29 +262,14 @@ impl<V: KvValue> Kernel for TileKernel<'_, V> {
     }
 }
 
-/// Softmax in place: exponentials sixteen at a time ([`exp`]), the last few through one more
-/// vector of sixteen, summed in lanes and then across them. The sum's order depends only on
-/// how many scores there are, so a row's weights never depend on the rows beside it.
+/// Softmax in place.
 #[inline(always)]
-fn softmax<S: Simd>(s: S, p: &mut [f32]) {
+fn softmax(p: &mut [f32]) {
     let max = p.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let shift = s.splat(-max);
-    let mut lanes_sum = s.zero();
-    let mut chunks = p.chunks_exact_mut(16);
-    for chunk in &mut chunks {
-        let chunk = lanes_mut(chunk, 0);
-        let e = exp(s, s.add(s.load(chunk), shift));
-        s.store(e, chunk);
-        lanes_sum = s.add(lanes_sum, e);
-    }
-    let mut sum = s.sum(lanes_sum);
-    let rest = chunks.into_remainder();
-    if !rest.is_empty() {
-        let (mut x, mut e) = ([0f32; 16], [0f32; 16]);
-        x[..rest.len()].copy_from_slice(rest);
-        s.store(exp(s, s.add(s.load(&x), shift)), &mut e);
-        rest.copy_from_slice(&e[..rest.len()]);
-        sum += rest.iter().sum::<f32>();
+    let mut sum = 0.0f32;
+    for v in p.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
     }
     let inv = 1.0 / sum;
     p.iter_mut().for_each(|v| *v *= inv);
@@ -329,7 +314,7 @@ impl<V: KvValue> Kernel for Row<'_, V> {
             }
         }
         for h in 0..heads {
-            softmax(s, &mut self.scores[h * n..(h + 1) * n]);
+            softmax(&mut self.scores[h * n..(h + 1) * n]);
         }
         // Sixteen values of every head at a time, summed in registers over the positions.
         for c in 0..hd / 16 {
@@ -371,7 +356,7 @@ impl<V: KvValue> Row<'_, V> {
             }
         }
         for h in 0..heads {
-            softmax(s, &mut self.scores[h * n..(h + 1) * n]);
+            softmax(&mut self.scores[h * n..(h + 1) * n]);
         }
         self.out.fill(0.0);
         for (j, &o) in self.offsets.iter().enumerate() {

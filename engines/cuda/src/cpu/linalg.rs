@@ -38,10 +38,6 @@ fn inverse_rms(x: &[f32], eps: f32) -> f32 {
 }
 
 /// `gate_up` rows hold `[gate | up]` (width 2f); writes `silu(gate) * up` rows of width f.
-/// The exponential is the C library's `expf`, not [`super::simd::exp`]: in lanes it saved
-/// about 1% of a decoding step, and its last-bit differences, amplified by the rounding of
-/// the next product's inputs to bytes, flipped SmolLM2's first token on a plain question
-/// (0.3 nats between "The" and "L" on "What is the capital of France?").
 pub fn silu_gate(gate_up: &[f32], f: usize, out: &mut [f32]) {
     out.par_chunks_mut(f)
         .zip(gate_up.par_chunks(2 * f))

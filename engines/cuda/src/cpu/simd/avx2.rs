@@ -94,43 +94,6 @@ impl Simd for Avx2 {
     }
 
     #[inline(always)]
-    fn min(self, a: [__m256; 2], b: [__m256; 2]) -> [__m256; 2] {
-        // SAFETY: see above (the token proves the features; arrays bound the pointers).
-        unsafe { [_mm256_min_ps(a[0], b[0]), _mm256_min_ps(a[1], b[1])] }
-    }
-
-    #[inline(always)]
-    fn max(self, a: [__m256; 2], b: [__m256; 2]) -> [__m256; 2] {
-        // SAFETY: see above (the token proves the features; arrays bound the pointers).
-        unsafe { [_mm256_max_ps(a[0], b[0]), _mm256_max_ps(a[1], b[1])] }
-    }
-
-    #[inline(always)]
-    fn round(self, v: [__m256; 2]) -> [__m256; 2] {
-        const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-        // SAFETY: see above (the token proves the features; arrays bound the pointers).
-        unsafe {
-            [
-                _mm256_round_ps::<NEAREST>(v[0]),
-                _mm256_round_ps::<NEAREST>(v[1]),
-            ]
-        }
-    }
-
-    #[inline(always)]
-    fn pow2(self, n: [__m256; 2]) -> [__m256; 2] {
-        // The exponent field of a normal float: n + 127 in 1..=254.
-        // SAFETY: see above (the token proves the features; arrays bound the pointers).
-        unsafe {
-            let bias = _mm256_set1_epi32(127);
-            n.map(|n| {
-                let e = _mm256_add_epi32(_mm256_cvtps_epi32(n), bias);
-                _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e))
-            })
-        }
-    }
-
-    #[inline(always)]
     fn nibbles(self, bytes: &[u8; 16], shift: u32, offset: i32) -> [__m256; 2] {
         // SAFETY: see above (the token proves the features; arrays bound the pointers).
         unsafe {

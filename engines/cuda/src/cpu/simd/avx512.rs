@@ -71,35 +71,6 @@ impl Simd for Avx512 {
     }
 
     #[inline(always)]
-    fn min(self, a: __m512, b: __m512) -> __m512 {
-        // SAFETY: see above (the token proves the features; arrays bound the pointers).
-        unsafe { _mm512_min_ps(a, b) }
-    }
-
-    #[inline(always)]
-    fn max(self, a: __m512, b: __m512) -> __m512 {
-        // SAFETY: see above (the token proves the features; arrays bound the pointers).
-        unsafe { _mm512_max_ps(a, b) }
-    }
-
-    #[inline(always)]
-    fn round(self, v: __m512) -> __m512 {
-        const NEAREST: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-        // SAFETY: see above (the token proves the features; arrays bound the pointers).
-        unsafe { _mm512_roundscale_ps::<NEAREST>(v) }
-    }
-
-    #[inline(always)]
-    fn pow2(self, n: __m512) -> __m512 {
-        // The exponent field of a normal float: n + 127 in 1..=254.
-        // SAFETY: see above (the token proves the features; arrays bound the pointers).
-        unsafe {
-            let e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
-            _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
-        }
-    }
-
-    #[inline(always)]
     fn nibbles(self, bytes: &[u8; 16], shift: u32, offset: i32) -> __m512 {
         // SAFETY: see above (the token proves the features; arrays bound the pointers).
         unsafe {

@@ -45,14 +45,6 @@ pub trait Simd: Copy {
     fn mul_then_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// The sum of the lanes.
     fn sum(self, v: Self::V) -> f32;
-    /// The smaller of `a` and `b`, lane by lane.
-    fn min(self, a: Self::V, b: Self::V) -> Self::V;
-    /// The larger of `a` and `b`, lane by lane.
-    fn max(self, a: Self::V, b: Self::V) -> Self::V;
-    /// Each lane rounded to the nearest integer (ties to even).
-    fn round(self, v: Self::V) -> Self::V;
-    /// `2^n` for lanes holding integers `n` in `-126..=127`.
-    fn pow2(self, n: Self::V) -> Self::V;
     /// The nibbles `(byte >> shift) & 15` of sixteen bytes less `offset`, as floats.
     fn nibbles(self, bytes: &[u8; 16], shift: u32, offset: i32) -> Self::V;
     /// Sixteen signed bytes as floats.
@@ -111,40 +103,6 @@ pub trait Simd: Copy {
     fn nibble_products(self, p: Self::P, u: Self::B, s: Self::B) -> Self::P;
     /// `acc` plus `p`, in [`Simd::dot_unsigned`]'s i32 lanes.
     fn nibble_widen(self, acc: Self::I, p: Self::P) -> Self::I;
-}
-
-/// `e^x` in every lane, within 2 units in the last place for `x` in `-87..=88` (lanes outside
-/// are taken at those bounds: `e^-87` is 1.6e-38, nothing beside any weight that counts, and
-/// no lane overflows). `x = n·ln 2 + r` with `n` an integer and `|r| <= ln 2 / 2`, `e^r` by its
-/// Taylor series to `r^7` (the next term is under 2^-27 of the sum), scaled by `2^n` through
-/// the exponent bits: sixteen lanes in some thirty instructions, where the C library's `expf`
-/// took one lane at a time (softmax and SiLU, a few percent of a decoding step). Every lane is
-/// computed alone, so a value's `e^x` never depends on the values beside it.
-#[inline(always)]
-pub fn exp<S: Simd>(s: S, x: S::V) -> S::V {
-    // ln 2 in two parts: the first has 9 significant bits, so `n` times it is exact.
-    const LN2_HIGH: f32 = 0.693_359_4;
-    const LN2_LOW: f32 = -2.121_944_4e-4;
-    let x = s.min(s.max(x, s.splat(-87.0)), s.splat(88.0));
-    let n = s.round(s.mul(x, s.splat(std::f32::consts::LOG2_E)));
-    let r = s.mul_add(n, s.splat(-LN2_HIGH), x);
-    let r = s.mul_add(n, s.splat(-LN2_LOW), r);
-    // 1/7!, 1/6!, ..., 1/1!, 1/0!
-    const TAYLOR: [f32; 8] = [
-        1.0 / 5040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-        1.0,
-        1.0,
-    ];
-    let mut p = s.splat(TAYLOR[0]);
-    for c in &TAYLOR[1..] {
-        p = s.mul_add(p, r, s.splat(*c));
-    }
-    s.mul(p, s.pow2(n))
 }
 
 /// Calls of [`Simd::nibble_products`] that stay exact in i16 lanes: each adds at most
@@ -268,57 +226,5 @@ mod x86 {
     pub unsafe fn avx2<K: Kernel>(kernel: K) -> K::Output {
         // SAFETY: the caller checked the CPU has AVX2, FMA and F16C.
         kernel.run::<Avx2, 4>(unsafe { Avx2::new() })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{Isa, Kernel, Simd, exp};
-
-    /// `exp` of sixteen values, as a kernel.
-    struct Exp([f32; 16]);
-
-    impl Kernel for Exp {
-        type Output = [f32; 16];
-
-        fn run<S: Simd, const T: usize>(self, s: S) -> [f32; 16] {
-            let mut out = [0.0; 16];
-            s.store(exp(s, s.load(&self.0)), &mut out);
-            out
-        }
-    }
-
-    #[test]
-    fn exp_is_within_two_units_in_the_last_place_on_every_instruction_set() {
-        for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
-            if !isa.supported() {
-                continue;
-            }
-            let mut worst = 0f64;
-            // -87..=88 in steps of 1/4096, sixteen at a time, and the bounds themselves.
-            let xs: Vec<f32> = (-87 * 4096..=88 * 4096)
-                .map(|i| i as f32 / 4096.0)
-                .chain([-87.0, 88.0, 0.0, -0.0, 1e-30, -1e-30])
-                .collect();
-            for chunk in xs.chunks(16) {
-                let mut lanes = [0.0; 16];
-                lanes[..chunk.len()].copy_from_slice(chunk);
-                let got = isa.run(Exp(lanes));
-                for (&x, &y) in chunk.iter().zip(&got) {
-                    let want = f64::from(x).exp();
-                    let ulp = f64::from(f32::EPSILON) * want;
-                    worst = worst.max((f64::from(y) - want).abs() / ulp);
-                }
-            }
-            assert!(worst <= 2.0, "{isa:?}: {worst} units in the last place");
-        }
-        // Beyond the bounds: clamped, never infinite, zero or NaN.
-        let got = Isa::detected().run(Exp([
-            -1e9, -100.0, 100.0, 1e9, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-        ]));
-        assert!(
-            got[..4].iter().all(|v| v.is_finite() && *v > 0.0),
-            "{got:?}"
-        );
     }
 }

@@ -54,27 +54,6 @@ impl Simd for Portable {
     }
 
     #[inline(always)]
-    fn min(self, a: [f32; 16], b: [f32; 16]) -> [f32; 16] {
-        std::array::from_fn(|i| a[i].min(b[i]))
-    }
-
-    #[inline(always)]
-    fn max(self, a: [f32; 16], b: [f32; 16]) -> [f32; 16] {
-        std::array::from_fn(|i| a[i].max(b[i]))
-    }
-
-    #[inline(always)]
-    fn round(self, v: [f32; 16]) -> [f32; 16] {
-        std::array::from_fn(|i| v[i].round_ties_even())
-    }
-
-    #[inline(always)]
-    fn pow2(self, n: [f32; 16]) -> [f32; 16] {
-        // The exponent field of a normal float: n + 127 in 1..=254.
-        std::array::from_fn(|i| f32::from_bits(((n[i] as i32 + 127) as u32) << 23))
-    }
-
-    #[inline(always)]
     fn nibbles(self, bytes: &[u8; 16], shift: u32, offset: i32) -> [f32; 16] {
         std::array::from_fn(|i| (((i32::from(bytes[i]) >> shift) & 15) - offset) as f32)
     }
