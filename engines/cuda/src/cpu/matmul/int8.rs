@@ -13,9 +13,9 @@
 //! (the group's largest magnitude / 254), well under the weights' own quantization error.
 //! Scales and minimums are held as IEEE halves: exactly the file's where it ships halves
 //! (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), and for the K-quants, whose group scales are a half
-//! times a small integer, within 1/2048 of it, an eighth of the inputs' rounding (a matrix with a scale outside the
-//! halves' normal range keeps f32 inputs instead). A decoding
-//! step reads them beside the codes, so at 4 bits they were a third of its bytes as f32.
+//! times a small integer, within 1/2048 of it, an eighth of the inputs' rounding (a matrix
+//! with a scale outside the halves' normal range keeps f32 inputs instead). A decoding step
+//! reads them beside the codes, so at 4 bits they were a third of its bytes as f32.
 //! [`super::Activations::Exact`] keeps f32 inputs where bit-for-bit agreement with a reference
 //! matters.
 
@@ -436,8 +436,8 @@ fn tile_rows<S: Simd, const R: usize, const Q4: bool, const MIN: bool, const OFF
 /// `T` is 4), so a tile's codes are read from memory once for a batch of decoding steps and
 /// stay in cache while every row meets them, and a long prompt's rows stay in cache while
 /// every tile meets them. With `amx` (granted, see [`crate::cpu::simd::amx`]) rows go by
-/// sixteen through AMX's tiles first, while at least [`amx::ROWS`] are left. Each row's sums are the same whatever the batch
-/// around it, and whichever path took it.
+/// sixteen through AMX's tiles first, while at least [`amx::ROWS`] are left. Each row's sums
+/// are the same whatever the batch around it, and whichever path took it.
 ///
 /// # Safety
 /// `out.ptr` must point at `x.rows × out.n` writable floats (`out.n` = `w.rows()`), and no
