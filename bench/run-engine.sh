@@ -2,7 +2,7 @@
 # The default engine (CPU device, through its plugin) beside Hugging Face transformers on the
 # same model, same workloads, same machine, same run: the `small` preset, or MODEL (a model folder
 # or a .gguf file; transformers dequantizes it to f32, and for a .gguf llama.cpp's `llama-server`,
-# built by bench/llama-server.sh, runs the same file too). Writes bench/results/engine.{json,md},
+# built by tools/llama-server.sh, runs the same file too). Writes bench/results/engine.{json,md},
 # or engine-NAME.{json,md} with NAME.
 #   bench/run-engine.sh [MODEL NAME]
 set -euo pipefail
@@ -26,7 +26,7 @@ target/release/engine-bench target/release/libturnpike_cuda.so "$model" "$work/t
 llama=""
 case "$model" in
   *.gguf)
-    llama_server=$(bench/llama-server.sh)
+    llama_server=$(tools/llama-server.sh)
     python3 bench/llama_peer.py "$llama_server" "$model" "$work/llama.json"
     llama="$model"
     ;;

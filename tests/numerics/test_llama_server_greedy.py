@@ -42,7 +42,7 @@ NEAR = 0.3
 SLACK = 0.03
 STEPS = 16
 
-pytestmark = pytest.mark.skipif(not SERVER.exists(), reason="llama-server is built by bench/llama-server.sh")
+pytestmark = pytest.mark.skipif(not SERVER.exists(), reason="llama-server is built by tools/llama-server.sh")
 
 
 def free_port():

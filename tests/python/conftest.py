@@ -15,6 +15,13 @@ import pytest
 from tokenizers import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytest_configure(config):
+    # `tests/run.sh js` runs these alone (they need node and target/js); `python` runs the rest.
+    config.addinivalue_line("markers", "js: drives a JavaScript SDK with node")
+
+
 BIN = Path(os.environ.get("TURNPIKE_BIN", ROOT / "target/debug/turnpike"))
 SIM = Path(os.environ.get("TURNPIKE_SIM", ROOT / "target/debug/libturnpike_sim.so"))
 FOLDER = ROOT / "examples/models/sim-small"

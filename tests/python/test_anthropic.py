@@ -175,6 +175,7 @@ def test_idempotency_replays_the_same_message(client):
     assert json.loads(again.to_json())["usage"] == json.loads(first.to_json())["usage"]
 
 
+@pytest.mark.js
 def test_the_typescript_sdk_too(served):
     gateway, keys = served
     js = os.environ.get("TURNPIKE_JS")

