@@ -1,7 +1,9 @@
 //! The gateway's layers point down: no import cycle between its top-level modules, and only the
 //! layers above the HTTP routes (`config`, which composes every component's settings, and
-//! `server`, which serves them) import `routes`; only `server` and `cli` import `config`. Read
-//! from the sources as they stand; `docs/architecture.md` draws the layers.
+//! `server`, which serves them) import `routes`; only `server` and `cli` import `config`; the
+//! protocols and routes reach the engine only through the `generation` facade, never `pipeline`.
+//! Read from the sources as they stand (paths through `crate::` and through `super::` chains that
+//! climb to the crate root); `docs/architecture.md` draws the layers.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -27,9 +29,32 @@ fn module_of(root: &Path, file: &Path) -> String {
     first.to_string_lossy().trim_end_matches(".rs").to_string()
 }
 
+/// How many `super::` steps climb from a file's module to the crate root: `routes/chat.rs` is
+/// `crate::routes::chat`, two; `routes/mod.rs` is `crate::routes`, one.
+fn depth(root: &Path, file: &Path) -> usize {
+    let relative = file.strip_prefix(root).unwrap();
+    let parts = relative.components().count();
+    if relative.ends_with("mod.rs") {
+        parts - 1
+    } else {
+        parts
+    }
+}
+
+/// The root-relative prefix every path to the crate root starts with in a file `depth` modules
+/// down: `crate::`, or `super::` repeated `depth` times.
+fn root_prefixes(depth: usize) -> Vec<String> {
+    let mut prefixes = vec!["crate::".to_string()];
+    if depth > 0 {
+        prefixes.push("super::".repeat(depth));
+    }
+    prefixes
+}
+
 /// The top-level modules the code of `text` (comments and unit tests left out) names through
-/// `crate::`, among `modules`.
-fn imports(text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+/// `crate::`, or through a `super::` chain that reaches the crate root from a file `depth`
+/// modules down, among `modules`.
+fn imports(text: &str, depth: usize, modules: &BTreeSet<String>) -> BTreeSet<String> {
     let code = text.split("#[cfg(test)]").next().unwrap_or("");
     let mut found = BTreeSet::new();
     for line in code.lines() {
@@ -37,29 +62,45 @@ fn imports(text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
         if line.starts_with("//") {
             continue;
         }
-        let mut rest = line;
-        while let Some(at) = rest.find("crate::") {
-            rest = &rest[at + "crate::".len()..];
-            let names: Vec<&str> = match rest.strip_prefix('{') {
-                Some(group) => group
-                    .split('}')
-                    .next()
-                    .unwrap_or("")
-                    .split(',')
-                    .map(|n| n.trim().split("::").next().unwrap_or(""))
-                    .collect(),
-                None => vec![
-                    rest.split(|c: char| !c.is_alphanumeric() && c != '_')
-                        .next()
-                        .unwrap_or(""),
-                ],
-            };
-            for name in names {
-                if modules.contains(name) {
-                    found.insert(name.to_string());
-                }
-            }
+        for prefix in root_prefixes(depth) {
+            found.extend(names_after(line, &prefix, modules));
         }
+    }
+    found
+}
+
+/// The top-level modules named right after each `prefix` in `line` (`prefix::{a, b::c}` too).
+fn names_after(line: &str, prefix: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+    let climbs = prefix.starts_with("super");
+    let mut found = BTreeSet::new();
+    let mut rest = line;
+    while let Some(at) = rest.find(prefix) {
+        // Part of a longer `super::` chain: another depth's path, not one to the root.
+        let longer = climbs && rest[..at].ends_with("super::");
+        rest = &rest[at + prefix.len()..];
+        if longer || (climbs && rest.starts_with("super::")) {
+            continue;
+        }
+        let names: Vec<&str> = match rest.strip_prefix('{') {
+            Some(group) => group
+                .split('}')
+                .next()
+                .unwrap_or("")
+                .split(',')
+                .map(|n| n.trim().split("::").next().unwrap_or(""))
+                .collect(),
+            None => vec![
+                rest.split(|c: char| !c.is_alphanumeric() && c != '_')
+                    .next()
+                    .unwrap_or(""),
+            ],
+        };
+        found.extend(
+            names
+                .into_iter()
+                .filter(|name| modules.contains(*name))
+                .map(String::from),
+        );
     }
     found
 }
@@ -85,7 +126,7 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
         };
         let text = std::fs::read_to_string(file).unwrap();
         edges.extend(
-            imports(&text, &modules)
+            imports(&text, depth(&root, file), &modules)
                 .into_iter()
                 .filter(|m| *m != module),
         );
@@ -144,4 +185,36 @@ fn no_import_cycles_between_top_level_modules() {
         })
         .collect();
     assert!(cycles.is_empty(), "import cycles through: {cycles:?}");
+}
+
+#[test]
+fn protocols_and_routes_reach_the_engine_only_through_the_facade() {
+    let graph = graph();
+    for module in ["protocols", "routes", "openai", "anthropic"] {
+        let edges = &graph[module];
+        assert!(
+            !edges.contains("pipeline"),
+            "`{module}` imports `pipeline`: protocols render what `generation` re-exports"
+        );
+    }
+}
+
+#[test]
+fn the_scan_sees_paths_that_climb_to_the_root_through_super() {
+    let modules: BTreeSet<String> = ["pipeline", "generation", "error"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let names = |text: &str, depth: usize| imports(text, depth, &modules);
+    assert_eq!(
+        names("use super::super::pipeline::run::GenEvent;", 2),
+        BTreeSet::from(["pipeline".to_string()])
+    );
+    // One level short of the root: a sibling module, not a top-level one.
+    assert!(names("use super::super::pipeline::run::GenEvent;", 3).is_empty());
+    assert_eq!(
+        names("use crate::{error::ApiError, generation::Generation};", 1),
+        BTreeSet::from(["error".to_string(), "generation".to_string()])
+    );
+    assert!(names("// use crate::pipeline;", 1).is_empty());
 }

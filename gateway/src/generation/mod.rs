@@ -25,9 +25,14 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
+// What protocols build requests from and render answers by: the facade owns these names, so no
+// protocol reaches into `pipeline` (gateway/tests/layers.rs keeps it so).
+pub(crate) use crate::pipeline::events::{Finished, GenEvent, ServerToolRun, TokenLogprob, Totals};
+pub(crate) use crate::pipeline::fold::{Folded, fold};
 pub(crate) use crate::pipeline::params::refuse_streamed_beams;
 pub(crate) use crate::pipeline::request::{
     GenerationRequest, HostedServer, OutputFormat, ParamNames, Prompt, Sampling, ToolChoice, Tools,
+    template_tool,
 };
 pub(crate) use embed::EmbeddingRequest;
 pub(crate) use stream::Generation;
@@ -38,7 +43,7 @@ use crate::error::ApiError;
 use crate::lifecycle::Lifecycle;
 use crate::pipeline::run::{self, Job};
 use crate::pipeline::{plan, prompt};
-use crate::tenancy::{Admission, Caller, Tenancy};
+use crate::tenancy::{Admission, AdmitRequest, Caller, Tenancy};
 use record::RequestRecord;
 
 /// How long a generation may take, and what an overloaded engine tells the caller.
@@ -438,11 +443,13 @@ impl Generator {
             .admit(
                 caller,
                 &model,
-                plan.prompt_tokens(),
-                plan.most_new_tokens(),
-                plan.priority,
-                deadline,
-                wait,
+                AdmitRequest {
+                    prompt: plan.prompt_tokens(),
+                    most_new: plan.most_new_tokens(),
+                    priority: plan.priority,
+                    deadline,
+                    wait,
+                },
             )
             .instrument(queue_wait);
         let admission = until_cut(&self.lifecycle, self.timing.retry_after, admission).await??;

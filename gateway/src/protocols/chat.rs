@@ -10,6 +10,7 @@ use super::{Call, Reply};
 use crate::clock::unix_now;
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
+use crate::generation::{Finished, GenEvent, TokenLogprob};
 use crate::generation::{
     GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started, refuse_streamed_beams,
 };
@@ -19,7 +20,6 @@ use crate::openai::chat::{
     ChunkChoice, Delta, FunctionCall, FunctionCallDelta, ResponseFormat, ToolCall, ToolCallDelta,
 };
 use crate::openai::common::{ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, Usage};
-use crate::pipeline::run::{self, GenEvent, TokenLogprob};
 
 /// Log probabilities in the chat format.
 fn chat_logprobs(tokens: &[TokenLogprob]) -> ChatLogprobs {
@@ -164,7 +164,7 @@ pub(crate) async fn complete(
                 }),
             },
             logprobs: logprobs.map(|_| chat_logprobs(&c.logprobs)),
-            finish_reason: Some(c.finish.unwrap_or(run::Finished::Stop).as_str()),
+            finish_reason: Some(c.finish.unwrap_or(Finished::Stop).as_str()),
         })
         .collect();
     let t = folded.totals;

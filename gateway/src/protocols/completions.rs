@@ -8,14 +8,13 @@ use super::render::{Chunk, Render};
 use super::{Call, Reply};
 use crate::clock::unix_now;
 use crate::error::ApiError;
+use crate::generation::{Finished, GenEvent, TokenLogprob, refuse_streamed_beams};
 use crate::generation::{
     GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started, Tools,
 };
 use crate::ids::new_id;
 use crate::openai::common::{CompletionLogprobs, Usage};
 use crate::openai::completions::{Completion, CompletionChoice, CompletionRequest};
-use crate::pipeline::params;
-use crate::pipeline::run::{self, GenEvent, TokenLogprob};
 
 /// OpenAI's default `max_tokens` for legacy completions.
 const LEGACY_DEFAULT_MAX_TOKENS: u32 = 16;
@@ -65,7 +64,7 @@ pub(crate) fn generation_request(
             "'suffix' (insertion) is not supported",
         ));
     }
-    params::refuse_streamed_beams(
+    refuse_streamed_beams(
         req.best_of.as_ref(),
         req.n.as_ref(),
         req.stream.unwrap_or(false),
@@ -166,7 +165,7 @@ pub(crate) async fn complete(call: Call<'_>, req: &CompletionRequest) -> Result<
                 text: prefix + &c.text,
                 index: i as u32,
                 logprobs: logprobs.map(|_| legacy_logprobs(&c.logprobs, &c.text_offsets)),
-                finish_reason: Some(c.finish.unwrap_or(run::Finished::Stop).as_str()),
+                finish_reason: Some(c.finish.unwrap_or(Finished::Stop).as_str()),
             }
         })
         .collect();

@@ -9,7 +9,7 @@ use tracing::Instrument;
 use crate::error::ApiError;
 use crate::generation::Generation;
 use crate::generation::record::RequestRecord;
-use crate::pipeline::fold::{self, Folded};
+use crate::generation::{Folded, fold};
 
 /// A generation, delivered.
 pub(crate) enum Delivered<R> {
@@ -68,7 +68,7 @@ pub(crate) async fn deliver<R: Render>(
     }
     let render =
         tracing::info_span!(target: crate::observability::traces::TARGET, "render", stream = false);
-    let folded = tokio::time::timeout_at(deadline.into(), fold::fold(stream, choices))
+    let folded = tokio::time::timeout_at(deadline.into(), fold(stream, choices))
         .instrument(render)
         .await
         .map_err(|_| ApiError::Timeout(settings.request_timeout))

@@ -19,11 +19,11 @@ use futures_core::Stream;
 use futures_util::StreamExt;
 
 use crate::error::ApiError;
+use crate::generation::GenEvent;
 use crate::generation::Generation;
 use crate::generation::record::RequestRecord;
 use crate::observability::metrics;
 use crate::openai::error::ErrorDetail;
-use crate::pipeline::run::GenEvent;
 
 /// One event of a streamed answer: its JSON, and the name SSE gives it (`event:`), if any. It
 /// is serialised once, straight into its server-sent-event frame; the JSON alone (what a

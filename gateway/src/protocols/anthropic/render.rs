@@ -6,9 +6,8 @@
 use serde_json::{Value, json};
 
 use crate::anthropic::{ContentBlock, ErrorBody, ErrorDetail, Message, Usage};
+use crate::generation::{Finished, Folded, GenEvent, Totals};
 use crate::openai::error::ErrorDetail as OpenAiError;
-use crate::pipeline::fold::Folded;
-use crate::pipeline::run::{Finished, GenEvent, Totals};
 use crate::protocols::render::{Chunk, Render};
 
 /// Anthropic's stop reason and the stop sequence that ended the answer, if one did.

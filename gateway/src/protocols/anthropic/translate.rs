@@ -8,11 +8,11 @@ use serde_json::{Value, json};
 
 use crate::anthropic::MessagesRequest;
 use crate::error::ApiError;
+use crate::generation::template_tool;
 use crate::generation::{
     GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, ToolChoice, Tools,
 };
 use crate::openai::common::{Extensions, StopParam};
-use crate::pipeline::request::template_tool;
 
 /// Anthropic's names for the parameters errors point at.
 pub(crate) const NAMES: ParamNames = ParamNames {

@@ -10,13 +10,12 @@ use axum::body::Bytes;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::generation::{Finished, Folded, GenEvent, ServerToolRun, TokenLogprob};
 use crate::ids::new_id;
 use crate::openai::error::ErrorDetail;
 use crate::openai::responses::{
     IncompleteDetails, OutputItem, OutputText, ResponseObject, ResponseUsage,
 };
-use crate::pipeline::fold::Folded;
-use crate::pipeline::run::{Finished, GenEvent, ServerToolRun, TokenLogprob};
 use crate::protocols::render::{Chunk, Render};
 
 /// Ends `response`: its output, status (`incomplete` when the token limit cut it) and usage.

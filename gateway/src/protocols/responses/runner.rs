@@ -22,10 +22,10 @@ use super::render::EventRenderer;
 use super::stored::StoredResponse;
 use super::{ResponseStore, Responses};
 use crate::error::ApiError;
+use crate::generation::GenEvent;
 use crate::generation::record::RequestRecord;
 use crate::generation::{Generation, Prepared};
 use crate::openai::responses::{ResponseObject, ResponseUsage};
-use crate::pipeline::run::GenEvent;
 use crate::protocols::render::Chunk;
 use crate::protocols::{Call, Reply, StreamSettings};
 
