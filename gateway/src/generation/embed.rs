@@ -10,7 +10,7 @@ use turnpike_engine_api::EmbedParams;
 use super::Generator;
 use crate::error::ApiError;
 use crate::pipeline::{params, prompt};
-use crate::tenancy::Caller;
+use crate::tenancy::{AdmitRequest, Caller};
 
 /// Inputs to embed.
 #[derive(Debug, Clone)]
@@ -84,7 +84,17 @@ impl Generator {
         let deadline = started + timing.request_timeout;
         let admission = self
             .tenancy
-            .admit(caller, &model, prompt_tokens, 0, priority, deadline, true)
+            .admit(
+                caller,
+                &model,
+                AdmitRequest {
+                    prompt: prompt_tokens,
+                    most_new: 0,
+                    priority,
+                    deadline,
+                    wait: true,
+                },
+            )
             .await?;
         let backend = Arc::clone(&model.backend);
         let engine_model = model.info.id.clone();

@@ -17,7 +17,7 @@ use super::Generator;
 use crate::engine_host::EngineRun;
 use crate::error::ApiError;
 use crate::pipeline::speculation::{Names, speculation};
-use crate::tenancy::{Admission, Caller};
+use crate::tenancy::{Admission, AdmitRequest, Caller};
 
 /// A token-level request.
 #[derive(Debug, Clone, PartialEq)]
@@ -157,11 +157,13 @@ impl Generator {
             .admit(
                 caller,
                 &model,
-                req.prompt.len() as u64,
-                most,
-                p.priority,
-                deadline,
-                true,
+                AdmitRequest {
+                    prompt: req.prompt.len() as u64,
+                    most_new: most,
+                    priority: p.priority,
+                    deadline,
+                    wait: true,
+                },
             )
             .await?;
         let span = tracing::info_span!(

@@ -108,7 +108,6 @@ fn add(totals: &mut Totals, more: Totals) {
 
 impl ToolLoop {
     /// A loop for `request` (already offering `tools`), as started by `caller`.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         generator: Generator,
         caller: Caller,

@@ -17,7 +17,7 @@ use axum::response::Response;
 use serde_json::Value;
 
 use super::AppState;
-use super::turn::{forward, guarded};
+use super::turn::{Turn, forward, guarded};
 use super::websocket::{Closed, Turns, Waiting, accept, error_event, send, take_key};
 use crate::error::ApiError;
 use crate::openai::chat::ChatCompletionRequest;
@@ -67,8 +67,13 @@ impl Turns for ChatTurns {
             chat::complete(owned_state.call(&owned_caller, started), &req).await
         };
         let deadline = started + state.server.request_timeout;
-        let path = "/v1/chat/completions";
-        let answer = guarded(state, caller, path, key, &body, deadline, true, work).await;
+        let turn = Turn {
+            path: "/v1/chat/completions",
+            body: &body,
+            deadline,
+            done_frame: true,
+        };
+        let answer = guarded(state, caller, turn, key, work).await;
         forward(socket, answer, waiting).await.map(|_| ())
     }
 }

@@ -20,7 +20,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::turn::{forward, guarded};
+use super::turn::{Turn, forward, guarded};
 use super::websocket::{Closed, Turns, Waiting, accept, error_event, send, send_text, take_key};
 use crate::clock::unix_now;
 use crate::error::ApiError;
@@ -187,8 +187,13 @@ async fn handle(
         Ok(reply)
     };
     let deadline = started + state.server.request_timeout;
-    let path = "/v1/responses";
-    let answer = guarded(state, caller, path, key, &body, deadline, false, work).await;
+    let turn = Turn {
+        path: "/v1/responses",
+        body: &body,
+        deadline,
+        done_frame: false,
+    };
+    let answer = guarded(state, caller, turn, key, work).await;
     let final_event = forward(socket, answer, waiting).await?;
     // The connection remembers the response the turn made, for `previous_response_id`.
     let finished: Option<_> = final_event

@@ -90,25 +90,39 @@ fn texts(out: Out, done_frame: bool) -> Vec<String> {
     }
 }
 
+/// A WebSocket turn as its idempotency record knows it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Turn<'a> {
+    /// The endpoint the turn stands for (`/v1/responses`).
+    pub(super) path: &'a str,
+    /// The request the key is bound to.
+    pub(super) body: &'a Value,
+    /// When the turn times out.
+    pub(super) deadline: Instant,
+    /// Whether the turn's messages end with chat's `[DONE]` frame.
+    pub(super) done_frame: bool,
+}
+
 /// Runs a turn's `work` (the protocol call), under the idempotency key `key` when the message
-/// carried one and the gateway keeps keys (`body` is the request the key is bound to, `path`
-/// the endpoint). Without a key the messages go out as the protocol makes them; with one they
-/// are recorded as lines of a body, which a replay sends again.
-#[allow(clippy::too_many_arguments)]
+/// carried one and the gateway keeps keys. Without a key the messages go out as the protocol
+/// makes them; with one they are recorded as lines of a body, which a replay sends again.
 pub(super) async fn guarded<F, Fut>(
     state: &AppState,
     caller: &Caller,
-    path: &str,
+    turn: Turn<'_>,
     key: Option<String>,
-    body: &Value,
-    deadline: Instant,
-    done_frame: bool,
     work: F,
 ) -> Answer
 where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<Reply, ApiError>> + Send + 'static,
 {
+    let Turn {
+        path,
+        body,
+        deadline,
+        done_frame,
+    } = turn;
     let (Some(key), Some(idempotency)) = (key, &state.tenancy.idempotency) else {
         return match work().await {
             Ok(reply) => Answer::Messages(messages(reply, done_frame)),

@@ -26,7 +26,7 @@ use crate::store::Window;
 
 pub use auth::{Authenticator, Caller};
 pub use keys::KeyRecord;
-pub use service::{Admission, Tenancy};
+pub use service::{Admission, AdmitRequest, Tenancy};
 
 /// An API surface a key or token may be scoped to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

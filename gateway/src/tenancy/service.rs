@@ -49,6 +49,21 @@ struct Layers {
     config_keys: usize,
 }
 
+/// What a generation asks [`Tenancy::admit`] for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmitRequest {
+    /// Its prompt tokens.
+    pub prompt: u64,
+    /// The most new tokens it may produce (every choice together).
+    pub most_new: u64,
+    /// Its place in the model's queue: higher goes first.
+    pub priority: i32,
+    /// When the request times out.
+    pub deadline: Instant,
+    /// Whether to wait for a place in the model's queue before answering.
+    pub wait: bool,
+}
+
 /// What a running generation holds: its token reservation, its concurrency lease and its place
 /// in the model's queue. Dropping it returns all three (unused tokens included).
 #[derive(Debug, Default)]
@@ -226,21 +241,24 @@ impl Tenancy {
         })
     }
 
-    /// Admits a generation of `prompt` tokens that may produce `most_new` more: reserves the
-    /// tokens, takes a concurrency lease, then joins the model's queue. With `wait`, it waits
-    /// (until `deadline`) for its place; else the admission may still wait (see
-    /// [`Admission::seated`]), as a background response does after it answered `queued`.
-    #[allow(clippy::too_many_arguments)]
+    /// Admits a generation of `ask.prompt` tokens that may produce `ask.most_new` more:
+    /// reserves the tokens, takes a concurrency lease, then joins the model's queue. With
+    /// `ask.wait`, it waits (until `ask.deadline`) for its place; else the admission may still
+    /// wait (see [`Admission::seated`]), as a background response does after it answered
+    /// `queued`.
     pub async fn admit(
         &self,
         caller: &Caller,
         model: &ServedModel,
-        prompt: u64,
-        most_new: u64,
-        priority: i32,
-        deadline: Instant,
-        wait: bool,
+        ask: AdmitRequest,
     ) -> Result<Admission, ApiError> {
+        let AdmitRequest {
+            prompt,
+            most_new,
+            priority,
+            deadline,
+            wait,
+        } = ask;
         let mut report = caller.snapshot();
         let reserved = self
             .limiter
