@@ -6,7 +6,8 @@
 //! - [`Codes::Q4`]: 4-bit codes in groups of 32 (16 bytes: the low nibbles hold values 0..16,
 //!   the high nibbles 16..32), each value `(code - offset) · scale + min` (Q4_0, Q4_1, Q4_K);
 //! - [`Codes::Q8`]: signed 8-bit codes in groups of 16 or 32, each value `code · scale + min`
-//!   (Q8_0; Q5_K and Q6_K, whose 5- and 6-bit codes are widened to a byte).
+//!   (Q8_0; Q5_K, Q6_K and the low-bit types of `gguf::low_bit` (Q5_0, Q5_1, Q2_K, Q3_K,
+//!   IQ4_NL, IQ4_XS), whose narrower codes are widened to a byte).
 //!
 //! Each formula is the one ggml's reference dequantizer evaluates (a product, then a sum, both
 //! in f32), so a value the kernels compute is bit for bit the value `gguf` dequantizes to. bf16
