@@ -3,11 +3,11 @@
 //!
 //! The scheduler decides what runs; a device only computes. Everything crossing this seam is
 //! plain data (token ids, positions, block tables, copy lists, logits), so a device can be a
-//! CPU reference or a GPU without the loop knowing which.
+//! CPU reference or a GPU without the loop knowing which. A device knows nothing of the
+//! scheduler either: [`crate::step`] turns a plan into a [`Batch`].
 
 use crate::model::pooling::PoolingMode;
 use crate::sampler::{Sampled, SamplingParams};
-use crate::scheduler::{PlannedChunk, StepPlan};
 
 /// A contiguous run of one sequence's tokens to compute in a step.
 #[derive(Debug, Clone, Copy)]
@@ -20,10 +20,12 @@ pub struct Chunk<'a> {
     pub block_table: &'a [u32],
     /// Return the logits of this chunk's last token (and of the `drafts` before it).
     pub logits: bool,
-    /// The tokens were generated, none is a prompt's (see [`PlannedChunk::generated`]).
+    /// Every token was generated (a decoding step), none is a prompt's: a device may compute
+    /// such chunks in lower precision and still give a prompt the same logits whether a
+    /// prefix-cache hit recomputes only its end or not.
     pub generated: bool,
-    /// The last `drafts` tokens are drafts ([`PlannedChunk::drafts`]): with `logits`, the
-    /// logits of the last `drafts + 1` tokens are returned, in order.
+    /// The last `drafts` tokens are drafted (speculative decoding): with `logits`, the logits
+    /// of the last `drafts + 1` tokens are returned, in order.
     pub drafts: usize,
 }
 
@@ -38,25 +40,6 @@ impl Chunk<'_> {
     }
 }
 
-impl<'a> Chunk<'a> {
-    /// The device's view of a chunk the scheduler planned.
-    pub fn planned(chunk: &'a PlannedChunk) -> Self {
-        Self {
-            tokens: &chunk.tokens,
-            start: chunk.start,
-            block_table: &chunk.block_table,
-            logits: chunk.sample,
-            generated: chunk.generated,
-            drafts: chunk.drafts,
-        }
-    }
-}
-
-/// The block copies of a plan, as (`src`, `dst`) pairs.
-pub fn planned_copies(plan: &StepPlan) -> Vec<(u32, u32)> {
-    plan.copies.iter().map(|c| (c.src, c.dst)).collect()
-}
-
 /// One step's work.
 #[derive(Debug, Clone, Copy)]
 pub struct Batch<'a> {
@@ -66,7 +49,7 @@ pub struct Batch<'a> {
     pub chunks: &'a [Chunk<'a>],
 }
 
-/// One choice to sample on a device that samples (see [`Device::sample`]).
+/// One choice to sample on a device that samples (see [`DeviceSampler::sample`]).
 #[derive(Debug, Clone, Copy)]
 pub struct SampleRequest<'a> {
     /// Which logits row of the last `forward` (the chunks that asked for logits, in order).
@@ -122,26 +105,21 @@ pub trait Device: Send {
     fn stats(&self) -> Vec<(&'static str, f64)> {
         Vec::new()
     }
-    /// The first `rows` logits rows of the last `forward` of a device that samples (for
-    /// tests and the reference tool; the engine never reads them).
-    fn read_logits(&mut self, rows: usize) -> Result<Vec<f32>, DeviceError> {
-        let _ = rows;
-        Err(DeviceError::InvalidBatch(format!(
-            "the {} device returns its logits from forward",
-            self.name()
-        )))
+    /// The device's own sampler, for a device that samples where its logits are: its
+    /// `forward` then keeps the logits and returns none, and the engine samples the step's
+    /// choices through this. `None` (the default): `forward` returns the logits and the engine
+    /// samples them on the host.
+    fn sampler(&mut self) -> Option<&mut dyn DeviceSampler> {
+        None
     }
-    /// Whether this device samples itself: its `forward` then keeps the logits and returns
-    /// none, and the engine calls [`Device::sample`] for the step's choices.
-    fn samples(&self) -> bool {
-        false
-    }
-    /// Samples choices from the logits of the last `forward`, one result per request, in order.
-    fn sample(&mut self, rows: &[SampleRequest<'_>]) -> Result<Vec<Sampled>, DeviceError> {
-        let _ = rows;
-        Err(DeviceError::InvalidBatch(format!(
-            "the {} device returns logits and does not sample",
-            self.name()
-        )))
-    }
+}
+
+/// Sampling where the logits are, for a device whose `forward` keeps them (see
+/// [`Device::sampler`]). Both calls read the logits of the device's last `forward`.
+pub trait DeviceSampler {
+    /// The first `rows` logits rows, copied out: for what the host must rank itself (beams,
+    /// drafts checked position by position) and for tests and the reference tool.
+    fn read_logits(&mut self, rows: usize) -> Result<Vec<f32>, DeviceError>;
+    /// Samples choices, one result per request, in order.
+    fn sample(&mut self, rows: &[SampleRequest<'_>]) -> Result<Vec<Sampled>, DeviceError>;
 }

@@ -23,7 +23,9 @@
 //!   or Lark grammar bans, before each sample, every token that would leave it.
 //! - [`device`]: the seam to hardware, one trait and plain data: "run these chunks against
 //!   these block tables and give me these logits". [`cpu`] is the reference device (f32 on
-//!   every core); the CUDA device implements the same trait.
+//!   every core); the CUDA device implements the same trait, and samples where its logits are
+//!   (a [`device::DeviceSampler`]). [`step`] turns a scheduler's plan into a device's batch,
+//!   so neither of the two imports the other.
 //! - `engine`: one worker thread per model owns a scheduler, a device and the live requests,
 //!   and turns the host's `submit`/`cancel` into steps and events; beam search (`best_of`
 //!   above `n`) is its own pure logic there (`engine::beams`), the worker only forking and
@@ -42,6 +44,7 @@ pub mod model;
 pub mod sampler;
 pub mod scheduler;
 pub mod speculative;
+pub mod step;
 
 use turnpike_engine_api::plugin::{EmbedRequest, Engine, Host, Request, Sink};
 use turnpike_engine_api::{EngineError, ModelInfo, Stats};

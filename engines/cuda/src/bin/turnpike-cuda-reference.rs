@@ -20,10 +20,11 @@ use std::process::ExitCode;
 use serde::Deserialize;
 use serde_json::json;
 use turnpike_cuda::cpu::{Activations, CpuDevice};
-use turnpike_cuda::device::{Batch, Chunk, Device, planned_copies};
+use turnpike_cuda::device::{Batch, Device};
 use turnpike_cuda::gpu::{Capacity, CudaDevice, GpuKvBudget, GpuSettings, kv_bytes_per_block};
 use turnpike_cuda::model::ModelFolder;
 use turnpike_cuda::scheduler::{NewSequence, Scheduler, SchedulerConfig};
+use turnpike_cuda::step;
 
 #[derive(Deserialize)]
 struct Input {
@@ -119,10 +120,10 @@ fn step_logits(
     returned: Vec<f32>,
     rows: usize,
 ) -> Result<Vec<f32>, String> {
-    if !device.samples() {
-        return Ok(returned);
+    match device.sampler() {
+        None => Ok(returned),
+        Some(sampler) => sampler.read_logits(rows).map_err(|e| e.to_string()),
     }
-    device.read_logits(rows).map_err(|e| e.to_string())
 }
 
 #[derive(Default)]
@@ -212,8 +213,8 @@ fn run() -> Result<String, String> {
             if plan.chunks.is_empty() {
                 return Err("the scheduler planned nothing".into());
             }
-            let copies = planned_copies(&plan);
-            let chunks: Vec<Chunk<'_>> = plan.chunks.iter().map(Chunk::planned).collect();
+            let copies = step::copies(&plan);
+            let chunks = step::chunks(&plan);
             let logits = device
                 .forward(&Batch {
                     copies: &copies,

@@ -322,7 +322,7 @@ impl DraftModel {
             copies: &[],
             chunks: &views,
         })?;
-        if self.device.samples() {
+        if let Some(sampler) = self.device.sampler() {
             let greedy = SamplingParams {
                 temperature: 0.0,
                 top_logprobs: Some(0),
@@ -338,7 +338,7 @@ impl DraftModel {
                     allowed: None,
                 })
                 .collect();
-            let sampled = self.device.sample(&requests)?;
+            let sampled = sampler.sample(&requests)?;
             return Ok(sampled
                 .iter()
                 .map(|s| (s.token, s.logprob.map_or(1.0, f32::exp)))

@@ -51,7 +51,7 @@ impl Worker {
             .filter(|c| c.sample)
             .map(|c| 1 + c.drafts)
             .sum();
-        let on_device = self.device.samples();
+        let on_device = self.device.sampler().is_some();
         if !on_device && logits.len() != wanted * self.vocab {
             self.host.error(&format!(
                 "the device returned {} logits for {wanted} rows of {}",
@@ -100,7 +100,11 @@ impl Worker {
         if on_device && !(beams.is_empty() && checks.is_empty()) {
             // Beams rank every token and drafts are checked position by position on the host:
             // a device that samples hands its logits rows back.
-            match self.device.read_logits(wanted) {
+            let read = match self.device.sampler() {
+                Some(sampler) => sampler.read_logits(wanted),
+                None => Ok(logits),
+            };
+            match read {
                 Ok(rows) => logits = rows,
                 Err(e) => {
                     self.host
@@ -232,8 +236,11 @@ impl Worker {
                 allowed: row.allowed.as_ref().map(|a| a.words()),
             })
             .collect();
-        let sampled: Vec<Sampled> = self
+        let sampler = self
             .device
+            .sampler()
+            .ok_or("the device does not sample: its logits were expected")?;
+        let sampled: Vec<Sampled> = sampler
             .sample(&rows)
             .map_err(|e| format!("device sampling failed: {e}"))?;
         if sampled.len() != rows.len() {

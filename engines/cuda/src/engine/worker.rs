@@ -13,11 +13,12 @@ use turnpike_engine_api::{Finish, Status, Usage};
 
 use super::counters::Counters;
 use super::request::LiveRequest;
-use crate::device::{Batch, Chunk, Device, planned_copies};
+use crate::device::{Batch, Device};
 use crate::grammar::Constraint;
 use crate::model::pooling::PoolingMode;
 use crate::sampler::mix;
 use crate::scheduler::{NewSequence, Scheduler, SchedulerStats, SeqId, StepPlan};
+use crate::step;
 
 /// A request the worker is to run, with its sink.
 #[derive(Debug)]
@@ -276,8 +277,8 @@ impl Worker {
         }
         self.count_batch(&plan);
         let began = std::time::Instant::now();
-        let copies = planned_copies(&plan);
-        let chunks: Vec<Chunk<'_>> = plan.chunks.iter().map(Chunk::planned).collect();
+        let copies = step::copies(&plan);
+        let chunks = step::chunks(&plan);
         let result = self.device.forward(&Batch {
             copies: &copies,
             chunks: &chunks,

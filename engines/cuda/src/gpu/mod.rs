@@ -38,7 +38,7 @@ use cudarc::driver::result as driver;
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream};
 
-use crate::device::{Batch, Chunk, Device, DeviceError, SampleRequest};
+use crate::device::{Batch, Chunk, Device, DeviceError, DeviceSampler, SampleRequest};
 use crate::model::pooling::PoolingMode;
 use crate::model::{F32Reader, LayeredWeights, ModelFolder, ModelSpec, RotaryTables, Weights};
 use crate::sampler::Sampled;
@@ -407,31 +407,8 @@ impl Device for CudaDevice {
         })
     }
 
-    fn samples(&self) -> bool {
-        true
-    }
-
-    fn read_logits(&mut self, rows: usize) -> Result<Vec<f32>, DeviceError> {
-        self.bind()?;
-        let mut out = vec![0f32; rows * self.spec.vocab_size];
-        self.workspace
-            .logits
-            .read(&mut out, self.stream.cu_stream())?;
-        sync(self.stream.cu_stream())?;
-        Ok(out)
-    }
-
-    fn sample(&mut self, rows: &[SampleRequest<'_>]) -> Result<Vec<Sampled>, DeviceError> {
-        self.bind()?;
-        let stream = self.stream.cu_stream();
-        let sampled = self
-            .sampler
-            .sample(&self.kernels, &self.workspace.logits, rows, stream)?;
-        if let Some(started) = self.step_started.take() {
-            self.steps += 1;
-            self.step_seconds += started.elapsed().as_secs_f64();
-        }
-        Ok(sampled)
+    fn sampler(&mut self) -> Option<&mut dyn DeviceSampler> {
+        Some(self)
     }
 
     fn stats(&self) -> Vec<(&'static str, f64)> {
@@ -469,6 +446,33 @@ impl Device for CudaDevice {
             stats.push(("gpu_utilization_percent", percent));
         }
         stats
+    }
+}
+
+/// Samples on the GPU, where the logits are; the host reads rows back only when it ranks them
+/// itself.
+impl DeviceSampler for CudaDevice {
+    fn read_logits(&mut self, rows: usize) -> Result<Vec<f32>, DeviceError> {
+        self.bind()?;
+        let mut out = vec![0f32; rows * self.spec.vocab_size];
+        self.workspace
+            .logits
+            .read(&mut out, self.stream.cu_stream())?;
+        sync(self.stream.cu_stream())?;
+        Ok(out)
+    }
+
+    fn sample(&mut self, rows: &[SampleRequest<'_>]) -> Result<Vec<Sampled>, DeviceError> {
+        self.bind()?;
+        let stream = self.stream.cu_stream();
+        let sampled = self
+            .sampler
+            .sample(&self.kernels, &self.workspace.logits, rows, stream)?;
+        if let Some(started) = self.step_started.take() {
+            self.steps += 1;
+            self.step_seconds += started.elapsed().as_secs_f64();
+        }
+        Ok(sampled)
     }
 }
 
