@@ -36,7 +36,7 @@ mod engine_run;
 mod grammar_timing;
 
 use engine_run::{Prompts, Setup, median, params, run, run_with, setup};
-use turnpike_engine_api::docs::Grammar;
+use turnpike_engine_api::json::Grammar;
 
 const RUNS: usize = 5;
 

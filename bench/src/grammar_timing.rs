@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 use turnpike_cuda::grammar::{Constraint, Grammars};
 use turnpike_cuda::model::ModelFolder;
-use turnpike_engine_api::docs::Grammar;
+use turnpike_engine_api::json::Grammar;
 
 /// The schema the decode workloads run under: a long array of small records, so structure
 /// (not free text) decides most tokens and the answer never completes within the run.

@@ -6,7 +6,7 @@
 use std::fmt;
 
 use crate::abi::{self, TpEventV1, TpStatus, TpTopLogprob, TpUsage};
-use crate::docs::MAX_TOP_LOGPROBS;
+use crate::json::MAX_TOP_LOGPROBS;
 use crate::layout;
 
 /// One alternative token and its log probability (the ABI struct, reused as is).

@@ -34,8 +34,8 @@
 //! `embed` says the plugin serves no embeddings.
 //!
 //! **Requests.** `submit` gets the prompt as token ids and the generation parameters as a JSON
-//! object ([`docs::GenerationParams`]), so parameters can be added without an ABI change. The host
-//! only sends a parameter that the model's capabilities ([`docs::Capabilities`]) declare; a plugin
+//! object ([`json::GenerationParams`]), so parameters can be added without an ABI change. The host
+//! only sends a parameter that the model's capabilities ([`json::Capabilities`]) declare; a plugin
 //! ignores keys it does not know.
 //!
 //! **Events.** A request's events go to its sink `{ctx, on_event, release}`: TOKEN events (token
@@ -76,7 +76,15 @@
 //! plugin keep rules 1, 2 and 7 even when its engine code forgets or panics.
 
 pub mod abi;
-pub mod docs;
+pub mod json;
+
+/// The earlier name of [`json`] (a module of JSON documents, not of documentation), kept so a
+/// plugin written against it still builds.
+#[deprecated(note = "renamed `json`")]
+#[doc(hidden)]
+pub mod docs {
+    pub use crate::json::*;
+}
 pub mod event;
 pub mod layout;
 pub mod plugin;
@@ -86,8 +94,8 @@ pub mod conformance;
 #[cfg(feature = "host")]
 pub mod host;
 
-pub use docs::{Capabilities, EmbedParams, GenerationParams, Grammar, ModelInfo, Stats};
 pub use event::{
     EngineError, EngineEvent, FinalEvent, Finish, FinishReason, Status, TokenEvent, TopLogprob,
     Usage,
 };
+pub use json::{Capabilities, EmbedParams, GenerationParams, Grammar, ModelInfo, Stats};

@@ -11,8 +11,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::docs::{GuardMessage, GuardRequest, ToolCall, TransformContext};
 use crate::host::{PluginInstance, PluginLibrary};
+use crate::json::{GuardMessage, GuardRequest, ToolCall, TransformContext};
 
 /// How long a guard or a transform feed may take before the kit calls it slow.
 pub const PROMPT_HOOK: Duration = Duration::from_millis(20);

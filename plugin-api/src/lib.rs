@@ -3,7 +3,7 @@
 //!
 //! - [`abi`]: the `#[repr(C)]` types and `extern "C"` signatures of ABI v1, from which
 //!   `include/turnpike_gateway_plugin.h` is generated for C and C++ plugins;
-//! - [`docs`]: the JSON documents hooks read and write;
+//! - [`json`]: the JSON documents hooks read and write;
 //! - [`plugin`]: a safe [`plugin::GatewayPlugin`] trait and [`export_gateway_plugin!`] for
 //!   plugins written in Rust;
 //! - `host` (feature `host`): loading and calling plugins;
@@ -46,7 +46,15 @@
 pub mod abi;
 #[cfg(feature = "conformance")]
 pub mod conformance;
-pub mod docs;
+pub mod json;
+
+/// The earlier name of [`json`] (a module of JSON documents, not of documentation), kept so a
+/// plugin written against it still builds.
+#[deprecated(note = "renamed `json`")]
+#[doc(hidden)]
+pub mod docs {
+    pub use crate::json::*;
+}
 #[cfg(feature = "host")]
 pub mod host;
 pub mod plugin;

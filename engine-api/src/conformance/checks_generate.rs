@@ -7,9 +7,9 @@ use serde_json::json;
 use super::recorder::Recorder;
 use super::{Kit, KitOptions, Miss, Outcome, ensure};
 use crate::abi::TpRequestV1;
-use crate::docs::{EmbedParams, ModelInfo};
 use crate::event::{FinishReason, Status};
 use crate::host::{EngineHandle, Plugin};
+use crate::json::{EmbedParams, ModelInfo};
 use crate::layout;
 
 pub(super) fn table(plugin: &Plugin) -> Outcome {

@@ -25,9 +25,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 pub use self::recorder::{Recorder, Seen};
-use crate::docs::{GenerationParams, ModelInfo};
 use crate::event::EngineError;
 use crate::host::{EngineHandle, Plugin, PluginError, PluginInfo};
+use crate::json::{GenerationParams, ModelInfo};
 
 /// How to run the kit.
 #[derive(Debug, Clone)]

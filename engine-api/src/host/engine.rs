@@ -12,8 +12,8 @@ use super::loader::PluginInfo;
 use super::log::HostTable;
 use super::writer::{EMBED_LIMIT, OutBuf, SMALL_LIMIT};
 use crate::abi::{TpEmbedRequestV1, TpEngine, TpEngineApiV1, TpRequestV1, TpSinkV1};
-use crate::docs::{EmbedParams, GenerationParams, ModelInfo, Stats};
 use crate::event::{EngineError, EngineEvent, Status};
+use crate::json::{EmbedParams, GenerationParams, ModelInfo, Stats};
 use crate::layout;
 
 /// What the host asks an engine to generate.

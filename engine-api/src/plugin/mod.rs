@@ -23,8 +23,8 @@ pub use sink::Sink;
 pub use thunks::api_table;
 
 use crate::abi::{self, TpHostV1};
-use crate::docs::{EmbedParams, GenerationParams, ModelInfo, Stats};
 use crate::event::EngineError;
+use crate::json::{EmbedParams, GenerationParams, ModelInfo, Stats};
 use crate::layout;
 
 /// An engine. One value per `create`; shared by reference across host threads.

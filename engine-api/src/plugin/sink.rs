@@ -20,10 +20,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::abi::{TpEventV1, TpSinkV1};
-use crate::docs::{MAX_TOP_LOGPROBS, Stats};
 use crate::event::{
     EngineError, EngineEvent, FinalEvent, Finish, Status, TokenEvent, TopLogprob, Usage,
 };
+use crate::json::{MAX_TOP_LOGPROBS, Stats};
 
 const OPEN: u8 = 0;
 const STREAMING: u8 = 1;

@@ -13,8 +13,8 @@ use crate::abi::{
     self, TpEmbedRequestV1, TpEngine, TpEngineApiV1, TpHostV1, TpRequestV1, TpSinkV1, TpStatus,
     TpStr, TpWriter,
 };
-use crate::docs::{EmbedParams, GenerationParams, from_json_object};
 use crate::event::EngineError;
+use crate::json::{EmbedParams, GenerationParams, from_json_object};
 use crate::layout;
 
 /// What a `TpEngine*` points to.

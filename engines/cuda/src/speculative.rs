@@ -131,7 +131,7 @@ impl SpeculativeSettings {
 }
 
 /// The most tokens a sequence drafts in one step (what a request may ask for).
-pub const MAX_DRAFT: usize = turnpike_engine_api::docs::MAX_ASSISTANT_TOKENS as usize;
+pub const MAX_DRAFT: usize = turnpike_engine_api::json::MAX_ASSISTANT_TOKENS as usize;
 
 /// How far back [`prompt_lookup`] searches (the text's last tokens): bounds its work per step.
 pub const LOOKUP_WINDOW: usize = 1 << 16;

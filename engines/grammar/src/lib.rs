@@ -37,7 +37,7 @@ use llguidance::toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, Tokeni
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
 use turnpike_engine_api::EngineError;
-use turnpike_engine_api::docs::Grammar;
+use turnpike_engine_api::json::Grammar;
 
 use number_guard::{Ban, NumberGuard};
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde::Deserialize;
-use turnpike_engine_api::docs::from_json_object;
+use turnpike_engine_api::json::from_json_object;
 
 pub(crate) use crate::modes::{Reasoning, ToolCalls};
 use crate::vocab::Vocab;

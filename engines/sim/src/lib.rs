@@ -156,7 +156,7 @@ impl Engine for SimEngine {
                     generation: true,
                     max_n: m.max_n,
                     logprobs: true,
-                    max_top_logprobs: turnpike_engine_api::docs::MAX_TOP_LOGPROBS,
+                    max_top_logprobs: turnpike_engine_api::json::MAX_TOP_LOGPROBS,
                     sampling: true,
                     penalties: true,
                     grammar: m.grammars.is_some(),

@@ -2,7 +2,7 @@
 //! every error names its key.
 
 use serde::Deserialize;
-use turnpike_engine_api::docs::from_json_object;
+use turnpike_engine_api::json::from_json_object;
 
 use crate::wire::Protocol;
 

@@ -161,7 +161,7 @@ impl Engine for Upstream {
                         generation: true,
                         max_n: c.max_n,
                         logprobs: true,
-                        max_top_logprobs: turnpike_engine_api::docs::MAX_TOP_LOGPROBS,
+                        max_top_logprobs: turnpike_engine_api::json::MAX_TOP_LOGPROBS,
                         sampling: true,
                         penalties: true,
                         grammar: c.grammar,

@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::Deserialize;
-use turnpike_engine_api::docs::from_json_object;
+use turnpike_engine_api::json::from_json_object;
 use turnpike_engine_api::plugin::{Engine, Host, Request, Sink};
 use turnpike_engine_api::{EngineError, Finish, ModelInfo, Usage};
 

@@ -249,7 +249,7 @@ pub(crate) fn generation_params(
                 "num_assistant_tokens",
                 k,
                 0,
-                i64::from(turnpike_engine_api::docs::MAX_ASSISTANT_TOKENS),
+                i64::from(turnpike_engine_api::json::MAX_ASSISTANT_TOKENS),
             )
         })
         .transpose()?;
@@ -404,7 +404,7 @@ pub(crate) fn logprobs(
     }
     let max = caps
         .max_top_logprobs
-        .min(turnpike_engine_api::docs::MAX_TOP_LOGPROBS);
+        .min(turnpike_engine_api::json::MAX_TOP_LOGPROBS);
     if top > max {
         return Err(ApiError::invalid(
             param,

@@ -3,7 +3,7 @@
 //! each protocol naming them its own way in the errors.
 
 use turnpike_engine_api::Capabilities;
-use turnpike_engine_api::docs::MAX_ASSISTANT_TOKENS;
+use turnpike_engine_api::json::MAX_ASSISTANT_TOKENS;
 
 use crate::error::ApiError;
 

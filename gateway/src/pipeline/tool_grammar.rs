@@ -18,7 +18,7 @@
 //! reads any answer that begins with `{` or `[` as calls).
 
 use serde_json::{Value, json};
-use turnpike_engine_api::docs::Grammar;
+use turnpike_engine_api::json::Grammar;
 
 use crate::text::tools::ToolCallFormat;
 

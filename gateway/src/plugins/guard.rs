@@ -2,7 +2,7 @@
 //! contents and prompt texts, by position, nothing else.
 
 use serde_json::Value;
-use turnpike_plugin_api::docs::{GuardMessage, GuardRequest};
+use turnpike_plugin_api::json::{GuardMessage, GuardRequest};
 
 use crate::pipeline::request::{GenerationRequest, Prompt};
 

@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tracing::Instrument as _;
 use turnpike_plugin_api::abi::TG_STATUS_OK;
-use turnpike_plugin_api::docs::{ToolCall, ToolSpec, TransformContext, Verdict};
 use turnpike_plugin_api::host::{PluginError, PluginInstance, PluginLibrary};
+use turnpike_plugin_api::json::{ToolCall, ToolSpec, TransformContext, Verdict};
 
 use crate::error::ApiError;
 use crate::observability::metrics;

@@ -9,7 +9,7 @@ use super::{LogContext, OutBuf, PluginError, borrowed, contract};
 use crate::abi::{
     self, TgHostV1, TgPlugin, TgPluginApiV1, TgStatus, TgStr, TgToolSinkV1, TgTransform, TgVerdict,
 };
-use crate::docs::{Description, GuardRequest, ToolCall, ToolSpec, TransformContext, Verdict};
+use crate::json::{Description, GuardRequest, ToolCall, ToolSpec, TransformContext, Verdict};
 use crate::plugin::Hooks;
 use crate::tg_str;
 
@@ -96,7 +96,7 @@ impl PluginInstance {
             abi::TG_VERDICT_ALLOW => Ok(Verdict::Allow),
             abi::TG_VERDICT_REJECT => {
                 let text = out.text()?;
-                let rejection: crate::docs::Rejection = serde_json::from_str(&text)
+                let rejection: crate::json::Rejection = serde_json::from_str(&text)
                     .map_err(|e| contract(format!("the guard's rejection is not valid: {e}")))?;
                 if !(400..=499).contains(&rejection.status) {
                     return Err(contract(format!(

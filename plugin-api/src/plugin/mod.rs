@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 
 use crate::abi::{self, TgHostV1, TgToolSinkV1};
-use crate::docs::{GuardRequest, ToolCall, ToolSpec, TransformContext, Verdict};
+use crate::json::{GuardRequest, ToolCall, ToolSpec, TransformContext, Verdict};
 pub use thunks::api_table;
 
 /// Which hooks a plugin offers; the others are exported as NULL.

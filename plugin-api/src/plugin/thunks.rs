@@ -14,7 +14,7 @@ use crate::abi::{
     self, TgHostV1, TgPlugin, TgPluginApiV1, TgStatus, TgStr, TgToolSinkV1, TgTransform, TgVerdict,
     TgWriter,
 };
-use crate::docs::{Description, GuardRequest, ToolCall, TransformContext, Verdict};
+use crate::json::{Description, GuardRequest, ToolCall, TransformContext, Verdict};
 
 /// What a `TgPlugin*` points to.
 struct Instance<P> {

@@ -24,8 +24,8 @@ mod policy;
 use std::collections::HashMap;
 
 use serde_json::Value;
-use turnpike_plugin_api::docs::{GuardRequest, Rejection, Verdict};
 use turnpike_plugin_api::export_gateway_plugin;
+use turnpike_plugin_api::json::{GuardRequest, Rejection, Verdict};
 use turnpike_plugin_api::plugin::{GatewayPlugin, Hooks, Host};
 
 use policy::{Policy, RawPolicy};

@@ -2,7 +2,7 @@
 
 use regex::{Regex, RegexSet};
 use serde::Deserialize;
-use turnpike_plugin_api::docs::GuardRequest;
+use turnpike_plugin_api::json::GuardRequest;
 
 /// A policy as written; a tenant's fields override the default's.
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -1,5 +1,5 @@
 use serde_json::json;
-use turnpike_plugin_api::docs::{GuardMessage, GuardRequest, Verdict};
+use turnpike_plugin_api::json::{GuardMessage, GuardRequest, Verdict};
 use turnpike_plugin_api::plugin::GatewayPlugin;
 
 use super::Guard;

@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
 use serde_json::Value;
-use turnpike_plugin_api::docs::{ToolCall, ToolSpec};
 use turnpike_plugin_api::export_gateway_plugin;
+use turnpike_plugin_api::json::{ToolCall, ToolSpec};
 use turnpike_plugin_api::plugin::{GatewayPlugin, Hooks, Host, LogLevel, ToolDone, ToolOutcome};
 
 use session::{Server, ServerSettings};

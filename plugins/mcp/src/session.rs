@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use turnpike_plugin_api::docs::{ToolCall, ToolSpec};
+use turnpike_plugin_api::json::{ToolCall, ToolSpec};
 
 /// The protocol version asked for.
 const PROTOCOL: &str = "2025-06-18";

@@ -26,8 +26,8 @@ mod rules;
 use std::sync::Arc;
 
 use serde_json::Value;
-use turnpike_plugin_api::docs::TransformContext;
 use turnpike_plugin_api::export_gateway_plugin;
+use turnpike_plugin_api::json::TransformContext;
 use turnpike_plugin_api::plugin::{GatewayPlugin, Hooks, Host, Transform};
 
 pub use rules::Rules;

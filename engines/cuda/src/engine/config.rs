@@ -130,7 +130,7 @@ struct RawModel {
 impl EngineSettings {
     /// Parses and validates; the error is one line naming the bad key.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let raw: RawSettings = turnpike_engine_api::docs::from_json_object(text)?;
+        let raw: RawSettings = turnpike_engine_api::json::from_json_object(text)?;
         if raw.models.is_empty() {
             return Err("`models` is empty: name at least one model folder".into());
         }

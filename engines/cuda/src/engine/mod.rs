@@ -156,7 +156,7 @@ impl ModelRuntime {
                 generation: folder.encoder.is_none(),
                 max_n: settings.max_n,
                 logprobs: true,
-                max_top_logprobs: turnpike_engine_api::docs::MAX_TOP_LOGPROBS,
+                max_top_logprobs: turnpike_engine_api::json::MAX_TOP_LOGPROBS,
                 sampling: true,
                 penalties: true,
                 grammar: grammars.is_some(),

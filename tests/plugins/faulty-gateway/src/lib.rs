@@ -16,10 +16,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
-use turnpike_plugin_api::docs::{
+use turnpike_plugin_api::export_gateway_plugin;
+use turnpike_plugin_api::json::{
     GuardRequest, Rejection, ToolCall, ToolSpec, TransformContext, Verdict,
 };
-use turnpike_plugin_api::export_gateway_plugin;
 use turnpike_plugin_api::plugin::{GatewayPlugin, Hooks, Host, ToolDone, ToolOutcome, Transform};
 
 /// The plugin.

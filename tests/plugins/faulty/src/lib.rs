@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::Deserialize;
-use turnpike_engine_api::docs::from_json_object;
+use turnpike_engine_api::json::from_json_object;
 use turnpike_engine_api::plugin::{EmbedRequest, Engine, Host, Request, Sink};
 use turnpike_engine_api::{EngineError, Finish, ModelInfo, Stats, Usage};
 
