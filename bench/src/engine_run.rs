@@ -8,7 +8,7 @@ use turnpike_engine_api::{EngineEvent, GenerationParams};
 
 /// What every engine benchmark starts from: `NAME PLUGIN MODEL_DIR OUT_JSON` on the command
 /// line, the loaded plugin and a runtime to drive it.
-pub struct Setup {
+pub(crate) struct Setup {
     pub rt: tokio::runtime::Runtime,
     pub plugin: Plugin,
     pub model: String,
@@ -16,7 +16,7 @@ pub struct Setup {
 }
 
 /// Reads the arguments of benchmark `name` and loads its plugin.
-pub fn setup(name: &str) -> Setup {
+pub(crate) fn setup(name: &str) -> Setup {
     let mut args = std::env::args().skip(1);
     let usage = format!("usage: {name} PLUGIN MODEL_DIR OUT_JSON");
     let plugin = args.next().expect(&usage);
@@ -36,18 +36,18 @@ pub fn setup(name: &str) -> Setup {
 }
 
 /// The median of `v` (the upper one for an even count).
-pub fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Deterministic pseudo-random prompts.
-pub struct Prompts(pub u64);
+pub(crate) struct Prompts(pub u64);
 
 impl Prompts {
     /// Random ids among the project tokenizer's ordinary tokens (5..668), so the prefix cache
     /// only hits where a measurement asks for it.
-    pub fn next(&mut self, len: usize) -> Vec<u32> {
+    pub(crate) fn next(&mut self, len: usize) -> Vec<u32> {
         (0..len)
             .map(|_| {
                 self.0 = self
@@ -61,7 +61,7 @@ impl Prompts {
 }
 
 /// Greedy, exactly `max_tokens` tokens.
-pub fn params(max_tokens: u32) -> GenerationParams {
+pub(crate) fn params(max_tokens: u32) -> GenerationParams {
     GenerationParams {
         max_tokens,
         temperature: 0.0,
@@ -72,7 +72,7 @@ pub fn params(max_tokens: u32) -> GenerationParams {
 
 /// Timings of one run, in seconds from its start.
 #[derive(Debug, Clone, Default)]
-pub struct Timings {
+pub(crate) struct Timings {
     /// Per request, when its first token came.
     pub first_token: Vec<f64>,
     /// When the last request ended.
@@ -83,7 +83,7 @@ pub struct Timings {
 
 impl Timings {
     /// The first token of the first request.
-    pub fn earliest_first_token(&self) -> f64 {
+    pub(crate) fn earliest_first_token(&self) -> f64 {
         self.first_token
             .iter()
             .copied()
@@ -92,7 +92,7 @@ impl Timings {
 
     /// Decode tokens per second once every request has its first token: the tokens after the
     /// first of each, over the time from the last first token to the end.
-    pub fn decode_tokens_per_s(&self) -> f64 {
+    pub(crate) fn decode_tokens_per_s(&self) -> f64 {
         let started = self.first_token.iter().copied().fold(0.0, f64::max);
         let decoded = self.tokens.saturating_sub(self.first_token.len());
         decoded as f64 / (self.end - started).max(1e-9)
@@ -100,7 +100,7 @@ impl Timings {
 }
 
 /// Sends every prompt at once to model `model` and reads every stream concurrently.
-pub async fn run(
+pub(crate) async fn run(
     engine: &EngineHandle,
     model: &str,
     prompts: Vec<Vec<u32>>,
@@ -110,7 +110,7 @@ pub async fn run(
 }
 
 /// [`run`] with every request's parameters `params`.
-pub async fn run_with(
+pub(crate) async fn run_with(
     engine: &EngineHandle,
     model: &str,
     prompts: Vec<Vec<u32>>,

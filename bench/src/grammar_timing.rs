@@ -11,7 +11,7 @@ use turnpike_engine_api::json::Grammar;
 
 /// The schema the decode workloads run under: a long array of small records, so structure
 /// (not free text) decides most tokens and the answer never completes within the run.
-pub fn bench_schema() -> Value {
+pub(crate) fn bench_schema() -> Value {
     json!({
         "type": "array", "minItems": 500,
         "items": {
@@ -54,7 +54,7 @@ fn percentile(mut v: Vec<f64>, q: f64) -> f64 {
 }
 
 /// Mask and compile times for the model at `path`, in microseconds and milliseconds.
-pub fn measure(path: &str) -> Value {
+pub(crate) fn measure(path: &str) -> Value {
     let folder = ModelFolder::open(std::path::Path::new(path)).expect("open the model");
     let tokenizer = folder.tokenizer.as_ref().expect("a tokenizer");
     let vocab = folder.spec.vocab_size;

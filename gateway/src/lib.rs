@@ -41,9 +41,9 @@
 //! `pipeline` → [`engine_host`] → [`text`] → `store`, [`observability`], and at the bottom
 //! `error`, `openai` and `anthropic` (wire types), `ids`, `clock`, [`lifecycle`] (serving, draining, cut: set
 //! by the server on a stop signal, read by readiness and every generation stream). Below `config`, no module imports `routes`;
-//! `tests/layers.rs` keeps it so.
-
-#![warn(missing_docs, unreachable_pub)]
+//! protocols and routes reach the engine only through `generation`, never `pipeline`;
+//! `tests/layers.rs` keeps it so. `missing_docs` and `unreachable_pub` are set for the whole
+//! workspace (its `Cargo.toml`).
 
 pub mod admin;
 pub(crate) mod anthropic;

@@ -32,7 +32,7 @@ fn default_rounds() -> usize {
 
 impl ToolCalls {
     /// Whether `prompt` already holds the tool results the model calls for.
-    pub fn answered(&self, prompt: &[u32]) -> bool {
+    pub(crate) fn answered(&self, prompt: &[u32]) -> bool {
         let m = &self.result_marker;
         !m.is_empty()
             && prompt
@@ -75,7 +75,7 @@ pub(crate) struct Reasoning {
 impl Reasoning {
     /// Reasoning tokens for an answer of about `answer` tokens at `effort` (as llmsim scales
     /// them: none 0, minimal 0.5x, low 1.5x, medium 3x (the default), high 6x, xhigh 10x).
-    pub fn tokens(effort: Option<&str>, answer: u32) -> u32 {
+    pub(crate) fn tokens(effort: Option<&str>, answer: u32) -> u32 {
         let factor = match effort {
             Some("none") => 0.0,
             Some("minimal") => 0.5,

@@ -27,7 +27,7 @@ use turnpike_engine_api::{
 
 /// One step of a scripted generation.
 #[derive(Debug, Clone)]
-pub enum Step {
+pub(crate) enum Step {
     /// A token of a choice, with optional logprob and alternatives.
     Token {
         choice: u32,
@@ -44,11 +44,12 @@ pub enum Step {
 }
 
 /// Builds the steps of a request, or refuses it.
-pub type Script = Box<dyn Fn(&EngineRequest) -> Result<Vec<Step>, EngineError> + Send + Sync>;
+pub(crate) type Script =
+    Box<dyn Fn(&EngineRequest) -> Result<Vec<Step>, EngineError> + Send + Sync>;
 
 /// What the fake saw.
 #[derive(Debug, Default)]
-pub struct Seen {
+pub(crate) struct Seen {
     pub requests: Mutex<Vec<EngineRequest>>,
     pub cancels: AtomicU32,
     /// Runs dropped before their FINAL was read.
@@ -56,7 +57,7 @@ pub struct Seen {
 }
 
 /// A scripted engine.
-pub struct FakeBackend {
+pub(crate) struct FakeBackend {
     pub info: ModelInfo,
     pub script: Script,
     pub seen: Arc<Seen>,
@@ -186,22 +187,22 @@ impl Backend for FakeBackend {
 }
 
 /// The model folder tests use.
-pub fn folder() -> PathBuf {
+pub(crate) fn folder() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/models/sim-small")
 }
 
 /// The folder's tokenizer.
-pub fn tokenizer() -> TextTokenizer {
+pub(crate) fn tokenizer() -> TextTokenizer {
     TextTokenizer::from_file(&folder().join("tokenizer.json")).unwrap()
 }
 
 /// Token ids of `text`.
-pub fn ids(text: &str) -> Vec<u32> {
+pub(crate) fn ids(text: &str) -> Vec<u32> {
     tokenizer().encode(text, false).unwrap()
 }
 
 /// Steps that emit `text` as choice 0, then end with `length`.
-pub fn say(text: &str) -> Vec<Step> {
+pub(crate) fn say(text: &str) -> Vec<Step> {
     let ids = ids(text);
     let n = ids.len() as u32;
     let mut steps: Vec<Step> = ids
@@ -224,7 +225,7 @@ pub fn say(text: &str) -> Vec<Step> {
 }
 
 /// A fake serving model `fake` (and alias `fake-alias`) with full capabilities.
-pub fn fake(script: Script) -> (Arc<Seen>, FakeBackend) {
+pub(crate) fn fake(script: Script) -> (Arc<Seen>, FakeBackend) {
     let seen = Arc::new(Seen::default());
     let info = ModelInfo {
         id: "fake-engine-model".into(),
@@ -252,7 +253,7 @@ pub fn fake(script: Script) -> (Arc<Seen>, FakeBackend) {
 }
 
 /// Server settings for tests (short heartbeat and timeout where a test sets them).
-pub fn server(heartbeat_ms: u64, timeout_ms: u64) -> ServerConfig {
+pub(crate) fn server(heartbeat_ms: u64, timeout_ms: u64) -> ServerConfig {
     ServerConfig {
         max_body_bytes: 64 * 1024,
         stream_heartbeat: Duration::from_millis(heartbeat_ms),
@@ -278,7 +279,7 @@ pub fn server(heartbeat_ms: u64, timeout_ms: u64) -> ServerConfig {
 }
 
 /// The seed's defaults.
-pub fn defaults() -> Defaults {
+pub(crate) fn defaults() -> Defaults {
     Defaults {
         max_request_tokens: 8192,
         max_output_tokens: 64,
@@ -291,12 +292,12 @@ pub fn defaults() -> Defaults {
 }
 
 /// The app over `backend`, with the given server settings.
-pub fn app_with(backend: FakeBackend, server_config: ServerConfig) -> Router {
+pub(crate) fn app_with(backend: FakeBackend, server_config: ServerConfig) -> Router {
     app_with_model(backend, server_config, |_| {})
 }
 
 /// Tenancy services from configuration text (the tenancy sections only).
-pub fn tenancy(toml: &str) -> Arc<Tenancy> {
+pub(crate) fn tenancy(toml: &str) -> Arc<Tenancy> {
     let text = format!("{toml}\n[[engines]]\nname = \"fake\"\nplugin = \"none.so\"\n");
     let config = Config::from_toml(&text, std::path::Path::new("/tmp/turnpike.toml"), &[])
         .unwrap_or_else(|e| panic!("{e}"));
@@ -304,7 +305,7 @@ pub fn tenancy(toml: &str) -> Arc<Tenancy> {
 }
 
 /// The app over `backend`, its model configuration changed by `edit`, without authentication.
-pub fn app_with_model(
+pub(crate) fn app_with_model(
     backend: FakeBackend,
     server_config: ServerConfig,
     edit: impl FnOnce(&mut ModelConfig),
@@ -318,7 +319,7 @@ pub fn app_with_model(
 }
 
 /// The app over `backend` with these tenancy services.
-pub fn app_with_tenancy(
+pub(crate) fn app_with_tenancy(
     backend: FakeBackend,
     server_config: ServerConfig,
     edit: impl FnOnce(&mut ModelConfig),
@@ -355,25 +356,25 @@ pub fn app_with_tenancy(
 }
 
 /// The app over `script` with default test settings.
-pub fn app(script: Script) -> (Arc<Seen>, Router) {
+pub(crate) fn app(script: Script) -> (Arc<Seen>, Router) {
     let (seen, backend) = fake(script);
     (seen, app_with(backend, server(10_000, 10_000)))
 }
 
 /// A response: status, headers, body text.
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: StatusCode,
     pub headers: axum::http::HeaderMap,
     pub body: String,
 }
 
 impl Reply {
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 
     /// The JSON payloads of an SSE body (`[DONE]` excluded) and whether it ended with `[DONE]`.
-    pub fn events(&self) -> (Vec<Value>, bool) {
+    pub(crate) fn events(&self) -> (Vec<Value>, bool) {
         let mut events = Vec::new();
         let mut done = false;
         for frame in self.body.split("\n\n").filter(|f| !f.is_empty()) {
@@ -394,7 +395,7 @@ impl Reply {
 }
 
 /// Sends `body` to `path` and reads the whole response.
-pub async fn post(app: &Router, path: &str, body: &str) -> Reply {
+pub(crate) async fn post(app: &Router, path: &str, body: &str) -> Reply {
     let request = Request::post(path)
         .header("content-type", "application/json")
         .body(Body::from(body.to_string()))
@@ -403,7 +404,7 @@ pub async fn post(app: &Router, path: &str, body: &str) -> Reply {
 }
 
 /// Sends a request and reads the whole response.
-pub async fn send(app: &Router, request: Request<Body>) -> Reply {
+pub(crate) async fn send(app: &Router, request: Request<Body>) -> Reply {
     let response = app.clone().oneshot(request).await.unwrap();
     let status = response.status();
     let headers = response.headers().clone();
@@ -418,12 +419,12 @@ pub async fn send(app: &Router, request: Request<Body>) -> Reply {
 }
 
 /// `GET path`.
-pub async fn get(app: &Router, path: &str) -> Reply {
+pub(crate) async fn get(app: &Router, path: &str) -> Reply {
     send(app, Request::get(path).body(Body::empty()).unwrap()).await
 }
 
 /// Asserts an OpenAI error body with all four keys, returning it.
-pub fn error_of(reply: &Reply, status: u16) -> Value {
+pub(crate) fn error_of(reply: &Reply, status: u16) -> Value {
     assert_eq!(reply.status.as_u16(), status, "{}", reply.body);
     let body = reply.json();
     let error = body["error"].clone();

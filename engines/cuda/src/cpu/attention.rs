@@ -13,7 +13,7 @@ use super::simd::{Isa, Kernel, Simd};
 
 /// The attention shape of a model.
 #[derive(Clone, Copy, Debug)]
-pub struct Heads {
+pub(super) struct Heads {
     /// Query heads.
     pub query: usize,
     /// Key/value heads.
@@ -49,7 +49,7 @@ impl Heads {
 /// Consecutive rows of one sequence: rows `row..row + len` of the batch, at positions
 /// `pos..pos + len`; `offsets` are the cache offsets of positions `0..pos + len`.
 #[derive(Clone, Copy, Debug)]
-pub struct Tile<'a> {
+pub(super) struct Tile<'a> {
     /// The first row.
     pub row: usize,
     /// Rows.
@@ -65,14 +65,14 @@ pub struct Tile<'a> {
 }
 
 /// Rows per tile: enough query vectors to pay for transposing each block of keys once.
-pub const TILE_ROWS: usize = 16;
+pub(super) const TILE_ROWS: usize = 16;
 
 /// Attention of every tile (prefill chunks): `queries` holds each row's query heads at
 /// `stride` floats per row; writes `out` (rows × query heads × dim). Each block of sixteen
 /// keys is transposed once and scored against every query of the tile with no horizontal
 /// sums; then one softmax per query and one pass over the values per query with its sums in
 /// registers.
-pub fn attend_tiles<V: KvValue>(
+pub(super) fn attend_tiles<V: KvValue>(
     cache: Cache<'_, V>,
     heads: Heads,
     tiles: &[Tile<'_>],

@@ -12,7 +12,7 @@ use crate::device::{Chunk, DeviceError};
 use crate::model::LayeredWeights;
 
 /// The model's weights as the CPU multiplies them.
-pub type DeviceWeights = LayeredWeights<Matrix>;
+pub(super) type DeviceWeights = LayeredWeights<Matrix>;
 use crate::model::architecture::{Activation, softcap};
 use crate::model::{ModelSpec, RotaryTables};
 
@@ -73,7 +73,7 @@ impl Rows {
 
 /// Runs every layer over the batch and returns the residual stream (rows × hidden), before the
 /// final norm. Keys and values of every row are written to `kv`.
-pub fn hidden_states(
+pub(super) fn hidden_states(
     spec: &ModelSpec,
     w: &DeviceWeights,
     rotary: &RotaryTables,
@@ -218,7 +218,7 @@ fn joins_residual(
 
 /// Final norm and output projection of chosen rows of the residual stream, the first
 /// `steps` of them decoding steps' (see `matmul::SecondPass`).
-pub fn logits(
+pub(super) fn logits(
     spec: &ModelSpec,
     w: &DeviceWeights,
     x: &[f32],
@@ -241,7 +241,7 @@ pub fn logits(
 }
 
 /// A norm's or bias's values (always read as f32; see [`crate::model::PackedReader`]).
-pub fn vector(m: &Matrix) -> Result<&[f32], DeviceError> {
+pub(super) fn vector(m: &Matrix) -> Result<&[f32], DeviceError> {
     let p = &m.packed;
     p.as_f32()
         .ok_or_else(|| DeviceError::InvalidBatch(format!("a {} vector, not f32", p.kind())))

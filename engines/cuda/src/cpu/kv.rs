@@ -9,7 +9,7 @@ use half::vec::HalfBitsVecExt;
 use super::simd::Simd;
 
 /// What one cached value is stored as.
-pub trait KvValue: Copy + Send + Sync + 'static {
+pub(super) trait KvValue: Copy + Send + Sync + 'static {
     /// `len` zeros, from pages the allocator maps lazily (so unused blocks cost no memory).
     fn zeroed(len: usize) -> Vec<Self>;
     /// Sixteen values as floats.
@@ -65,7 +65,7 @@ impl KvValue for f16 {
 
 /// One layer's cache, read-only.
 #[derive(Clone, Copy)]
-pub struct Cache<'a, T> {
+pub(super) struct Cache<'a, T> {
     /// Keys, `token_width` per cache slot.
     pub keys: &'a [T],
     /// Values, laid out like the keys.
@@ -73,7 +73,7 @@ pub struct Cache<'a, T> {
 }
 
 /// One layer's cache in whichever precision the store holds.
-pub enum LayerCache<'a> {
+pub(super) enum LayerCache<'a> {
     F32(Cache<'a, f32>),
     F16(Cache<'a, f16>),
 }
@@ -125,7 +125,7 @@ enum Layers {
 
 /// Keys and values of every block, every layer.
 #[derive(Debug)]
-pub struct KvStore {
+pub(super) struct KvStore {
     /// Tokens per block.
     pub block_size: usize,
     /// Values per token per layer (kv_heads × head_dim).
@@ -137,7 +137,7 @@ pub struct KvStore {
 impl KvStore {
     /// Zeroed storage, in halves when `halves` (the allocator maps pages lazily, so unused
     /// blocks cost no memory).
-    pub fn new(
+    pub(super) fn new(
         layers: usize,
         num_blocks: usize,
         block_size: usize,
@@ -158,24 +158,24 @@ impl KvStore {
     }
 
     /// Blocks held.
-    pub fn num_blocks(&self) -> usize {
+    pub(super) fn num_blocks(&self) -> usize {
         self.num_blocks
     }
 
     /// Whether values are held as halves.
-    pub fn halves(&self) -> bool {
+    pub(super) fn halves(&self) -> bool {
         matches!(self.layers, Layers::F16(_))
     }
 
     /// Index of `position`'s first value in a layer's buffer, through the block table.
-    pub fn offset(&self, table: &[u32], position: usize) -> Option<usize> {
+    pub(super) fn offset(&self, table: &[u32], position: usize) -> Option<usize> {
         let block = *table.get(position / self.block_size)? as usize;
         (block < self.num_blocks)
             .then(|| (block * self.block_size + position % self.block_size) * self.token_width)
     }
 
     /// Stores one token's key and value rows of `layer` at `offset`.
-    pub fn write(&mut self, layer: usize, offset: usize, key: &[f32], value: &[f32]) {
+    pub(super) fn write(&mut self, layer: usize, offset: usize, key: &[f32], value: &[f32]) {
         match &mut self.layers {
             Layers::F32(b) => b.write(layer, offset, key, value),
             Layers::F16(b) => b.write(layer, offset, key, value),
@@ -183,7 +183,7 @@ impl KvStore {
     }
 
     /// A layer's keys and values.
-    pub fn layer(&self, layer: usize) -> LayerCache<'_> {
+    pub(super) fn layer(&self, layer: usize) -> LayerCache<'_> {
         match &self.layers {
             Layers::F32(b) => LayerCache::F32(b.layer(layer)),
             Layers::F16(b) => LayerCache::F16(b.layer(layer)),
@@ -191,7 +191,7 @@ impl KvStore {
     }
 
     /// Copies one block's contents to another in every layer.
-    pub fn copy_block(&mut self, src: usize, dst: usize) {
+    pub(super) fn copy_block(&mut self, src: usize, dst: usize) {
         let n = self.block_size * self.token_width;
         if src >= self.num_blocks || dst >= self.num_blocks || src == dst {
             return;

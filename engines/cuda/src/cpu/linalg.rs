@@ -8,7 +8,7 @@ use super::simd::{Isa, Kernel, Simd};
 use crate::model::architecture::gelu_tanh;
 
 /// RMSNorm of each row of `x` (width `weight.len()`) into `out`.
-pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+pub(super) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
     out.par_chunks_mut(d)
         .zip(x.par_chunks(d))
@@ -22,7 +22,7 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 
 /// RMSNorm of each head (width `weight.len()`) of `heads`, in place: Qwen3's query and key
 /// norms, on one row's heads.
-pub fn head_norm(heads: &mut [f32], weight: &[f32], eps: f32) {
+pub(super) fn head_norm(heads: &mut [f32], weight: &[f32], eps: f32) {
     for head in heads.chunks_exact_mut(weight.len()) {
         let inv = inverse_rms(head, eps);
         for (v, w) in head.iter_mut().zip(weight) {
@@ -38,7 +38,7 @@ fn inverse_rms(x: &[f32], eps: f32) -> f32 {
 }
 
 /// `gate_up` rows hold `[gate | up]` (width 2f); writes `silu(gate) * up` rows of width f.
-pub fn silu_gate(gate_up: &[f32], f: usize, out: &mut [f32]) {
+pub(super) fn silu_gate(gate_up: &[f32], f: usize, out: &mut [f32]) {
     out.par_chunks_mut(f)
         .zip(gate_up.par_chunks(2 * f))
         .for_each(|(o, gu)| {
@@ -50,7 +50,7 @@ pub fn silu_gate(gate_up: &[f32], f: usize, out: &mut [f32]) {
 }
 
 /// `gate_up` rows hold `[gate | up]` (width 2f); writes `gelu_tanh(gate) * up` rows of width f.
-pub fn gelu_gate(gate_up: &[f32], f: usize, out: &mut [f32]) {
+pub(super) fn gelu_gate(gate_up: &[f32], f: usize, out: &mut [f32]) {
     out.par_chunks_mut(f)
         .zip(gate_up.par_chunks(2 * f))
         .for_each(|(o, gu)| {
@@ -64,7 +64,7 @@ pub fn gelu_gate(gate_up: &[f32], f: usize, out: &mut [f32]) {
 /// `gelu(x)` by the error function, as PyTorch's default `gelu`, element by element into
 /// `out`: in chunks on the pool, each compiled for the CPU's instruction set, where a call to
 /// `erff` per value took a twentieth of a BERT's time.
-pub fn gelu_erf(x: &[f32], out: &mut [f32]) {
+pub(super) fn gelu_erf(x: &[f32], out: &mut [f32]) {
     let isa = Isa::detected();
     out.par_chunks_mut(4096)
         .zip(x.par_chunks(4096))
@@ -94,7 +94,7 @@ impl Kernel for Gelu<'_> {
 /// beyond, where erf is within 2e-8 of it. Only multiplies, adds and one division, so a loop
 /// of it runs in vector lanes.
 #[inline(always)]
-pub fn erf(x: f32) -> f32 {
+pub(super) fn erf(x: f32) -> f32 {
     const P: [f32; 7] = [
         std::f32::consts::FRAC_2_SQRT_PI,
         1.846_419_8e-1,
@@ -120,7 +120,7 @@ pub fn erf(x: f32) -> f32 {
 }
 
 /// `x += y`, element by element.
-pub fn add_into(x: &mut [f32], y: &[f32]) {
+pub(super) fn add_into(x: &mut [f32], y: &[f32]) {
     x.par_chunks_mut(4096)
         .zip(y.par_chunks(4096))
         .for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
@@ -128,7 +128,7 @@ pub fn add_into(x: &mut [f32], y: &[f32]) {
 
 /// Cosines and sines of each row's angles (rows × `inv_freq.len()` each), for the rows'
 /// `positions`, times `scale`; angles in f32 as `transformers` computes them.
-pub fn rotary_angles(
+pub(super) fn rotary_angles(
     positions: impl ExactSizeIterator<Item = usize>,
     inv_freq: &[f32],
     scale: f32,
@@ -149,7 +149,7 @@ pub fn rotary_angles(
 /// Rotates the leading `2 * cos.len()` values of each head (width `head_dim`) of a row in
 /// place, the "rotate half" layout of Hugging Face Llama: the pair is (i, i + half); the rest
 /// of each head passes through.
-pub fn rope(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+pub(super) fn rope(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
     let half = cos.len();
     for head in row.chunks_exact_mut(head_dim) {
         let (a, b) = head[..2 * half].split_at_mut(half);

@@ -29,7 +29,7 @@ struct Group {
 
 /// The settings of a diverse search.
 #[derive(Debug, Clone, Copy)]
-pub struct GroupSettings {
+pub(super) struct GroupSettings {
     pub width: usize,
     pub groups: usize,
     pub diversity_penalty: f32,
@@ -43,7 +43,7 @@ pub struct GroupSettings {
 
 /// The diverse search of one request.
 #[derive(Debug)]
-pub struct GroupBeamSearch {
+pub(super) struct GroupBeamSearch {
     settings: GroupSettings,
     size: usize,
     keep: usize,
@@ -57,7 +57,7 @@ pub struct GroupBeamSearch {
 
 impl GroupBeamSearch {
     /// A search from sequence `seq` (the computed prompt); `groups` divides `width`.
-    pub fn new(seq: SeqId, settings: GroupSettings) -> Self {
+    pub(super) fn new(seq: SeqId, settings: GroupSettings) -> Self {
         let groups = settings.groups.clamp(1, settings.width.max(1));
         let size = (settings.width / groups).max(1);
         let start = Group {
@@ -91,7 +91,7 @@ impl GroupBeamSearch {
     }
 
     /// The sequences of the running beams, each once.
-    pub fn sequences(&self) -> Vec<SeqId> {
+    pub(super) fn sequences(&self) -> Vec<SeqId> {
         let mut seqs: Vec<SeqId> = self
             .groups
             .iter()
@@ -103,7 +103,7 @@ impl GroupBeamSearch {
     }
 
     /// Takes beam `seq`'s logits row (see [`super::beams::BeamSearch::offer`]).
-    pub fn offer(&mut self, seq: SeqId, logits: &[f32], banned: impl Fn(u32) -> bool) {
+    pub(super) fn offer(&mut self, seq: SeqId, logits: &[f32], banned: impl Fn(u32) -> bool) {
         if !self.sequences().contains(&seq) {
             return;
         }
@@ -112,7 +112,7 @@ impl GroupBeamSearch {
     }
 
     /// Every running beam's row has arrived.
-    pub fn ready(&self) -> bool {
+    pub(super) fn ready(&self) -> bool {
         !self.done
             && self
                 .sequences()
@@ -120,13 +120,13 @@ impl GroupBeamSearch {
                 .all(|s| self.pending.contains_key(s))
     }
 
-    pub fn done(&self) -> bool {
+    pub(super) fn done(&self) -> bool {
         self.done
     }
 
     /// Advances every group by one token (see [`super::beams::BeamSearch::step`]); the
     /// successors are the running beams of every group, in order.
-    pub fn step(&mut self, ends: impl Fn(u32) -> bool) -> Vec<Successor> {
+    pub(super) fn step(&mut self, ends: impl Fn(u32) -> bool) -> Vec<Successor> {
         let generated = self.generated + 1;
         let (size, lp, dp) = (
             self.size,
@@ -220,12 +220,12 @@ impl GroupBeamSearch {
     }
 
     /// Tokens every beam has generated.
-    pub fn generated(&self) -> usize {
+    pub(super) fn generated(&self) -> usize {
         self.generated
     }
 
     /// Sets the sequence of running beam `index` (counted over the groups in order).
-    pub fn assign(&mut self, index: usize, seq: SeqId) {
+    pub(super) fn assign(&mut self, index: usize, seq: SeqId) {
         if let Some(beam) = self
             .groups
             .iter_mut()
@@ -237,12 +237,12 @@ impl GroupBeamSearch {
     }
 
     /// The running beams of every group, in order.
-    pub fn running(&self) -> impl Iterator<Item = &Beam> {
+    pub(super) fn running(&self) -> impl Iterator<Item = &Beam> {
         self.groups.iter().flat_map(|g| g.running.iter())
     }
 
     /// The `n` best hypotheses over every group, best first.
-    pub fn best(&self, n: usize) -> Vec<Hypothesis> {
+    pub(super) fn best(&self, n: usize) -> Vec<Hypothesis> {
         let mut all: Vec<Hypothesis> = self
             .groups
             .iter()

@@ -23,7 +23,7 @@ use crate::scheduler::SeqId;
 
 /// One running beam.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Beam {
+pub(super) struct Beam {
     pub seq: SeqId,
     /// Tokens generated so far.
     pub tokens: Vec<u32>,
@@ -35,7 +35,7 @@ pub struct Beam {
 
 /// A finished sequence.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Hypothesis {
+pub(super) struct Hypothesis {
     pub tokens: Vec<u32>,
     pub logprobs: Vec<f32>,
     /// Cumulative log-probability over length ^ `length_penalty`.
@@ -46,14 +46,14 @@ pub struct Hypothesis {
 
 /// A beam of the next step: which beam it continues (by sequence) and with which token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Successor {
+pub(super) struct Successor {
     pub parent: SeqId,
     pub token: u32,
 }
 
 /// The search of one request.
 #[derive(Debug)]
-pub struct BeamSearch {
+pub(super) struct BeamSearch {
     width: usize,
     keep: usize,
     length_penalty: f32,
@@ -71,7 +71,7 @@ pub struct BeamSearch {
 impl BeamSearch {
     /// A search of `width` beams starting from sequence `seq` (the computed prompt), for a
     /// model with `end_tokens` tokens that end a sequence.
-    pub fn new(
+    pub(super) fn new(
         seq: SeqId,
         width: usize,
         length_penalty: f32,
@@ -100,12 +100,12 @@ impl BeamSearch {
     }
 
     /// Whether `seq` is one of the running beams.
-    pub fn runs(&self, seq: SeqId) -> bool {
+    pub(super) fn runs(&self, seq: SeqId) -> bool {
         self.running.iter().any(|b| b.seq == seq)
     }
 
     /// Takes beam `seq`'s logits row: its log-softmax's best tokens, `banned` ones left out.
-    pub fn offer(&mut self, seq: SeqId, logits: &[f32], banned: impl Fn(u32) -> bool) {
+    pub(super) fn offer(&mut self, seq: SeqId, logits: &[f32], banned: impl Fn(u32) -> bool) {
         if !self.runs(seq) {
             return;
         }
@@ -114,12 +114,12 @@ impl BeamSearch {
     }
 
     /// Tokens the beams have generated.
-    pub fn generated(&self) -> usize {
+    pub(super) fn generated(&self) -> usize {
         self.running.first().map_or(0, |b| b.tokens.len())
     }
 
     /// Every running beam's row has arrived.
-    pub fn ready(&self) -> bool {
+    pub(super) fn ready(&self) -> bool {
         !self.done
             && self
                 .running
@@ -128,7 +128,7 @@ impl BeamSearch {
     }
 
     /// The search has ended.
-    pub fn done(&self) -> bool {
+    pub(super) fn done(&self) -> bool {
         self.done
     }
 
@@ -136,7 +136,7 @@ impl BeamSearch {
     /// token ends a sequence. Returns the next step's beams in order (the running beams'
     /// sequences are still their parents': the caller forks and renumbers them with
     /// [`BeamSearch::assign`]); empty once the search is done.
-    pub fn step(&mut self, ends: impl Fn(u32) -> bool) -> Vec<Successor> {
+    pub(super) fn step(&mut self, ends: impl Fn(u32) -> bool) -> Vec<Successor> {
         let generated = self.running.first().map_or(0, |b| b.tokens.len()) + 1;
         let mut candidates: Vec<(f32, usize, u32, f32)> = Vec::new();
         for (b, beam) in self.running.iter().enumerate() {
@@ -203,7 +203,7 @@ impl BeamSearch {
     }
 
     /// Sets the sequence of running beam `index` (after the caller forked its parent).
-    pub fn assign(&mut self, index: usize, seq: SeqId) {
+    pub(super) fn assign(&mut self, index: usize, seq: SeqId) {
         if let Some(beam) = self.running.get_mut(index) {
             beam.seq = seq;
         }
@@ -211,7 +211,7 @@ impl BeamSearch {
 
     /// The `n` best hypotheses, best first; running beams (normalised at their length) make up
     /// for any missing.
-    pub fn best(&self, n: usize) -> Vec<Hypothesis> {
+    pub(super) fn best(&self, n: usize) -> Vec<Hypothesis> {
         let mut all = self.finished.clone();
         if all.len() < n {
             all.extend(self.running.iter().map(|b| Hypothesis {
@@ -256,48 +256,48 @@ pub(super) fn best_log_probs(
 
 /// A request's search: plain beams, or beams in diverse groups.
 #[derive(Debug)]
-pub enum Search {
+pub(super) enum Search {
     Beams(BeamSearch),
     Groups(super::beam_groups::GroupBeamSearch),
 }
 
 impl Search {
-    pub fn offer(&mut self, seq: SeqId, logits: &[f32], banned: impl Fn(u32) -> bool) {
+    pub(super) fn offer(&mut self, seq: SeqId, logits: &[f32], banned: impl Fn(u32) -> bool) {
         match self {
             Search::Beams(s) => s.offer(seq, logits, banned),
             Search::Groups(s) => s.offer(seq, logits, banned),
         }
     }
 
-    pub fn ready(&self) -> bool {
+    pub(super) fn ready(&self) -> bool {
         match self {
             Search::Beams(s) => s.ready(),
             Search::Groups(s) => s.ready(),
         }
     }
 
-    pub fn done(&self) -> bool {
+    pub(super) fn done(&self) -> bool {
         match self {
             Search::Beams(s) => s.done(),
             Search::Groups(s) => s.done(),
         }
     }
 
-    pub fn generated(&self) -> usize {
+    pub(super) fn generated(&self) -> usize {
         match self {
             Search::Beams(s) => s.generated(),
             Search::Groups(s) => s.generated(),
         }
     }
 
-    pub fn step(&mut self, ends: impl Fn(u32) -> bool) -> Vec<Successor> {
+    pub(super) fn step(&mut self, ends: impl Fn(u32) -> bool) -> Vec<Successor> {
         match self {
             Search::Beams(s) => s.step(ends),
             Search::Groups(s) => s.step(ends),
         }
     }
 
-    pub fn assign(&mut self, index: usize, seq: SeqId) {
+    pub(super) fn assign(&mut self, index: usize, seq: SeqId) {
         match self {
             Search::Beams(s) => s.assign(index, seq),
             Search::Groups(s) => s.assign(index, seq),
@@ -305,7 +305,7 @@ impl Search {
     }
 
     /// The running beams, in the order of the last step's successors.
-    pub fn running(&self) -> Box<dyn Iterator<Item = &Beam> + '_> {
+    pub(super) fn running(&self) -> Box<dyn Iterator<Item = &Beam> + '_> {
         match self {
             Search::Beams(s) => Box::new(s.running.iter()),
             Search::Groups(s) => Box::new(s.running()),
@@ -313,14 +313,14 @@ impl Search {
     }
 
     /// The running beams' sequences, each once.
-    pub fn sequences(&self) -> Vec<SeqId> {
+    pub(super) fn sequences(&self) -> Vec<SeqId> {
         let mut seqs: Vec<SeqId> = self.running().map(|b| b.seq).collect();
         seqs.sort_unstable();
         seqs.dedup();
         seqs
     }
 
-    pub fn best(&self, n: usize) -> Vec<Hypothesis> {
+    pub(super) fn best(&self, n: usize) -> Vec<Hypothesis> {
         match self {
             Search::Beams(s) => s.best(n),
             Search::Groups(s) => s.best(n),

@@ -4,7 +4,7 @@ use std::sync::atomic::AtomicU64;
 
 /// Request outcomes and requests in flight.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(super) struct Counters {
     /// Accepted and not yet ended.
     pub in_flight: AtomicU64,
     /// Ended with `TP_STATUS_OK`.

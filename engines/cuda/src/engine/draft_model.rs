@@ -23,7 +23,7 @@ use crate::scheduler::SeqId;
 
 /// One sequence's request for a draft.
 #[derive(Debug, Clone, Copy)]
-pub struct DraftAsk<'a> {
+pub(super) struct DraftAsk<'a> {
     pub seq: SeqId,
     /// The sequence's tokens; the last one's keys and values are not computed by the target
     /// yet, and the draft continues after it.
@@ -54,7 +54,7 @@ struct Drafting {
 }
 
 /// A draft model on its device.
-pub struct DraftModel {
+pub(super) struct DraftModel {
     device: Box<dyn Device>,
     block_size: usize,
     total_blocks: usize,
@@ -83,7 +83,7 @@ impl std::fmt::Debug for DraftModel {
 impl DraftModel {
     /// A draft model on `device`, whose cache has blocks of `block_size` tokens, each of
     /// whose drafted tokens costs `cost` of a step of the model.
-    pub fn new(
+    pub(super) fn new(
         device: Box<dyn Device>,
         block_size: usize,
         vocab: usize,
@@ -107,19 +107,19 @@ impl DraftModel {
     }
 
     /// A drafted token's cost as a share of a step of the model.
-    pub fn cost(&self) -> f32 {
+    pub(super) fn cost(&self) -> f32 {
         self.cost
     }
 
     /// Gives up what `seq` holds (it ended).
-    pub fn forget(&mut self, seq: SeqId) {
+    pub(super) fn forget(&mut self, seq: SeqId) {
         if let Some(held) = self.held.remove(&seq) {
             self.free.extend(held.blocks);
         }
     }
 
     /// Blocks held and blocks in all, and the sequences holding them.
-    pub fn usage(&self) -> (usize, usize, usize) {
+    pub(super) fn usage(&self) -> (usize, usize, usize) {
         (
             self.total_blocks - self.free.len(),
             self.total_blocks,
@@ -129,7 +129,7 @@ impl DraftModel {
 
     /// Up to `k` greedy tokens after each ask's tokens, in ask order (empty where it drafts
     /// nothing).
-    pub fn draft(&mut self, asks: &[DraftAsk<'_>]) -> Result<Vec<Vec<u32>>, DeviceError> {
+    pub(super) fn draft(&mut self, asks: &[DraftAsk<'_>]) -> Result<Vec<Vec<u32>>, DeviceError> {
         self.calls += 1;
         let mut drafts = vec![Vec::new(); asks.len()];
         let mut drafting = Vec::new();

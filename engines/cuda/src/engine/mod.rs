@@ -24,7 +24,8 @@ use serde_json::{Value, json};
 use turnpike_engine_api::plugin::{Host, Request, Sink};
 use turnpike_engine_api::{Capabilities, EngineError, ModelInfo};
 
-pub use config::{DeviceChoice, EngineSettings, KvBudget, ModelSettings, available_memory};
+pub use config::{DeviceChoice, EngineSettings};
+pub(crate) use config::{KvBudget, ModelSettings, available_memory};
 use counters::Counters;
 use open::open_device;
 use worker::{Command, PublishedStats, Submission, Worker};
@@ -35,7 +36,7 @@ use crate::scheduler::{Scheduler, SchedulerConfig};
 
 /// A model being served.
 #[derive(Debug)]
-pub struct ModelRuntime {
+pub(crate) struct ModelRuntime {
     info: ModelInfo,
     device: &'static str,
     num_blocks: u32,
@@ -66,7 +67,11 @@ fn grammars_for(folder: &ModelFolder) -> Option<Grammars> {
 
 impl ModelRuntime {
     /// Loads the model and starts its worker.
-    pub fn start(settings: &ModelSettings, seed: u64, host: &Host) -> Result<Self, EngineError> {
+    pub(crate) fn start(
+        settings: &ModelSettings,
+        seed: u64,
+        host: &Host,
+    ) -> Result<Self, EngineError> {
         let fail = |e: String| EngineError::invalid_config(format!("model `{}`: {e}", settings.id));
         let mut folder = ModelFolder::open(&settings.path).map_err(|e| fail(e.to_string()))?;
         if let Some(why) = &folder.tokenizer_error {
@@ -188,7 +193,7 @@ impl ModelRuntime {
     }
 
     /// What `models` reports.
-    pub fn info(&self) -> &ModelInfo {
+    pub(crate) fn info(&self) -> &ModelInfo {
         &self.info
     }
 
@@ -206,7 +211,7 @@ impl ModelRuntime {
     }
 
     /// Checks a request and hands it to the worker.
-    pub fn submit(&self, request: Request, sink: Sink) -> Result<(), EngineError> {
+    pub(crate) fn submit(&self, request: Request, sink: Sink) -> Result<(), EngineError> {
         let params = &request.params;
         if let Some(width) = params.beam_width {
             if width > self.info.capabilities.max_beam_width {
@@ -291,17 +296,17 @@ impl ModelRuntime {
     }
 
     /// Stops a request (idempotent).
-    pub fn cancel(&self, id: u64) {
+    pub(crate) fn cancel(&self, id: u64) {
         let _ = self.send(Command::Cancel(id));
     }
 
     /// Whether its embeddings are L2-normalised.
-    pub fn normalizes(&self) -> bool {
+    pub(crate) fn normalizes(&self) -> bool {
         self.normalize
     }
 
     /// Pooled last hidden states of each input, computed between steps.
-    pub fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, EngineError> {
+    pub(crate) fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, EngineError> {
         for tokens in &inputs {
             self.check(tokens, 1)?;
         }
@@ -313,7 +318,7 @@ impl ModelRuntime {
     }
 
     /// Counters and cache statistics.
-    pub fn stats(&self) -> (u64, u64, u64, Value) {
+    pub(crate) fn stats(&self) -> (u64, u64, u64, Value) {
         let c = &self.counters;
         let mut extra = json!({
             "device": self.device,
@@ -374,7 +379,7 @@ impl ModelRuntime {
     }
 
     /// `Ok` while the worker runs; a worker that stopped (a bug made it panic) cannot serve.
-    pub fn health(&self) -> Result<(), EngineError> {
+    pub(crate) fn health(&self) -> Result<(), EngineError> {
         let stopped = self
             .thread
             .lock()
@@ -390,7 +395,7 @@ impl ModelRuntime {
     }
 
     /// Ends every request and joins the worker.
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         let _ = self.send(Command::Stop);
         if let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) {
             let _ = thread.join();

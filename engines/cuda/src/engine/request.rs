@@ -9,11 +9,11 @@ use crate::sampler::{Sampled, SamplingParams, SequenceSampler, mix};
 use crate::scheduler::SeqId;
 
 /// A choice's grammar mask computed ahead of its sample (`None`: not computed, or no grammar).
-pub type Mask = Option<Result<Allowed, String>>;
+pub(super) type Mask = Option<Result<Allowed, String>>;
 
 /// What a device that samples needs for one choice (see [`LiveRequest::device_inputs`]).
 #[derive(Debug)]
-pub struct DeviceInputs {
+pub(super) struct DeviceInputs {
     /// The uniform draw for a non-greedy sample.
     pub uniform: f32,
     /// Tokens it may not pick yet.
@@ -24,7 +24,7 @@ pub struct DeviceInputs {
 
 /// One of a request's `n` choices.
 #[derive(Debug)]
-pub struct Choice {
+pub(super) struct Choice {
     /// Its sequence in the scheduler.
     pub seq: SeqId,
     /// Its sampler (own RNG, own history).
@@ -44,7 +44,7 @@ pub struct Choice {
 
 /// What sampling a token did to a choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(super) enum Outcome {
     /// The token was sent; the choice goes on with it.
     Continue(u32),
     /// The choice ended.
@@ -55,7 +55,7 @@ pub enum Outcome {
 
 /// A request the engine accepted.
 #[derive(Debug)]
-pub struct LiveRequest {
+pub(super) struct LiveRequest {
     /// Where events go; taken when the FINAL is sent.
     pub sink: Option<Sink>,
     /// Its parameters.
@@ -81,7 +81,7 @@ pub struct LiveRequest {
 }
 
 /// Sampling settings of a request.
-pub fn sampling(params: &GenerationParams) -> SamplingParams {
+pub(super) fn sampling(params: &GenerationParams) -> SamplingParams {
     SamplingParams {
         temperature: params.temperature,
         top_k: params.top_k,
@@ -96,7 +96,7 @@ pub fn sampling(params: &GenerationParams) -> SamplingParams {
 
 impl LiveRequest {
     /// A request whose first choice is sequence `seq`.
-    pub fn new(
+    pub(super) fn new(
         sink: Sink,
         params: GenerationParams,
         prompt: &[u32],
@@ -129,7 +129,7 @@ impl LiveRequest {
     }
 
     /// Token counts so far.
-    pub fn usage(&self) -> Usage {
+    pub(super) fn usage(&self) -> Usage {
         Usage {
             prompt_tokens: self.prompt_len,
             cached_prompt_tokens: self.cached.unwrap_or(0),
@@ -138,12 +138,12 @@ impl LiveRequest {
     }
 
     /// Whether every choice has ended.
-    pub fn finished(&self) -> bool {
+    pub(super) fn finished(&self) -> bool {
         self.choices.iter().all(|c| c.done)
     }
 
     /// Adds choices 1..n as copies of choice 0 (before it samples), each with its own RNG.
-    pub fn fork_choices(&mut self, mut next_seq: impl FnMut() -> SeqId) -> Vec<SeqId> {
+    pub(super) fn fork_choices(&mut self, mut next_seq: impl FnMut() -> SeqId) -> Vec<SeqId> {
         let n = self.params.n.max(1);
         let mut added = Vec::new();
         for i in 1..n {
@@ -169,7 +169,7 @@ impl LiveRequest {
     /// Samples choice `index` from its logits, sends the token (or ends the choice), and says
     /// which. `eos` are the model's end-of-sequence ids; `max_context` the window.
     /// `mask` is the choice's grammar mask when it was computed ahead (see [`Mask`]).
-    pub fn sample(
+    pub(super) fn sample(
         &mut self,
         index: usize,
         logits: &mut [f32],
@@ -245,7 +245,7 @@ impl LiveRequest {
     }
 
     /// The tokens forced after choice `index`'s last sampled token, to append after it.
-    pub fn take_forced(&mut self, index: usize) -> Vec<u32> {
+    pub(super) fn take_forced(&mut self, index: usize) -> Vec<u32> {
         std::mem::take(&mut self.choices[index].forced)
     }
 
@@ -276,7 +276,7 @@ impl LiveRequest {
     /// choice's RNG advances as in [`LiveRequest::sample`]), the penalty list into
     /// `penalties`, the banned tokens, and under a grammar the tokens it allows. `Err` is the
     /// outcome when the grammar allows nothing (the request then fails).
-    pub fn device_inputs(
+    pub(super) fn device_inputs(
         &mut self,
         index: usize,
         eos: &[u32],
@@ -294,7 +294,7 @@ impl LiveRequest {
     }
 
     /// Takes a token a device sampled for choice `index`, as [`LiveRequest::sample`] does.
-    pub fn accept_device(
+    pub(super) fn accept_device(
         &mut self,
         index: usize,
         sampled: Sampled,

@@ -15,7 +15,7 @@ use crate::speculative::lookup_drafts;
 /// A decode that carried drafts: its sequence, its first logits row (its last token's) and
 /// the drafts, whose rows follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DraftCheck<'a> {
+pub(super) struct DraftCheck<'a> {
     pub seq: SeqId,
     pub row: usize,
     pub drafts: &'a [u32],

@@ -22,7 +22,7 @@ use crate::step;
 
 /// A request the worker is to run, with its sink.
 #[derive(Debug)]
-pub struct Submission {
+pub(super) struct Submission {
     /// The request (already validated).
     pub request: Request,
     /// Where its events go.
@@ -33,7 +33,7 @@ pub struct Submission {
 
 /// What the worker is asked to do.
 #[derive(Debug)]
-pub enum Command {
+pub(super) enum Command {
     /// Run a request (already validated).
     Submit(Box<Submission>),
     /// Stop a request.
@@ -45,10 +45,10 @@ pub enum Command {
 }
 
 /// What the worker publishes for `stats`: the scheduler's and the device's figures.
-pub type PublishedStats = (SchedulerStats, Vec<(&'static str, f64)>);
+pub(super) type PublishedStats = (SchedulerStats, Vec<(&'static str, f64)>);
 
 /// The worker's state.
-pub struct Worker {
+pub(super) struct Worker {
     pub(super) device: Box<dyn Device>,
     /// Grammar-forced tokens are appended without sampling (`grammar_fast_forward`).
     pub(super) fast_forward: bool,
@@ -76,7 +76,7 @@ pub struct Worker {
 
 impl Worker {
     /// Runs until `Stop` or until every sender is gone.
-    pub fn run(mut self, commands: Receiver<Command>) {
+    pub(super) fn run(mut self, commands: Receiver<Command>) {
         loop {
             // Idle: sleep until a command comes. Busy: take what has come, then step.
             if self.scheduler.is_idle() {

@@ -20,7 +20,7 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// A cuBLAS handle bound to the device's stream.
 #[derive(Debug)]
-pub struct Blas {
+pub(super) struct Blas {
     handle: sys::cublasHandle_t,
     _workspace: DeviceBuffer,
 }
@@ -31,7 +31,7 @@ unsafe impl Send for Blas {}
 
 impl Blas {
     /// A handle on `stream` with its own workspace.
-    pub fn new(stream: CUstream) -> Result<Self, DeviceError> {
+    pub(super) fn new(stream: CUstream) -> Result<Self, DeviceError> {
         let fail = |e: cublas::CublasError| DeviceError::Unavailable(format!("cuBLAS: {e:?}"));
         let handle = cublas::create_handle().map_err(fail)?;
         let workspace = DeviceBuffer::alloc(WORKSPACE_BYTES, "the cuBLAS workspace")?;
@@ -49,7 +49,7 @@ impl Blas {
     }
 
     /// `out[rows, n] = x[rows, k] · w[n, k]ᵀ`, with `x` and `w` in bf16 and `out` in f32.
-    pub fn linear(
+    pub(super) fn linear(
         &self,
         x: CUdeviceptr,
         w: CUdeviceptr,
@@ -96,14 +96,14 @@ impl Blas {
 /// One operand of a strided batched product: its address, leading dimension (column-major,
 /// in elements) and the elements between consecutive batch entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Operand {
+pub(super) struct Operand {
     pub ptr: CUdeviceptr,
     pub ld: usize,
     pub stride: usize,
 }
 
 impl Operand {
-    pub fn new(ptr: CUdeviceptr, ld: usize, stride: usize) -> Self {
+    pub(super) fn new(ptr: CUdeviceptr, ld: usize, stride: usize) -> Self {
         Self { ptr, ld, stride }
     }
 }
@@ -112,7 +112,7 @@ impl Operand {
 /// stored `k × m` when `transpose_a`), `b` is `k × n`, `c` is `m × n`. `a` and `b` are bf16;
 /// `c` is f32, or bf16 when `c_bf16`; accumulation is f32.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Strided {
+pub(super) struct Strided {
     pub transpose_a: bool,
     pub m: usize,
     pub n: usize,
@@ -127,7 +127,7 @@ pub struct Strided {
 
 impl Blas {
     /// Runs one strided batched product (attention's scores and weighted sums).
-    pub fn strided(&self, p: &Strided) -> Result<(), DeviceError> {
+    pub(super) fn strided(&self, p: &Strided) -> Result<(), DeviceError> {
         let beta = 0.0f32;
         let dim = |v: usize| {
             i32::try_from(v)

@@ -21,13 +21,13 @@ use super::workspace::{Workspace, attention_splits};
 use crate::device::{Chunk, DeviceError};
 
 /// Prompt tokens a chunk needs before it takes the product path.
-pub const DENSE_MIN_TOKENS: usize = 64;
+pub(super) const DENSE_MIN_TOKENS: usize = 64;
 /// The longest context the gathered K and V hold (longer chunks stay paged).
-pub const DENSE_MAX_CONTEXT: usize = 32_768;
+pub(super) const DENSE_MAX_CONTEXT: usize = 32_768;
 /// Query rows one tile takes at most.
-pub const DENSE_ROWS: usize = 1024;
+pub(super) const DENSE_ROWS: usize = 1024;
 /// The scores one tile may hold (f32, and the same count of bf16 probabilities).
-pub const SCORE_ELEMENTS: usize = 1 << 25;
+pub(super) const SCORE_ELEMENTS: usize = 1 << 25;
 /// Threads per block of the softmax.
 const SOFTMAX_THREADS: u32 = 256;
 /// Threads per block of the gathers.
@@ -35,7 +35,7 @@ const GATHER_THREADS: u32 = 128;
 
 /// Consecutive token rows for the paged kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PagedRange {
+pub(super) struct PagedRange {
     pub first: usize,
     pub tokens: usize,
     pub splits: usize,
@@ -44,7 +44,7 @@ pub struct PagedRange {
 /// A prefill chunk for the product path: its first token row, its token count, the position
 /// of its first token and its row of the block tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DenseChunk {
+pub(super) struct DenseChunk {
     pub row: usize,
     pub len: usize,
     pub start: usize,
@@ -53,14 +53,14 @@ pub struct DenseChunk {
 
 /// How one step's tokens are attended.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AttentionPlan {
+pub(super) struct AttentionPlan {
     pub paged: Vec<PagedRange>,
     pub dense: Vec<DenseChunk>,
 }
 
 impl AttentionPlan {
     /// Every token through the paged kernel in `splits` spans (decode graphs).
-    pub fn paged(tokens: usize, splits: usize) -> Self {
+    pub(super) fn paged(tokens: usize, splits: usize) -> Self {
         Self {
             paged: vec![PagedRange {
                 first: 0,
@@ -73,7 +73,12 @@ impl AttentionPlan {
 
     /// The plan for `chunks` laid out in order: long prefill chunks whose context fits
     /// `dense_context` take the product path, the rest run paged.
-    pub fn new(chunks: &[Chunk<'_>], heads: usize, kv_heads: usize, dense_context: usize) -> Self {
+    pub(super) fn new(
+        chunks: &[Chunk<'_>],
+        heads: usize,
+        kv_heads: usize,
+        dense_context: usize,
+    ) -> Self {
         let mut plan = Self::default();
         let (mut row, mut open): (usize, Option<(usize, usize)>) = (0, None);
         let close = |plan: &mut Self, open: &mut Option<(usize, usize)>, end: usize| {
@@ -111,14 +116,14 @@ impl AttentionPlan {
 
 /// Query rows per tile for a context of `context` positions: a multiple of 16, at most
 /// [`DENSE_ROWS`], with the tile's scores within [`SCORE_ELEMENTS`].
-pub fn tile_rows(kv_heads: usize, context: usize) -> usize {
+pub(super) fn tile_rows(kv_heads: usize, context: usize) -> usize {
     let fit = SCORE_ELEMENTS / (kv_heads.max(1) * context.max(1));
     fit.min(DENSE_ROWS) / 16 * 16
 }
 
 impl Model<'_> {
     /// Attention for one dense chunk of `layer`, into `ws.attn`'s rows of the chunk.
-    pub fn dense_attention(
+    pub(super) fn dense_attention(
         &self,
         ws: &Workspace,
         kv: &KvCache,

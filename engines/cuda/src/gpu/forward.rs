@@ -22,7 +22,7 @@ const ATTENTION_THREADS: u32 = 128;
 
 /// What the launch sequence reads besides the workspace.
 #[derive(Debug, Clone, Copy)]
-pub struct Model<'a> {
+pub(super) struct Model<'a> {
     pub spec: &'a ModelSpec,
     pub weights: &'a LayeredWeights<DeviceBuffer>,
     pub inv_freq: &'a DeviceBuffer,
@@ -37,7 +37,7 @@ pub struct Model<'a> {
 
 /// The launches of one layer, in the order they run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
+pub(super) enum Stage {
     /// Adds the last MLP output to the residual stream and norms it.
     InputNorm,
     Qkv,
@@ -55,7 +55,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 9] = [
+    pub(super) const ALL: [Stage; 9] = [
         Stage::InputNorm,
         Stage::Qkv,
         Stage::Rotary,
@@ -68,7 +68,7 @@ impl Stage {
     ];
 
     /// The stage's name in reports.
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Stage::InputNorm => "input_norm",
             Stage::Qkv => "qkv",
@@ -88,7 +88,7 @@ const NULL: CUdeviceptr = 0;
 impl Model<'_> {
     /// Runs every layer over `tokens` tokens already uploaded, with attention as `plan` says.
     /// Leaves the last MLP output in `ws.add`, not yet added.
-    pub fn layers(
+    pub(super) fn layers(
         &self,
         ws: &Workspace,
         kv: &KvCache,
@@ -119,7 +119,7 @@ impl Model<'_> {
     }
 
     /// Runs one stage of layer `l` (the profiler times each stage on its own).
-    pub fn stage(
+    pub(super) fn stage(
         &self,
         stage: Stage,
         ws: &Workspace,
@@ -246,7 +246,12 @@ impl Model<'_> {
 
     /// Adds the last MLP output and applies the final norm to `rows` uploaded rows (all
     /// `rows` tokens when `gather` is false), into `ws.normed`.
-    pub fn final_norm(&self, ws: &Workspace, rows: usize, gather: bool) -> Result<(), DeviceError> {
+    pub(super) fn final_norm(
+        &self,
+        ws: &Workspace,
+        rows: usize,
+        gather: bool,
+    ) -> Result<(), DeviceError> {
         let rows_ptr = if gather { ws.rows.ptr() } else { NULL };
         self.norm(
             ws,
@@ -260,7 +265,7 @@ impl Model<'_> {
 
     /// The final norm and the output projection for the uploaded logits rows, into
     /// `ws.logits`.
-    pub fn head(&self, ws: &Workspace, rows: usize) -> Result<(), DeviceError> {
+    pub(super) fn head(&self, ws: &Workspace, rows: usize) -> Result<(), DeviceError> {
         if rows == 0 {
             return Ok(());
         }

@@ -15,10 +15,10 @@ use cudarc::driver::sys::{self, CUgraph, CUgraphExec, CUstream};
 use crate::device::DeviceError;
 
 /// The batch sizes decode graphs are captured for.
-pub const BUCKETS: &[usize] = &[1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256];
+pub(super) const BUCKETS: &[usize] = &[1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256];
 
 /// The smallest bucket that holds `n` sequences.
-pub fn bucket_for(n: usize) -> Option<usize> {
+pub(super) fn bucket_for(n: usize) -> Option<usize> {
     BUCKETS.iter().copied().find(|&b| b >= n)
 }
 
@@ -52,7 +52,7 @@ enum Bucket {
 
 /// Counters of graph use, for `stats`.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct GraphCounters {
+pub(super) struct GraphCounters {
     pub replays: u64,
     pub captures: u64,
     pub eager_steps: u64,
@@ -61,7 +61,7 @@ pub struct GraphCounters {
 
 /// The captured graphs, by bucket.
 #[derive(Debug, Default)]
-pub struct Graphs {
+pub(super) struct Graphs {
     buckets: HashMap<usize, Bucket>,
     pub counters: GraphCounters,
 }
@@ -72,7 +72,7 @@ unsafe impl Send for Graphs {}
 impl Graphs {
     /// Runs a decode step of `bucket` sequences whose inputs are uploaded: replays its graph,
     /// or captures `launches` into one, or runs `launches` directly.
-    pub fn run(
+    pub(super) fn run(
         &mut self,
         bucket: usize,
         stream: CUstream,

@@ -9,7 +9,7 @@ use cudarc::driver::sys::CUstream;
 
 /// The paged KV cache: per layer, K and V as bf16 [blocks, block_size, kv_heads, head_dim].
 #[derive(Debug)]
-pub struct KvCache {
+pub(super) struct KvCache {
     pub k: Vec<DeviceBuffer>,
     pub v: Vec<DeviceBuffer>,
     pub num_blocks: usize,
@@ -20,7 +20,7 @@ pub struct KvCache {
 
 impl KvCache {
     /// Allocates `num_blocks` blocks for every layer.
-    pub fn new(
+    pub(super) fn new(
         spec: &ModelSpec,
         num_blocks: usize,
         block_size: usize,
@@ -48,14 +48,14 @@ impl KvCache {
     }
 
     /// Bytes per block over every layer, K and V.
-    pub fn bytes_per_block(spec: &ModelSpec, block_size: usize) -> usize {
+    pub(super) fn bytes_per_block(spec: &ModelSpec, block_size: usize) -> usize {
         2 * spec.num_layers * block_size * spec.num_kv_heads * spec.head_dim * 2
     }
 }
 
 /// A step's inputs as the host lays them out (i32, as the kernels read them).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct StepInputs {
+pub(super) struct StepInputs {
     pub ids: Vec<i32>,
     pub positions: Vec<i32>,
     pub slots: Vec<i32>,
@@ -74,7 +74,7 @@ pub struct StepInputs {
 impl StepInputs {
     /// Lays out `chunks` for a cache of `num_blocks` blocks of `block_size`, with table rows of
     /// `blocks_per_seq`. Checks every position has a block.
-    pub fn layout(
+    pub(super) fn layout(
         chunks: &[Chunk<'_>],
         block_size: usize,
         num_blocks: usize,
@@ -130,7 +130,7 @@ impl StepInputs {
 
     /// Pads a decode step to `bucket` tokens: padding tokens write no KV, attend to one
     /// position of block 0 and have their own logits row (ignored by sampling).
-    pub fn pad_to(&mut self, bucket: usize) {
+    pub(super) fn pad_to(&mut self, bucket: usize) {
         while self.ids.len() < bucket {
             let row = self.ids.len() as i32;
             let table_row = (self.tables.len() / self.stride.max(1)) as i32;
@@ -145,7 +145,7 @@ impl StepInputs {
     }
 
     /// Copies the inputs into the workspace on `stream`.
-    pub fn upload(&self, ws: &Workspace, stream: CUstream) -> Result<(), DeviceError> {
+    pub(super) fn upload(&self, ws: &Workspace, stream: CUstream) -> Result<(), DeviceError> {
         let c = ws.capacity;
         if self.ids.len() > c.tokens
             || self.rows.len() > c.seqs

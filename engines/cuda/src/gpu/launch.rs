@@ -13,7 +13,7 @@ use crate::device::DeviceError;
 
 /// A loaded kernel function and the number of parameters its source declares.
 #[derive(Debug)]
-pub struct Kernel {
+pub(super) struct Kernel {
     function: CudaFunction,
     name: &'static str,
     parameters: usize,
@@ -21,7 +21,7 @@ pub struct Kernel {
 
 /// Every kernel function the device launches.
 #[derive(Debug)]
-pub struct Kernels {
+pub(super) struct Kernels {
     pub embedding_gather: Kernel,
     pub rms_norm_residual: Kernel,
     pub rms_norm_rows: Kernel,
@@ -40,7 +40,7 @@ pub struct Kernels {
 
 impl Kernels {
     /// Compiles (or reads from the disk cache) and loads every kernel file for `ctx`'s GPU.
-    pub fn load(ctx: &Arc<CudaContext>) -> Result<Self, DeviceError> {
+    pub(super) fn load(ctx: &Arc<CudaContext>) -> Result<Self, DeviceError> {
         let (major, minor) = ctx.compute_capability().map_err(|e| {
             DeviceError::Unavailable(format!("cannot read the GPU's architecture: {e}"))
         })?;
@@ -94,12 +94,12 @@ impl Kernels {
 }
 
 /// One kernel argument: the address of a value the kernel copies at launch.
-pub fn arg<T>(value: &T) -> *mut c_void {
+pub(super) fn arg<T>(value: &T) -> *mut c_void {
     (value as *const T).cast_mut().cast()
 }
 
 /// Launches `kernel` on `stream`. `args` point at the kernel's parameters, in order.
-pub fn launch(
+pub(super) fn launch(
     kernel: &Kernel,
     grid: (u32, u32, u32),
     block: u32,

@@ -11,13 +11,13 @@ use cudarc::driver::sys::{CUdeviceptr, CUstream};
 use crate::device::DeviceError;
 
 /// Turns a driver error into the device's.
-pub fn gpu_error(what: &str) -> impl FnOnce(driver::DriverError) -> DeviceError + '_ {
+pub(super) fn gpu_error(what: &str) -> impl FnOnce(driver::DriverError) -> DeviceError + '_ {
     move |e| DeviceError::Unavailable(format!("{what}: {e}"))
 }
 
 /// One allocation of GPU memory.
 #[derive(Debug)]
-pub struct DeviceBuffer {
+pub(super) struct DeviceBuffer {
     ptr: CUdeviceptr,
     bytes: usize,
 }
@@ -25,7 +25,7 @@ pub struct DeviceBuffer {
 impl DeviceBuffer {
     /// Allocates `bytes` (at least one) of uninitialised GPU memory. The device's context must
     /// be current on this thread.
-    pub fn alloc(bytes: usize, what: &str) -> Result<Self, DeviceError> {
+    pub(super) fn alloc(bytes: usize, what: &str) -> Result<Self, DeviceError> {
         // SAFETY: a plain allocation; the pointer is freed once, in `drop`.
         let ptr = unsafe { driver::malloc_sync(bytes.max(1)) }.map_err(|e| {
             DeviceError::Unavailable(format!(
@@ -36,7 +36,7 @@ impl DeviceBuffer {
     }
 
     /// Allocates and fills from `data`.
-    pub fn from_host<T: Copy>(data: &[T], what: &str) -> Result<Self, DeviceError> {
+    pub(super) fn from_host<T: Copy>(data: &[T], what: &str) -> Result<Self, DeviceError> {
         let buffer = Self::alloc(std::mem::size_of_val(data), what)?;
         // SAFETY: the buffer holds exactly `data`'s bytes; the copy is synchronous.
         unsafe { driver::memcpy_htod_sync(buffer.ptr, data) }.map_err(gpu_error(what))?;
@@ -44,27 +44,27 @@ impl DeviceBuffer {
     }
 
     /// The device address.
-    pub fn ptr(&self) -> CUdeviceptr {
+    pub(super) fn ptr(&self) -> CUdeviceptr {
         self.ptr
     }
 
     /// The address `offset` bytes in.
-    pub fn at(&self, offset: usize) -> CUdeviceptr {
+    pub(super) fn at(&self, offset: usize) -> CUdeviceptr {
         self.ptr + offset as u64
     }
 
     /// Its size in bytes.
-    pub fn bytes(&self) -> usize {
+    pub(super) fn bytes(&self) -> usize {
         self.bytes
     }
 
     /// Copies `data` to the start of the buffer on `stream` (ordered after earlier work).
-    pub fn write<T: Copy>(&self, data: &[T], stream: CUstream) -> Result<(), DeviceError> {
+    pub(super) fn write<T: Copy>(&self, data: &[T], stream: CUstream) -> Result<(), DeviceError> {
         self.write_at(0, data, stream)
     }
 
     /// Copies `data` to `offset` bytes into the buffer on `stream`.
-    pub fn write_at<T: Copy>(
+    pub(super) fn write_at<T: Copy>(
         &self,
         offset: usize,
         data: &[T],
@@ -87,7 +87,7 @@ impl DeviceBuffer {
     }
 
     /// Copies the start of the buffer into `out` on `stream`; the caller synchronises.
-    pub fn read<T: Copy>(&self, out: &mut [T], stream: CUstream) -> Result<(), DeviceError> {
+    pub(super) fn read<T: Copy>(&self, out: &mut [T], stream: CUstream) -> Result<(), DeviceError> {
         if std::mem::size_of_val(out) > self.bytes {
             return Err(DeviceError::InvalidBatch("read past a GPU buffer".into()));
         }
@@ -107,7 +107,7 @@ impl Drop for DeviceBuffer {
 }
 
 /// Rounds f32 to bf16 bits, nearest even (NaN stays NaN), as PyTorch does.
-pub fn to_bf16(values: &[f32]) -> Vec<u16> {
+pub(super) fn to_bf16(values: &[f32]) -> Vec<u16> {
     values
         .iter()
         .map(|&v| half::bf16::from_f32(v).to_bits())

@@ -27,6 +27,7 @@ const REPLAYS: usize = 20;
 /// One timed part of a decode step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProfileLine {
+    /// What was timed (`head`, `host: upload inputs`, a layer's product), as the report names it.
     pub part: String,
     /// Microseconds per decode step.
     pub micros: f64,

@@ -18,7 +18,7 @@ const THREADS: u32 = 1024;
 /// One row's settings, laid out as the kernel's `SampleRow`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct SampleRow {
+pub(super) struct SampleRow {
     pub logits_row: i32,
     pub temperature: f32,
     pub top_k: i32,
@@ -39,7 +39,7 @@ pub struct SampleRow {
 
 /// The host-side layout of a sampling launch.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct SampleInputs {
+pub(super) struct SampleInputs {
     pub rows: Vec<SampleRow>,
     pub penalty_tokens: Vec<i32>,
     pub penalty_counts: Vec<i32>,
@@ -49,7 +49,7 @@ pub struct SampleInputs {
 
 impl SampleInputs {
     /// Lays out `requests`.
-    pub fn layout(requests: &[SampleRequest<'_>]) -> Self {
+    pub(super) fn layout(requests: &[SampleRequest<'_>]) -> Self {
         let mut s = Self::default();
         for r in requests {
             let p = r.params;
@@ -101,7 +101,7 @@ impl SampleInputs {
 
 /// The GPU buffers of sampling.
 #[derive(Debug)]
-pub struct Sampler {
+pub(super) struct Sampler {
     capacity: usize,
     vocab: usize,
     params: DeviceBuffer,
@@ -116,7 +116,7 @@ pub struct Sampler {
 
 impl Sampler {
     /// Buffers for up to `capacity` sampled rows over `vocab` logits.
-    pub fn new(capacity: usize, vocab: usize) -> Result<Self, DeviceError> {
+    pub(super) fn new(capacity: usize, vocab: usize) -> Result<Self, DeviceError> {
         let n = capacity.max(1);
         Ok(Self {
             capacity: n,
@@ -132,7 +132,7 @@ impl Sampler {
     }
 
     /// Bytes held on the GPU.
-    pub fn bytes(&self) -> usize {
+    pub(super) fn bytes(&self) -> usize {
         self.params.bytes()
             + self.scratch.bytes()
             + self.tokens.bytes()
@@ -143,7 +143,7 @@ impl Sampler {
     }
 
     /// Samples `requests` from `logits` (rows of `vocab`) and waits for the result.
-    pub fn sample(
+    pub(super) fn sample(
         &mut self,
         kernels: &Kernels,
         logits: &DeviceBuffer,

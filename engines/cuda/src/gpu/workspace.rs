@@ -10,13 +10,13 @@ use crate::model::ModelSpec;
 
 /// The attention partial rows (token × head × split) the workspace holds; bounds the splits
 /// of long-context steps.
-pub const PARTIAL_ROWS: usize = 1 << 18;
+pub(super) const PARTIAL_ROWS: usize = 1 << 18;
 /// Positions a split of a step's longest context covers at most, where the partials allow.
-pub const PARTITION: usize = 512;
+pub(super) const PARTITION: usize = 512;
 /// Positions a split covers at least.
-pub const MIN_SPAN: usize = 64;
+pub(super) const MIN_SPAN: usize = 64;
 /// Blocks (token × head × split) that fill the GPU: a step with fewer is split further.
-pub const TARGET_BLOCKS: usize = 1024;
+pub(super) const TARGET_BLOCKS: usize = 1024;
 
 /// The largest step the device must run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub struct Capacity {
 
 /// The device's buffers for one step.
 #[derive(Debug)]
-pub struct Workspace {
+pub(super) struct Workspace {
     pub capacity: Capacity,
     /// i32 [tokens]: token ids.
     pub ids: DeviceBuffer,
@@ -85,7 +85,7 @@ pub struct Workspace {
 
 impl Workspace {
     /// Allocates every buffer for `capacity` with a cache of `block_size`-token blocks.
-    pub fn new(
+    pub(super) fn new(
         spec: &ModelSpec,
         capacity: Capacity,
         block_size: usize,
@@ -138,7 +138,7 @@ impl Workspace {
     }
 
     /// Bytes the workspace holds on the GPU.
-    pub fn bytes(&self) -> usize {
+    pub(super) fn bytes(&self) -> usize {
         [
             &self.ids,
             &self.positions,
@@ -175,7 +175,7 @@ impl Workspace {
 /// How many spans a step splits each token's attention into (the kernel cuts each token's
 /// own context evenly): enough that the grid fills the GPU and, where the partials allow, that
 /// no span of the longest context passes [`PARTITION`]; never spans under [`MIN_SPAN`].
-pub fn attention_splits(tokens: usize, heads: usize, context: usize) -> usize {
+pub(super) fn attention_splits(tokens: usize, heads: usize, context: usize) -> usize {
     let blocks = (tokens * heads).max(1);
     let by_grid = TARGET_BLOCKS.div_ceil(blocks);
     let by_length = context.div_ceil(PARTITION);
@@ -184,7 +184,7 @@ pub fn attention_splits(tokens: usize, heads: usize, context: usize) -> usize {
 
 /// The split count a decode graph of `bucket` sequences is captured with, for any context up
 /// to `window`: enough to fill the GPU, since the spans shrink with short contexts.
-pub fn graph_splits(bucket: usize, heads: usize, window: usize) -> usize {
+pub(super) fn graph_splits(bucket: usize, heads: usize, window: usize) -> usize {
     let blocks = (bucket * heads).max(1);
     fit(blocks, window, TARGET_BLOCKS.div_ceil(blocks))
 }

@@ -6,7 +6,7 @@ use memmap2::{Mmap, UncheckedAdvice};
 
 /// Drops the pages under `bytes` (a slice of `map`) from this process's memory; they read back
 /// from the file if touched again. Best effort: where the kernel refuses, they stay.
-pub fn release(map: &Mmap, bytes: &[u8]) {
+pub(super) fn release(map: &Mmap, bytes: &[u8]) {
     let start = (bytes.as_ptr() as usize).wrapping_sub(map.as_ptr() as usize);
     if bytes.is_empty() || start >= map.len() || start + bytes.len() > map.len() {
         return;

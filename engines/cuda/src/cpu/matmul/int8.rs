@@ -75,7 +75,7 @@ enum Kind {
 /// rows (block `q`: bytes `4q..4q + 4` of each row's group, row after row); beside them each
 /// group's 16 scales and minimums, as halves.
 #[derive(Debug)]
-pub struct Tiles {
+pub(super) struct Tiles {
     rows: usize,
     cols: usize,
     group: usize,
@@ -90,7 +90,7 @@ pub struct Tiles {
 impl Tiles {
     /// `w` laid out in tiles, or `None` for float layouts and for a scale or minimum outside
     /// the halves' normal range.
-    pub fn new(w: &Packed) -> Option<Self> {
+    pub(super) fn new(w: &Packed) -> Option<Self> {
         match &w.codes {
             Codes::Q4 { offset, groups } => Self::build(
                 w,
@@ -162,14 +162,14 @@ impl Tiles {
     }
 
     /// Output columns.
-    pub fn rows(&self) -> usize {
+    pub(super) fn rows(&self) -> usize {
         self.rows
     }
 
     /// What rounding `x` to bytes leaves out: `x` minus its rounded value, element by element
     /// (multiplied in a second pass, it makes the product nearly exact; see
     /// [`super::SecondPass`]).
-    pub fn residual(&self, x: &[f32]) -> Vec<f32> {
+    pub(super) fn residual(&self, x: &[f32]) -> Vec<f32> {
         let inputs = Inputs::quantize(x, self.cols, self.group, 0, false);
         x.chunks_exact(self.group)
             .zip(inputs.codes.chunks_exact(self.group))
@@ -184,12 +184,12 @@ impl Tiles {
     }
 
     /// Bytes the tiles take in memory.
-    pub fn bytes(&self) -> usize {
+    pub(super) fn bytes(&self) -> usize {
         self.codes.len() + (self.scale.len() + self.min.len()) * 2
     }
 
     /// Input rows rounded for these weights.
-    pub fn inputs(&self, x: &[f32]) -> Inputs {
+    pub(super) fn inputs(&self, x: &[f32]) -> Inputs {
         let offset = match self.kind {
             Kind::Q4 { offset } => offset,
             Kind::Q8 => 128,
@@ -206,7 +206,7 @@ fn half(v: f32) -> Option<u16> {
 }
 
 /// Input rows rounded to bytes in groups.
-pub struct Inputs {
+pub(super) struct Inputs {
     rows: usize,
     /// `rows × k` codes. This and the three below go on with zeros to a multiple of 16 rows.
     codes: Vec<i8>,
@@ -444,7 +444,7 @@ fn tile_rows<S: Simd, const R: usize, const Q4: bool, const MIN: bool, const OFF
 /// other thread may write the columns of those tiles meanwhile; `amx` only where
 /// [`crate::cpu::simd::amx::granted`].
 #[inline(always)]
-pub unsafe fn block<S: Simd, const T: usize>(
+pub(super) unsafe fn block<S: Simd, const T: usize>(
     s: S,
     w: &Tiles,
     x: &Inputs,

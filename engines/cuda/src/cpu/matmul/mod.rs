@@ -71,7 +71,7 @@ pub enum FloatWeights {
 /// (itself rounded): a row in two passes is within a byte's step of a byte's step of f32, at
 /// twice a byte pass's arithmetic and the same read of the weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SecondPass {
+pub(super) enum SecondPass {
     /// No row: one byte pass each.
     Never,
     /// Prompt rows, not decoding steps' ([`linear`]'s `rounded` rows).
@@ -82,7 +82,7 @@ pub enum SecondPass {
 /// [`Activations::Int8`] 4- and 8-bit codes laid out for the byte kernels (the shipped codes
 /// kept beside them only where lookups read them, [`Self::tiles_only`]).
 #[derive(Debug)]
-pub struct Matrix {
+pub(super) struct Matrix {
     /// The values as shipped (what float products, lookups and norms read).
     pub packed: Packed,
     tiles: Option<int8::Tiles>,
@@ -92,7 +92,7 @@ pub struct Matrix {
 
 impl Matrix {
     /// `packed`, multiplied with f32 inputs.
-    pub fn new(packed: Packed) -> Self {
+    pub(super) fn new(packed: Packed) -> Self {
         Self {
             packed,
             tiles: None,
@@ -101,27 +101,27 @@ impl Matrix {
     }
 
     /// Which rows of this matrix's byte products take a second pass.
-    pub fn second_pass(&mut self, rows: SecondPass) {
+    pub(super) fn second_pass(&mut self, rows: SecondPass) {
         self.second_pass = rows;
     }
 
     /// For a matrix laid out for the byte kernels (whose products never read the shipped
     /// codes): drops those codes, so the matrix is held once (its shape stays readable).
     /// Nothing changes for a matrix with float inputs.
-    pub fn tiles_only(&mut self) {
+    pub(super) fn tiles_only(&mut self) {
         if self.tiles.is_some() {
             self.packed.codes = crate::model::packed::Codes::F32(Vec::new());
         }
     }
 
     /// Bytes the matrix takes in memory.
-    pub fn bytes(&self) -> usize {
+    pub(super) fn bytes(&self) -> usize {
         self.packed.bytes() + self.tiles.as_ref().map_or(0, int8::Tiles::bytes)
     }
 
     /// Lays 4- and 8-bit codes out for the byte kernels where `inputs` asks for it, so
     /// products round their inputs to bytes.
-    pub fn round_inputs(&mut self, inputs: Activations) {
+    pub(super) fn round_inputs(&mut self, inputs: Activations) {
         if inputs == Activations::Int8 {
             self.tiles = int8::Tiles::new(&self.packed);
         }
@@ -135,12 +135,12 @@ impl Matrix {
 ///
 /// # Panics
 /// When the shapes do not agree (a bug in the caller, never input-dependent).
-pub fn linear(x: &[f32], rounded: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [f32]) {
+pub(super) fn linear(x: &[f32], rounded: usize, w: &Matrix, bias: Option<&[f32]>, out: &mut [f32]) {
     linear_with(Isa::detected(), x, rounded, w, bias, out);
 }
 
 /// [`linear`] compiled for `isa` (the portable loop where this CPU does not run it).
-pub fn linear_with(
+pub(super) fn linear_with(
     isa: Isa,
     x: &[f32],
     rounded: usize,

@@ -9,10 +9,10 @@ use super::tile::Out;
 use crate::cpu::simd::Simd;
 
 /// Output columns per panel: two vectors of sixteen.
-pub const WIDTH: usize = 32;
+pub(super) const WIDTH: usize = 32;
 
 /// Batches at least this many rows take the panel path.
-pub const MIN_ROWS: usize = 32;
+pub(super) const MIN_ROWS: usize = 32;
 
 /// Every row of `x` (`m × k`) against weight rows `cols`, through panels of [`WIDTH`]
 /// columns held in `panel` (resized as needed).
@@ -21,7 +21,7 @@ pub const MIN_ROWS: usize = 32;
 /// `out.ptr` must point at `m × out.n` writable floats, and no other thread may write the
 /// columns `cols` of it meanwhile.
 #[inline(always)]
-pub unsafe fn block<W: Rows, S: Simd>(
+pub(super) unsafe fn block<W: Rows, S: Simd>(
     s: S,
     w: &W,
     x: &[f32],

@@ -5,7 +5,7 @@ use crate::cpu::simd::Simd;
 use crate::model::packed::{Codes, Groups, Packed, Q4_GROUP};
 
 /// A matrix the kernels read sixteen values at a time.
-pub trait Rows: Sync {
+pub(super) trait Rows: Sync {
     /// Values `16·g .. 16·g + 16` of row `row`.
     fn load16<S: Simd>(&self, s: S, row: usize, g: usize) -> S::V;
     /// Value `i` of row `row`: the tail past the last whole sixteen (only float layouts have
@@ -23,7 +23,7 @@ pub(super) fn array<T, const N: usize>(v: &[T], at: usize) -> &[T; N] {
 }
 
 /// f32 rows.
-pub struct F32Rows<'a> {
+pub(super) struct F32Rows<'a> {
     pub data: &'a [f32],
     pub cols: usize,
 }
@@ -40,7 +40,7 @@ impl Rows for F32Rows<'_> {
 }
 
 /// 16-bit float rows (bfloat16 or IEEE half).
-pub struct HalfRows<'a, const BF16: bool> {
+pub(super) struct HalfRows<'a, const BF16: bool> {
     pub data: &'a [u16],
     pub cols: usize,
 }
@@ -63,7 +63,7 @@ impl<const BF16: bool> Rows for HalfRows<'_, BF16> {
 }
 
 /// 4-bit codes in groups of 32.
-pub struct Q4Rows<'a> {
+pub(super) struct Q4Rows<'a> {
     pub offset: i32,
     pub groups: &'a Groups<u8>,
     /// Groups of 32 per row.
@@ -89,7 +89,7 @@ impl Rows for Q4Rows<'_> {
 }
 
 /// Signed 8-bit codes in groups of 16 or 32.
-pub struct Q8Rows<'a> {
+pub(super) struct Q8Rows<'a> {
     /// log2 of the group size over 16 (0 for groups of 16, 1 for 32).
     pub shift: u32,
     pub groups: &'a Groups<i8>,
@@ -114,7 +114,7 @@ impl Rows for Q8Rows<'_> {
 }
 
 /// A packed matrix, borrowed as the kernels read it.
-pub enum View<'a> {
+pub(super) enum View<'a> {
     F32(F32Rows<'a>),
     Bf16(HalfRows<'a, true>),
     F16(HalfRows<'a, false>),
@@ -124,7 +124,7 @@ pub enum View<'a> {
 
 impl<'a> View<'a> {
     /// The view of `w`.
-    pub fn of(w: &'a Packed) -> Self {
+    pub(super) fn of(w: &'a Packed) -> Self {
         let cols = w.cols;
         match &w.codes {
             Codes::F32(data) => Self::F32(F32Rows { data, cols }),

@@ -9,7 +9,7 @@ use crate::cpu::simd::Simd;
 /// Dot products of `R` rows of `x` (each `k` wide, one after another) with row `col` of `w`:
 /// `R` sums in registers, each weight value decoded once for the `R` rows.
 #[inline(always)]
-pub fn dots<W: Rows, S: Simd, const R: usize>(
+pub(super) fn dots<W: Rows, S: Simd, const R: usize>(
     s: S,
     w: &W,
     x: &[f32],
@@ -42,7 +42,7 @@ pub fn dots<W: Rows, S: Simd, const R: usize>(
 
 /// Where a block's results go: `out` is `m × n`, row-major.
 #[derive(Clone, Copy)]
-pub struct Out {
+pub(super) struct Out {
     pub ptr: *mut f32,
     pub n: usize,
 }
@@ -54,7 +54,7 @@ pub struct Out {
 /// `out.ptr` must point at `m × out.n` writable floats, and no other thread may write the
 /// columns `cols` of it meanwhile.
 #[inline(always)]
-pub unsafe fn block<W: Rows, S: Simd, const T: usize>(
+pub(super) unsafe fn block<W: Rows, S: Simd, const T: usize>(
     s: S,
     w: &W,
     x: &[f32],

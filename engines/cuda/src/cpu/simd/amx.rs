@@ -12,7 +12,7 @@
 //! tile registers are not the compiler's, so nothing else in the process touches them.
 
 /// Whether this process may run AMX's tile and byte instructions (asked of the OS once).
-pub fn granted() -> bool {
+pub(crate) fn granted() -> bool {
     static GRANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *GRANTED.get_or_init(probe)
 }
@@ -57,11 +57,11 @@ fn probe() -> bool {
 /// Four groups' products are in flight at once, since a tile's stored sums reach the
 /// vector loads after them late.
 #[repr(C, align(64))]
-pub struct Shapes([u8; 64]);
+pub(crate) struct Shapes([u8; 64]);
 
 impl Shapes {
     /// Shapes for groups of `group` bytes.
-    pub fn new(group: usize) -> Self {
+    pub(crate) fn new(group: usize) -> Self {
         debug_assert!(group.is_multiple_of(4) && group <= 64, "group of {group}");
         let mut bytes = [0u8; 64];
         bytes[0] = 1; // palette 1
@@ -84,7 +84,7 @@ impl Shapes {
 /// group) and 16 columns of code bytes (unsigned; `group / 4` rows of 64 bytes, four of each
 /// column).
 #[derive(Clone, Copy)]
-pub struct Operands {
+pub(crate) struct Operands {
     /// The first row's first input byte.
     pub inputs: *const i8,
     /// The first code row.
@@ -93,21 +93,21 @@ pub struct Operands {
 
 impl Operands {
     /// No operands (null pointers), to be replaced before use.
-    pub const EMPTY: Self = Self {
+    pub(crate) const EMPTY: Self = Self {
         inputs: std::ptr::null(),
         codes: std::ptr::null(),
     };
 }
 
 /// The tile registers configured for one thread's use, released when dropped.
-pub struct Configured(());
+pub(crate) struct Configured(());
 
 impl Configured {
     /// Configures this thread's tiles.
     ///
     /// # Safety
     /// [`granted`] must have returned true.
-    pub unsafe fn new(shapes: &Shapes) -> Self {
+    pub(crate) unsafe fn new(shapes: &Shapes) -> Self {
         // SAFETY: the caller checked the tiles are granted; `shapes` is a 64-byte palette-1
         // configuration, read and not kept.
         unsafe {
@@ -123,7 +123,7 @@ impl Configured {
     /// Each group's inputs must be readable for 16 rows of `stride` bytes (the last row's
     /// group), and its codes for `group / 4 × 64` bytes (the shapes' group).
     #[inline(always)]
-    pub unsafe fn sums4(
+    pub(crate) unsafe fn sums4(
         &self,
         groups: [Operands; 4],
         stride: usize,
@@ -173,7 +173,7 @@ impl Configured {
     /// # Safety
     /// As [`Self::sums4`], for the one group.
     #[inline(always)]
-    pub unsafe fn sums1(&self, group: Operands, stride: usize, out: &mut [[i32; 16]; 16]) {
+    pub(crate) unsafe fn sums1(&self, group: Operands, stride: usize, out: &mut [[i32; 16]; 16]) {
         // SAFETY: as `sums4`.
         unsafe {
             std::arch::asm!(

@@ -6,12 +6,12 @@ use super::Simd;
 
 /// A token that this CPU runs AVX2 with FMA and F16C.
 #[derive(Debug, Clone, Copy)]
-pub struct Avx2(());
+pub(super) struct Avx2(());
 
 impl Avx2 {
     /// # Safety
     /// The CPU must have the features above.
-    pub unsafe fn new() -> Self {
+    pub(super) unsafe fn new() -> Self {
         Self(())
     }
 }

@@ -6,12 +6,12 @@ use super::Simd;
 
 /// A token that this CPU runs AVX-512 (F, BW, VL, VNNI) with AVX2, FMA and F16C.
 #[derive(Debug, Clone, Copy)]
-pub struct Avx512(());
+pub(super) struct Avx512(());
 
 impl Avx512 {
     /// # Safety
     /// The CPU must have the features above.
-    pub unsafe fn new() -> Self {
+    pub(super) unsafe fn new() -> Self {
         Self(())
     }
 }

@@ -16,7 +16,7 @@
 use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
-pub mod amx;
+pub(super) mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -26,7 +26,7 @@ mod portable;
 /// Sixteen f32 lanes and the operations the kernels need, for one instruction set. A value of
 /// an implementing type is a token that this CPU runs that set: only [`Isa::run`] makes one,
 /// after checking, so the x86 implementations may use their instructions in safe methods.
-pub trait Simd: Copy {
+pub(super) trait Simd: Copy {
     /// Sixteen floats.
     type V: Copy;
     /// All zeros.
@@ -107,11 +107,11 @@ pub trait Simd: Copy {
 
 /// Calls of [`Simd::nibble_products`] that stay exact in i16 lanes: each adds at most
 /// 2 · 15 · 127 = 3,810 to a lane, and 8 · 3,810 = 30,480 is under `i16::MAX`.
-pub const NIBBLE_PRODUCTS: usize = 8;
+pub(super) const NIBBLE_PRODUCTS: usize = 8;
 
 /// A kernel body, compiled per instruction set by [`Isa::run`]. Implementations mark `run`
 /// `#[inline(always)]` so it is compiled inside each instruction set's function.
-pub trait Kernel {
+pub(super) trait Kernel {
     /// What it returns.
     type Output;
     /// The body: `S` is the instruction set's lanes, and `T` rows of sixteen sums fit its
@@ -121,7 +121,7 @@ pub trait Kernel {
 
 /// An instruction set the kernels are built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
+pub(super) enum Isa {
     /// [`Isa::Avx512`] with AMX's tiles for byte products of many rows ([`amx`]).
     Amx,
     /// AVX-512 (F, BW, VL, VNNI) with FMA: 16 floats per register, 32 registers.
@@ -134,7 +134,7 @@ pub enum Isa {
 
 impl Isa {
     /// Its name.
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Self::Amx => "amx",
             Self::Avx512 => "avx512",
@@ -144,7 +144,7 @@ impl Isa {
     }
 
     /// Whether this CPU runs it.
-    pub fn supported(self) -> bool {
+    pub(super) fn supported(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             match self {
@@ -173,7 +173,7 @@ impl Isa {
     }
 
     /// The widest this CPU runs, or the one `TURNPIKE_CPU_ISA` names if it runs that.
-    pub fn detected() -> Isa {
+    pub(super) fn detected() -> Isa {
         static ISA: OnceLock<Isa> = OnceLock::new();
         *ISA.get_or_init(|| {
             let wanted = std::env::var("TURNPIKE_CPU_ISA").ok();
@@ -188,7 +188,7 @@ impl Isa {
 
     /// Runs `kernel` compiled for this instruction set (the portable build where this CPU does
     /// not run it).
-    pub fn run<K: Kernel>(self, kernel: K) -> K::Output {
+    pub(super) fn run<K: Kernel>(self, kernel: K) -> K::Output {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `supported` checked the CPU has every feature `avx512` enables (AMX
@@ -213,7 +213,7 @@ mod x86 {
     /// # Safety
     /// The CPU must have the features enabled here.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn avx512<K: Kernel>(kernel: K) -> K::Output {
+    pub(super) unsafe fn avx512<K: Kernel>(kernel: K) -> K::Output {
         // SAFETY: the caller checked the CPU has AVX-512 (F, BW, VL, VNNI), AVX2, FMA and F16C.
         kernel.run::<Avx512, 8>(unsafe { Avx512::new() })
     }
@@ -223,7 +223,7 @@ mod x86 {
     /// # Safety
     /// The CPU must have the features enabled here.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn avx2<K: Kernel>(kernel: K) -> K::Output {
+    pub(super) unsafe fn avx2<K: Kernel>(kernel: K) -> K::Output {
         // SAFETY: the caller checked the CPU has AVX2, FMA and F16C.
         kernel.run::<Avx2, 4>(unsafe { Avx2::new() })
     }

@@ -7,7 +7,7 @@ use super::Simd;
 
 /// The portable lanes.
 #[derive(Debug, Clone, Copy)]
-pub struct Portable;
+pub(super) struct Portable;
 
 impl Simd for Portable {
     type V = [f32; 16];

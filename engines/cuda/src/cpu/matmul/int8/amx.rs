@@ -22,7 +22,7 @@ use crate::cpu::simd::amx::{Configured, Operands, Shapes};
 
 /// Rows from which the tiles are worth their fixed cost (they multiply and scale 16 rows
 /// whatever the count): below it the lanes' kernel takes them.
-pub const ROWS: usize = 16;
+pub(super) const ROWS: usize = 16;
 
 /// Groups whose tile instructions are issued together.
 const BATCH: usize = 4;
@@ -32,14 +32,14 @@ const BATCH: usize = 4;
 struct Lines<T>(T);
 
 /// Two batches' sums and split 4-bit codes, reused by every tile of rows a task takes.
-pub struct Scratch {
+pub(super) struct Scratch {
     sums: [Lines<[[[i32; 16]; 16]; BATCH]>; 2],
     codes: [Lines<[[[u8; 64]; 8]; BATCH]>; 2],
 }
 
 impl Scratch {
     /// Zeroed (every byte is written before it is read).
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             sums: [Lines([[[0; 16]; 16]; BATCH]), Lines([[[0; 16]; 16]; BATCH])],
             codes: [Lines([[[0; 64]; 8]; BATCH]), Lines([[[0; 64]; 8]; BATCH])],
@@ -51,7 +51,7 @@ impl Scratch {
 ///
 /// # Safety
 /// [`crate::cpu::simd::amx::granted`] must have returned true.
-pub unsafe fn configure(w: &Tiles) -> Configured {
+pub(super) unsafe fn configure(w: &Tiles) -> Configured {
     // SAFETY: as the caller's.
     unsafe { Configured::new(&Shapes::new(w.group)) }
 }
@@ -63,7 +63,7 @@ pub unsafe fn configure(w: &Tiles) -> Configured {
 /// hold rows up to `r0 + 16` (they are padded so).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-pub unsafe fn run<S: Simd>(
+pub(super) unsafe fn run<S: Simd>(
     s: S,
     tiles: &Configured,
     scratch: &mut Scratch,
