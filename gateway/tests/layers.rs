@@ -1,7 +1,8 @@
 //! The gateway's layers point down: no import cycle between its top-level modules, and only the
 //! layers above the HTTP routes (`config`, which composes every component's settings, and
 //! `server`, which serves them) import `routes`; only `server` and `cli` import `config`; the
-//! protocols and routes reach the engine only through the `generation` facade, never `pipeline`.
+//! protocols and routes reach the engine only through the `generation` facade, never `pipeline`;
+//! only the edge (`routes`, `protocols`, and `error` for its default body) imports wire types.
 //! Read from the sources as they stand (paths through `crate::` and through `super::` chains that
 //! climb to the crate root); `docs/architecture.md` draws the layers.
 
@@ -196,6 +197,21 @@ fn protocols_and_routes_reach_the_engine_only_through_the_facade() {
             !edges.contains("pipeline"),
             "`{module}` imports `pipeline`: protocols render what `generation` re-exports"
         );
+    }
+}
+
+#[test]
+fn only_the_edge_speaks_wire_types() {
+    // The routes and protocols translate; `error` renders the default (OpenAI) error body.
+    let edge = ["routes", "protocols", "error", "openai", "anthropic"];
+    let graph = graph();
+    for (module, edges) in &graph {
+        for wire in ["openai", "anthropic"] {
+            assert!(
+                !edges.contains(wire) || edge.contains(&module.as_str()),
+                "`{module}` imports the wire types of `{wire}`: the generation request is neutral"
+            );
+        }
     }
 }
 

@@ -28,6 +28,7 @@ use tracing::Instrument;
 // What protocols build requests from and render answers by: the facade owns these names, so no
 // protocol reaches into `pipeline` (gateway/tests/layers.rs keeps it so).
 pub(crate) use crate::pipeline::events::{Finished, GenEvent, ServerToolRun, TokenLogprob, Totals};
+pub(crate) use crate::pipeline::extensions::{SamplingExtensions, StructuredOutputs};
 pub(crate) use crate::pipeline::fold::{Folded, fold};
 pub(crate) use crate::pipeline::params::refuse_streamed_beams;
 pub(crate) use crate::pipeline::request::{

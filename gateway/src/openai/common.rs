@@ -10,7 +10,7 @@ use serde_json::{Number, Value};
 /// `stop`: one string or a list of them.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(untagged)]
-pub enum StopParam {
+pub(crate) enum StopParam {
     /// One stop string.
     One(String),
     /// Several.
@@ -27,7 +27,7 @@ pub(crate) struct StreamOptions {
 
 /// Sampling extensions beyond OpenAI's, accepted at the top level and under `nvext`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub struct Extensions {
+pub(crate) struct Extensions {
     /// Keep the k most likely tokens.
     pub top_k: Option<Number>,
     /// Drop tokens below this fraction of the top probability.
@@ -69,7 +69,7 @@ pub struct Extensions {
 
 /// vLLM's `structured_outputs` object.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub struct GuidedOutputs {
+pub(crate) struct GuidedOutputs {
     /// A regular expression.
     pub regex: Option<String>,
     /// A Lark grammar.
@@ -82,7 +82,7 @@ pub struct GuidedOutputs {
 
 impl Extensions {
     /// `self` with unset fields taken from `other` (top-level values win over `nvext`).
-    pub fn or(self, other: Option<Extensions>) -> Extensions {
+    pub(crate) fn or(self, other: Option<Extensions>) -> Extensions {
         let Some(o) = other else { return self };
         Extensions {
             top_k: self.top_k.or(o.top_k),

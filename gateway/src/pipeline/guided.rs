@@ -6,8 +6,8 @@
 use serde_json::Value;
 use turnpike_engine_api::Grammar;
 
+use super::extensions::SamplingExtensions;
 use crate::error::ApiError;
-use crate::openai::common::Extensions;
 
 /// A shape asked for by extension.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,7 +19,9 @@ pub(crate) enum Guided {
 }
 
 /// The shape `e` asks for, and the parameter that asked; an error when several are given.
-pub(crate) fn requested(e: &Extensions) -> Result<Option<(Guided, &'static str)>, ApiError> {
+pub(crate) fn requested(
+    e: &SamplingExtensions,
+) -> Result<Option<(Guided, &'static str)>, ApiError> {
     let s = e.structured_outputs.clone().unwrap_or_default();
     let mut found = Vec::new();
     let regex = |pattern: String| Guided::Grammar(Grammar::Regex { pattern });
@@ -79,16 +81,22 @@ mod tests {
 
     use serde_json::json;
 
+    use super::super::extensions::StructuredOutputs;
     use super::*;
 
-    fn parse(v: Value) -> Result<Option<(Guided, &'static str)>, ApiError> {
-        requested(&serde_json::from_value::<Extensions>(v).unwrap())
+    fn parse(e: SamplingExtensions) -> Result<Option<(Guided, &'static str)>, ApiError> {
+        requested(&e)
     }
 
     #[test]
     fn each_name_maps_to_its_shape_and_two_are_refused() {
-        assert_eq!(parse(json!({})).unwrap(), None);
-        let (g, name) = parse(json!({"guided_regex": "[0-9]+"})).unwrap().unwrap();
+        assert_eq!(parse(SamplingExtensions::default()).unwrap(), None);
+        let (g, name) = parse(SamplingExtensions {
+            guided_regex: Some("[0-9]+".into()),
+            ..Default::default()
+        })
+        .unwrap()
+        .unwrap();
         assert_eq!(
             (g, name),
             (
@@ -98,22 +106,41 @@ mod tests {
                 "guided_regex"
             )
         );
-        let (g, _) = parse(json!({"structured_outputs": {"choice": ["yes", "no \"really\""]}}))
-            .unwrap()
-            .unwrap();
+        let (g, _) = parse(SamplingExtensions {
+            structured_outputs: Some(StructuredOutputs {
+                choice: Some(vec!["yes".into(), "no \"really\"".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .unwrap()
+        .unwrap();
         assert_eq!(
             g,
             Guided::Grammar(Grammar::Lark {
                 grammar: "start: \"yes\" | \"no \\\"really\\\"\"\n".into()
             })
         );
-        let (g, _) = parse(json!({"guided_json": {"type": "object"}}))
-            .unwrap()
-            .unwrap();
+        let (g, _) = parse(SamplingExtensions {
+            guided_json: Some(json!({"type": "object"})),
+            ..Default::default()
+        })
+        .unwrap()
+        .unwrap();
         assert_eq!(g, Guided::Json(json!({"type": "object"})));
-        let both =
-            parse(json!({"guided_regex": "a", "guided_grammar": "start: \"a\""})).unwrap_err();
+        let both = parse(SamplingExtensions {
+            guided_regex: Some("a".into()),
+            guided_grammar: Some("start: \"a\"".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
         assert!(both.to_string().contains("cannot both"), "{both}");
-        assert!(parse(json!({"guided_choice": []})).is_err());
+        assert!(
+            parse(SamplingExtensions {
+                guided_choice: Some(Vec::new()),
+                ..Default::default()
+            })
+            .is_err()
+        );
     }
 }

@@ -8,6 +8,7 @@
 pub(crate) mod budget;
 mod engine_spans;
 pub(crate) mod events;
+pub(crate) mod extensions;
 pub(crate) mod fold;
 pub(crate) mod guided;
 pub(crate) mod params;

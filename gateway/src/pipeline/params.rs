@@ -8,11 +8,11 @@
 use serde_json::{Number, Value};
 use turnpike_engine_api::{GenerationParams, Grammar};
 
+use super::extensions::SamplingExtensions;
 use super::speculation::{Names, speculation};
 use crate::engine_host::Defaults;
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
-use crate::openai::common::{Extensions, StopParam};
 
 /// Most stop strings per request.
 pub(crate) const MAX_STOP_STRINGS: usize = 4;
@@ -55,15 +55,15 @@ pub struct Sampling {
     pub presence_penalty: Option<f64>,
     /// `frequency_penalty`.
     pub frequency_penalty: Option<f64>,
-    /// `stop`.
-    pub stop: Option<StopParam>,
+    /// Stop strings (`stop`, `stop_sequences`), as given.
+    pub stop: Vec<String>,
     /// `logit_bias`.
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     /// `best_of` (legacy completions; chat takes it as an extension): beam search with this
     /// many beams when above `n`. `None` where the protocol has no beams.
     pub best_of: Option<Number>,
-    /// Extensions (top level merged with `nvext`).
-    pub extensions: Extensions,
+    /// Settings beyond these.
+    pub extensions: SamplingExtensions,
 }
 
 /// Beam search (`best_of` above `n`) answers only once every beam has finished, so a stream
@@ -121,12 +121,8 @@ fn ranged(param: &str, v: f64, min: f64, max: f64) -> Result<f32, ApiError> {
 }
 
 /// The stop strings, checked.
-pub(crate) fn stop_strings(stop: Option<&StopParam>) -> Result<Vec<String>, ApiError> {
-    let list = match stop {
-        None => return Ok(Vec::new()),
-        Some(StopParam::One(s)) => vec![s.clone()],
-        Some(StopParam::Many(v)) => v.clone(),
-    };
+pub(crate) fn stop_strings(stop: &[String]) -> Result<Vec<String>, ApiError> {
+    let list = stop.to_vec();
     if list.len() > MAX_STOP_STRINGS {
         return Err(ApiError::invalid(
             "stop",
@@ -533,12 +529,9 @@ mod tests {
 
     #[test]
     fn stop_strings_are_bounded() {
-        assert_eq!(
-            stop_strings(Some(&StopParam::One("x".into()))),
-            Ok(vec!["x".to_string()])
-        );
-        assert!(stop_strings(Some(&StopParam::Many(vec!["a".into(); 5]))).is_err());
-        assert!(stop_strings(Some(&StopParam::One(String::new()))).is_err());
-        assert!(stop_strings(Some(&StopParam::One("x".repeat(257)))).is_err());
+        assert_eq!(stop_strings(&["x".into()]), Ok(vec!["x".to_string()]));
+        assert!(stop_strings(&vec!["a".into(); 5]).is_err());
+        assert!(stop_strings(&[String::new()]).is_err());
+        assert!(stop_strings(&["x".repeat(257)]).is_err());
     }
 }

@@ -54,7 +54,7 @@ pub(crate) fn plan(
     let output = shaping(&req.output, &req.sampling.extensions, names, model)?;
     let (tools, forced_call) = tool_setup(&req.tools, names, model, output.is_some())?;
     let mut p = params::generation_params(&req.sampling, model, defaults)?;
-    let stop = params::stop_strings(req.sampling.stop.as_ref())?;
+    let stop = params::stop_strings(&req.sampling.stop)?;
     let top = match &req.top_logprobs {
         Some(n) => params::integer(names.top_logprobs, n, 0, 20)? as u32,
         None => 0,
@@ -326,7 +326,7 @@ enum Shaping {
 /// check of its answers when the model validates (JSON only), else a refusal.
 fn shaping(
     output: &OutputFormat,
-    extensions: &crate::openai::common::Extensions,
+    extensions: &super::extensions::SamplingExtensions,
     names: ParamNames,
     model: &ServedModel,
 ) -> Result<Option<Shaping>, ApiError> {

@@ -6,6 +6,7 @@ use serde_json::json;
 use super::deliver::{Delivered, deliver};
 use super::messages;
 use super::render::{Chunk, Render};
+use super::wire_sampling;
 use super::{Call, Reply};
 use crate::clock::unix_now;
 use crate::engine_host::ServedModel;
@@ -61,7 +62,7 @@ pub(crate) fn generation_request(
         (None, Some(n)) => (Some(n.clone()), "max_tokens"),
         (None, None) => (None, "max_tokens"),
     };
-    let extensions = req.extensions.clone().or(req.nvext.clone());
+    let extensions = wire_sampling::extensions(&req.extensions, req.nvext.as_ref());
     let best_of = extensions.best_of.clone();
     refuse_streamed_beams(
         best_of.as_ref(),
@@ -82,7 +83,7 @@ pub(crate) fn generation_request(
             seed: req.seed.clone(),
             presence_penalty: req.presence_penalty,
             frequency_penalty: req.frequency_penalty,
-            stop: req.stop.clone(),
+            stop: wire_sampling::stops(req.stop.as_ref()),
             logit_bias: req.logit_bias.clone(),
             best_of,
             extensions,

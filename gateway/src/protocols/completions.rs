@@ -5,6 +5,7 @@ use serde_json::{Map, Number, Value};
 
 use super::deliver::{Delivered, deliver};
 use super::render::{Chunk, Render};
+use super::wire_sampling;
 use super::{Call, Reply};
 use crate::clock::unix_now;
 use crate::error::ApiError;
@@ -87,10 +88,10 @@ pub(crate) fn generation_request(
             seed: req.seed.clone(),
             presence_penalty: req.presence_penalty,
             frequency_penalty: req.frequency_penalty,
-            stop: req.stop.clone(),
+            stop: wire_sampling::stops(req.stop.as_ref()),
             logit_bias: req.logit_bias.clone(),
             best_of: req.best_of.clone(),
-            extensions: req.extensions.clone().or(req.nvext.clone()),
+            extensions: wire_sampling::extensions(&req.extensions, req.nvext.as_ref()),
         },
         max_tokens: req.max_tokens.clone(),
         default_max_tokens: Some(LEGACY_DEFAULT_MAX_TOKENS),

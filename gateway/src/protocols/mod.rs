@@ -18,6 +18,7 @@ pub(crate) mod generate;
 pub(crate) mod messages;
 pub(crate) mod render;
 pub(crate) mod responses;
+pub(crate) mod wire_sampling;
 
 use std::time::{Duration, Instant};
 

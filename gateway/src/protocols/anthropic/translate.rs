@@ -8,11 +8,10 @@ use serde_json::{Value, json};
 
 use crate::anthropic::MessagesRequest;
 use crate::error::ApiError;
-use crate::generation::template_tool;
 use crate::generation::{
     GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, ToolChoice, Tools,
 };
-use crate::openai::common::{Extensions, StopParam};
+use crate::generation::{SamplingExtensions, template_tool};
 
 /// Anthropic's names for the parameters errors point at.
 pub(crate) const NAMES: ParamNames = ParamNames {
@@ -267,12 +266,12 @@ pub(crate) fn generation_request(
             seed: None,
             presence_penalty: None,
             frequency_penalty: None,
-            stop: req.stop_sequences.clone().map(StopParam::Many),
+            stop: req.stop_sequences.clone().unwrap_or_default(),
             logit_bias: None,
             best_of: None,
-            extensions: Extensions {
+            extensions: SamplingExtensions {
                 top_k: req.top_k.clone(),
-                ..Extensions::default()
+                ..SamplingExtensions::default()
             },
         },
         max_tokens: req.max_tokens.clone(),

@@ -12,7 +12,7 @@ use crate::generation::{
 };
 use crate::openai::chat::{FunctionDefinition, Tool};
 use crate::openai::responses::{ResponseObject, ResponsesRequest};
-use crate::protocols::messages;
+use crate::protocols::{messages, wire_sampling};
 
 /// The `mcp` tools of a request: servers the gateway runs tools of, named by their label (the
 /// gateway calls only servers its operator configured, never a `server_url` a client gives).
@@ -175,7 +175,7 @@ pub(crate) fn generation_request(
         .iter()
         .flatten()
         .any(|i| i == "message.output_text.logprobs");
-    let extensions = req.extensions.clone().or(req.nvext.clone());
+    let extensions = wire_sampling::extensions(&req.extensions, req.nvext.as_ref());
     if extensions.best_of.is_some() {
         // A response has one output: there is nothing to return the other beams in.
         return Err(ApiError::unsupported(
@@ -193,7 +193,7 @@ pub(crate) fn generation_request(
             seed: req.seed.clone(),
             presence_penalty: req.presence_penalty,
             frequency_penalty: req.frequency_penalty,
-            stop: req.stop.clone(),
+            stop: wire_sampling::stops(req.stop.as_ref()),
             logit_bias: None,
             best_of: None,
             extensions,
