@@ -38,15 +38,14 @@
 //!
 //! Imports only point down: [`cli`] → [`server`] → [`config`] (composes the settings each
 //! component owns) → [`routes`] → [`admin`] (beside the protocols) → `protocols` → `generation` → [`tenancy`], `idempotency`, [`plugins`],
-//! `pipeline` → [`engine_host`] → [`text`] → `store`, [`observability`], and at the bottom
-//! `error`, `openai` and `anthropic` (wire types), `ids`, `clock`, [`lifecycle`] (serving, draining, cut: set
+//! `pipeline` → [`engine_host`] → [`text`] (the `turnpike-text` crate) → `store`, [`observability`], and at the bottom
+//! `error`, `openai` and `anthropic` (wire types, the `turnpike-wire` crate), `ids`, `clock`, [`lifecycle`] (serving, draining, cut: set
 //! by the server on a stop signal, read by readiness and every generation stream). Below `config`, no module imports `routes`;
 //! protocols and routes reach the engine only through `generation`, never `pipeline`;
 //! `tests/layers.rs` keeps it so. `missing_docs` and `unreachable_pub` are set for the whole
 //! workspace (its `Cargo.toml`).
 
 pub mod admin;
-pub(crate) mod anthropic;
 pub(crate) mod body;
 pub mod cli;
 pub(crate) mod clock;
@@ -59,7 +58,6 @@ pub(crate) mod ids;
 pub mod lifecycle;
 pub mod listener;
 pub mod observability;
-pub(crate) mod openai;
 pub(crate) mod pipeline;
 pub mod plugins;
 pub(crate) mod protocols;
@@ -67,4 +65,8 @@ pub mod routes;
 pub mod server;
 pub(crate) mod store;
 pub mod tenancy;
-pub mod text;
+
+// The bottom floors live in crates of their own (they import nothing of the gateway); their
+// old paths stay: `crate::openai`, `crate::anthropic`, `crate::text` (and `turnpike::text`).
+pub use turnpike_text as text;
+pub(crate) use turnpike_wire::{anthropic, openai};

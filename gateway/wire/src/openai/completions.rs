@@ -7,7 +7,7 @@ use super::common::{CompletionLogprobs, Extensions, StopParam, StreamOptions, Us
 
 /// The request body.
 #[derive(Debug, Clone, Deserialize)]
-pub(crate) struct CompletionRequest {
+pub struct CompletionRequest {
     /// Model name.
     pub model: String,
     /// A string, a list of strings, token ids, or a list of token id lists.
@@ -73,7 +73,7 @@ pub(crate) struct CompletionRequest {
 
 /// The non-streaming response, and (with `object` the same) each stream chunk.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct Completion {
+pub struct Completion {
     /// `cmpl-...`, the same in every chunk.
     pub id: String,
     /// Always `text_completion`.
@@ -94,7 +94,7 @@ pub(crate) struct Completion {
 
 /// One choice.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct CompletionChoice {
+pub struct CompletionChoice {
     /// The text (in a stream: the new part).
     pub text: String,
     /// Choice index (prompt index times n, plus the choice within the prompt).

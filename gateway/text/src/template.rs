@@ -251,7 +251,7 @@ mod tests {
 
     #[test]
     fn the_sim_models_template_renders_a_conversation() {
-        let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/models/sim-small");
+        let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/models/sim-small");
         let config: Json = serde_json::from_str(
             &std::fs::read_to_string(folder.join("tokenizer_config.json")).expect("read"),
         )

@@ -167,7 +167,7 @@ mod tests {
 
     fn sim() -> TextTokenizer {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../examples/models/sim-small/tokenizer.json");
+            .join("../../examples/models/sim-small/tokenizer.json");
         TextTokenizer::from_file(&path).expect("the sim tokenizer loads")
     }
 

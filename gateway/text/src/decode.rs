@@ -156,7 +156,7 @@ mod tests {
 
     fn sim() -> Arc<TextTokenizer> {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../examples/models/sim-small/tokenizer.json");
+            .join("../../examples/models/sim-small/tokenizer.json");
         Arc::new(TextTokenizer::from_file(&path).expect("loads"))
     }
 

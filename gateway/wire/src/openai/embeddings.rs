@@ -5,7 +5,7 @@ use serde_json::{Number, Value};
 
 /// The request body.
 #[derive(Debug, Clone, Deserialize)]
-pub(crate) struct EmbeddingRequest {
+pub struct EmbeddingRequest {
     /// Model name.
     pub model: String,
     /// A string, a list of strings, token ids, or a list of token id lists.
@@ -23,7 +23,7 @@ pub(crate) struct EmbeddingRequest {
 
 /// The response.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct EmbeddingList {
+pub struct EmbeddingList {
     /// Always `list`.
     pub object: &'static str,
     /// One entry per input, in order.
@@ -36,7 +36,7 @@ pub(crate) struct EmbeddingList {
 
 /// One vector.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct Embedding {
+pub struct Embedding {
     /// Always `embedding`.
     pub object: &'static str,
     /// Input index.
@@ -48,7 +48,7 @@ pub(crate) struct Embedding {
 /// A vector as a list of floats, or as base64 of little-endian float32s.
 #[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
-pub(crate) enum Vector {
+pub enum Vector {
     /// Floats (written in their shortest float32 form).
     Float(Vec<f32>),
     /// Base64.
@@ -57,7 +57,7 @@ pub(crate) enum Vector {
 
 /// Token counts of an embeddings request.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub(crate) struct EmbeddingUsage {
+pub struct EmbeddingUsage {
     /// Input tokens.
     pub prompt_tokens: u64,
     /// The same.

@@ -7,7 +7,7 @@ use super::common::{ChatLogprobs, Extensions, StopParam, StreamOptions, Usage};
 
 /// The request body.
 #[derive(Debug, Clone, Deserialize)]
-pub(crate) struct ChatCompletionRequest {
+pub struct ChatCompletionRequest {
     /// Model name.
     pub model: String,
     /// The conversation.
@@ -89,7 +89,7 @@ pub(crate) struct ChatCompletionRequest {
 /// One message of the conversation.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "role", rename_all = "lowercase")]
-pub(crate) enum ChatMessage {
+pub enum ChatMessage {
     /// Instructions.
     System {
         /// The text.
@@ -138,7 +138,7 @@ pub(crate) enum ChatMessage {
 /// Message content: text, or a list of parts.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
-pub(crate) enum Content {
+pub enum Content {
     /// Plain text.
     Text(String),
     /// Typed parts.
@@ -148,7 +148,7 @@ pub(crate) enum Content {
 /// A part of message content.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub(crate) enum ContentPart {
+pub enum ContentPart {
     /// Text.
     Text {
         /// The text.
@@ -169,7 +169,7 @@ pub(crate) enum ContentPart {
 
 /// A tool the model may call.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Tool {
+pub struct Tool {
     /// Always `function`.
     #[serde(rename = "type")]
     pub kind: String,
@@ -179,7 +179,7 @@ pub(crate) struct Tool {
 
 /// A callable function.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct FunctionDefinition {
+pub struct FunctionDefinition {
     /// Its name.
     pub name: String,
     /// What it does.
@@ -195,7 +195,7 @@ pub(crate) struct FunctionDefinition {
 
 /// A tool call in an assistant message.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct ToolCall {
+pub struct ToolCall {
     /// Call id.
     pub id: String,
     /// Always `function`.
@@ -207,7 +207,7 @@ pub(crate) struct ToolCall {
 
 /// The function called and its arguments (a JSON string).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct FunctionCall {
+pub struct FunctionCall {
     /// Function name.
     pub name: String,
     /// Arguments as JSON text.
@@ -217,7 +217,7 @@ pub(crate) struct FunctionCall {
 /// `response_format`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub(crate) enum ResponseFormat {
+pub enum ResponseFormat {
     /// Free text.
     Text,
     /// Any JSON object.
@@ -232,7 +232,7 @@ pub(crate) enum ResponseFormat {
 /// The schema of `response_format: json_schema` (its `name` and `strict` are accepted and
 /// not read: the schema is always enforced exactly).
 #[derive(Debug, Clone, Deserialize)]
-pub(crate) struct JsonSchemaFormat {
+pub struct JsonSchemaFormat {
     /// The schema.
     #[serde(default)]
     pub schema: Option<Value>,
@@ -240,7 +240,7 @@ pub(crate) struct JsonSchemaFormat {
 
 /// The non-streaming response.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct ChatCompletion {
+pub struct ChatCompletion {
     /// `chatcmpl-...`.
     pub id: String,
     /// Always `chat.completion`.
@@ -259,7 +259,7 @@ pub(crate) struct ChatCompletion {
 
 /// One answer.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct ChatChoice {
+pub struct ChatChoice {
     /// Choice index.
     pub index: u32,
     /// The message.
@@ -272,7 +272,7 @@ pub(crate) struct ChatChoice {
 
 /// The assistant's message.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct AssistantMessage {
+pub struct AssistantMessage {
     /// Always `assistant`.
     pub role: &'static str,
     /// The text.
@@ -289,7 +289,7 @@ pub(crate) struct AssistantMessage {
 
 /// A stream chunk.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct ChatCompletionChunk {
+pub struct ChatCompletionChunk {
     /// Same id in every chunk.
     pub id: String,
     /// Always `chat.completion.chunk`.
@@ -309,7 +309,7 @@ pub(crate) struct ChatCompletionChunk {
 
 /// One choice's part of a chunk.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct ChunkChoice {
+pub struct ChunkChoice {
     /// Choice index.
     pub index: u32,
     /// New text (and the role, in a choice's first chunk).
@@ -322,7 +322,7 @@ pub(crate) struct ChunkChoice {
 
 /// The change a chunk carries.
 #[derive(Debug, Clone, Default, Serialize)]
-pub(crate) struct Delta {
+pub struct Delta {
     /// `assistant` in a choice's first chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
@@ -343,7 +343,7 @@ pub(crate) struct Delta {
 /// A piece of a streamed tool call: the first names the call (`id`, `type`, `function.name`),
 /// later ones add to `function.arguments`.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct ToolCallDelta {
+pub struct ToolCallDelta {
     /// The call's index within the choice.
     pub index: u32,
     /// `call_...`, in the first piece.
@@ -358,7 +358,7 @@ pub(crate) struct ToolCallDelta {
 
 /// The function part of a [`ToolCallDelta`].
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct FunctionCallDelta {
+pub struct FunctionCallDelta {
     /// The name, in the first piece.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 /// The whole error body.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub(crate) struct ErrorBody {
+pub struct ErrorBody {
     /// The error.
     pub error: ErrorDetail,
 }

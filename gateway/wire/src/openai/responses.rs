@@ -9,7 +9,7 @@ use super::common::{Extensions, StopParam};
 
 /// The request body.
 #[derive(Debug, Clone, Deserialize)]
-pub(crate) struct ResponsesRequest {
+pub struct ResponsesRequest {
     /// Model name.
     pub model: String,
     /// A string (one user message) or a list of input items; required unless the request
@@ -96,7 +96,7 @@ pub(crate) struct ResponsesRequest {
 /// `input`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
-pub(crate) enum ResponseInput {
+pub enum ResponseInput {
     /// One user message.
     Text(String),
     /// Input items, checked one by one (see `responses::input`).
@@ -106,10 +106,15 @@ pub(crate) enum ResponseInput {
 /// Token counts of a response.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResponseUsage {
+    /// Prompt tokens.
     pub input_tokens: u64,
+    /// Prompt tokens in detail (cached).
     pub input_tokens_details: InputTokensDetails,
+    /// Generated tokens.
     pub output_tokens: u64,
+    /// Generated tokens in detail (reasoning).
     pub output_tokens_details: OutputTokensDetails,
+    /// Prompt and generated tokens together.
     pub total_tokens: u64,
 }
 
@@ -189,30 +194,51 @@ impl OutputText {
 pub enum OutputItem {
     /// The assistant's message.
     Message {
+        /// Its id.
         id: String,
+        /// Its status (`completed`, `in_progress`, `incomplete`, ...).
         status: String,
+        /// Who speaks (`user`, `assistant`).
         role: String,
+        /// The message's text parts.
         content: Vec<OutputText>,
     },
     /// The model's reasoning: its text as one summary part when a summary was asked for.
-    Reasoning { id: String, summary: Vec<Value> },
+    Reasoning {
+        /// Its id.
+        id: String,
+        /// Its summary parts.
+        summary: Vec<Value>,
+    },
     /// A tool call.
     FunctionCall {
+        /// Its id.
         id: String,
+        /// The id the call's output answers to.
         call_id: String,
+        /// The name.
         name: String,
+        /// The call's arguments, as JSON text.
         arguments: String,
+        /// Its status (`completed`, `in_progress`, `incomplete`, ...).
         status: String,
     },
     /// A tool the gateway ran for the model (a gateway plugin's server tool), shown as OpenAI
     /// shows a hosted MCP tool's call: its server, arguments, and output or error.
     McpCall {
+        /// Its id.
         id: String,
+        /// The tool's server.
         server_label: String,
+        /// The name.
         name: String,
+        /// The call's arguments, as JSON text.
         arguments: String,
+        /// The tool's output, when it answered.
         output: Option<String>,
+        /// The tool's error, when it failed.
         error: Option<String>,
+        /// Its status (`completed`, `in_progress`, `incomplete`, ...).
         status: String,
     },
 }
@@ -232,46 +258,78 @@ impl OutputItem {
 /// The response object.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResponseObject {
+    /// Its id.
     pub id: String,
+    /// Always `response`.
     pub object: String,
+    /// When it was created (Unix seconds).
     pub created_at: u64,
+    /// Its status (`completed`, `in_progress`, `incomplete`, ...).
     pub status: String,
+    /// Whether the response runs in the background.
     pub background: bool,
+    /// When the response completed (Unix seconds).
     pub completed_at: Option<u64>,
+    /// The error, when the response failed.
     pub error: Option<Value>,
+    /// Why the response is incomplete, when it is.
     pub incomplete_details: Option<IncompleteDetails>,
+    /// The system instructions.
     pub instructions: Option<String>,
+    /// The most tokens to generate.
     pub max_output_tokens: Option<u64>,
+    /// The most tool calls the response may make.
     pub max_tool_calls: Option<u64>,
+    /// The model.
     pub model: String,
+    /// The output items, in order.
     pub output: Vec<OutputItem>,
+    /// The output's text, all parts joined (the SDKs' convenience).
     pub output_text: String,
+    /// Whether the model may call several tools at once.
     pub parallel_tool_calls: bool,
+    /// `presence_penalty`.
     pub presence_penalty: f64,
+    /// `frequency_penalty`.
     pub frequency_penalty: f64,
+    /// The response this one continues.
     pub previous_response_id: Option<String>,
+    /// The caller's prompt-cache key.
     pub prompt_cache_key: Option<String>,
+    /// Reasoning settings.
     pub reasoning: Value,
+    /// The caller's end-user id for abuse monitoring.
     pub safety_identifier: Option<String>,
+    /// The service tier.
     pub service_tier: String,
+    /// Whether to keep the response for retrieval.
     pub store: bool,
+    /// `temperature`.
     pub temperature: f64,
+    /// The text output's settings (`format`).
     pub text: Value,
+    /// Whether and which tool the model must call.
     pub tool_choice: Value,
+    /// The tools offered.
     pub tools: Vec<Value>,
+    /// Alternatives per token with their log probabilities.
     pub top_logprobs: u32,
+    /// `top_p`.
     pub top_p: f64,
+    /// What to do with a conversation over the context (`auto`, `disabled`).
     pub truncation: String,
+    /// Token counts.
     pub usage: Option<ResponseUsage>,
     /// The end-user id, when one was sent (OpenAI's schema has no null for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// The caller's metadata.
     pub metadata: Map<String, Value>,
 }
 
 /// The list `GET /v1/responses/{id}/input_items` returns.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct InputItemList {
+pub struct InputItemList {
     /// Always `list`.
     pub object: &'static str,
     /// The items, in the order asked for.

@@ -10,7 +10,7 @@ use serde_json::{Number, Value};
 /// `stop`: one string or a list of them.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(untagged)]
-pub(crate) enum StopParam {
+pub enum StopParam {
     /// One stop string.
     One(String),
     /// Several.
@@ -19,7 +19,7 @@ pub(crate) enum StopParam {
 
 /// `stream_options`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub(crate) struct StreamOptions {
+pub struct StreamOptions {
     /// Send a last chunk with the usage of the whole request.
     #[serde(default)]
     pub include_usage: Option<bool>,
@@ -27,7 +27,7 @@ pub(crate) struct StreamOptions {
 
 /// Sampling extensions beyond OpenAI's, accepted at the top level and under `nvext`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub(crate) struct Extensions {
+pub struct Extensions {
     /// Keep the k most likely tokens.
     pub top_k: Option<Number>,
     /// Drop tokens below this fraction of the top probability.
@@ -69,7 +69,7 @@ pub(crate) struct Extensions {
 
 /// vLLM's `structured_outputs` object.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-pub(crate) struct GuidedOutputs {
+pub struct GuidedOutputs {
     /// A regular expression.
     pub regex: Option<String>,
     /// A Lark grammar.
@@ -82,7 +82,7 @@ pub(crate) struct GuidedOutputs {
 
 impl Extensions {
     /// `self` with unset fields taken from `other` (top-level values win over `nvext`).
-    pub(crate) fn or(self, other: Option<Extensions>) -> Extensions {
+    pub fn or(self, other: Option<Extensions>) -> Extensions {
         let Some(o) = other else { return self };
         Extensions {
             top_k: self.top_k.or(o.top_k),
@@ -111,7 +111,7 @@ impl Extensions {
 
 /// Token counts of a response.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct Usage {
+pub struct Usage {
     /// Prompt tokens, counted by the gateway.
     pub prompt_tokens: u64,
     /// Generated tokens, counted by the engine.
@@ -128,21 +128,21 @@ pub(crate) struct Usage {
 
 /// Reasoning part of the generated tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct CompletionTokensDetails {
+pub struct CompletionTokensDetails {
     /// Generated tokens that were reasoning.
     pub reasoning_tokens: u64,
 }
 
 /// Cached part of the prompt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct PromptTokensDetails {
+pub struct PromptTokensDetails {
     /// Prompt tokens served from a prefix cache.
     pub cached_tokens: u64,
 }
 
 impl Usage {
     /// Usage from the three counts.
-    pub(crate) fn new(prompt: u64, completion: u64, cached: u64) -> Self {
+    pub fn new(prompt: u64, completion: u64, cached: u64) -> Self {
         Self {
             prompt_tokens: prompt,
             completion_tokens: completion,
@@ -156,7 +156,7 @@ impl Usage {
 
     /// The same, with the reasoning part of the generated tokens (shown when there is one).
     #[must_use]
-    pub(crate) fn with_reasoning(mut self, reasoning: u64) -> Self {
+    pub fn with_reasoning(mut self, reasoning: u64) -> Self {
         self.completion_tokens_details = (reasoning > 0).then_some(CompletionTokensDetails {
             reasoning_tokens: reasoning,
         });
@@ -166,7 +166,7 @@ impl Usage {
 
 /// One token in the chat `logprobs.content` format.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub(crate) struct ChatTokenLogprob {
+pub struct ChatTokenLogprob {
     /// The token's text.
     pub token: String,
     /// Its log probability.
@@ -179,7 +179,7 @@ pub(crate) struct ChatTokenLogprob {
 
 /// An alternative token.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub(crate) struct ChatTopLogprob {
+pub struct ChatTopLogprob {
     /// The token's text.
     pub token: String,
     /// Its log probability.
@@ -190,7 +190,7 @@ pub(crate) struct ChatTopLogprob {
 
 /// Chat `logprobs`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub(crate) struct ChatLogprobs {
+pub struct ChatLogprobs {
     /// One entry per generated token.
     pub content: Vec<ChatTokenLogprob>,
     /// Always null (no refusals).
@@ -199,7 +199,7 @@ pub(crate) struct ChatLogprobs {
 
 /// Legacy completions `logprobs`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub(crate) struct CompletionLogprobs {
+pub struct CompletionLogprobs {
     /// Token texts.
     pub tokens: Vec<String>,
     /// Their log probabilities.

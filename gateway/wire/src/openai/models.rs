@@ -4,7 +4,7 @@ use serde::Serialize;
 
 /// One model.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub(crate) struct Model {
+pub struct Model {
     /// The id clients name.
     pub id: String,
     /// Always `model`.
@@ -19,7 +19,7 @@ pub(crate) struct Model {
 
 /// The list of models.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub(crate) struct ModelList {
+pub struct ModelList {
     /// Always `list`.
     pub object: &'static str,
     /// The models.
