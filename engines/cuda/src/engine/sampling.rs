@@ -97,14 +97,11 @@ impl Worker {
             self.choices_of(chunk.seq, row, &mut targets);
             row += 1 + chunk.drafts;
         }
-        if on_device && !(beams.is_empty() && checks.is_empty()) {
-            // Beams rank every token and drafts are checked position by position on the host:
-            // a device that samples hands its logits rows back.
-            let read = match self.device.sampler() {
-                Some(sampler) => sampler.read_logits(wanted),
-                None => Ok(logits),
-            };
-            match read {
+        // Beams rank every token and drafts are checked position by position on the host: a
+        // device that samples hands its logits rows back.
+        let ranked_on_host = !(beams.is_empty() && checks.is_empty());
+        if ranked_on_host && let Some(sampler) = self.device.sampler() {
+            match sampler.read_logits(wanted) {
                 Ok(rows) => logits = rows,
                 Err(e) => {
                     self.host
