@@ -37,24 +37,23 @@
 //! # Layers
 //!
 //! Imports only point down: [`cli`] → [`server`] → [`config`] (composes the settings each
-//! component owns) → [`routes`] → [`admin`] (beside the protocols) → `protocols` → `generation` → [`tenancy`], `idempotency`, [`plugins`],
-//! `pipeline` → [`engine_host`] → [`text`] (the `turnpike-text` crate) → `store`, [`observability`], and at the bottom
-//! `error`, `openai` and `anthropic` (wire types, the `turnpike-wire` crate), `ids`, `clock`, [`lifecycle`] (serving, draining, cut: set
-//! by the server on a stop signal, read by readiness and every generation stream). Below `config`, no module imports `routes`;
-//! protocols and routes reach the engine only through `generation`, never `pipeline`;
-//! `tests/layers.rs` keeps it so. `missing_docs` and `unreachable_pub` are set for the whole
-//! workspace (its `Cargo.toml`).
+//! component owns) → [`routes`] → [`admin`] (beside the protocols) → `protocols` →
+//! `generation` → [`tenancy`], `idempotency`, [`plugins`] → `pipeline` → [`engine_host`] →
+//! [`text`] (the `turnpike-text` crate), [`observability`], [`lifecycle`] (serving, draining,
+//! cut: set by the server on a stop signal, read by readiness and every generation stream) →
+//! [`store`] (the `turnpike-store` crate) → at the bottom [`error`], [`ids`], [`clock`] (the
+//! `turnpike-core` crate) and `openai` and `anthropic` (wire types, the `turnpike-wire` crate).
+//! Below `config`, no module imports `routes`; protocols and routes reach the engine only
+//! through `generation`, never `pipeline`; `tests/layers.rs` keeps it so. `missing_docs` and
+//! `unreachable_pub` are set for the whole workspace (its `Cargo.toml`).
 
 pub mod admin;
 pub(crate) mod body;
 pub mod cli;
-pub(crate) mod clock;
 pub mod config;
 pub mod engine_host;
-pub(crate) mod error;
 pub(crate) mod generation;
 pub(crate) mod idempotency;
-pub(crate) mod ids;
 pub mod lifecycle;
 pub mod listener;
 pub mod observability;
@@ -63,10 +62,12 @@ pub mod plugins;
 pub(crate) mod protocols;
 pub mod routes;
 pub mod server;
-pub(crate) mod store;
 pub mod tenancy;
 
 // The bottom floors live in crates of their own (they import nothing of the gateway); their
-// old paths stay: `crate::openai`, `crate::anthropic`, `crate::text` (and `turnpike::text`).
+// old paths stay: `crate::openai`, `crate::anthropic`, `crate::text`, `crate::store`,
+// `crate::error`, `crate::ids`, `crate::clock` (and `turnpike::text`, `turnpike::store`).
+pub use turnpike_core::{clock, error, ids};
+pub use turnpike_store as store;
 pub use turnpike_text as text;
 pub(crate) use turnpike_wire::{anthropic, openai};

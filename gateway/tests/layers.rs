@@ -2,7 +2,9 @@
 //! layers above the HTTP routes (`config`, which composes every component's settings, and
 //! `server`, which serves them) import `routes`; only `server` and `cli` import `config`; the
 //! protocols and routes reach the engine only through the `generation` facade, never `pipeline`;
-//! only the edge (`routes`, `protocols`, and `error` for its default body) imports wire types.
+//! only the edge (`routes`, `protocols`, and `error` for its default body) imports wire types;
+//! the facade and the pipeline take typed numbers, never JSON ones; the Responses API builds
+//! template messages from its items, never chat's wire messages.
 //! Read from the sources as they stand (paths through `crate::` and through `super::` chains that
 //! climb to the crate root); `docs/architecture.md` draws the layers.
 
@@ -37,6 +39,10 @@ const FLOOR_CRATES: &[(&str, &str)] = &[
     ("openai", "turnpike_wire::openai"),
     ("anthropic", "turnpike_wire::anthropic"),
     ("text", "turnpike_text"),
+    ("store", "turnpike_store"),
+    ("error", "turnpike_core::error"),
+    ("ids", "turnpike_core::ids"),
+    ("clock", "turnpike_core::clock"),
 ];
 
 /// How many `super::` steps climb from a file's module to the crate root: `routes/chat.rs` is
@@ -227,6 +233,58 @@ fn only_the_edge_speaks_wire_types() {
                 "`{module}` imports the wire types of `{wire}`: the generation request is neutral"
             );
         }
+    }
+}
+
+/// The code lines (comments dropped) of every file of top-level module `module`, by file.
+fn code_of(module: &str) -> Vec<(PathBuf, String)> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    files
+        .into_iter()
+        .filter(|f| f.strip_prefix(&root).unwrap().starts_with(module))
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let code: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect();
+            (f, code.join("\n"))
+        })
+        .collect()
+}
+
+#[test]
+fn the_facade_takes_typed_numbers() {
+    // Integers are checked and typed once, at the edge (`protocols::numbers`).
+    for module in ["generation", "pipeline"] {
+        let files = code_of(module);
+        assert!(!files.is_empty(), "no sources of `{module}`");
+        for (file, code) in files {
+            let raw = code.contains("serde_json::Number")
+                || code
+                    .lines()
+                    .any(|l| l.contains("use serde_json::") && l.contains("Number"));
+            assert!(
+                !raw,
+                "{} reads JSON numbers: the edge types them (protocols/numbers.rs)",
+                file.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn responses_builds_template_messages_directly() {
+    let files = code_of("protocols/responses");
+    assert!(!files.is_empty(), "no sources of the Responses API");
+    for (file, code) in files {
+        assert!(
+            !code.contains("ChatMessage"),
+            "{} builds chat wire messages: the Responses API builds template messages",
+            file.display()
+        );
     }
 }
 

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::{Number, Value};
+use serde_json::Value;
 use turnpike_engine_api::EmbedParams;
 
 use super::Generator;
 use crate::error::ApiError;
-use crate::pipeline::{params, prompt};
+use crate::pipeline::prompt;
 use crate::tenancy::{AdmitRequest, Caller};
 
 /// Inputs to embed.
@@ -19,8 +19,8 @@ pub struct EmbeddingRequest {
     pub model: String,
     /// One to many inputs: a string, strings, token ids, or lists of token ids.
     pub input: Value,
-    /// Fewer dimensions than the model's, when asked for.
-    pub dimensions: Option<Number>,
+    /// Fewer dimensions than the model's, when asked for (at least 1).
+    pub dimensions: Option<u32>,
 }
 
 /// Embedded inputs.
@@ -49,15 +49,16 @@ impl Generator {
                 format!("model `{}` does not serve embeddings", model.id),
             ));
         }
-        let dimensions = match &req.dimensions {
-            Some(d) => Some(params::integer(
+        let width = model.info.embedding_dim.unwrap_or(1);
+        if let Some(d) = req.dimensions.filter(|&d| d > width) {
+            return Err(ApiError::out_of_range(
                 "dimensions",
-                d,
+                i64::from(d),
                 1,
-                i64::from(model.info.embedding_dim.unwrap_or(1)),
-            )? as u32),
-            None => None,
-        };
+                i64::from(width),
+            ));
+        }
+        let dimensions = req.dimensions;
         let context = model.context_length as usize;
         let inputs = prompt::text_inputs(&req.input, "input", &model, true, context)?;
         if let Some((i, _)) = inputs

@@ -30,7 +30,7 @@ use tracing::Instrument;
 pub(crate) use crate::pipeline::events::{Finished, GenEvent, ServerToolRun, TokenLogprob, Totals};
 pub(crate) use crate::pipeline::extensions::{SamplingExtensions, StructuredOutputs};
 pub(crate) use crate::pipeline::fold::{Folded, fold};
-pub(crate) use crate::pipeline::params::refuse_streamed_beams;
+pub(crate) use crate::pipeline::params::{MAX_N, MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS};
 pub(crate) use crate::pipeline::request::{
     GenerationRequest, HostedServer, OutputFormat, ParamNames, Prompt, Sampling, ToolChoice, Tools,
     template_tool,
@@ -202,12 +202,7 @@ impl Generator {
             Some(first) => Err(ApiError::unsupported(first.param.clone(), why)),
             None => Ok(Vec::new()),
         };
-        let n = req
-            .sampling
-            .n
-            .as_ref()
-            .and_then(|n| n.as_u64())
-            .unwrap_or(1);
+        let n = req.sampling.n.unwrap_or(1);
         if !matches!(req.prompt, Prompt::Chat { .. }) || n != 1 {
             return refuse("the gateway runs its tools for one choice of a conversation (n = 1)");
         }

@@ -104,7 +104,7 @@ pub fn http_request(endpoint: &str, status: u16, elapsed: Duration) {
 
 /// An error answered to a client (also mid-stream).
 pub fn error(code: &str) {
-    metrics::counter!("turnpike_errors_total", "code" => code.to_string()).increment(1);
+    crate::error::count(code);
 }
 
 /// Tokens of a finished generation.
@@ -420,11 +420,6 @@ pub fn admin_state_restored() {
     metrics::counter!("turnpike_admin_state_restores_total").increment(1);
 }
 
-/// Whether the state store answered its last health probe.
-pub fn state_store_up(up: bool) {
-    metrics::gauge!("turnpike_state_store_up").set(if up { 1.0 } else { 0.0 });
-}
-
 /// What `[metrics]` configures.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MetricsSettings {
@@ -491,16 +486,4 @@ pub fn queue_full(model: &str) {
 /// An idempotent request's outcome on arrival.
 pub fn idempotency(outcome: &'static str) {
     metrics::counter!("turnpike_idempotency_total", "outcome" => outcome).increment(1);
-}
-
-/// Values (stored responses) held in memory and their bytes.
-pub fn stored_values(values: usize, bytes: usize) {
-    metrics::gauge!("turnpike_stored_values").set(values as f64);
-    metrics::gauge!("turnpike_stored_value_bytes").set(bytes as f64);
-}
-
-/// The in-memory idempotency table's size.
-pub fn idempotency_records(records: usize, bytes: usize) {
-    metrics::gauge!("turnpike_idempotency_records").set(records as f64);
-    metrics::gauge!("turnpike_idempotency_bytes").set(bytes as f64);
 }

@@ -5,7 +5,7 @@
 //! 400, never dropped, except sampling controls (temperature, top_p, top_k, min_p, seed) on an
 //! engine without sampling, which is deterministic whatever they say.
 
-use serde_json::{Number, Value};
+use serde_json::Value;
 use turnpike_engine_api::{GenerationParams, Grammar};
 
 use super::extensions::SamplingExtensions;
@@ -22,6 +22,9 @@ pub(crate) const MAX_STOP_BYTES: usize = 256;
 pub(crate) const MAX_STOP_TOKEN_IDS: usize = 256;
 /// Most choices per prompt (`n`).
 pub(crate) const MAX_N: u32 = 128;
+/// Most alternatives per token a request may ask for (`top_logprobs`); the model may allow
+/// fewer.
+pub(crate) const MAX_TOP_LOGPROBS: u32 = 20;
 /// Most choices in all (prompts times `n`): each is engine work and state held by the gateway.
 pub(crate) const MAX_CHOICES: usize = 2048;
 
@@ -39,7 +42,7 @@ pub(crate) fn check_total_choices(prompts: usize, n: u32) -> Result<(), ApiError
     Ok(())
 }
 
-/// Sampling fields, as the caller wrote them (checked against the model by
+/// Sampling fields, integers typed at the edge (checked against the model by
 /// [`generation_params`]).
 #[derive(Debug, Clone, Default)]
 pub struct Sampling {
@@ -48,9 +51,9 @@ pub struct Sampling {
     /// `top_p`.
     pub top_p: Option<f64>,
     /// `n`.
-    pub n: Option<Number>,
+    pub n: Option<u32>,
     /// `seed`.
-    pub seed: Option<Number>,
+    pub seed: Option<u64>,
     /// `presence_penalty`.
     pub presence_penalty: Option<f64>,
     /// `frequency_penalty`.
@@ -61,49 +64,19 @@ pub struct Sampling {
     pub logit_bias: Option<serde_json::Map<String, Value>>,
     /// `best_of` (legacy completions; chat takes it as an extension): beam search with this
     /// many beams when above `n`. `None` where the protocol has no beams.
-    pub best_of: Option<Number>,
+    pub best_of: Option<u32>,
     /// Settings beyond these.
     pub extensions: SamplingExtensions,
 }
 
-/// Beam search (`best_of` above `n`) answers only once every beam has finished, so a stream
-/// of it is refused up front, as OpenAI and vLLM do.
-pub(crate) fn refuse_streamed_beams(
-    best_of: Option<&Number>,
-    n: Option<&Number>,
-    stream: bool,
-) -> Result<(), ApiError> {
-    let (Some(best_of), true) = (best_of, stream) else {
-        return Ok(());
-    };
-    let best_of = integer("best_of", best_of, 1, i64::from(MAX_N))?;
-    let n = n.map_or(Ok(1), |n| integer("n", n, 1, i64::from(MAX_N)))?;
-    if best_of > n {
-        return Err(ApiError::invalid(
-            "best_of",
-            "'best_of' above 'n' (beam search) cannot be streamed",
-        ));
-    }
-    Ok(())
-}
-
-/// An integer parameter: a JSON integer, or a float with no fraction.
-pub(crate) fn integer(param: &str, n: &Number, min: i64, max: i64) -> Result<i64, ApiError> {
-    let value = n
-        .as_i64()
-        .or_else(|| n.as_u64().map(|u| i64::try_from(u).unwrap_or(i64::MAX)))
-        .or_else(|| {
-            n.as_f64()
-                .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
-                .map(|f| f as i64)
-        })
-        .ok_or_else(|| {
-            ApiError::invalid(param, format!("'{param}' must be an integer, got {n}"))
-        })?;
+/// `value` of `param` within `min..=max`.
+fn within(param: &str, value: u32, min: u32, max: u32) -> Result<u32, ApiError> {
     if value < min || value > max {
-        return Err(ApiError::invalid(
+        return Err(ApiError::out_of_range(
             param,
-            format!("'{param}' must be between {min} and {max}, got {value}"),
+            i64::from(value),
+            i64::from(min),
+            i64::from(max),
         ));
     }
     Ok(value)
@@ -152,10 +125,7 @@ pub(crate) fn generation_params(
 ) -> Result<GenerationParams, ApiError> {
     let caps = &model.info.capabilities;
     let mut p = GenerationParams::default();
-    let n = match &s.n {
-        Some(n) => integer("n", n, 1, i64::from(MAX_N))? as u32,
-        None => 1,
-    };
+    let n = s.n.unwrap_or(1);
     if n > caps.max_n {
         return Err(ApiError::unsupported(
             "n",
@@ -189,15 +159,9 @@ pub(crate) fn generation_params(
         p.top_p = 1.0;
         p.temperature = 0.0;
     }
-    p.seed = match &s.seed {
-        Some(seed) => Some(integer("seed", seed, i64::MIN, i64::MAX)? as u64),
-        None => None,
-    };
+    p.seed = s.seed;
     let e = &s.extensions;
-    match &e.top_k {
-        Some(k) => p.top_k = integer("top_k", k, -1, 1 << 20)?.max(0) as u32,
-        None => p.top_k = recommended.top_k.unwrap_or(p.top_k),
-    }
+    p.top_k = e.top_k.or(recommended.top_k).unwrap_or(p.top_k);
     match e.min_p {
         Some(min_p) => p.min_p = ranged("min_p", min_p, 0.0, 1.0)?,
         None => p.min_p = recommended.min_p.map_or(p.min_p, |m| m as f32),
@@ -237,20 +201,8 @@ pub(crate) fn generation_params(
             format!("model `{}` does not support penalties", model.id),
         ));
     }
-    let tokens = e
-        .num_assistant_tokens
-        .as_ref()
-        .map(|k| {
-            integer(
-                "num_assistant_tokens",
-                k,
-                0,
-                i64::from(turnpike_engine_api::json::MAX_ASSISTANT_TOKENS),
-            )
-        })
-        .transpose()?;
     (p.num_assistant_tokens, p.assistant_confidence_threshold) = speculation(
-        tokens.map(|k| k as u32),
+        e.num_assistant_tokens,
         e.assistant_confidence_threshold,
         caps,
         &model.id,
@@ -259,8 +211,7 @@ pub(crate) fn generation_params(
             threshold: "assistant_confidence_threshold",
         },
     )?;
-    if let Some(best_of) = &s.best_of {
-        let best_of = integer("best_of", best_of, 1, i64::from(MAX_N))? as u32;
+    if let Some(best_of) = s.best_of {
         if best_of < n {
             return Err(ApiError::invalid(
                 "best_of",
@@ -281,8 +232,8 @@ pub(crate) fn generation_params(
             if let Some(penalty) = e.length_penalty {
                 p.length_penalty = ranged("length_penalty", penalty, -10.0, 10.0)?;
             }
-            if let Some(groups) = &e.num_beam_groups {
-                p.beam_groups = integer("num_beam_groups", groups, 1, i64::from(best_of))? as u32;
+            if let Some(groups) = e.num_beam_groups {
+                p.beam_groups = within("num_beam_groups", groups, 1, best_of)?;
                 if !best_of.is_multiple_of(p.beam_groups) {
                     return Err(ApiError::invalid(
                         "num_beam_groups",
@@ -328,33 +279,18 @@ pub(crate) fn generation_params(
     }
     p.ignore_eos = e.ignore_eos.unwrap_or(false);
     if let Some(ids) = &e.stop_token_ids {
-        if ids.len() > MAX_STOP_TOKEN_IDS {
+        let vocab = model.info.vocab_size;
+        if ids.iter().any(|&id| id >= vocab) {
             return Err(ApiError::invalid(
                 "stop_token_ids",
-                format!(
-                    "'stop_token_ids' holds at most {MAX_STOP_TOKEN_IDS} ids, got {}",
-                    ids.len()
-                ),
+                format!("stop token ids must be integers below {vocab}"),
             ));
         }
-        let vocab = model.info.vocab_size;
-        for id in ids {
-            let valid = id.as_u64().filter(|&t| t < u64::from(vocab));
-            let id = valid.ok_or_else(|| {
-                ApiError::invalid(
-                    "stop_token_ids",
-                    format!("stop token ids must be integers below {vocab}"),
-                )
-            })?;
-            p.stop_token_ids.push(id as u32);
-        }
+        p.stop_token_ids.clone_from(ids);
     }
-    if let Some(min) = &e.min_tokens {
-        p.min_tokens = integer("min_tokens", min, 0, i64::from(u32::MAX))? as u32;
-    }
+    p.min_tokens = e.min_tokens.unwrap_or(p.min_tokens);
     Ok(p)
 }
-
 /// The last step, once `max_tokens` is known: checks `min_tokens` against it and adds what the
 /// model itself stops on (its end-of-turn tokens) unless the caller asked to ignore them.
 pub(crate) fn complete_params(
@@ -434,7 +370,7 @@ pub(crate) fn prompt_limit(model: &ServedModel, defaults: &Defaults) -> usize {
 /// `max_tokens`: the request's (capped by the model), else `default_max`; the prompt and the
 /// output must fit the context. `param` names the prompt (`messages` or `prompt`).
 pub(crate) fn max_tokens(
-    requested: Option<&Number>,
+    requested: Option<u32>,
     requested_param: &str,
     default_max: u32,
     prompt_tokens: usize,
@@ -460,7 +396,7 @@ pub(crate) fn max_tokens(
             .min(room as u32)
             .max(1));
     };
-    let max = integer(requested_param, n, 1, i64::from(u32::MAX))? as u32;
+    let max = n;
     if max > model.max_output_tokens {
         return Err(ApiError::invalid(
             requested_param,
@@ -510,22 +446,6 @@ pub(crate) fn priority(metadata: Option<&Value>) -> Result<i32, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn integers_accept_whole_floats_and_name_the_parameter() {
-        let n = |v: Value| match v {
-            Value::Number(n) => n,
-            _ => unreachable!(),
-        };
-        assert_eq!(integer("n", &n(serde_json::json!(2)), 1, 5), Ok(2));
-        assert_eq!(integer("n", &n(serde_json::json!(2.0)), 1, 5), Ok(2));
-        let err = integer("n", &n(serde_json::json!(2.5)), 1, 5).expect_err("fraction");
-        assert!(
-            matches!(&err, ApiError::InvalidParam { param, .. } if param == "n"),
-            "{err:?}"
-        );
-        assert!(integer("n", &n(serde_json::json!(9)), 1, 5).is_err());
-    }
 
     #[test]
     fn stop_strings_are_bounded() {

@@ -55,10 +55,7 @@ pub(crate) fn plan(
     let (tools, forced_call) = tool_setup(&req.tools, names, model, output.is_some())?;
     let mut p = params::generation_params(&req.sampling, model, defaults)?;
     let stop = params::stop_strings(&req.sampling.stop)?;
-    let top = match &req.top_logprobs {
-        Some(n) => params::integer(names.top_logprobs, n, 0, 20)? as u32,
-        None => 0,
-    };
+    let top = req.top_logprobs.unwrap_or(0);
     if top > 0 && !req.logprobs {
         return Err(ApiError::invalid(
             names.top_logprobs,
@@ -129,7 +126,7 @@ pub(crate) fn plan(
     };
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     p.max_tokens = params::max_tokens(
-        req.max_tokens.as_ref(),
+        req.max_tokens,
         names.max_tokens,
         req.default_max_tokens.unwrap_or(defaults.max_output_tokens),
         longest,

@@ -6,7 +6,7 @@
 //! [`super::plan`], which checks it against the model and templates and tokenizes it. Nothing
 //! here knows HTTP or a wire format beyond the JSON values a chat template reads.
 
-use serde_json::{Map, Number, Value};
+use serde_json::{Map, Value};
 
 pub(crate) use super::params::Sampling;
 
@@ -19,14 +19,15 @@ pub struct GenerationRequest {
     pub prompt: Prompt,
     /// Sampling, penalties, `n`, stops.
     pub sampling: Sampling,
-    /// The most tokens to generate per choice, as the caller wrote it.
-    pub max_tokens: Option<Number>,
+    /// The most tokens to generate per choice, as the caller set it (at least 1).
+    pub max_tokens: Option<u32>,
     /// `max_tokens` when the caller set none (`None`: the gateway's default output budget).
     pub default_max_tokens: Option<u32>,
     /// Whether to return log probabilities.
     pub logprobs: bool,
-    /// Alternatives per token with them, as the caller wrote it.
-    pub top_logprobs: Option<Number>,
+    /// Alternatives per token with them, as the caller set it (at most
+    /// [`MAX_TOP_LOGPROBS`](super::params::MAX_TOP_LOGPROBS)).
+    pub top_logprobs: Option<u32>,
     /// Tools offered to the model, and whether it may call them.
     pub tools: Tools,
     /// A shape the output must take.

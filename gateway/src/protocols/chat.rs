@@ -5,6 +5,7 @@ use serde_json::json;
 
 use super::deliver::{Delivered, deliver};
 use super::messages;
+use super::numbers::{self, count};
 use super::render::{Chunk, Render};
 use super::wire_sampling;
 use super::{Call, Reply};
@@ -13,7 +14,7 @@ use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::generation::{Finished, GenEvent, TokenLogprob};
 use crate::generation::{
-    GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started, refuse_streamed_beams,
+    GenerationRequest, MAX_N, MAX_TOP_LOGPROBS, OutputFormat, ParamNames, Prompt, Sampling, Started,
 };
 use crate::ids::new_id;
 use crate::openai::chat::{
@@ -62,13 +63,10 @@ pub(crate) fn generation_request(
         (None, Some(n)) => (Some(n.clone()), "max_tokens"),
         (None, None) => (None, "max_tokens"),
     };
-    let extensions = wire_sampling::extensions(&req.extensions, req.nvext.as_ref());
-    let best_of = extensions.best_of.clone();
-    refuse_streamed_beams(
-        best_of.as_ref(),
-        req.n.as_ref(),
-        req.stream.unwrap_or(false),
-    )?;
+    let extensions = wire_sampling::extensions(&req.extensions, req.nvext.as_ref())?;
+    let best_of = extensions.best_of;
+    let n = count("n", req.n.as_ref(), 1, MAX_N)?;
+    wire_sampling::refuse_streamed_beams(best_of, n, req.stream.unwrap_or(false))?;
     Ok(GenerationRequest {
         model: req.model.clone(),
         prompt: Prompt::Chat {
@@ -79,8 +77,8 @@ pub(crate) fn generation_request(
         sampling: Sampling {
             temperature: req.temperature,
             top_p: req.top_p,
-            n: req.n.clone(),
-            seed: req.seed.clone(),
+            n,
+            seed: numbers::seed(req.seed.as_ref())?,
             presence_penalty: req.presence_penalty,
             frequency_penalty: req.frequency_penalty,
             stop: wire_sampling::stops(req.stop.as_ref()),
@@ -88,10 +86,15 @@ pub(crate) fn generation_request(
             best_of,
             extensions,
         },
-        max_tokens,
+        max_tokens: count(max_tokens_name, max_tokens.as_ref(), 1, u32::MAX)?,
         default_max_tokens: None,
         logprobs: req.logprobs.unwrap_or(false),
-        top_logprobs: req.top_logprobs.clone(),
+        top_logprobs: count(
+            "top_logprobs",
+            req.top_logprobs.as_ref(),
+            0,
+            MAX_TOP_LOGPROBS,
+        )?,
         tools: messages::tools(
             offered,
             req.tool_choice.as_ref(),

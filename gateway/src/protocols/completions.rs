@@ -1,17 +1,19 @@
 //! Legacy completions (`POST /v1/completions`): prompts in four forms, `n` choices each, `echo`, logprobs
 //! in the legacy format.
 
-use serde_json::{Map, Number, Value};
+use serde_json::{Map, Value};
 
 use super::deliver::{Delivered, deliver};
+use super::numbers::{self, count};
 use super::render::{Chunk, Render};
 use super::wire_sampling;
 use super::{Call, Reply};
 use crate::clock::unix_now;
 use crate::error::ApiError;
-use crate::generation::{Finished, GenEvent, TokenLogprob, refuse_streamed_beams};
+use crate::generation::{Finished, GenEvent, TokenLogprob};
 use crate::generation::{
-    GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, Started, Tools,
+    GenerationRequest, MAX_N, MAX_TOP_LOGPROBS, OutputFormat, ParamNames, Prompt, Sampling,
+    Started, Tools,
 };
 use crate::ids::new_id;
 use crate::openai::common::{CompletionLogprobs, Usage};
@@ -43,11 +45,11 @@ fn legacy_logprobs(tokens: &[TokenLogprob], offsets: &[u64]) -> CompletionLogpro
 /// `logprobs`: an integer 0..=20 (OpenAI allows 5; more is accepted here), or `true`/`false`.
 /// `Some` when log probabilities are wanted, with the alternatives asked for (checked by the
 /// facade, as `logprobs`).
-fn requested_logprobs(value: Option<&Value>) -> Result<Option<Option<Number>>, ApiError> {
+fn requested_logprobs(value: Option<&Value>) -> Result<Option<Option<u32>>, ApiError> {
     match value {
         None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(None),
         Some(Value::Bool(true)) => Ok(Some(None)),
-        Some(Value::Number(n)) => Ok(Some(Some(n.clone()))),
+        Some(Value::Number(n)) => Ok(Some(count("logprobs", Some(n), 0, MAX_TOP_LOGPROBS)?)),
         Some(_) => Err(ApiError::invalid(
             "logprobs",
             "'logprobs' must be an integer from 0 to 20",
@@ -65,11 +67,9 @@ pub(crate) fn generation_request(
             "'suffix' (insertion) is not supported",
         ));
     }
-    refuse_streamed_beams(
-        req.best_of.as_ref(),
-        req.n.as_ref(),
-        req.stream.unwrap_or(false),
-    )?;
+    let best_of = count("best_of", req.best_of.as_ref(), 1, MAX_N)?;
+    let n = count("n", req.n.as_ref(), 1, MAX_N)?;
+    wire_sampling::refuse_streamed_beams(best_of, n, req.stream.unwrap_or(false))?;
     let echo = req.echo.unwrap_or(false);
     let logprobs = requested_logprobs(req.logprobs.as_ref())?;
     if echo && logprobs.is_some() {
@@ -84,16 +84,16 @@ pub(crate) fn generation_request(
         sampling: Sampling {
             temperature: req.temperature,
             top_p: req.top_p,
-            n: req.n.clone(),
-            seed: req.seed.clone(),
+            n,
+            seed: numbers::seed(req.seed.as_ref())?,
             presence_penalty: req.presence_penalty,
             frequency_penalty: req.frequency_penalty,
             stop: wire_sampling::stops(req.stop.as_ref()),
             logit_bias: req.logit_bias.clone(),
-            best_of: req.best_of.clone(),
-            extensions: wire_sampling::extensions(&req.extensions, req.nvext.as_ref()),
+            best_of,
+            extensions: wire_sampling::extensions(&req.extensions, req.nvext.as_ref())?,
         },
-        max_tokens: req.max_tokens.clone(),
+        max_tokens: count("max_tokens", req.max_tokens.as_ref(), 1, u32::MAX)?,
         default_max_tokens: Some(LEGACY_DEFAULT_MAX_TOKENS),
         logprobs: logprobs.is_some(),
         top_logprobs: logprobs.flatten(),

@@ -1,8 +1,9 @@
 //! OpenAI chat messages and function tools in the shape a chat template reads: roles as
 //! templates know them (`developer` as `system`), content as text, tool-call arguments parsed
-//! into objects; and `tool_choice`, which both protocols write alike. Chat and the Responses API
-//! (whose conversation becomes chat messages) both hand these to the facade as the neutral
-//! prompt.
+//! into objects; and `tool_choice`, which both protocols write alike. Chat builds its messages
+//! here from its wire type; the Responses API builds its own from its items with the same two
+//! pieces ([`template_message`], [`template_call`]); both hand them to the facade as the
+//! neutral prompt.
 
 use serde_json::{Map, Value, json};
 
@@ -35,6 +36,23 @@ fn content_text(content: &Content, param: &str) -> Result<String, ApiError> {
     }
 }
 
+/// A message as chat templates read it: a `role` they know (`system`, `user`, `assistant`,
+/// `tool`) and text content.
+pub(crate) fn template_message(role: &str, content: String) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("role".into(), role.into());
+    m.insert("content".into(), content.into());
+    m
+}
+
+/// A tool call of `kind` (`function`) as chat templates iterate it: its arguments parsed
+/// into an object (kept as the string where they are not JSON).
+pub(crate) fn template_call(id: &str, kind: &str, name: &str, arguments: &str) -> Value {
+    let args = serde_json::from_str::<Value>(arguments)
+        .unwrap_or_else(|_| Value::String(arguments.to_string()));
+    json!({"id": id, "type": kind, "function": {"name": name, "arguments": args}})
+}
+
 /// Messages as the chat template expects them (OpenAI shape, `developer` as `system`, content
 /// as text, tool-call arguments parsed into objects as templates iterate them).
 pub(crate) fn template_messages(messages: &[ChatMessage]) -> Result<Vec<Value>, ApiError> {
@@ -47,56 +65,53 @@ pub(crate) fn template_messages(messages: &[ChatMessage]) -> Result<Vec<Value>, 
     let mut out = Vec::with_capacity(messages.len());
     for (i, message) in messages.iter().enumerate() {
         let param = format!("messages[{i}].content");
-        let mut m = Map::new();
         let with_name = |m: &mut Map<String, Value>, name: &Option<String>| {
             if let Some(name) = name {
                 m.insert("name".into(), Value::String(name.clone()));
             }
         };
-        match message {
+        let m = match message {
             ChatMessage::System { content, name } | ChatMessage::Developer { content, name } => {
-                m.insert("role".into(), "system".into());
-                m.insert("content".into(), content_text(content, &param)?.into());
+                let mut m = template_message("system", content_text(content, &param)?);
                 with_name(&mut m, name);
+                m
             }
             ChatMessage::User { content, name } => {
-                m.insert("role".into(), "user".into());
-                m.insert("content".into(), content_text(content, &param)?.into());
+                let mut m = template_message("user", content_text(content, &param)?);
                 with_name(&mut m, name);
+                m
             }
             ChatMessage::Assistant {
                 content,
                 tool_calls,
                 name,
             } => {
-                m.insert("role".into(), "assistant".into());
                 let text = content
                     .as_ref()
                     .map(|c| content_text(c, &param))
                     .transpose()?;
-                m.insert("content".into(), text.unwrap_or_default().into());
+                let mut m = template_message("assistant", text.unwrap_or_default());
                 with_name(&mut m, name);
                 if let Some(calls) = tool_calls.as_ref().filter(|c| !c.is_empty()) {
-                    let calls: Vec<Value> = calls
+                    let calls = calls
                         .iter()
                         .map(|c| {
-                            let args = serde_json::from_str::<Value>(&c.function.arguments)
-                                .unwrap_or_else(|_| Value::String(c.function.arguments.clone()));
-                            json!({"id": c.id, "type": c.kind, "function": {"name": c.function.name, "arguments": args}})
+                            template_call(&c.id, &c.kind, &c.function.name, &c.function.arguments)
                         })
                         .collect();
                     m.insert("tool_calls".into(), Value::Array(calls));
                 }
+                m
             }
             ChatMessage::Tool {
                 content,
                 tool_call_id,
             } => {
-                m.insert("role".into(), "tool".into());
-                m.insert("content".into(), content_text(content, &param)?.into());
+                let mut m = template_message("tool", content_text(content, &param)?);
                 m.insert("tool_call_id".into(), tool_call_id.clone().into());
+                m
             }
-        }
+        };
         out.push(Value::Object(m));
     }
     Ok(out)

@@ -12,6 +12,8 @@ use crate::generation::{
     GenerationRequest, OutputFormat, ParamNames, Prompt, Sampling, ToolChoice, Tools,
 };
 use crate::generation::{SamplingExtensions, template_tool};
+use crate::protocols::numbers;
+use crate::protocols::wire_sampling::top_k_param;
 
 /// Anthropic's names for the parameters errors point at.
 pub(crate) const NAMES: ParamNames = ParamNames {
@@ -270,11 +272,11 @@ pub(crate) fn generation_request(
             logit_bias: None,
             best_of: None,
             extensions: SamplingExtensions {
-                top_k: req.top_k.clone(),
+                top_k: top_k_param(req.top_k.as_ref())?,
                 ..SamplingExtensions::default()
             },
         },
-        max_tokens: req.max_tokens.clone(),
+        max_tokens: numbers::count("max_tokens", req.max_tokens.as_ref(), 1, u32::MAX)?,
         default_max_tokens: None,
         logprobs: false,
         top_logprobs: None,

@@ -1,5 +1,5 @@
 //! Input items: checked once, given ids and a normal form (what is stored and listed by
-//! `input_items`), and turned into the chat messages the prompt is built from.
+//! `input_items`); [`super::conversation`] turns them into the prompt's messages.
 //!
 //! Accepted items: messages (`role` and `content`, a string or `input_text` / `output_text`
 //! parts; `type: "message"` optional), `function_call`, `function_call_output`, and `reasoning`
@@ -12,7 +12,6 @@ use serde_json::{Map, Value, json};
 use super::compaction;
 use crate::error::ApiError;
 use crate::ids::new_id;
-use crate::openai::chat::{ChatMessage, Content, ContentPart, FunctionCall, ToolCall};
 use crate::openai::responses::{OutputItem, ResponseInput};
 
 /// This turn's input items in normal form, each with an id.
@@ -234,123 +233,6 @@ pub(crate) fn from_output(item: &OutputItem) -> Value {
     serde_json::to_value(item).unwrap_or(Value::Null)
 }
 
-/// The chat messages of a conversation in normal form: `instructions` first as a system
-/// message, then every item except reasoning, a compaction item as a user message.
-pub(crate) fn to_messages(instructions: Option<&str>, items: &[Value]) -> Vec<ChatMessage> {
-    let mut messages = Vec::with_capacity(items.len() + 1);
-    if let Some(text) = instructions {
-        messages.push(ChatMessage::System {
-            content: Content::Text(text.to_string()),
-            name: None,
-        });
-    }
-    for item in items {
-        let field = |key: &str| {
-            item.get(key)
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        };
-        match item.get("type").and_then(Value::as_str) {
-            Some("message") => {
-                let parts: Vec<ContentPart> = item
-                    .get("content")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
-                    .map(|text| ContentPart::Text {
-                        text: text.to_string(),
-                    })
-                    .collect();
-                let content = Content::Parts(parts);
-                messages.push(match field("role").as_str() {
-                    "system" => ChatMessage::System {
-                        content,
-                        name: None,
-                    },
-                    "developer" => ChatMessage::Developer {
-                        content,
-                        name: None,
-                    },
-                    "assistant" => ChatMessage::Assistant {
-                        content: Some(content),
-                        tool_calls: None,
-                        name: None,
-                    },
-                    _ => ChatMessage::User {
-                        content,
-                        name: None,
-                    },
-                });
-            }
-            Some("function_call") => {
-                let call = ToolCall {
-                    id: field("call_id"),
-                    kind: "function".into(),
-                    function: FunctionCall {
-                        name: field("name"),
-                        arguments: field("arguments"),
-                    },
-                };
-                // Consecutive calls are one assistant turn, as chat templates expect.
-                if let Some(ChatMessage::Assistant {
-                    content: None,
-                    tool_calls: Some(calls),
-                    ..
-                }) = messages.last_mut()
-                {
-                    calls.push(call);
-                } else {
-                    messages.push(ChatMessage::Assistant {
-                        content: None,
-                        tool_calls: Some(vec![call]),
-                        name: None,
-                    });
-                }
-            }
-            Some("compaction") => {
-                if let Some(summary) = compaction::decode(&field("encrypted_content")) {
-                    messages.push(ChatMessage::User {
-                        content: Content::Text(compaction::shown(&summary)),
-                        name: None,
-                    });
-                }
-            }
-            Some("function_call_output") => messages.push(ChatMessage::Tool {
-                content: Content::Text(field("output")),
-                tool_call_id: field("call_id"),
-            }),
-            // A server tool the gateway ran: the call, then its result, as the model saw them.
-            Some("mcp_call") => {
-                let call_id = format!("call_{}", field("id").trim_start_matches("mcp_"));
-                messages.push(ChatMessage::Assistant {
-                    content: None,
-                    tool_calls: Some(vec![ToolCall {
-                        id: call_id.clone(),
-                        kind: "function".into(),
-                        function: FunctionCall {
-                            name: field("name"),
-                            arguments: field("arguments"),
-                        },
-                    }]),
-                    name: None,
-                });
-                let result = match item.get("error").and_then(Value::as_str) {
-                    Some(error) => format!("error: {error}"),
-                    None => field("output"),
-                };
-                messages.push(ChatMessage::Tool {
-                    content: Content::Text(result),
-                    tool_call_id: call_id,
-                });
-            }
-            _ => {}
-        }
-    }
-    messages
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,36 +258,6 @@ mod tests {
                 .as_str()
                 .is_some_and(|id| id.starts_with("msg_"))
         );
-    }
-
-    #[test]
-    fn items_become_messages_with_tool_turns() {
-        let got = items(json!([
-            {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
-            {"type": "function_call", "call_id": "c1", "name": "get", "arguments": "{}"},
-            {"type": "function_call", "call_id": "c2", "name": "get", "arguments": "{\"x\":1}"},
-            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
-            {"type": "reasoning", "summary": []},
-            {"type": "message", "role": "assistant", "content": "It is sunny."}
-        ]))
-        .unwrap_or_default();
-        assert_eq!(got.len(), 6);
-        let messages = to_messages(Some("Be brief."), &got);
-        assert_eq!(messages.len(), 5, "{messages:?}");
-        assert!(matches!(&messages[0], ChatMessage::System { .. }));
-        assert!(
-            matches!(&messages[2], ChatMessage::Assistant { tool_calls: Some(calls), .. } if calls.len() == 2)
-        );
-        assert!(
-            matches!(&messages[3], ChatMessage::Tool { tool_call_id, .. } if tool_call_id == "c1")
-        );
-        assert!(matches!(
-            &messages[4],
-            ChatMessage::Assistant {
-                content: Some(_),
-                ..
-            }
-        ));
     }
 
     #[test]

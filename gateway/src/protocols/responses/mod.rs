@@ -1,5 +1,5 @@
 //! The Responses API, all of it: input items and the conversation a turn continues
-//! ([`input`], [`truncate`]), translation into the facade's generation request
+//! ([`input`], [`truncate`], [`conversation`]), translation into the facade's generation request
 //! ([`translate`]), turns ([`api`]), the stored-response operations ([`operations`]), the event
 //! stream ([`render`]), stored responses ([`stored`]), background runs and their event logs
 //! ([`runner`], [`background`], [`events`]) and compaction ([`compact`], [`compaction`]). The
@@ -9,6 +9,7 @@ pub(crate) mod api;
 pub(crate) mod background;
 pub(crate) mod compact;
 pub(crate) mod compaction;
+pub(crate) mod conversation;
 pub(crate) mod events;
 pub(crate) mod input;
 pub(crate) mod operations;

@@ -5,13 +5,14 @@
 
 use serde_json::{Value, json};
 
-use super::input;
+use super::conversation;
 use crate::error::ApiError;
 use crate::generation::{
-    GenerationRequest, HostedServer, OutputFormat, ParamNames, Prompt, Sampling,
+    GenerationRequest, HostedServer, MAX_TOP_LOGPROBS, OutputFormat, ParamNames, Prompt, Sampling,
 };
 use crate::openai::chat::{FunctionDefinition, Tool};
 use crate::openai::responses::{ResponseObject, ResponsesRequest};
+use crate::protocols::numbers::{self, count};
 use crate::protocols::{messages, wire_sampling};
 
 /// The `mcp` tools of a request: servers the gateway runs tools of, named by their label (the
@@ -149,8 +150,7 @@ pub(crate) fn prompt(
     items: &[Value],
     tools: &[Tool],
 ) -> Result<Prompt, ApiError> {
-    let messages =
-        messages::template_messages(&input::to_messages(req.instructions.as_deref(), items))?;
+    let messages = conversation::template_messages(req.instructions.as_deref(), items)?;
     let tools = match tools {
         [] => None,
         tools => Some(messages::template_tools(tools)?),
@@ -175,7 +175,7 @@ pub(crate) fn generation_request(
         .iter()
         .flatten()
         .any(|i| i == "message.output_text.logprobs");
-    let extensions = wire_sampling::extensions(&req.extensions, req.nvext.as_ref());
+    let extensions = wire_sampling::extensions(&req.extensions, req.nvext.as_ref())?;
     if extensions.best_of.is_some() {
         // A response has one output: there is nothing to return the other beams in.
         return Err(ApiError::unsupported(
@@ -190,7 +190,7 @@ pub(crate) fn generation_request(
             temperature: req.temperature,
             top_p: req.top_p,
             n: None,
-            seed: req.seed.clone(),
+            seed: numbers::seed(req.seed.as_ref())?,
             presence_penalty: req.presence_penalty,
             frequency_penalty: req.frequency_penalty,
             stop: wire_sampling::stops(req.stop.as_ref()),
@@ -198,10 +198,20 @@ pub(crate) fn generation_request(
             best_of: None,
             extensions,
         },
-        max_tokens: req.max_output_tokens.clone(),
+        max_tokens: count(
+            "max_output_tokens",
+            req.max_output_tokens.as_ref(),
+            1,
+            u32::MAX,
+        )?,
         default_max_tokens: None,
         logprobs: wants_logprobs,
-        top_logprobs: req.top_logprobs.clone().filter(|_| wants_logprobs),
+        top_logprobs: count(
+            "top_logprobs",
+            req.top_logprobs.as_ref().filter(|_| wants_logprobs),
+            0,
+            MAX_TOP_LOGPROBS,
+        )?,
         tools: messages::tools(
             tools,
             req.tool_choice.as_ref(),

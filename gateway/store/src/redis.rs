@@ -21,7 +21,7 @@ use super::{Begin, Commit, Revision, Store, StoreError, StoreFuture, Take, Windo
 
 /// State in Redis.
 #[derive(Clone)]
-pub(crate) struct RedisStore {
+pub struct RedisStore {
     connection: ConnectionManager,
     timeout: Duration,
     scripts: std::sync::Arc<Scripts>,
@@ -83,7 +83,7 @@ fn integer(value: &Value) -> Result<i64, StoreError> {
 impl RedisStore {
     /// A store on `url` (`redis://host:port/db`). Connects lazily: the gateway starts while Redis
     /// is down and uses it once it answers.
-    pub(crate) fn new(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(|e| StoreError(e.to_string()))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))

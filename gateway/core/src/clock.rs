@@ -5,14 +5,14 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Seconds since the Unix epoch (0 if the clock is before it).
-pub(crate) fn unix_now() -> u64 {
+pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
 /// `250ms`, `1.5s`, `6m0s`, `2h3m0s`.
-pub(crate) fn format_reset(d: Duration) -> String {
+pub fn format_reset(d: Duration) -> String {
     let ms = d.as_millis();
     if ms < 1000 {
         return format!("{ms}ms");
@@ -36,7 +36,7 @@ pub(crate) fn format_reset(d: Duration) -> String {
 /// now"). Each watch (TLS files, the configuration) holds its own; every one of them hears the
 /// signal.
 #[derive(Debug)]
-pub(crate) struct ReloadBeat {
+pub struct ReloadBeat {
     tick: tokio::time::Interval,
     #[cfg(unix)]
     hangup: Option<tokio::signal::unix::Signal>,
@@ -44,7 +44,7 @@ pub(crate) struct ReloadBeat {
 
 impl ReloadBeat {
     /// Ticks every `every` (the first at once); listens for SIGHUP where there is one.
-    pub(crate) fn new(every: Duration) -> Self {
+    pub fn new(every: Duration) -> Self {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Self {
@@ -55,7 +55,7 @@ impl ReloadBeat {
     }
 
     /// Waits for the next beat; `true` when it was SIGHUP.
-    pub(crate) async fn next(&mut self) -> bool {
+    pub async fn next(&mut self) -> bool {
         #[cfg(unix)]
         if let Some(signal) = self.hangup.as_mut() {
             return tokio::select! {

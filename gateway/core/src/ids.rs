@@ -2,7 +2,7 @@
 
 /// A new id: `prefix` (with its separator, as in `chatcmpl-` or `call_`) and 24 random
 /// letters and digits.
-pub(crate) fn new_id(prefix: &str) -> String {
+pub fn new_id(prefix: &str) -> String {
     const CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     let mut id = String::with_capacity(prefix.len() + 24);
     id.push_str(prefix);

@@ -11,7 +11,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use turnpike_engine_api::{EngineError, Status};
 
-use crate::openai::error::{ErrorBody, ErrorDetail};
+use turnpike_wire::openai::error::{ErrorBody, ErrorDetail};
 
 /// An error answered to the client.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -205,6 +205,7 @@ pub enum ApiError {
     /// An `If-Match` precondition did not hold (412).
     #[error("{0}")]
     PreconditionFailed(String),
+    /// A failure inside the gateway (500; the body says little, the log says all).
     #[error("The server had an error while processing your request.")]
     Internal {
         /// What happened (logged).
@@ -219,6 +220,14 @@ impl ApiError {
             param: param.into(),
             message: message.into(),
         }
+    }
+
+    /// `param`'s `value` outside `min..=max`.
+    pub fn out_of_range(param: &str, value: i64, min: i64, max: i64) -> Self {
+        Self::invalid(
+            param,
+            format!("'{param}' must be between {min} and {max}, got {value}"),
+        )
     }
 
     /// An unsupported `param`.
@@ -524,11 +533,16 @@ impl RateLimited {
     }
 }
 
+/// Counts an error answered to a client, also mid-stream (`turnpike_errors_total` by `code`).
+pub fn count(code: &str) {
+    metrics::counter!("turnpike_errors_total", "code" => code.to_string()).increment(1);
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         self.log();
         let detail = self.detail();
-        crate::observability::metrics::error(self.metric_code());
+        count(self.metric_code());
         let mut response = (self.status(), Json(ErrorBody { error: detail })).into_response();
         if let Some(retry) = self.should_retry() {
             let value = HeaderValue::from_static(if retry { "true" } else { "false" });

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::Store;
-use crate::observability::metrics;
+use crate::gauges as metrics;
 
 /// How often a shared store is pinged.
-pub(crate) const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Whether the store answered its last probe.
 #[derive(Debug)]

@@ -13,11 +13,12 @@
 //! period. A request-rate window takes 1 per request, a token window takes prompt plus maximum
 //! completion tokens, and gives back what went unused when the generation ends.
 
-pub(crate) mod health;
-pub(crate) mod memory;
-pub(crate) mod redis;
-pub(crate) mod revisions;
-pub(crate) mod values;
+mod gauges;
+pub mod health;
+pub mod memory;
+pub mod redis;
+pub mod revisions;
+mod values;
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -25,8 +26,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 /// A boxed future of a store operation.
-pub(crate) type StoreFuture<'a, T> =
-    Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
 /// Why a store operation failed (the backend is unreachable or answered nonsense).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -210,14 +210,14 @@ pub trait Store: Send + Sync + Debug {
 
 /// Bucket arithmetic shared by the in-memory store and mirrored by the Redis scripts: the level
 /// of a bucket last at `level` `elapsed` ago.
-pub(crate) fn refill(window: Window, level: f64, elapsed: Duration) -> f64 {
+pub fn refill(window: Window, level: f64, elapsed: Duration) -> f64 {
     let cap = window.capacity as f64;
     let period = window.period.as_secs_f64().max(1e-9);
     (level + elapsed.as_secs_f64() * cap / period).min(cap)
 }
 
 /// The time for a bucket at `level` to hold `amount`.
-pub(crate) fn time_to(window: Window, level: f64, amount: f64) -> Duration {
+pub fn time_to(window: Window, level: f64, amount: f64) -> Duration {
     if level >= amount || window.capacity == 0 {
         return Duration::ZERO;
     }
@@ -226,7 +226,7 @@ pub(crate) fn time_to(window: Window, level: f64, amount: f64) -> Duration {
 }
 
 /// A bucket's level as reported.
-pub(crate) fn level_of(window: Window, level: f64) -> Level {
+pub fn level_of(window: Window, level: f64) -> Level {
     Level {
         window,
         remaining: level.max(0.0).floor() as u64,

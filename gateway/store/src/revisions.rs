@@ -11,7 +11,7 @@ use super::{Commit, Revision};
 
 /// Records and logs, behind one lock so a commit is one step.
 #[derive(Debug, Default)]
-pub(crate) struct Revisions {
+pub struct Revisions {
     state: Mutex<State>,
 }
 
@@ -32,17 +32,17 @@ impl Revisions {
     }
 
     /// The record's revision number (0: none).
-    pub(crate) fn number(&self, key: &str) -> u64 {
+    pub fn number(&self, key: &str) -> u64 {
         self.state().records.get(key).map_or(0, |r| r.number)
     }
 
     /// The record's newest revision.
-    pub(crate) fn read(&self, key: &str) -> Option<Revision> {
+    pub fn read(&self, key: &str) -> Option<Revision> {
         self.state().records.get(key).cloned()
     }
 
     /// Commits, if the record is still at the expected revision.
-    pub(crate) fn commit(&self, commit: Commit<'_>) -> bool {
+    pub fn commit(&self, commit: Commit<'_>) -> bool {
         let mut state = self.state();
         let current = state.records.get(commit.key).map_or(0, |r| r.number);
         if current != commit.expected {
@@ -67,7 +67,7 @@ impl Revisions {
     }
 
     /// Raises the number `key` to `value` unless it holds more (see [`super::Store::raise`]).
-    pub(crate) fn raise(&self, key: &str, value: u64, now: Instant, ttl: Duration) -> u64 {
+    pub fn raise(&self, key: &str, value: u64, now: Instant, ttl: Duration) -> u64 {
         let mut state = self.state();
         state.numbers.retain(|_, (_, until)| *until > now);
         let current = state.numbers.get(key).map_or(0, |(n, _)| *n);
@@ -79,7 +79,7 @@ impl Revisions {
     }
 
     /// The log's newest `count` entries, oldest first.
-    pub(crate) fn tail(&self, log: &str, count: usize) -> Vec<Vec<u8>> {
+    pub fn tail(&self, log: &str, count: usize) -> Vec<Vec<u8>> {
         let state = self.state();
         let Some(entries) = state.logs.get(log) else {
             return Vec::new();

@@ -21,7 +21,7 @@ use super::{
     Begin, Commit, Level, Revision, Store, StoreError, StoreFuture, Take, Window, level_of, refill,
     time_to,
 };
-use crate::observability::metrics;
+use crate::gauges as metrics;
 
 type Gcra = RateLimiter<NotKeyed, InMemoryState, DefaultClock, StateInformationMiddleware>;
 
@@ -57,7 +57,7 @@ struct Records {
 
 /// State in this process only.
 #[derive(Debug)]
-pub(crate) struct MemoryStore {
+pub struct MemoryStore {
     limits: MemoryLimits,
     clock: DefaultClock,
     gcras: Mutex<HashMap<(String, Window), Arc<Gcra>>>,
@@ -76,7 +76,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl MemoryStore {
     /// An empty store.
-    pub(crate) fn new(limits: MemoryLimits) -> Self {
+    pub fn new(limits: MemoryLimits) -> Self {
         Self {
             limits,
             clock: DefaultClock::default(),

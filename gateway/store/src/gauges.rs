@@ -1,0 +1,18 @@
+//! The store's own gauges (described with the gateway's other metrics).
+
+/// Whether the state store answers its health probe (`turnpike_state_store_up`).
+pub(crate) fn state_store_up(up: bool) {
+    metrics::gauge!("turnpike_state_store_up").set(if up { 1.0 } else { 0.0 });
+}
+
+/// The in-memory store's stored values (`turnpike_stored_values`, `..._bytes`).
+pub(crate) fn stored_values(values: usize, bytes: usize) {
+    metrics::gauge!("turnpike_stored_values").set(values as f64);
+    metrics::gauge!("turnpike_stored_value_bytes").set(bytes as f64);
+}
+
+/// The in-memory idempotency table's size (`turnpike_idempotency_records`, `..._bytes`).
+pub(crate) fn idempotency_records(records: usize, bytes: usize) {
+    metrics::gauge!("turnpike_idempotency_records").set(records as f64);
+    metrics::gauge!("turnpike_idempotency_bytes").set(bytes as f64);
+}
