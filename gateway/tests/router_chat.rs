@@ -83,7 +83,8 @@ async fn a_stream_follows_the_protocol_clients_check() {
             .body
             .split("\n\n")
             .filter(|f| !f.is_empty())
-            .all(|f| f.starts_with("data: ")),
+            .enumerate()
+            .all(|(i, f)| f.starts_with(&format!("id: {i}\ndata: "))),
         "{}",
         reply.body
     );

@@ -202,8 +202,10 @@ def stream_raw(base: str, body: dict, out: list, started: threading.Event | None
 
 
 def events_of(raw: bytes) -> list[str]:
+    """The events of a stream, each without its `id:` line."""
     assert raw.endswith(b"\n\n"), f"cut mid-frame: {raw[-200:]!r}"
-    return [frame.decode() for frame in raw.split(b"\n\n") if frame]
+    frames = [frame.decode() for frame in raw.split(b"\n\n") if frame]
+    return ["\n".join(line for line in frame.split("\n") if not line.startswith("id: ")) for frame in frames]
 
 
 def start_streams(base: str, body: dict, count: int) -> tuple[list, list]:

@@ -214,7 +214,7 @@ def test_concurrency_permit_comes_back_after_disconnect(gateway, keys):
             assert s.status_code == 200
             # Keep the iterator: a dropped one closes the response, which is a disconnect.
             lines = s.iter_lines()
-            assert next(lines).startswith("data: {")
+            assert next(lines) == "id: 0" and next(lines).startswith("data: {")
             r = other.post("/chat/completions", json=chat_body())
             assert r.status_code == 429, r.text
             assert error_of(r)["code"] == "concurrency_limit_exceeded"

@@ -2,11 +2,13 @@
 //! original client and every client that joins with the same key read the same chunks; the
 //! chunks are kept (up to a byte limit) so a late joiner starts from the beginning, and so the
 //! finished response can be stored for replay. When the last listener leaves before the end,
-//! the generation is dropped, which cancels the engine work.
+//! the generation is dropped, which cancels the engine work; a stream (server-sent events)
+//! first waits out its resume window, so a client that lost its connection can come back
+//! with `Last-Event-ID` and read on ([`super::resume`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, StatusCode};
@@ -58,6 +60,8 @@ pub(crate) struct Hub {
     state: Mutex<State>,
     head: watch::Sender<Option<(StatusCode, HeaderMap)>>,
     max_bytes: usize,
+    /// How long a stream goes on with no listener, for one to resume it.
+    resume_window: Duration,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -74,12 +78,14 @@ pub(crate) struct Listener {
 }
 
 impl Hub {
-    /// A hub that keeps at most `max_bytes` of chunks.
-    pub(crate) fn new(max_bytes: usize) -> Arc<Self> {
+    /// A hub that keeps at most `max_bytes` of chunks, and keeps a stream going for
+    /// `resume_window` once no one listens.
+    pub(crate) fn new(max_bytes: usize, resume_window: Duration) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::default(),
             head: watch::Sender::new(None),
             max_bytes,
+            resume_window,
         })
     }
 
@@ -112,7 +118,13 @@ impl Hub {
         let detached = response.extensions().get::<Detached>().is_some();
         let status = response.status();
         let (parts, body) = response.into_parts();
+        let resumable = !self.resume_window.is_zero()
+            && parts
+                .headers
+                .get(axum::http::header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         self.head.send_replace(Some((parts.status, parts.headers)));
+        let mut alone_since: Option<Instant> = None;
         let mut body = body.into_data_stream();
         let mut ticker = tokio::time::interval(tick.max(Duration::from_millis(50)));
         ticker.tick().await;
@@ -121,7 +133,7 @@ impl Hub {
             tokio::select! {
                 chunk = body.next() => match chunk {
                     Some(Ok(bytes)) => {
-                        if !self.deliver(bytes).await && !detached {
+                        if !self.deliver(bytes).await && !detached && !resumable {
                             break Ended::Cancelled;
                         }
                     }
@@ -137,7 +149,14 @@ impl Hub {
                 },
                 _ = ticker.tick() => keep_alive().await,
                 _ = check.tick() => {
-                    if !detached && !self.anyone_listening() {
+                    if detached || self.anyone_listening() {
+                        alone_since = None;
+                    } else if !resumable || self.overflowed() {
+                        break Ended::Cancelled;
+                    } else if alone_since.get_or_insert_with(Instant::now).elapsed()
+                        >= self.resume_window
+                    {
+                        // No one came back: the work is dropped, as for any stream left.
                         break Ended::Cancelled;
                     }
                 }
@@ -164,6 +183,11 @@ impl Hub {
                 return;
             }
         }
+    }
+
+    /// Whether the start of the response is no longer kept (no one can join or resume).
+    fn overflowed(&self) -> bool {
+        lock(&self.state).overflow
     }
 
     fn anyone_listening(&self) -> bool {

@@ -20,14 +20,20 @@
 //! the live stream to joiners on the same replica. A joiner on another replica waits for the
 //! record and replays it.
 //!
+//! A stream whose every listener left is not dropped at once: it goes on for the resume
+//! window, so its client can reconnect with `Last-Event-ID` and read the events after that one
+//! ([`resume`]), live on this replica or from the record once the stream has ended.
+//!
 //! Requests with `"store": false` are deduplicated the same way while they run (a joiner on
 //! this replica reads the live stream, held in memory only), but their response is never
 //! written to the store: the finished record keeps the request's fingerprint hash, the status
 //! and the response headers, and a repeat gets 409 `idempotency_response_not_stored` rather
 //! than a second run.
 
+mod answers;
 pub(crate) mod hub;
 pub(crate) mod record;
+pub(crate) mod resume;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,7 +41,6 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::FutureExt;
@@ -45,6 +50,7 @@ use crate::error::ApiError;
 use crate::observability::metrics;
 use crate::store::FailureMode;
 use crate::store::{Begin, Store};
+use answers::{conflict, replay, respond, resume_unknown, still_running};
 use hub::{Ended, Hub};
 use record::Recorded;
 
@@ -59,6 +65,9 @@ pub struct IdempotencySettings {
     pub max_record_bytes: usize,
     /// How long a running record is held without renewal (a replica that died lets go).
     pub lease: Duration,
+    /// How long a stream whose every client left goes on, for one to resume it (zero: it is
+    /// dropped at once).
+    pub resume_window: Duration,
 }
 
 /// The idempotency service.
@@ -69,50 +78,6 @@ pub struct Idempotency {
     mode: FailureMode,
     retry_after: Duration,
     hubs: Mutex<HashMap<String, Arc<Hub>>>,
-}
-
-fn conflict(code: &'static str, message: &str) -> Response {
-    ApiError::Idempotency {
-        code,
-        message: message.to_string(),
-    }
-    .into_response()
-}
-
-/// What a listener reads, as a response (marked when it is not the original request's), or
-/// `None` when the work was dropped before its head (every listener had left).
-async fn respond(listener: hub::Listener, replay: bool) -> Option<Response> {
-    let (status, headers, body) = listener.into_response().await?;
-    if replay {
-        return Some(replayed(status, headers, body));
-    }
-    let mut response = Response::new(body);
-    *response.status_mut() = status;
-    *response.headers_mut() = headers;
-    Some(response)
-}
-
-/// Answered when a key is let go (its work dropped) and taken again, over and over, until the
-/// caller's deadline: a retryable 409, never a 500.
-fn still_running() -> Response {
-    conflict(
-        "idempotency_request_in_progress",
-        "A request with this Idempotency-Key is still running. Retry after it finishes.",
-    )
-}
-
-fn replayed(
-    status: axum::http::StatusCode,
-    headers: axum::http::HeaderMap,
-    body: Body,
-) -> Response {
-    let mut response = Response::new(body);
-    *response.status_mut() = status;
-    *response.headers_mut() = headers;
-    response
-        .headers_mut()
-        .insert("idempotent-replayed", HeaderValue::from_static("true"));
-    response
 }
 
 impl Idempotency {
@@ -148,7 +113,18 @@ impl Idempotency {
         body_limit: usize,
         deadline: Instant,
     ) -> Response {
+        let resume = match resume::last_event_id(request.headers()).transpose() {
+            Ok(resume) => resume,
+            Err(e) => return e.into_response(),
+        };
         let key = match record::key(request.headers()) {
+            None if resume.is_some() => {
+                return ApiError::InvalidHeader {
+                    header: "Last-Event-ID",
+                    message: "Last-Event-ID resumes a stream sent with an Idempotency-Key: send the key of the stream with it.".into(),
+                }
+                .into_response();
+            }
             None => return next.run(request).await,
             Some(Err(e)) => return e.into_response(),
             Some(Ok(key)) => key,
@@ -160,19 +136,23 @@ impl Idempotency {
         };
         let fingerprint = record::fingerprint(parts.method.as_str(), parts.uri.path(), &body);
         let work = move || next.run(Request::from_parts(parts, Body::from(body)));
-        self.guard(tenant, &key, &fingerprint, deadline, work).await
+        self.guard(tenant, &key, &fingerprint, deadline, resume, work)
+            .await
     }
 
     /// Runs `work` for `tenant` under idempotency `key`, whose request has `fingerprint`: the
     /// first time it runs; a repeat replays, joins or conflicts. `deadline` bounds a wait for
-    /// another replica. HTTP requests come through [`Idempotency::run`]; WebSocket turns call
-    /// this with their message's key, and read the response as the HTTP request would.
+    /// another replica; `resume` (a `Last-Event-ID`) asks for the events of the key's stream
+    /// after that one, and never starts the work. HTTP requests come through
+    /// [`Idempotency::run`]; WebSocket turns call this with their message's key, and read the
+    /// response as the HTTP request would.
     pub(crate) async fn guard<F, Fut>(
         self: &Arc<Self>,
         tenant: &str,
         key: &str,
         fingerprint: &record::Fingerprint,
         deadline: Instant,
+        resume: Option<u64>,
         work: F,
     ) -> Response
     where
@@ -193,10 +173,22 @@ impl Idempotency {
                 .instrument(begin_span)
                 .await
             {
+                Ok(Begin::Started) if resume.is_some() => {
+                    // Nothing to resume: let the key go again, untouched.
+                    if let Err(e) = self.store.abandon(&scoped, &owner).await {
+                        tracing::warn!(error = %e, "cannot let go of an idempotency record");
+                    }
+                    metrics::idempotency("resume_unknown");
+                    return resume_unknown(self.settings.ttl);
+                }
                 Ok(Begin::Started) => break,
                 Ok(Begin::Done(bytes)) => {
-                    metrics::idempotency("replayed");
-                    return replay(&bytes);
+                    metrics::idempotency(if resume.is_some() {
+                        "resumed"
+                    } else {
+                        "replayed"
+                    });
+                    return replay(&bytes, resume);
                 }
                 Ok(Begin::Conflict) => {
                     metrics::idempotency("conflict");
@@ -215,8 +207,12 @@ impl Idempotency {
                     }
                     let hub = self.hubs().get(&scoped).cloned();
                     if let Some(listener) = hub.and_then(|h| h.listen()) {
-                        metrics::idempotency("joined");
-                        if let Some(response) = respond(listener, true).await {
+                        metrics::idempotency(if resume.is_some() {
+                            "resumed"
+                        } else {
+                            "joined"
+                        });
+                        if let Some(response) = respond(listener, true, resume).await {
                             return response;
                         }
                         // The work was dropped as this joiner came: the key is being let go.
@@ -243,7 +239,7 @@ impl Idempotency {
             }
         }
         metrics::idempotency("started");
-        let hub = Hub::new(self.settings.max_record_bytes);
+        let hub = Hub::new(self.settings.max_record_bytes, self.settings.resume_window);
         self.hubs().insert(scoped.clone(), Arc::clone(&hub));
         let Some(listener) = hub.listen() else {
             return ApiError::Internal {
@@ -259,7 +255,9 @@ impl Idempotency {
             this.drive(scoped, owner, hub, keep_content, work())
                 .in_current_span(),
         );
-        respond(listener, false).await.unwrap_or_else(still_running)
+        respond(listener, false, None)
+            .await
+            .unwrap_or_else(still_running)
     }
 
     /// Runs one key's `work` and pumps its response to the hub's listeners, then stores or
@@ -383,33 +381,4 @@ impl Drop for LetGo {
             });
         }
     }
-}
-
-/// A stored response, sent again.
-fn replay(bytes: &[u8]) -> Response {
-    let Ok(recorded) = serde_json::from_slice::<Recorded>(bytes) else {
-        return ApiError::Internal {
-            detail: "an idempotency record cannot be read".into(),
-        }
-        .into_response();
-    };
-    let Some(chunks) = recorded.chunks.clone() else {
-        if recorded.unstored {
-            return conflict(
-                "idempotency_response_not_stored",
-                "The request with this Idempotency-Key finished, but it set `store: false`, so its response was not kept. Send it again with a new Idempotency-Key to run it again.",
-            );
-        }
-        return conflict(
-            "idempotency_response_unavailable",
-            "The request with this Idempotency-Key finished, but its response was too large to keep for replay.",
-        );
-    };
-    let (status, headers) = recorded.head();
-    let body = Body::from_stream(futures_util::stream::iter(
-        chunks
-            .into_iter()
-            .map(|c| Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(c))),
-    ));
-    replayed(status, headers, body)
 }

@@ -22,7 +22,7 @@
 //! | `turnpike_concurrency_leases` | gauge (leases this replica holds) | |
 //! | `turnpike_queue_running`, `turnpike_queue_waiting` | gauge | `model` |
 //! | `turnpike_queue_full_total` | counter | `model` |
-//! | `turnpike_idempotency_total` | counter | `outcome` (`started`, `replayed`, `joined`, `conflict`, `in_progress`) |
+//! | `turnpike_idempotency_total` | counter | `outcome` (`started`, `replayed`, `joined`, `resumed` (a `Last-Event-ID` read on), `resume_unknown` (nothing to resume), `conflict`, `in_progress`) |
 //! | `turnpike_idempotency_records`, `turnpike_idempotency_bytes` | gauge (in-memory store) | |
 //! | `turnpike_stored_values`, `turnpike_stored_value_bytes` | gauge (in-memory store: stored responses) | |
 //! | `turnpike_websocket_connections` | gauge (open WebSocket connections; at most `server.websocket_max_connections`) | |

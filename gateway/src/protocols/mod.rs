@@ -95,6 +95,8 @@ pub(crate) enum Reply {
     Log {
         /// The response id.
         id: String,
+        /// The sequence number of its first event (the SSE id it is framed with).
+        first: u64,
         /// The frames.
         frames: std::pin::Pin<Box<dyn Stream<Item = Bytes> + Send>>,
     },

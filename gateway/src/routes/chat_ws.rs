@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::AppState;
 use super::turn::{Turn, forward, guarded};
-use super::websocket::{Closed, Turns, Waiting, accept, error_event, send, take_key};
+use super::websocket::{Closed, Turns, Waiting, accept, error_event, send, take_key, take_resume};
 use crate::error::ApiError;
 use crate::openai::chat::ChatCompletionRequest;
 use crate::protocols::chat;
@@ -57,7 +57,7 @@ impl Turns for ChatTurns {
     ) -> Result<(), Closed> {
         let started = Instant::now();
         let (state, caller) = (&self.state, &self.caller);
-        let (req, body, key) = match request_of(&text) {
+        let (req, body, key, resume_after) = match request_of(&text) {
             Ok(parsed) => parsed,
             Err(e) => return send(socket, &error_event(&e)).await,
         };
@@ -72,6 +72,7 @@ impl Turns for ChatTurns {
             body: &body,
             deadline,
             done_frame: true,
+            resume_after,
         };
         let answer = guarded(state, caller, turn, key, work).await;
         forward(socket, answer, waiting).await.map(|_| ())
@@ -79,16 +80,18 @@ impl Turns for ChatTurns {
 }
 
 /// The request a message carries (always streamed), the body its idempotency key is bound
-/// to, and its `idempotency_key`.
-fn request_of(text: &str) -> Result<(ChatCompletionRequest, Value, Option<String>), ApiError> {
+/// to, its `idempotency_key` and its `resume_after`.
+type Parsed = (ChatCompletionRequest, Value, Option<String>, Option<u64>);
+
+fn request_of(text: &str) -> Result<Parsed, ApiError> {
     let mut body: Value =
         serde_json::from_str(text).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
-    let key = match body.as_object_mut() {
-        Some(fields) => take_key(fields)?,
-        None => None,
+    let (key, resume_after) = match body.as_object_mut() {
+        Some(fields) => (take_key(fields)?, take_resume(fields)?),
+        None => (None, None),
     };
     let mut req: ChatCompletionRequest =
         serde_json::from_value(body.clone()).map_err(|e| ApiError::InvalidJson(e.to_string()))?;
     req.stream = Some(true);
-    Ok((req, body, key))
+    Ok((req, body, key, resume_after))
 }

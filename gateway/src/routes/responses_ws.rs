@@ -21,7 +21,9 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::turn::{Turn, forward, guarded};
-use super::websocket::{Closed, Turns, Waiting, accept, error_event, send, send_text, take_key};
+use super::websocket::{
+    Closed, Turns, Waiting, accept, error_event, send, send_text, take_key, take_resume,
+};
 use crate::clock::unix_now;
 use crate::error::ApiError;
 use crate::openai::responses::{ResponseUsage, ResponsesRequest};
@@ -87,6 +89,8 @@ struct Create {
     generate: bool,
     /// The message's `idempotency_key`.
     key: Option<String>,
+    /// The message's `resume_after`.
+    resume_after: Option<u64>,
 }
 
 /// Reads a `response.create` message (flat, or nested under `response`).
@@ -104,13 +108,15 @@ fn request_of(text: &str) -> Result<Create, ApiError> {
         .as_object_mut()
         .map(std::mem::take)
         .unwrap_or_default();
-    let mut key = None;
+    let (mut key, mut resume_after) = (None, None);
     let mut body = envelope.clone();
     if let Some(Value::Object(nested)) = envelope.get("response") {
         key = take_key(&mut body)?;
+        resume_after = take_resume(&mut body)?;
         body = nested.clone();
     }
     key = take_key(&mut body)?.or(key);
+    resume_after = take_resume(&mut body)?.or(resume_after);
     let generate = match body
         .remove("generate")
         .or_else(|| envelope.get("generate").cloned())
@@ -141,6 +147,7 @@ fn request_of(text: &str) -> Result<Create, ApiError> {
         body,
         generate,
         key,
+        resume_after,
     })
 }
 
@@ -160,6 +167,7 @@ async fn handle(
         body,
         generate,
         key,
+        resume_after,
     } = match request_of(text) {
         Ok(create) => create,
         Err(e) => return send(socket, &error_event(&e)).await,
@@ -192,6 +200,7 @@ async fn handle(
         body: &body,
         deadline,
         done_frame: false,
+        resume_after,
     };
     let answer = guarded(state, caller, turn, key, work).await;
     let final_event = forward(socket, answer, waiting).await?;

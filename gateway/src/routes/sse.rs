@@ -1,7 +1,9 @@
 //! A protocol's [`Reply`] as an HTTP response: one JSON body, or server-sent events as clients
 //! expect them (`data: {json}\n\n`, `event:` first where the protocol names its events, a
 //! comment frame as keep-alive, `data: [DONE]` at the end, and a failure after the head as the
-//! protocol's own events or one `data: {"error": ...}` event).
+//! protocol's own events or one `data: {"error": ...}` event). Every event carries an `id:`,
+//! its place in the stream, which a client resumes after (`Last-Event-ID`, see
+//! [`crate::idempotency::resume`]).
 //!
 //! The body owns the generation: when the client goes away, the body is dropped, and with it
 //! every engine request.
@@ -14,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 
 use crate::idempotency::hub::{Detached, StreamFailed};
+use crate::idempotency::resume::EventIds;
 use crate::observability::metrics::OpenGuard;
 use crate::openai::error::ErrorBody;
 use crate::protocols::Reply;
@@ -49,16 +52,18 @@ pub(super) fn respond_with(reply: Reply, frame: fn(Out, &StreamFailed) -> Bytes)
             let failed = StreamFailed::default();
             let flag = failed.clone();
             let guard = OpenGuard::stream();
+            let mut ids = EventIds::default();
             let frames = events.map(move |out| {
                 let _open = &guard;
-                Ok::<_, Infallible>(frame(out, &flag))
+                Ok::<_, Infallible>(ids.tag(frame(out, &flag)))
             });
             let mut response = event_stream(Body::from_stream(frames), &id);
             response.extensions_mut().insert(failed);
             response
         }
-        Reply::Log { id, frames } => {
-            let body = Body::from_stream(frames.map(Ok::<_, Infallible>));
+        Reply::Log { id, first, frames } => {
+            let mut ids = EventIds::starting_at(first);
+            let body = Body::from_stream(frames.map(move |f| Ok::<_, Infallible>(ids.tag(f))));
             let mut response = event_stream(body, &id);
             response.extensions_mut().insert(Detached);
             response

@@ -3,14 +3,16 @@
 //! events or an error event with the failure's status. So a turn meets the same validation,
 //! tenant limits and deadlines as HTTP. An `idempotency_key` in a message goes through the same
 //! idempotency service as an `Idempotency-Key` header (a repeated turn replays, joins or
-//! conflicts like a repeated POST): what it records is the turn's messages, one per line, so a
-//! replay sends what the first run sent. [`forward`] sends a turn while it watches the socket,
+//! conflicts like a repeated POST): what it records is the turn's messages, as numbered
+//! server-sent events, so a replay sends what the first run sent and a message with the key and
+//! `resume_after` (the index of the last message read) gets the ones after it. [`forward`] sends a turn while it watches the socket,
 //! so a client that goes away cancels the engine's work.
 
 use std::time::Instant;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::ws::{Message, WebSocket};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use futures_core::Stream;
 use futures_util::{FutureExt, SinkExt, StreamExt};
@@ -20,6 +22,7 @@ use super::AppState;
 use super::websocket::{Closed, Frame, Waiting, error_event, frame, send, too_big};
 use crate::error::ApiError;
 use crate::idempotency::record;
+use crate::idempotency::resume::EventIds;
 use crate::protocols::Reply;
 use crate::protocols::render::Out;
 use crate::tenancy::Caller;
@@ -101,11 +104,15 @@ pub(super) struct Turn<'a> {
     pub(super) deadline: Instant,
     /// Whether the turn's messages end with chat's `[DONE]` frame.
     pub(super) done_frame: bool,
+    /// The index of the last message a client read before it lost its socket: the turn
+    /// resumes after it (with the turn's key; see [`crate::idempotency::resume`]).
+    pub(super) resume_after: Option<u64>,
 }
 
 /// Runs a turn's `work` (the protocol call), under the idempotency key `key` when the message
 /// carried one and the gateway keeps keys. Without a key the messages go out as the protocol
-/// makes them; with one they are recorded as lines of a body, which a replay sends again.
+/// makes them; with one they are recorded as a stream of server-sent events (`data:` the
+/// message, numbered as an HTTP stream's events are), which a replay or a resume sends again.
 pub(super) async fn guarded<F, Fut>(
     state: &AppState,
     caller: &Caller,
@@ -122,7 +129,14 @@ where
         body,
         deadline,
         done_frame,
+        resume_after,
     } = turn;
+    if resume_after.is_some() && key.is_none() {
+        return Answer::Refused(ApiError::invalid(
+            "resume_after",
+            "'resume_after' resumes a turn sent with an 'idempotency_key': send the turn's key with it",
+        ));
+    }
     let (Some(key), Some(idempotency)) = (key, &state.tenancy.idempotency) else {
         return match work().await {
             Ok(reply) => Answer::Messages(messages(reply, done_frame)),
@@ -136,18 +150,24 @@ where
         async move {
             match ran.await {
                 Ok(reply) => {
-                    let lines = messages(reply, done_frame).map(|mut text| {
-                        text.push('\n');
-                        Ok::<_, std::convert::Infallible>(text)
+                    let mut ids = EventIds::default();
+                    let frames = messages(reply, done_frame).map(move |text| {
+                        let frame = Bytes::from(format!("data: {text}\n\n"));
+                        Ok::<_, std::convert::Infallible>(ids.tag(frame))
                     });
-                    Body::from_stream(lines).into_response()
+                    let mut response = Body::from_stream(frames).into_response();
+                    response.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("text/event-stream"),
+                    );
+                    response
                 }
                 Err(e) => e.into_response(),
             }
         }
     };
     let response = idempotency
-        .guard(tenant, &key, &fingerprint, deadline, recorded)
+        .guard(tenant, &key, &fingerprint, deadline, resume_after, recorded)
         .await;
     replayed(response).await
 }
@@ -155,7 +175,8 @@ where
 /// Largest error body read from a refused turn.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
-/// The turn an idempotency record answers with: its error, or its messages (one per line).
+/// The turn an idempotency record answers with: its error, or its messages (the `data:` of
+/// each event).
 async fn replayed(response: Response) -> Answer {
     let status = response.status();
     if !status.is_success() {
@@ -177,10 +198,16 @@ async fn replayed(response: Response) -> Answer {
         ),
         |(mut body, mut buffer, mut ended)| async move {
             loop {
-                if let Some(end) = buffer.iter().position(|&b| b == b'\n') {
-                    let line: Vec<u8> = buffer.drain(..=end).collect();
-                    let text = String::from_utf8_lossy(&line[..end]).into_owned();
-                    return Some((text, (body, buffer, ended)));
+                if let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {
+                    let event: Vec<u8> = buffer.drain(..end + 2).collect();
+                    let data = event
+                        .split(|&b| b == b'\n')
+                        .find_map(|line| line.strip_prefix(b"data: "));
+                    if let Some(data) = data {
+                        let text = String::from_utf8_lossy(data).into_owned();
+                        return Some((text, (body, buffer, ended)));
+                    }
+                    continue;
                 }
                 if ended {
                     return None;
@@ -299,8 +326,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_recorded_turn_replays_line_by_line_across_chunks() {
-        let parts = ["{\"a\":1}\n{\"b\"", ":2}\n[DONE]\n"];
+    async fn a_recorded_turn_replays_event_by_event_across_chunks() {
+        let parts = [
+            "id: 0\ndata: {\"a\":1}\n\nid: 1\ndata: {\"b\"",
+            ":2}\n\n: keep-alive\n\nid: 2\ndata: [DONE]\n\n",
+        ];
         let body = Body::from_stream(futures_util::stream::iter(
             parts.map(|p| Ok::<_, std::convert::Infallible>(p.to_string())),
         ));

@@ -291,6 +291,19 @@ async fn count_turn(state: &AppState, caller: &Caller) -> Result<(), ApiError> {
         .await
 }
 
+/// The place a message asks its turn to resume after (`resume_after`, with the turn's
+/// `idempotency_key`: the index of the last message it read, from 0), taken out of `message`.
+pub(super) fn take_resume(message: &mut Map<String, Value>) -> Result<Option<u64>, ApiError> {
+    match message.remove("resume_after") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
+        Some(_) => Err(ApiError::invalid(
+            "resume_after",
+            "'resume_after' must be the index of a message of the turn: an integer from 0",
+        )),
+    }
+}
+
 /// The idempotency key a message carries in its `idempotency_key` field (taken out of
 /// `message`), checked.
 pub(super) fn take_key(message: &mut Map<String, Value>) -> Result<Option<String>, ApiError> {

@@ -373,12 +373,24 @@ impl Reply {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 
-    /// The JSON payloads of an SSE body (`[DONE]` excluded) and whether it ended with `[DONE]`.
+    /// The JSON payloads of an SSE body (`[DONE]` excluded) and whether it ended with `[DONE]`;
+    /// each event's `id:` is checked to be its place in the stream.
     pub(crate) fn events(&self) -> (Vec<Value>, bool) {
         let mut events = Vec::new();
         let mut done = false;
+        let mut next_id = 0;
         for frame in self.body.split("\n\n").filter(|f| !f.is_empty()) {
-            let Some(data) = frame.strip_prefix("data: ") else {
+            if frame.starts_with(':') {
+                continue;
+            }
+            let id = frame.lines().find_map(|l| l.strip_prefix("id: "));
+            assert_eq!(
+                id,
+                Some(next_id.to_string().as_str()),
+                "event {next_id}: {frame}"
+            );
+            next_id += 1;
+            let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data: ")) else {
                 continue;
             };
             if data == "[DONE]" {

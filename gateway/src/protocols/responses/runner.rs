@@ -108,7 +108,11 @@ pub(super) async fn start(
     // The response goes on without its reader: a retry with the same idempotency key replays
     // this stream rather than starting a second response.
     let frames = Box::pin(log.follow(0, call.streams.heartbeat));
-    Ok(Reply::Log { id, frames })
+    Ok(Reply::Log {
+        id,
+        first: 0,
+        frames,
+    })
 }
 
 /// What a background task owns.
@@ -380,6 +384,7 @@ pub(super) async fn resume(
         let frames = Box::pin(log.follow(from, streams.heartbeat));
         return Ok(Reply::Log {
             id: id.clone(),
+            first: from,
             frames,
         });
     }
@@ -405,6 +410,7 @@ pub(super) async fn resume(
     let frames = Box::pin(futures_util::stream::unfold(tail, Tail::next));
     Ok(Reply::Log {
         id: id.clone(),
+        first: from,
         frames,
     })
 }

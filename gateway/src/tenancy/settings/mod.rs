@@ -323,6 +323,7 @@ pub(crate) struct RawIdempotency {
     join: bool,
     max_record_bytes: usize,
     lease_ms: u64,
+    resume_window_ms: u64,
 }
 
 impl Default for RawIdempotency {
@@ -333,6 +334,7 @@ impl Default for RawIdempotency {
             join: true,
             max_record_bytes: 1 << 20,
             lease_ms: 60_000,
+            resume_window_ms: 30_000,
         }
     }
 }
@@ -476,6 +478,7 @@ impl RawTenancy {
                 join: i.join,
                 max_record_bytes: i.max_record_bytes,
                 lease: Duration::from_millis(i.lease_ms),
+                resume_window: Duration::from_millis(i.resume_window_ms),
             }),
             queue: QueueLimits {
                 max_running: self.queue.max_running,
