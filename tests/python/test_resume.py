@@ -124,6 +124,24 @@ def test_a_resume_that_cannot_be_served_says_why(tmp_path):
             time.sleep(1.5)
             r = c.post("/chat/completions", json=short, headers={"Idempotency-Key": "old", "Last-Event-ID": "0"})
             assert r.status_code == 404 and "kept for 1 s" in error_of(r)["message"]
+            # An answer that is not a stream has no events to resume after.
+            whole = dict(short, stream=False)
+            assert c.post("/chat/completions", json=whole, headers={"Idempotency-Key": "json"}).status_code == 200
+            r = c.post("/chat/completions", json=whole, headers={"Idempotency-Key": "json", "Last-Event-ID": "0"})
+            assert r.status_code == 400 and error_of(r)["param"] == "Last-Event-ID"
+    finally:
+        gateway.stop()
+
+
+def test_a_resume_without_idempotency_is_refused(tmp_path):
+    key = make_key()
+    gateway = Gateway(tmp_path, config_text(tenant("[idempotency]\nenabled = false\n")), {"ACME_API_KEY": key})
+    try:
+        with gateway.client(key) as c:
+            headers = {"Idempotency-Key": "k", "Last-Event-ID": "2"}
+            r = c.post("/chat/completions", json=dict(ARGS, max_tokens=3), headers=headers)
+            assert r.status_code == 400 and error_of(r)["param"] == "Last-Event-ID", r.text
+            assert engine_counter(gateway.base, "completed") == 0
     finally:
         gateway.stop()
 

@@ -19,7 +19,7 @@ pub struct EmbeddingRequest {
     pub model: String,
     /// One to many inputs: a string, strings, token ids, or lists of token ids.
     pub input: Value,
-    /// Fewer dimensions than the model's, when asked for (at least 1).
+    /// Fewer dimensions than the model's, when asked for (checked against the model here).
     pub dimensions: Option<u32>,
 }
 
@@ -50,7 +50,7 @@ impl Generator {
             ));
         }
         let width = model.info.embedding_dim.unwrap_or(1);
-        if let Some(d) = req.dimensions.filter(|&d| d > width) {
+        if let Some(d) = req.dimensions.filter(|&d| d == 0 || d > width) {
             return Err(ApiError::out_of_range(
                 "dimensions",
                 i64::from(d),

@@ -31,6 +31,7 @@ pub(super) async fn respond(
 ) -> Option<Response> {
     let (status, headers, body) = listener.into_response().await?;
     let body = match resume {
+        Some(_) if !resume::is_stream(status, &headers) => return Some(resume::not_a_stream()),
         Some(last) => resume::body_after(body, last),
         None => body,
     };
@@ -102,6 +103,7 @@ pub(super) fn replay(bytes: &[u8], resume: Option<u64>) -> Response {
     let (status, headers) = recorded.head();
     let chunks: Vec<axum::body::Bytes> = match resume {
         None => chunks.into_iter().map(axum::body::Bytes::from).collect(),
+        Some(_) if !resume::is_stream(status, &headers) => return resume::not_a_stream(),
         Some(last) => match resume::chunks_after(&chunks, last) {
             Some(chunks) => chunks,
             None => {

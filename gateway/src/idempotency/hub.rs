@@ -118,11 +118,8 @@ impl Hub {
         let detached = response.extensions().get::<Detached>().is_some();
         let status = response.status();
         let (parts, body) = response.into_parts();
-        let resumable = !self.resume_window.is_zero()
-            && parts
-                .headers
-                .get(axum::http::header::CONTENT_TYPE)
-                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let resumable =
+            !self.resume_window.is_zero() && super::resume::is_stream(parts.status, &parts.headers);
         self.head.send_replace(Some((parts.status, parts.headers)));
         let mut alone_since: Option<Instant> = None;
         let mut body = body.into_data_stream();

@@ -11,7 +11,8 @@
 use std::io::Write;
 
 use axum::body::{Body, Bytes};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 
 use crate::error::ApiError;
@@ -40,6 +41,24 @@ pub(crate) fn last_event_id(headers: &HeaderMap) -> Option<Result<u64, ApiError>
     }
 }
 
+/// Whether an answer is a stream that can be resumed: a success, as server-sent events.
+pub(crate) fn is_stream(status: StatusCode, headers: &HeaderMap) -> bool {
+    status.is_success()
+        && headers
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+}
+
+/// Answered to a `Last-Event-ID` whose key's answer is not a stream (a whole JSON body, or a
+/// refusal).
+pub(crate) fn not_a_stream() -> Response {
+    ApiError::InvalidHeader {
+        header: "Last-Event-ID",
+        message: "Last-Event-ID resumes a stream, and the request with this Idempotency-Key was not answered with one: send it again without Last-Event-ID to read its answer.".into(),
+    }
+    .into_response()
+}
+
 /// Numbers the events of one stream as the routes frame them.
 #[derive(Debug, Default)]
 pub(crate) struct EventIds {
@@ -55,8 +74,11 @@ impl EventIds {
     /// `frames` (whole events, one or several) with an `id:` line first in each event;
     /// comments pass as they are.
     pub(crate) fn tag(&mut self, frames: Bytes) -> Bytes {
-        if frames.starts_with(b":") {
-            return frames;
+        if frames.starts_with(b":") && frames.len() > 2 && frames.ends_with(b"\n\n") {
+            // One comment alone (a keep-alive) passes as it is.
+            if !frames[..frames.len() - 2].windows(2).any(|w| w == b"\n\n") {
+                return frames;
+            }
         }
         let mut out = Vec::with_capacity(frames.len() + 12);
         let mut rest: &[u8] = &frames;
@@ -189,6 +211,9 @@ mod tests {
 
     #[test]
     fn every_event_is_numbered_and_comments_are_not() {
+        let mut ids = EventIds::default();
+        let batch = ids.tag(Bytes::from_static(b": keep-alive\n\ndata: x\n\n"));
+        assert_eq!(&batch[..], b": keep-alive\n\nid: 0\ndata: x\n\n");
         let got = tagged(&[
             "data: {\"a\":1}\n\n",
             ": keep-alive\n\n",

@@ -27,7 +27,7 @@ pub(crate) async fn embed(call: Call<'_>, req: EmbeddingRequest) -> Result<Reply
     let inputs = Inputs {
         model: req.model.clone(),
         input: req.input,
-        dimensions: super::numbers::count("dimensions", req.dimensions.as_ref(), 1, u32::MAX)?,
+        dimensions: super::numbers::count("dimensions", req.dimensions.as_ref(), 0, u32::MAX)?,
     };
     let embedded = call
         .generator

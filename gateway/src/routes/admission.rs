@@ -75,10 +75,22 @@ pub(super) async fn admission(
                 )
                 .await
         }
+        // Nothing is kept to resume from: a resume would run the request again.
+        (None, true) if request.headers().contains_key("last-event-id") => {
+            resume_off().into_response()
+        }
         _ => next.run(request).await,
     };
     ratelimit_headers::apply(response.headers_mut(), &caller.snapshot());
     response
+}
+
+/// Answered to a resume (`Last-Event-ID`, a turn's `resume_after`) where idempotency is off.
+pub(super) fn resume_off() -> ApiError {
+    ApiError::unsupported(
+        "Last-Event-ID",
+        "Resuming a stream needs idempotency, which is off on this gateway ([idempotency] enabled = false).",
+    )
 }
 
 /// Every `/v1` POST that carries a body carries JSON. Without this a web page on any origin could

@@ -4,7 +4,8 @@
 //! Requests run one after another on a connection; errors are error events
 //! (`{"type": "error", "status", "error"}`) and never close the socket. A socket that goes away
 //! cancels the running request. A message may carry an `idempotency_key`, which works as the
-//! `Idempotency-Key` header does on HTTP.
+//! `Idempotency-Key` header does on HTTP (its request then outlives the socket for the resume
+//! window, and `resume_after` picks it up on a new one).
 
 use std::time::Instant;
 

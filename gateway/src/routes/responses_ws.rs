@@ -6,7 +6,9 @@
 //! with `store: false`. `generate: false` warms up: the response is created and completed with no
 //! output. A bad message gets an error event, never a close; the connection is closed after
 //! `server.websocket_max_duration`. A socket that goes away cancels the running turn. A message
-//! may carry an `idempotency_key`, which works as the `Idempotency-Key` header does on HTTP.
+//! may carry an `idempotency_key`, which works as the `Idempotency-Key` header does on HTTP (its
+//! turn then outlives the socket for the resume window, and `resume_after` picks it up on a new
+//! one).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;

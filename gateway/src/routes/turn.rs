@@ -5,8 +5,9 @@
 //! idempotency service as an `Idempotency-Key` header (a repeated turn replays, joins or
 //! conflicts like a repeated POST): what it records is the turn's messages, as numbered
 //! server-sent events, so a replay sends what the first run sent and a message with the key and
-//! `resume_after` (the index of the last message read) gets the ones after it. [`forward`] sends a turn while it watches the socket,
-//! so a client that goes away cancels the engine's work.
+//! `resume_after` (the index of the last message read) gets the ones after it. [`forward`]
+//! sends a turn while it watches the socket, so a client that goes away cancels the engine's
+//! work (a keyed turn's after its resume window).
 
 use std::time::Instant;
 
@@ -137,6 +138,9 @@ where
             "'resume_after' resumes a turn sent with an 'idempotency_key': send the turn's key with it",
         ));
     }
+    if resume_after.is_some() && state.tenancy.idempotency.is_none() {
+        return Answer::Refused(super::admission::resume_off());
+    }
     let (Some(key), Some(idempotency)) = (key, &state.tenancy.idempotency) else {
         return match work().await {
             Ok(reply) => Answer::Messages(messages(reply, done_frame)),
@@ -210,7 +214,11 @@ async fn replayed(response: Response) -> Answer {
                     continue;
                 }
                 if ended {
-                    return None;
+                    // A record written before turns were numbered: one message per line.
+                    let end = buffer.iter().position(|&b| b == b'\n')?;
+                    let line: Vec<u8> = buffer.drain(..=end).collect();
+                    let text = String::from_utf8_lossy(&line[..end]).into_owned();
+                    return Some((text, (body, buffer, ended)));
                 }
                 match body.next().await {
                     Some(Ok(bytes)) => buffer.extend_from_slice(&bytes),
@@ -339,6 +347,13 @@ mod tests {
         };
         let all: Vec<String> = messages.collect().await;
         assert_eq!(all, vec![r#"{"a":1}"#, r#"{"b":2}"#, "[DONE]"]);
+        // A record of the older format, a message per line, still replays.
+        let legacy = Body::from("{\"a\":1}\n[DONE]\n".to_string());
+        let Answer::Messages(messages) = replayed(legacy.into_response()).await else {
+            panic!("a recorded turn is messages");
+        };
+        let all: Vec<String> = messages.collect().await;
+        assert_eq!(all, vec![r#"{"a":1}"#, "[DONE]"]);
         let refused = replayed(ApiError::ModelNotFound("m".into()).into_response()).await;
         let Answer::Messages(messages) = refused else {
             panic!("a recorded refusal is one error event");

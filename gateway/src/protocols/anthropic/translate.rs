@@ -272,11 +272,17 @@ pub(crate) fn generation_request(
             logit_bias: None,
             best_of: None,
             extensions: SamplingExtensions {
-                top_k: top_k_param(req.top_k.as_ref())?,
+                // Counting reads the prompt only: sampling and the budget are not checked.
+                top_k: top_k_param(req.top_k.as_ref().filter(|_| !count))?,
                 ..SamplingExtensions::default()
             },
         },
-        max_tokens: numbers::count("max_tokens", req.max_tokens.as_ref(), 1, u32::MAX)?,
+        max_tokens: numbers::count(
+            "max_tokens",
+            req.max_tokens.as_ref().filter(|_| !count),
+            1,
+            u32::MAX,
+        )?,
         default_max_tokens: None,
         logprobs: false,
         top_logprobs: None,

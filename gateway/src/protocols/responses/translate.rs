@@ -175,14 +175,16 @@ pub(crate) fn generation_request(
         .iter()
         .flatten()
         .any(|i| i == "message.output_text.logprobs");
-    let extensions = wire_sampling::extensions(&req.extensions, req.nvext.as_ref())?;
-    if extensions.best_of.is_some() {
+    let beams =
+        req.extensions.best_of.is_some() || req.nvext.as_ref().is_some_and(|e| e.best_of.is_some());
+    if beams {
         // A response has one output: there is nothing to return the other beams in.
         return Err(ApiError::unsupported(
             "best_of",
             "beam search ('best_of') is offered by chat and legacy completions",
         ));
     }
+    let extensions = wire_sampling::extensions(&req.extensions, req.nvext.as_ref())?;
     Ok(GenerationRequest {
         model: req.model.clone(),
         prompt: prompt(req, shown, tools)?,
