@@ -72,14 +72,8 @@ impl EventIds {
     }
 
     /// `frames` (whole events, one or several) with an `id:` line first in each event;
-    /// comments pass as they are.
+    /// comments (keep-alives) pass unnumbered.
     pub(crate) fn tag(&mut self, frames: Bytes) -> Bytes {
-        if frames.starts_with(b":") && frames.len() > 2 && frames.ends_with(b"\n\n") {
-            // One comment alone (a keep-alive) passes as it is.
-            if !frames[..frames.len() - 2].windows(2).any(|w| w == b"\n\n") {
-                return frames;
-            }
-        }
         let mut out = Vec::with_capacity(frames.len() + 12);
         let mut rest: &[u8] = &frames;
         while !rest.is_empty() {
