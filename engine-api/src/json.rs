@@ -110,6 +110,11 @@ pub struct GenerationParams {
     /// Diverse beam search: subtracted from a beam's score once for each group before its own
     /// that chose the same token at the same step.
     pub diversity_penalty: f32,
+    /// A resumption after another engine failed mid-stream: the prompt's last tokens are output
+    /// already delivered ([`crate::resume`]). Sent only to models whose capabilities declare
+    /// `resume`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<crate::resume::Resume>,
 }
 
 impl Default for GenerationParams {
@@ -143,6 +148,7 @@ impl Default for GenerationParams {
             length_penalty: 1.0,
             beam_groups: 1,
             diversity_penalty: 1.0,
+            resume: None,
         }
     }
 }
@@ -219,6 +225,9 @@ impl GenerationParams {
                     self.beam_groups
                 ));
             }
+        }
+        if let Some(resume) = self.resume {
+            resume.check(self)?;
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(format!(
@@ -330,6 +339,10 @@ pub struct Capabilities {
     pub draft_confidence: bool,
     /// Widest beam search (`beam_width`); 0 when the model does not search beams.
     pub max_beam_width: u32,
+    /// The model continues a resumed request exactly ([`GenerationParams::resume`]): the
+    /// penalties, the grammar, `min_tokens` and the seed's position carry on from the output
+    /// already delivered.
+    pub resume: bool,
 }
 
 impl Default for Capabilities {
@@ -346,6 +359,7 @@ impl Default for Capabilities {
             speculative: false,
             draft_confidence: false,
             max_beam_width: 0,
+            resume: false,
         }
     }
 }

@@ -88,6 +88,7 @@ pub mod docs {
 pub mod event;
 pub mod layout;
 pub mod plugin;
+pub mod resume;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;

@@ -66,8 +66,11 @@ impl Generation {
         seed: u64,
         fail_after: Option<u32>,
         constrained: Option<Constrained>,
+        replay: Option<(u32, Vec<u32>)>,
     ) -> Self {
-        let choices = (0..params.n)
+        // A resumed request is one choice of the original, with that choice's generator.
+        let first = replay.as_ref().map_or(0, |(choice, _)| *choice);
+        let choices = (first..first.saturating_add(params.n))
             .map(|i| {
                 let mut rng = Rng::new(mix(&[seed, u64::from(i)]));
                 let target = match model.output {
@@ -99,11 +102,12 @@ impl Generation {
                 }
             })
             .collect();
+        let replayed = replay.as_ref().map_or(0, |(_, output)| output.len() as u32);
         let usage = Usage {
-            prompt_tokens: prompt.len() as u32,
+            prompt_tokens: prompt.len() as u32 + replayed,
             ..Usage::default()
         };
-        Self {
+        let mut generation = Self {
             timing: Rng::new(mix(&[seed, u64::MAX])),
             model,
             params,
@@ -113,6 +117,23 @@ impl Generation {
             fail_after,
             steps: 0,
             last_finish: Finish::default(),
+        };
+        if replayed > 0 {
+            generation.replay(replayed);
+        }
+        generation
+    }
+
+    /// Draws (and drops) the first `count` tokens of the only choice, as the run that delivered
+    /// them did. Its budget counts them again (the request's budget is what was left), so the
+    /// rest of the request is the rest of that run.
+    fn replay(&mut self, count: u32) {
+        self.params.max_tokens = self.params.max_tokens.saturating_add(count);
+        self.params.min_tokens = self.params.min_tokens.saturating_add(count);
+        for _ in 0..count {
+            if !matches!(self.next_for(0), Next::Token(_)) {
+                break;
+            }
         }
     }
 

@@ -164,6 +164,7 @@ impl Engine for SimEngine {
                     speculative: false,
                     draft_confidence: false,
                     max_beam_width: 0,
+                    resume: true,
                 },
             })
             .collect()
@@ -174,6 +175,20 @@ impl Engine for SimEngine {
         if let Err(e) = check_request(&model, &request) {
             return self.refuse(e);
         }
+        let mut request = request;
+        // A resumed request's prompt ends with output delivered elsewhere: the generation
+        // replays it from the original prompt, so a seeded choice goes on where it stopped.
+        let replay = match request.params.resume {
+            None => None,
+            Some(resume) => match resume.split(&request.prompt) {
+                Ok((original, output)) => {
+                    let replay = (resume.choice, output.to_vec());
+                    request.prompt.truncate(original.len());
+                    Some(replay)
+                }
+                Err(why) => return self.refuse(EngineError::invalid_request(why)),
+            },
+        };
         let seed = match request.params.seed {
             Some(seed) => mix(&[seed]),
             None => mix(&[self.seed, request.id]),
@@ -207,6 +222,7 @@ impl Engine for SimEngine {
             seed,
             fail_after,
             constrained,
+            replay,
         );
         match self
             .scheduler

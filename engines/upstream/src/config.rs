@@ -56,6 +56,8 @@ struct RawModel {
     first_token_timeout_ms: u64,
     #[serde(default = "default_stall_ms")]
     stall_timeout_ms: u64,
+    #[serde(default = "default_failover")]
+    mid_stream_failover: bool,
     #[serde(default)]
     api_key_env: Option<String>,
 }
@@ -107,6 +109,9 @@ fn default_first_token_ms() -> u64 {
 }
 fn default_stall_ms() -> u64 {
     30_000
+}
+fn default_failover() -> bool {
+    true
 }
 fn default_failures() -> u32 {
     3
@@ -160,8 +165,11 @@ pub(crate) struct ModelConfig {
     /// counts a failure and another one is tried.
     pub first_token_timeout_ms: u64,
     /// Longest silence between chunks once tokens flow (0: none); past it the replica counts a
-    /// failure and the request ends with an error.
+    /// failure and the request goes on elsewhere (or ends, without `mid_stream_failover`).
     pub stall_timeout_ms: u64,
+    /// A replica that fails after tokens were sent hands each unfinished choice, with the
+    /// tokens it delivered, to another replica, and the stream goes on (see `run`).
+    pub mid_stream_failover: bool,
     /// The bearer key sent to the nodes (their `Authorization`), read from the environment
     /// variable `api_key_env` at start: a key whose endpoints name `generate`.
     pub api_key: Option<ApiKey>,
@@ -251,6 +259,7 @@ impl Config {
                 health_interval_ms: m.health_interval_ms,
                 first_token_timeout_ms: m.first_token_timeout_ms,
                 stall_timeout_ms: m.stall_timeout_ms,
+                mid_stream_failover: m.mid_stream_failover,
                 api_key,
             });
         }

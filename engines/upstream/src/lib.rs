@@ -16,14 +16,17 @@
 //! by rendezvous hashing of the prompt's leading tokens, falling back on power-of-two-choices
 //! over in-flight requests; breakers open on consecutive failures and probe after a cooldown; a
 //! request that fails before its first token (a replica that accepts it and stays silent past
-//! `first_token_timeout_ms` included) is retried on another replica ([`run`]); each
+//! `first_token_timeout_ms` included) is retried on another replica, and one that fails after
+//! it goes on there from exactly the tokens it delivered ([`run`], [`delivered`]); each
 //! replica's `/health` is probed on an interval ([`health`]), which opens and closes breakers
 //! without waiting for traffic. Cancelling a request closes its connection, which every one of
 //! these servers takes as its cancel. Requests run on the plugin's own small Tokio runtime. A
 //! traced request carries the gateway's `traceparent` on to the server, so a Turnpike node (or
 //! any server that honours W3C trace context) continues the same trace.
 
+mod attempt;
 mod config;
+mod delivered;
 mod discovery;
 mod health;
 mod lines;
@@ -55,6 +58,10 @@ pub(crate) struct Model {
     pub pool: Pool,
     /// Where the plugin logs (the gateway's log).
     pub host: Host,
+    /// Choices resumed on another replica after theirs failed mid-stream.
+    pub resumptions: AtomicU64,
+    /// Microseconds from those failures to the resumed choices' first tokens, summed.
+    pub resume_us: AtomicU64,
 }
 
 struct Upstream {
@@ -110,6 +117,8 @@ impl Engine for Upstream {
                 config: c,
                 pool,
                 host: host.clone(),
+                resumptions: AtomicU64::new(0),
+                resume_us: AtomicU64::new(0),
             }));
         }
         let timeout = Duration::from_millis(config.connect_timeout_ms);
@@ -169,6 +178,7 @@ impl Engine for Upstream {
                         speculative: c.speculative,
                         draft_confidence: c.speculative,
                         max_beam_width: 0,
+                        resume: false,
                     },
                 }
             })
@@ -197,6 +207,14 @@ impl Engine for Upstream {
             ));
         }
         let c = &model.config;
+        let mut request = request;
+        if c.mid_stream_failover
+            && request.params.temperature > 0.0
+            && request.params.seed.is_none()
+        {
+            // A seed of its own, so a choice resumed elsewhere continues the same random stream.
+            request.params.seed = Some(fresh_seed(request.id));
+        }
         let body = c
             .protocol
             .body(
@@ -258,9 +276,16 @@ impl Engine for Upstream {
                     })
                 })
                 .collect();
+            let resumptions = m.resumptions.load(Ordering::Relaxed);
             models.insert(
                 m.config.id.clone(),
-                json!({"replicas": replicas, "affine_requests": m.pool.affine.load(Ordering::Relaxed)}),
+                json!({
+                    "replicas": replicas,
+                    "affine_requests": m.pool.affine.load(Ordering::Relaxed),
+                    "resumptions": resumptions,
+                    "resume_ms_mean": m.resume_us.load(Ordering::Relaxed) as f64
+                        / 1000.0 / resumptions.max(1) as f64,
+                }),
             );
         }
         base.extra.insert("models".into(), models.into());
@@ -281,6 +306,12 @@ impl Engine for Upstream {
             runtime.shutdown_timeout(Duration::from_secs(1));
         }
     }
+}
+
+/// A seed no other request shares: the request id hashed with this process's random keys.
+fn fresh_seed(id: u64) -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(id)
 }
 
 turnpike_engine_api::export_engine!(Upstream, "turnpike-upstream");

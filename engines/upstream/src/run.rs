@@ -1,50 +1,46 @@
-//! One request's life: pick a replica, stream the request from it in the pool's protocol, hand
-//! each token to the sink;
-//! on a failure before the first token (no connection, a refusal, an error event, a stream that
-//! ends early, no first token within `first_token_timeout_ms`) mark the replica and try
-//! another, up to the model's `retries`; after the first token a failure (a broken stream, no
-//! token for `stall_timeout_ms`) marks the replica and ends the request (its tokens were sent).
-//! Either way a replica that accepts requests and never answers opens its breaker. Cancelling
-//! drops the connection, which the node takes as its cancel. A stop token the node streams
-//! (llama-server has no stop ids) ends its choice here, and the connection is closed when every
-//! choice has ended so.
+//! One request's life: pick a replica, run the request there ([`attempt`]), and when a replica
+//! fails, go on elsewhere.
+//!
+//! - **Before a leg's first token** (no connection, a refusal, an error event, a stream that
+//!   ends early, no first token within `first_token_timeout_ms`) the same leg is tried on
+//!   another replica.
+//! - **After it** (a broken stream, an error event, no token for `stall_timeout_ms`), with
+//!   `mid_stream_failover`, each unfinished choice of the leg becomes a resumption: its prompt
+//!   followed by exactly the tokens it delivered, the budget left, and for Turnpike nodes a
+//!   `resume` that carries its penalties, grammar and seed on
+//!   ([`turnpike_engine_api::resume`]). The caller's stream goes on with no gap, repeat or
+//!   error; usage counts each token once. A grammar cannot be carried by the other protocols,
+//!   so there such a request ends with an error, as it does without failover.
+//!
+//! Failures are bounded by `retries` per request. A replica that accepts requests and never
+//! answers opens its breaker. Cancelling drops the connection, which the node takes as its
+//! cancel. A sampled request without a seed gets one here when it may fail over, so a resumed
+//! choice continues the same random stream. A stop token the node streams (llama-server has
+//! no stop ids) ends its choice here, and the connection is closed when every choice of the
+//! leg has ended so.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use serde_json::Value;
 use tokio::sync::Notify;
+use turnpike_engine_api::Status;
 use turnpike_engine_api::plugin::{Request, Sink};
-use turnpike_engine_api::{Finish, Status, TopLogprob, Usage};
+use turnpike_engine_api::resume::continuation;
 
 use crate::Model;
-use crate::lines::{Lines, MAX_LINE_BYTES, TooLong};
+use crate::attempt::{Attempt, Target, attempt};
+use crate::delivered::{Delivered, Leg};
 use crate::pool::Replica;
-use crate::wire;
 
 pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-/// How an attempt on one replica ended.
-enum Attempt {
-    /// The request completed well.
-    Done,
-    /// The request ended otherwise (cancelled, or by the node's own error after its first
-    /// token): nothing to retry.
-    Ended,
-    /// The replica failed after the first token (the request ended with an error).
-    Broke,
-    /// Nothing was sent yet; another replica may serve it (the sink comes back).
-    Retry(String, Sink),
-    /// The node refused the request itself (4xx): no replica would take it.
-    Refused(Status, String, Sink),
-}
-
-/// Runs `req` on `model`'s pool to its end.
+/// Runs `req` on `model`'s pool to its end; `body` is its first leg's.
 pub(crate) async fn run(
     client: HttpClient,
     model: Arc<Model>,
@@ -53,297 +49,172 @@ pub(crate) async fn run(
     mut sink: Sink,
     cancel: Arc<Notify>,
 ) {
-    let mut tried: Vec<Arc<Replica>> = Vec::new();
+    let c = &model.config;
+    let cooldown = Duration::from_millis(c.breaker_cooldown_ms);
+    let mut delivered = Delivered::new(&req, &c.eos_token_ids);
+    let mut legs = VecDeque::from([Leg::first(&req, body)]);
+    let mut failed: Vec<Arc<Replica>> = Vec::new();
+    let mut served: Vec<String> = Vec::new();
     let mut last_error = String::new();
-    loop {
-        let Some(replica) = model.pool.pick(&req.prompt, &tried) else {
-            let why = if last_error.is_empty() {
-                format!(
-                    "no replica of model `{}` is available (every breaker is open)",
-                    model.config.id
-                )
-            } else {
-                format!(
-                    "no replica of model `{}` could serve the request: {last_error}",
-                    model.config.id
-                )
-            };
-            return sink.fail(Status::Unavailable, why, Usage::default());
+    while let Some(leg) = legs.pop_front() {
+        let Some(replica) = model.pool.pick(&leg.prompt, &failed) else {
+            return unavailable(&model, &delivered, sink, &last_error);
         };
-        tried.push(Arc::clone(&replica));
         replica.in_flight.fetch_add(1, Ordering::Relaxed);
         replica.requests.fetch_add(1, Ordering::Relaxed);
-        let outcome = attempt(&client, &model, &replica, &body, &req, sink, &cancel).await;
+        let target = Target {
+            client: &client,
+            model: &model,
+            replica: &replica,
+            req: &req,
+            cancel: &cancel,
+        };
+        let outcome = attempt(target, &leg, &mut delivered, sink).await;
         replica.in_flight.fetch_sub(1, Ordering::Relaxed);
-        let c = &model.config;
-        let cooldown = Duration::from_millis(c.breaker_cooldown_ms);
-        match outcome {
-            Attempt::Done => return replica.succeeded(),
+        let (why, back, tokens) = match outcome {
+            Attempt::Done(back) => {
+                replica.succeeded();
+                note_served(&mut served, &replica);
+                sink = back;
+                continue;
+            }
             Attempt::Ended => return replica.released(),
-            Attempt::Broke => return replica.failed(c.breaker_failures, cooldown),
             Attempt::Refused(status, why, back) => {
                 replica.released();
-                return back.fail(status, why, Usage::default());
+                return back.fail(status, why, delivered.usage);
             }
-            Attempt::Retry(why, back) => {
-                sink = back;
-                replica.failed(c.breaker_failures, cooldown);
-                last_error = format!("{}: {why}", replica.url);
-                model.host.warn(&format!(
-                    "upstream model `{}`: replica {last_error} (before the first token)",
-                    c.id
-                ));
-                if tried.len() > c.retries as usize {
-                    return sink.fail(Status::Unavailable, last_error, Usage::default());
+            Attempt::Failed {
+                why,
+                sink: back,
+                tokens,
+                charge,
+            } => {
+                if charge {
+                    replica.failed(c.breaker_failures, cooldown);
+                } else {
+                    replica.released();
                 }
+                (why, back, tokens)
+            }
+        };
+        sink = back;
+        last_error = format!("{}: {why}", replica.url);
+        failed.push(Arc::clone(&replica));
+        if tokens > 0 {
+            note_served(&mut served, &replica);
+        }
+        let over = failed.len() > c.retries as usize;
+        if tokens == 0 {
+            // Nothing of this leg was sent: the same leg, elsewhere.
+            model.host.warn(&format!(
+                "upstream model `{}`: replica {last_error} (before the leg's first token)",
+                c.id
+            ));
+            if over {
+                return unavailable(&model, &delivered, sink, &last_error);
+            }
+            legs.push_front(leg);
+            continue;
+        }
+        if let Err(why) = resumable(&model, &req, over) {
+            let why = format!("the node failed mid-stream: {last_error} ({why})");
+            return sink.fail(Status::Internal, why, delivered.usage);
+        }
+        let at = Instant::now();
+        for choice in delivered.open_choices(&leg) {
+            let output = &delivered.outputs[choice as usize];
+            model.host.warn(&format!(
+                "upstream model `{}`: request {} choice {choice} resumes after {} tokens: replica {last_error}",
+                c.id,
+                req.params.request_id.as_deref().unwrap_or("-"),
+                output.len(),
+            ));
+            match resumption(&model, &req, choice, output, at) {
+                Ok(Some(leg)) => legs.push_back(leg),
+                // Its budget is spent: it ended by length as the node failed.
+                Ok(None) => delivered.end(choice, turnpike_engine_api::Finish::length(), &mut sink),
+                Err(why) => return sink.fail(Status::Internal, why, delivered.usage),
             }
         }
     }
+    if served.len() > 1 {
+        model.host.info(&format!(
+            "upstream model `{}`: request {} served by {}",
+            c.id,
+            req.params.request_id.as_deref().unwrap_or("-"),
+            served.join(", ")
+        ));
+    }
+    sink.complete(delivered.last, delivered.usage);
 }
 
-/// Per-choice progress of a streamed answer.
-struct Progress {
-    seen: Vec<usize>,
-    ended: Vec<bool>,
-    usage: Usage,
-    last: Finish,
-    /// Tokens that end a choice when a node streams one.
-    stops: Vec<u32>,
-    /// Alternatives asked for per token.
-    top_logprobs: usize,
-    /// Some choice ended here on a stop token, not by the node.
-    stopped_here: bool,
-}
-
-/// A limit in milliseconds, 0 for none.
-fn limit(ms: u64) -> Option<Duration> {
-    (ms > 0).then(|| Duration::from_millis(ms))
-}
-
-/// Waits until `deadline`, or for ever without one.
-async fn expiry(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
+/// Remembers a replica that delivered tokens, once.
+fn note_served(served: &mut Vec<String>, replica: &Replica) {
+    if !served.contains(&replica.url) {
+        served.push(replica.url.clone());
     }
 }
 
-async fn attempt(
-    client: &HttpClient,
-    model: &Model,
-    replica: &Replica,
-    body: &Bytes,
-    req: &Request,
-    mut sink: Sink,
-    cancel: &Notify,
-) -> Attempt {
+/// Whether a request whose replica failed after tokens may go on elsewhere.
+fn resumable(model: &Model, req: &Request, over: bool) -> Result<(), &'static str> {
     let c = &model.config;
-    let protocol = c.protocol;
-    let started = Instant::now();
-    let first_token = limit(c.first_token_timeout_ms);
-    let stall = limit(c.stall_timeout_ms);
-    // Until the first token: the first-token limit from the start; then the stall limit from
-    // the newest token.
-    let mut deadline = first_token.map(|d| started + d);
-    let mut builder = hyper::Request::post(format!("{}{}", replica.url, protocol.path()))
-        .header("content-type", "application/json");
-    if let Some(key) = &c.api_key {
-        builder = builder.header("authorization", format!("Bearer {}", key.0));
+    if !c.mid_stream_failover {
+        return Err("mid_stream_failover is off");
     }
-    if !req.trace_context.is_empty() {
-        // The gateway's trace goes on to the server (W3C trace context).
-        builder = builder.header("traceparent", req.trace_context.as_str());
+    if over {
+        return Err("no retries left");
     }
-    let request = match builder.body(Full::new(body.clone())) {
-        Ok(r) => r,
-        Err(e) => return Attempt::Refused(Status::Internal, e.to_string(), sink),
-    };
-    let silent = |ms: u64| format!("no first token within {ms} ms");
-    let response = tokio::select! {
-        r = client.request(request) => r,
-        () = cancel.notified() => {
-            sink.cancelled(Usage::default());
-            return Attempt::Ended;
-        }
-        () = expiry(deadline) => {
-            return Attempt::Retry(silent(c.first_token_timeout_ms), sink);
-        }
-    };
-    let response = match response {
-        Ok(r) => r,
-        Err(e) => return Attempt::Retry(format!("cannot reach it: {e}"), sink),
-    };
-    let status = response.status();
-    let mut body = response.into_body();
-    if !status.is_success() {
-        let text = tokio::select! {
-            b = body.collect() => b.map(|b| b.to_bytes()).unwrap_or_default(),
-            () = expiry(deadline) => Bytes::new(),
-        };
-        let why = String::from_utf8_lossy(&text)
-            .chars()
-            .take(300)
-            .collect::<String>();
-        // 401 and 403 say the front's key is wrong for this node, not the request: like a 429,
-        // another replica may take it, and the breaker learns of it.
-        return if status.is_client_error() && !matches!(status.as_u16(), 401 | 403 | 429) {
-            Attempt::Refused(
-                Status::InvalidRequest,
-                format!("the node refused it ({status}): {why}"),
-                sink,
-            )
-        } else {
-            Attempt::Retry(format!("{status}: {why}"), sink)
-        };
+    if req.params.grammar.is_some() && !c.protocol.resumes_exactly() {
+        return Err("this protocol cannot carry a grammar's state");
     }
-    let n = req.params.n.max(1) as usize;
-    let mut stops = req.params.stop_token_ids.clone();
-    if !req.params.ignore_eos {
-        stops.extend(&c.eos_token_ids);
-    }
-    let mut p = Progress {
-        seen: vec![0; n],
-        ended: vec![false; n],
-        usage: Usage {
-            prompt_tokens: req.prompt.len() as u32,
-            ..Usage::default()
-        },
-        last: Finish::default(),
-        stops,
-        top_logprobs: req.params.top_logprobs as usize,
-        stopped_here: false,
-    };
-    let mut lines = Lines::new(MAX_LINE_BYTES);
-    loop {
-        let frame = tokio::select! {
-            f = body.frame() => f,
-            () = cancel.notified() => {
-                drop(body);
-                sink.cancelled(p.usage);
-                return Attempt::Ended;
-            }
-            () = expiry(deadline) => {
-                // Dropping the body closes the connection: the node's cancel.
-                return match p.usage.completion_tokens {
-                    0 => Attempt::Retry(silent(c.first_token_timeout_ms), sink),
-                    _ => after_start(&p, sink, format!("no token for {} ms", c.stall_timeout_ms)),
-                };
-            }
-        };
-        let Some(frame) = frame else { break };
-        let data = match frame {
-            Ok(frame) => frame.into_data().unwrap_or_default(),
-            Err(e) => return after_start(&p, sink, format!("the stream broke: {e}")),
-        };
-        lines.push(&data);
-        loop {
-            let line = match lines.next_line() {
-                Ok(Some(line)) => line,
-                Ok(None) => break,
-                Err(TooLong(bytes)) => {
-                    let why = format!("a line passed {MAX_LINE_BYTES} bytes ({bytes})");
-                    return after_start(&p, sink, why);
-                }
-            };
-            let Some(payload) = line.strip_prefix(b"data: ") else {
-                continue;
-            };
-            let payload = payload.trim_ascii_end();
-            if payload == b"[DONE]" {
-                return finish(&p, sink);
-            }
-            let value: Value = match serde_json::from_slice(payload) {
-                Ok(v) => v,
-                Err(e) => return after_start(&p, sink, format!("a chunk is not JSON: {e}")),
-            };
-            let index = value["index"].as_u64().unwrap_or(0) as usize;
-            let chunk = match protocol.chunk(&value, p.seen.get(index).copied().unwrap_or(0)) {
-                Ok(c) => c,
-                Err(why) => return node_error(&p, sink, why),
-            };
-            let first = p.usage.completion_tokens == 0;
-            if deliver(&mut p, &mut sink, chunk) {
-                deadline = stall.map(|d| Instant::now() + d);
-                if first {
-                    replica
-                        .first_token_us
-                        .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-                }
-            }
-            if p.stopped_here && p.ended.iter().all(|e| *e) {
-                // Dropping the body closes the connection: the node's cancel.
-                return finish(&p, sink);
-            }
-        }
-    }
-    finish(&p, sink)
+    Ok(())
 }
 
-/// Sends a chunk's tokens and ends its choice when it says so; whether it held tokens.
-fn deliver(p: &mut Progress, sink: &mut Sink, chunk: wire::Chunk) -> bool {
-    let c = chunk.index as usize;
-    // Usage may come on its own, after every choice ended (vLLM).
-    p.usage.prompt_tokens = chunk.prompt_tokens.max(p.usage.prompt_tokens);
-    p.usage.cached_prompt_tokens = chunk.cached_tokens.max(p.usage.cached_prompt_tokens);
-    if c >= p.seen.len() || p.ended[c] {
-        return false;
-    }
-    let any = !chunk.tokens.is_empty();
-    let mut finish = chunk.finish;
-    for token in chunk.tokens {
-        p.seen[c] += 1;
-        if p.stops.contains(&token.id) {
-            finish = Some(Finish::stop(token.id));
-            p.stopped_here = true;
-            break;
-        }
-        let top: Vec<TopLogprob> = token
-            .top
-            .into_iter()
-            .take(p.top_logprobs)
-            .map(|(token_id, logprob)| TopLogprob { token_id, logprob })
-            .collect();
-        sink.token_with_logprobs(chunk.index, token.id, token.logprob, &top);
-        p.usage.completion_tokens += 1;
-    }
-    if let Some(finish) = finish {
-        p.ended[c] = true;
-        p.last = finish;
-        if p.ended.iter().any(|e| !e) {
-            sink.end_choice(chunk.index, finish);
-        }
-    }
-    any
+/// The leg that continues `choice` after `output`; `None` when its budget is spent.
+fn resumption(
+    model: &Model,
+    req: &Request,
+    choice: u32,
+    output: &[u32],
+    at: Instant,
+) -> Result<Option<Leg>, String> {
+    let c = &model.config;
+    let exact = c.protocol.resumes_exactly();
+    let Some((prompt, params)) = continuation(&req.prompt, &req.params, choice, output, exact)
+    else {
+        return Ok(None);
+    };
+    let resumed = Request {
+        prompt,
+        params,
+        ..req.clone()
+    };
+    let rid = format!("tp-{}-{choice}-{}", req.id, output.len());
+    let body = c
+        .protocol
+        .body(c.upstream_model.as_deref(), &resumed, &rid)
+        .map_err(|why| format!("cannot resume choice {choice}: {why}"))?;
+    Ok(Some(Leg {
+        choices: vec![choice],
+        prompt: resumed.prompt,
+        body: Bytes::from(body.to_string()),
+        resumed_at: Some(at),
+    }))
 }
 
-/// The stream ended: the request is complete.
-fn finish(p: &Progress, sink: Sink) -> Attempt {
-    if p.usage.completion_tokens == 0 && p.ended.iter().all(|e| !e) {
-        return Attempt::Retry("the stream ended before any token".into(), sink);
-    }
-    sink.complete(p.last, p.usage);
-    Attempt::Done
-}
-
-/// The replica failed: retried while nothing was sent, else the request's end (and a failure
-/// counted against the replica).
-fn after_start(p: &Progress, sink: Sink, why: String) -> Attempt {
-    if p.usage.completion_tokens == 0 {
-        return Attempt::Retry(why, sink);
-    }
-    sink.fail(
-        Status::Internal,
-        format!("the node failed mid-stream: {why}"),
-        p.usage,
-    );
-    Attempt::Broke
-}
-
-/// The node reported an error in its stream: retried while nothing was sent, else the
-/// request's end (the node answered; its breaker is not charged).
-fn node_error(p: &Progress, sink: Sink, why: String) -> Attempt {
-    match after_start(p, sink, why) {
-        Attempt::Broke => Attempt::Ended,
-        other => other,
-    }
+/// No replica can take the request: unavailable before anything was sent, an internal failure
+/// after.
+fn unavailable(model: &Model, delivered: &Delivered, sink: Sink, last_error: &str) {
+    let id = &model.config.id;
+    let why = if last_error.is_empty() {
+        format!("no replica of model `{id}` is available (every breaker is open)")
+    } else {
+        format!("no replica of model `{id}` could serve the request: {last_error}")
+    };
+    let status = if delivered.started() {
+        Status::Internal
+    } else {
+        Status::Unavailable
+    };
+    sink.fail(status, why, delivered.usage);
 }

@@ -147,6 +147,31 @@ impl Generator {
             ));
         }
         check_speculation(p, caps, &model.id)?;
+        if let Some(resume) = p.resume {
+            if !caps.resume {
+                return Err(ApiError::unsupported(
+                    "resume",
+                    format!("model `{}` cannot resume a request exactly", model.id),
+                ));
+            }
+            if p.n != 1 || p.beam_width.is_some() {
+                return Err(ApiError::invalid(
+                    "resume",
+                    "a resumed request has one choice",
+                ));
+            }
+            if resume.split(&req.prompt).is_err() {
+                return Err(ApiError::invalid(
+                    "resume.tokens",
+                    format!(
+                        "{} resumed tokens leave no prompt of the {} in {}",
+                        resume.tokens,
+                        req.prompt.len(),
+                        req.param
+                    ),
+                ));
+            }
+        }
         let tenant = &caller.principal.tenant;
         p.tenant = Some(tenant.name.clone());
         p.tenant_weight = tenant.plan.weight;

@@ -246,6 +246,7 @@ pub(crate) fn fake(script: Script) -> (Arc<Seen>, FakeBackend) {
             tool_call_grammar: false,
             speculative: false,
             draft_confidence: false,
+            resume: false,
             max_beam_width: 0,
         },
     };

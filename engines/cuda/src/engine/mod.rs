@@ -174,6 +174,7 @@ impl ModelRuntime {
                 } else {
                     0
                 },
+                resume: true,
             },
         };
         Ok(Self {

@@ -128,6 +128,33 @@ impl LiveRequest {
         }
     }
 
+    /// Makes this request the continuation of choice `choice` of a request that delivered
+    /// `output` elsewhere (see [`turnpike_engine_api::resume`]): its sampler takes that choice's
+    /// seed and replays the output (penalties and the RNG's position), and its grammar advances
+    /// through it. `prompt` is the original prompt, without the output.
+    pub(super) fn resume(
+        &mut self,
+        prompt: &[u32],
+        output: &[u32],
+        choice: u32,
+    ) -> Result<(), String> {
+        let first = &mut self.choices[0];
+        first.sampler = SequenceSampler::new(
+            sampling(&self.params),
+            mix(&[self.seed, u64::from(choice)]),
+            prompt,
+        );
+        for &token in output {
+            first.sampler.replay(token);
+            if let Some(constraint) = first.constraint.as_mut() {
+                constraint
+                    .advance(token)
+                    .map_err(|why| format!("the resumed output leaves the grammar: {why}"))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Token counts so far.
     pub(super) fn usage(&self) -> Usage {
         Usage {

@@ -192,9 +192,19 @@ impl Worker {
                     (Some(k), _) => Some(DraftLength::fixed(k as usize)),
                 }
             });
+        let resume = params.resume;
         let mut live = LiveRequest::new(sink, params, &prompt, seq, seed, constraint);
         live.fast_forward = self.fast_forward;
         live.choices[0].drafts = drafts;
+        if let Some(resume) = resume {
+            let resumed = resume
+                .split(&prompt)
+                .and_then(|(original, output)| live.resume(original, output, resume.choice));
+            if let Err(why) = resumed {
+                self.requests.insert(id, live);
+                return self.end(id, Status::InvalidRequest, &why);
+            }
+        }
         if zero_tokens {
             live.last_finish = Finish::length();
             self.requests.insert(id, live);

@@ -247,6 +247,17 @@ impl SequenceSampler {
         self.history.record(token);
     }
 
+    /// Takes `token` as if this sampler had sampled it: recorded in the history, and the RNG
+    /// moved past the draw a non-greedy sample makes. A resumed request replays the output it
+    /// delivered elsewhere so its next samples are the ones an uninterrupted run would make.
+    pub fn replay(&mut self, token: u32) {
+        let t = self.params.temperature;
+        if !(t.is_nan() || t <= 0.0) {
+            self.rng.next_f64();
+        }
+        self.history.record(token);
+    }
+
     /// Temperature, the filters and one draw over processed `logits`; `None` (after drawing)
     /// when no token is left.
     fn draw(&mut self, logits: &[f32], temperature: f32) -> Option<u32> {

@@ -5,6 +5,8 @@
 //! for every protocol and lives in `run`.
 //!
 //! - [`Protocol::Sglang`]: SGLang's native `/generate`, which Turnpike nodes serve too.
+//! - [`Protocol::Turnpike`]: the same, to Turnpike nodes, which also take a resumption
+//!   (`resume`) and continue a choice exactly where a failed node left it.
 //! - [`Protocol::LlamaCpp`]: `llama-server`'s `/completion` with a token prompt.
 //! - [`Protocol::Vllm`]: vLLM's tokens-in, tokens-out `/inference/v1/generate`.
 
@@ -21,10 +23,11 @@ use turnpike_engine_api::{Finish, FinishReason};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Protocol {
-    /// SGLang's `/generate` (SGLang servers and Turnpike nodes).
+    /// SGLang's `/generate` (SGLang servers, and Turnpike nodes without exact resumption).
     #[default]
-    #[serde(alias = "turnpike")]
     Sglang,
+    /// Turnpike nodes: SGLang's `/generate` plus Turnpike's `resume`.
+    Turnpike,
     /// llama.cpp's `llama-server`.
     LlamaCpp,
     /// vLLM's `/inference/v1/generate`.
@@ -35,7 +38,7 @@ impl Protocol {
     /// The request's path on a node.
     pub(crate) fn path(self) -> &'static str {
         match self {
-            Self::Sglang => "/generate",
+            Self::Sglang | Self::Turnpike => "/generate",
             Self::LlamaCpp => "/completion",
             Self::Vllm => "/inference/v1/generate",
         }
@@ -45,7 +48,7 @@ impl Protocol {
     pub(crate) fn max_n(self) -> Option<u32> {
         match self {
             Self::LlamaCpp => Some(1),
-            Self::Sglang | Self::Vllm => None,
+            Self::Sglang | Self::Turnpike | Self::Vllm => None,
         }
     }
 
@@ -56,9 +59,16 @@ impl Protocol {
     /// per-request `speculative.*` fields out: its command line settles drafting for all.
     pub(crate) fn carries_drafts(self) -> bool {
         match self {
-            Self::Sglang => true,
+            Self::Sglang | Self::Turnpike => true,
             Self::LlamaCpp | Self::Vllm => false,
         }
+    }
+
+    /// Whether the nodes continue a resumed choice exactly (its penalties, grammar and seed
+    /// carried on): only Turnpike nodes read `resume`. The others get the prompt followed by
+    /// the output and the budget left, a valid continuation of the text without that state.
+    pub(crate) fn resumes_exactly(self) -> bool {
+        self == Self::Turnpike
     }
 
     /// The body of a streamed request, or why this protocol cannot carry `req` (a refusal
@@ -71,6 +81,13 @@ impl Protocol {
     ) -> Result<Value, String> {
         match self {
             Self::Sglang => Ok(sglang::body(model, req, rid)),
+            Self::Turnpike => {
+                let mut body = sglang::body(model, req, rid);
+                if let Some(resume) = req.params.resume {
+                    body["resume"] = serde_json::json!(resume);
+                }
+                Ok(body)
+            }
             Self::LlamaCpp => llama_cpp::body(model, req),
             Self::Vllm => vllm::body(model, req, rid),
         }
@@ -85,7 +102,7 @@ impl Protocol {
                 .map_or_else(|| error.to_string(), str::to_string));
         }
         match self {
-            Self::Sglang => sglang::chunk(value, seen),
+            Self::Sglang | Self::Turnpike => sglang::chunk(value, seen),
             Self::LlamaCpp => llama_cpp::chunk(value),
             Self::Vllm => vllm::chunk(value),
         }

@@ -6,8 +6,9 @@
 //! `temperature`, `top_p`, `top_k` (-1 off), `min_p`, the three penalties, `stop_token_ids`,
 //! `ignore_eos`, `n`, `json_schema` (a string), `regex`, `sampling_seed` (or `seed`), and
 //! Turnpike's `lark`, `num_assistant_tokens` and `assistant_confidence_threshold`),
-//! `stream`, `return_logprob`, `top_logprobs_num`, `rid`, and `model` (optional when the node
-//! serves one model). Other keys (routers add some) are ignored; `text` prompts are refused: the
+//! `stream`, `return_logprob`, `top_logprobs_num`, `rid`, `model` (optional when the node
+//! serves one model), and Turnpike's `resume` (`{"tokens", "choice"}`: the last `tokens` ids of
+//! `input_ids` are that choice's output from a node that failed mid-stream). Other keys (routers add some) are ignored; `text` prompts are refused: the
 //! caller owns the text.
 //!
 //! Out: per choice `{"text": "", "output_ids", "meta_info": {"id", "finish_reason",
@@ -23,6 +24,7 @@ mod answer;
 use futures_util::{FutureExt, StreamExt};
 use serde::Deserialize;
 use serde_json::Value;
+use turnpike_engine_api::resume::Resume;
 use turnpike_engine_api::{GenerationParams, Grammar};
 
 use super::render::{Chunk, Out};
@@ -55,6 +57,10 @@ pub(crate) struct GenerateRequest {
     top_logprobs_num: u32,
     #[serde(default)]
     rid: Option<String>,
+    /// Turnpike's resumption: the last `tokens` of `input_ids` are choice `choice`'s output,
+    /// delivered by a node that failed (`turnpike_engine_api::resume`).
+    #[serde(default)]
+    resume: Option<Resume>,
 }
 
 /// `sampling_params`.
@@ -152,6 +158,7 @@ fn translate(req: &GenerateRequest, only_model: Option<&str>) -> Result<TokenReq
         grammar,
         num_assistant_tokens: s.num_assistant_tokens,
         assistant_confidence_threshold: s.assistant_confidence_threshold,
+        resume: req.resume,
         ..defaults
     };
     Ok(TokenRequest {

@@ -1,0 +1,178 @@
+//! What a request has sent its caller, choice by choice, across every replica that served it:
+//! the tokens (so a choice can be resumed elsewhere with exactly these), which choices ended and
+//! how, and the usage. A [`Leg`] is one node request: all the choices at first, one choice of
+//! the original when it is a resumption; its chunks' choice indices map back to the original's.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use turnpike_engine_api::plugin::{Request, Sink};
+use turnpike_engine_api::{Finish, TopLogprob, Usage};
+
+use crate::wire;
+
+/// One node request of a client request.
+pub(crate) struct Leg {
+    /// The original choice of each of its choices.
+    pub choices: Vec<u32>,
+    /// Its prompt (the original's, followed by the output for a resumption): picks a replica.
+    pub prompt: Vec<u32>,
+    /// The body sent.
+    pub body: Bytes,
+    /// For a resumption: when the failure it follows was seen.
+    pub resumed_at: Option<Instant>,
+}
+
+impl Leg {
+    /// The first leg: every choice of `req`.
+    pub(crate) fn first(req: &Request, body: Bytes) -> Self {
+        Self {
+            choices: (0..req.params.n.max(1)).collect(),
+            prompt: req.prompt.clone(),
+            body,
+            resumed_at: None,
+        }
+    }
+}
+
+/// A leg's own progress on the replica serving it.
+pub(crate) struct LegProgress {
+    /// Tokens read per leg choice (cumulative chunk formats need it).
+    pub seen: Vec<usize>,
+    /// Tokens it delivered, stop tokens included.
+    pub tokens: u32,
+    /// Some choice ended here on a stop token, not by the node.
+    pub stopped_here: bool,
+    /// How the last of its choices to end ended.
+    pub last: Finish,
+}
+
+impl LegProgress {
+    pub(crate) fn new(leg: &Leg) -> Self {
+        Self {
+            seen: vec![0; leg.choices.len()],
+            tokens: 0,
+            stopped_here: false,
+            last: Finish::default(),
+        }
+    }
+}
+
+/// A request's output so far.
+pub(crate) struct Delivered {
+    /// Tokens sent per original choice (stop tokens excluded: they are not sent).
+    pub outputs: Vec<Vec<u32>>,
+    pub ended: Vec<bool>,
+    pub usage: Usage,
+    /// How the last choice to end ended (the FINAL's finish).
+    pub last: Finish,
+    /// Tokens that end a choice when a node streams one.
+    stops: Vec<u32>,
+    /// Alternatives asked for per token.
+    top_logprobs: usize,
+}
+
+impl Delivered {
+    pub(crate) fn new(req: &Request, eos: &[u32]) -> Self {
+        let n = req.params.n.max(1) as usize;
+        let mut stops = req.params.stop_token_ids.clone();
+        if !req.params.ignore_eos {
+            stops.extend(eos);
+        }
+        Self {
+            outputs: vec![Vec::new(); n],
+            ended: vec![false; n],
+            usage: Usage {
+                prompt_tokens: req.prompt.len() as u32,
+                ..Usage::default()
+            },
+            last: Finish::default(),
+            stops,
+            top_logprobs: req.params.top_logprobs as usize,
+        }
+    }
+
+    /// Whether every choice has ended.
+    pub(crate) fn finished(&self) -> bool {
+        self.ended.iter().all(|e| *e)
+    }
+
+    /// Whether any token was sent.
+    pub(crate) fn started(&self) -> bool {
+        self.usage.completion_tokens > 0
+    }
+
+    /// The leg's choices that have not ended.
+    pub(crate) fn open_choices(&self, leg: &Leg) -> Vec<u32> {
+        leg.choices
+            .iter()
+            .copied()
+            .filter(|&c| !self.ended[c as usize])
+            .collect()
+    }
+
+    /// Ends choice `c` with `finish`: a CHOICE_END while others go on, else the FINAL's finish.
+    pub(crate) fn end(&mut self, c: u32, finish: Finish, sink: &mut Sink) {
+        let Some(ended) = self.ended.get_mut(c as usize) else {
+            return;
+        };
+        if *ended {
+            return;
+        }
+        *ended = true;
+        self.last = finish;
+        if !self.finished() {
+            sink.end_choice(c, finish);
+        }
+    }
+
+    /// Sends a chunk's tokens under their original choice and ends the choice when it says
+    /// so; whether it held tokens.
+    pub(crate) fn deliver(
+        &mut self,
+        leg: &Leg,
+        progress: &mut LegProgress,
+        sink: &mut Sink,
+        chunk: wire::Chunk,
+    ) -> bool {
+        if leg.resumed_at.is_none() {
+            // Usage may come on its own, after every choice ended (vLLM). A resumption's
+            // prompt holds output: the first leg's prompt is the request's.
+            self.usage.prompt_tokens = chunk.prompt_tokens.max(self.usage.prompt_tokens);
+            self.usage.cached_prompt_tokens =
+                chunk.cached_tokens.max(self.usage.cached_prompt_tokens);
+        }
+        let local = chunk.index as usize;
+        let Some(&c) = leg.choices.get(local) else {
+            return false;
+        };
+        if self.ended[c as usize] {
+            return false;
+        }
+        let any = !chunk.tokens.is_empty();
+        let mut finish = chunk.finish;
+        for token in chunk.tokens {
+            progress.seen[local] += 1;
+            progress.tokens += 1;
+            if self.stops.contains(&token.id) {
+                finish = Some(Finish::stop(token.id));
+                progress.stopped_here = true;
+                break;
+            }
+            let top: Vec<TopLogprob> = token
+                .top
+                .into_iter()
+                .take(self.top_logprobs)
+                .map(|(token_id, logprob)| TopLogprob { token_id, logprob })
+                .collect();
+            sink.token_with_logprobs(c, token.id, token.logprob, &top);
+            self.outputs[c as usize].push(token.id);
+            self.usage.completion_tokens += 1;
+        }
+        if let Some(finish) = finish {
+            progress.last = finish;
+            self.end(c, finish, sink);
+        }
+        any
+    }
+}
