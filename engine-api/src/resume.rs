@@ -84,6 +84,63 @@ pub fn continuation(
     Some((tokens, resumed))
 }
 
+/// Per choice of a request, the tokens it delivered and whether it ended: what a host keeps to
+/// resume the unfinished choices elsewhere.
+#[derive(Debug, Clone, Default)]
+pub struct Outputs {
+    tokens: Vec<Vec<u32>>,
+    ended: Vec<bool>,
+}
+
+impl Outputs {
+    /// Nothing delivered yet by `n` choices.
+    pub fn new(n: u32) -> Self {
+        let n = n.max(1) as usize;
+        Self {
+            tokens: vec![Vec::new(); n],
+            ended: vec![false; n],
+        }
+    }
+
+    /// Choice `choice` delivered `token`.
+    pub fn push(&mut self, choice: u32, token: u32) {
+        if let Some(tokens) = self.tokens.get_mut(choice as usize) {
+            tokens.push(token);
+        }
+    }
+
+    /// Ends choice `choice`; whether it was open (an unknown choice never is).
+    pub fn end(&mut self, choice: u32) -> bool {
+        self.ended
+            .get_mut(choice as usize)
+            .is_some_and(|ended| !std::mem::replace(ended, true))
+    }
+
+    /// Whether choice `choice` has ended (an unknown choice has).
+    pub fn ended(&self, choice: u32) -> bool {
+        self.ended.get(choice as usize).copied().unwrap_or(true)
+    }
+
+    /// Whether every choice has ended.
+    pub fn finished(&self) -> bool {
+        self.ended.iter().all(|e| *e)
+    }
+
+    /// The tokens choice `choice` delivered.
+    pub fn of(&self, choice: u32) -> &[u32] {
+        self.tokens.get(choice as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// Those of `choices` that have not ended.
+    pub fn open(&self, choices: &[u32]) -> Vec<u32> {
+        choices
+            .iter()
+            .copied()
+            .filter(|&c| !self.ended(c))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,6 +176,17 @@ mod tests {
         let (_, plain) = continuation(&[1], &params, 0, &[5], false).unwrap();
         assert_eq!(plain.resume, None);
         assert!(continuation(&[1], &params, 0, &[5; 10], true).is_none());
+    }
+
+    #[test]
+    fn outputs_keep_each_choice_and_end_it_once() {
+        let mut outputs = Outputs::new(2);
+        outputs.push(1, 9);
+        outputs.push(1, 8);
+        assert_eq!(outputs.of(1), [9, 8]);
+        assert!(outputs.end(0) && !outputs.end(0) && !outputs.end(7));
+        assert_eq!(outputs.open(&[0, 1]), [1]);
+        assert!(!outputs.finished() && outputs.end(1) && outputs.finished());
     }
 
     #[test]

@@ -256,3 +256,42 @@ def test_a_killed_cpu_node_loses_no_token_of_a_greedy_answer(tmp_path):
     finally:
         for g in [f, *nodes]:
             g.stop()
+
+
+def test_a_standby_engine_takes_over_a_failed_request_mid_stream(tmp_path):
+    """Turnpike's own engines: the model's engine fails every request after 3 tokens; its
+    standby takes each choice from there, and the answers equal the standby's own."""
+    from conftest import SIM
+
+    story = 'output = { mode = "random", length = [10, 30] }'
+    lines = ["[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"']
+    for engine, extra in (("failing", "errors = { fail_midstream_rate = 1.0, fail_after_tokens = 3 }"),
+                          ("standing", "")):
+        lines += ["[[engines]]", f'name = "{engine}"', f'plugin = "{SIM}"', "[engines.config]", "seed = 11",
+                  "[[engines.config.models]]", 'id = "story"', f'tokenizer = "{TOKENIZER}"', "eos_token_id = 4",
+                  "max_n = 4", story, extra]
+    lines += ["[[models]]", 'name = "story"', 'engine = "failing"', f'folder = "{FOLDER}"',
+              'standby = [{ engine = "standing", engine_model = "story" }]',
+              "[[models]]", 'name = "direct"', 'engine = "standing"', 'engine_model = "story"', f'folder = "{FOLDER}"']
+    g = Gateway(tmp_path / "gw", "\n".join(lines) + "\n", {"RUST_LOG": "warn"}, name="gw")
+    try:
+        client = openai.OpenAI(base_url=f"{g.base}/v1", api_key="sk-unused", max_retries=0, timeout=60)
+        for n in (1, 3):
+            for i in range(4):
+                ask = dict(messages=[{"role": "user", "content": f"Tale {i}"}], max_tokens=24, seed=i, n=n)
+                want = client.chat.completions.create(model="direct", **ask)
+                got = client.chat.completions.create(model="story", **ask)
+                assert [c.message.content for c in got.choices] == [c.message.content for c in want.choices]
+                assert [c.finish_reason for c in got.choices] == [c.finish_reason for c in want.choices]
+                assert got.usage.completion_tokens == want.usage.completion_tokens
+                assert got.usage.prompt_tokens == want.usage.prompt_tokens
+                streamed = {}
+                for chunk in client.chat.completions.create(model="story", stream=True, **ask):
+                    for c in chunk.choices:
+                        streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+                assert [streamed[k] for k in sorted(streamed)] == [c.message.content for c in want.choices]
+        text = urllib.request.urlopen(f"{g.base}/metrics", timeout=10).read().decode()
+        assert re.search(r'turnpike_model_resumed_total\{[^}]*engine="standing"[^}]*\} [1-9]', text), text
+        assert "resuming on the next" in g.log.read_text()
+    finally:
+        g.stop()

@@ -43,16 +43,10 @@ def get_json(url):
     return json.load(urllib.request.urlopen(url, timeout=10))
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    work = tmp_path_factory.mktemp("llama-upstream")
-    # The gateway's model folder: the tokenizer and chat template the GGUF carries.
-    folder = work / "smollm2"
-    subprocess.run([str(BIN.parent / "turnpike-gguf"), "tokenizer", GGUF, str(folder)], check=True)
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    eos = tokenizer.token_to_id(json.loads((folder / "tokenizer_config.json").read_text())["eos_token"])
+def start_llama(work, name="llama-server"):
+    """A `llama-server` on SmolLM2 on a free port, healthy: its process and base URL."""
     port = free_port()
-    log = open(work / "llama-server.log", "w")
+    log = open(work / f"{name}.log", "w")
     server = subprocess.Popen(
         [LLAMA, "-m", GGUF, "--host", "127.0.0.1", "--port", str(port), "-c", "4096", "-np", "2", "-t", "2"],
         stdout=log, stderr=subprocess.STDOUT,
@@ -65,15 +59,38 @@ def served(tmp_path_factory):
         except OSError:
             return False
 
-    assert wait_for(healthy, timeout=120), (work / "llama-server.log").read_text()[-3000:]
-    config = "\n".join([
+    assert wait_for(healthy, timeout=120), (work / f"{name}.log").read_text()[-3000:]
+    return server, base
+
+
+def smollm2_folder(work):
+    """The gateway's model folder (the tokenizer and chat template the GGUF carries), its
+    tokenizer and end-of-sequence id."""
+    folder = work / "smollm2"
+    subprocess.run([str(BIN.parent / "turnpike-gguf"), "tokenizer", GGUF, str(folder)], check=True)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    eos = tokenizer.token_to_id(json.loads((folder / "tokenizer_config.json").read_text())["eos_token"])
+    return folder, tokenizer, eos
+
+
+def front_config(bases, folder, tokenizer, eos, extra=()):
+    endpoints = ", ".join(f'"{b}"' for b in bases)
+    return "\n".join([
         "[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"',
         "[[engines]]", 'name = "llama"', f'plugin = "{UPSTREAM}"', "[engines.config]",
-        "[[engines.config.models]]", 'id = "smollm2"', 'protocol = "llama_cpp"', f'endpoints = ["{base}"]',
+        "[[engines.config.models]]", 'id = "smollm2"', 'protocol = "llama_cpp"', f"endpoints = [{endpoints}]",
         f"vocab_size = {tokenizer.get_vocab_size(with_added_tokens=True)}", f"eos_token_ids = [{eos}]",
-        "max_context = 2048", "grammar = true",
+        "max_context = 2048", "grammar = true", *extra,
         "[[models]]", 'name = "smollm2"', 'engine = "llama"', f'folder = "{folder}"', "",
     ])
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    work = tmp_path_factory.mktemp("llama-upstream")
+    folder, tokenizer, eos = smollm2_folder(work)
+    server, base = start_llama(work)
+    config = front_config([base], folder, tokenizer, eos)
     front = Gateway(work / "front", config, {}, name="front")
     client = openai.OpenAI(base_url=f"{front.base}/v1", api_key="sk-unused", max_retries=0, timeout=120)
     yield base, front, client, tokenizer
@@ -172,3 +189,46 @@ def test_a_client_that_leaves_frees_the_server_slot(served):
     assert wait_for(lambda: not any(slot["is_processing"] for slot in get_json(f"{base}/slots")), timeout=10)
     # 1000 tokens would take far longer than the slot took to free.
     assert busy and time.monotonic() - started < 10
+
+
+def test_a_killed_server_hands_its_stream_to_another(tmp_path):
+    """Two servers behind the front; the one serving a greedy stream is killed after its first
+    tokens: the other goes on from the token prompt plus what was sent, and the text equals an
+    undisturbed run's."""
+    folder, tokenizer, eos = smollm2_folder(tmp_path)
+    servers = [start_llama(tmp_path, f"llama-{i}") for i in range(2)]
+    extra = ["affinity_tokens = 0", "retries = 2", "health_interval_ms = 0"]
+    front = Gateway(tmp_path / "front", front_config([b for _, b in servers], folder, tokenizer, eos, extra),
+                    {"RUST_LOG": "info"}, name="front")
+    try:
+        client = openai.OpenAI(base_url=f"{front.base}/v1", api_key="sk-unused", max_retries=0, timeout=120)
+        ask = dict(model="smollm2", messages=[{"role": "user", "content": "Tell me about the river Seine."}],
+                   max_tokens=48, temperature=0, stream=True, stream_options={"include_usage": True},
+                   extra_body={"ignore_eos": True})
+
+        def busy():
+            return [i for i, (_, base) in enumerate(servers)
+                    if any(slot["is_processing"] for slot in get_json(f"{base}/slots"))]
+
+        def read(stream, kill=False):
+            text, usage = [], None
+            for i, chunk in enumerate(stream):
+                if chunk.usage:
+                    usage = chunk.usage.completion_tokens
+                text += [c.delta.content or "" for c in chunk.choices]
+                if kill and i == 4:
+                    serving = busy()
+                    assert len(serving) == 1, serving
+                    servers[serving[0]][0].kill()
+                    kill = False
+            return "".join(text), usage
+
+        want = read(client.chat.completions.create(**ask))
+        got = read(client.chat.completions.create(**ask), kill=True)
+        assert got == want and want[1] == 48
+        assert "resumes after" in front.log.read_text()
+    finally:
+        front.stop()
+        for server, _ in servers:
+            server.kill()
+            server.wait(timeout=30)

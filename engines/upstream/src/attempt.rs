@@ -191,7 +191,7 @@ pub(crate) async fn attempt(
                     first_token(t.model, t.replica, leg, started);
                 }
             }
-            if p.stopped_here && leg.choices.iter().all(|&c| delivered.ended[c as usize]) {
+            if p.stopped_here && delivered.open_choices(leg).is_empty() {
                 // Dropping the body closes the connection: the node's cancel.
                 return done(leg, &p, delivered, sink);
             }

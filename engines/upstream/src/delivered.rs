@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use turnpike_engine_api::plugin::{Request, Sink};
+use turnpike_engine_api::resume::Outputs;
 use turnpike_engine_api::{Finish, TopLogprob, Usage};
 
 use crate::wire;
@@ -60,9 +61,9 @@ impl LegProgress {
 
 /// A request's output so far.
 pub(crate) struct Delivered {
-    /// Tokens sent per original choice (stop tokens excluded: they are not sent).
-    pub outputs: Vec<Vec<u32>>,
-    pub ended: Vec<bool>,
+    /// Tokens sent per original choice (stop tokens excluded: they are not sent), and which
+    /// choices ended.
+    pub outputs: Outputs,
     pub usage: Usage,
     /// How the last choice to end ended (the FINAL's finish).
     pub last: Finish,
@@ -74,14 +75,12 @@ pub(crate) struct Delivered {
 
 impl Delivered {
     pub(crate) fn new(req: &Request, eos: &[u32]) -> Self {
-        let n = req.params.n.max(1) as usize;
         let mut stops = req.params.stop_token_ids.clone();
         if !req.params.ignore_eos {
             stops.extend(eos);
         }
         Self {
-            outputs: vec![Vec::new(); n],
-            ended: vec![false; n],
+            outputs: Outputs::new(req.params.n),
             usage: Usage {
                 prompt_tokens: req.prompt.len() as u32,
                 ..Usage::default()
@@ -92,11 +91,6 @@ impl Delivered {
         }
     }
 
-    /// Whether every choice has ended.
-    pub(crate) fn finished(&self) -> bool {
-        self.ended.iter().all(|e| *e)
-    }
-
     /// Whether any token was sent.
     pub(crate) fn started(&self) -> bool {
         self.usage.completion_tokens > 0
@@ -104,24 +98,16 @@ impl Delivered {
 
     /// The leg's choices that have not ended.
     pub(crate) fn open_choices(&self, leg: &Leg) -> Vec<u32> {
-        leg.choices
-            .iter()
-            .copied()
-            .filter(|&c| !self.ended[c as usize])
-            .collect()
+        self.outputs.open(&leg.choices)
     }
 
     /// Ends choice `c` with `finish`: a CHOICE_END while others go on, else the FINAL's finish.
     pub(crate) fn end(&mut self, c: u32, finish: Finish, sink: &mut Sink) {
-        let Some(ended) = self.ended.get_mut(c as usize) else {
-            return;
-        };
-        if *ended {
+        if !self.outputs.end(c) {
             return;
         }
-        *ended = true;
         self.last = finish;
-        if !self.finished() {
+        if !self.outputs.finished() {
             sink.end_choice(c, finish);
         }
     }
@@ -146,7 +132,7 @@ impl Delivered {
         let Some(&c) = leg.choices.get(local) else {
             return false;
         };
-        if self.ended[c as usize] {
+        if self.outputs.ended(c) {
             return false;
         }
         let any = !chunk.tokens.is_empty();
@@ -166,7 +152,7 @@ impl Delivered {
                 .map(|(token_id, logprob)| TopLogprob { token_id, logprob })
                 .collect();
             sink.token_with_logprobs(c, token.id, token.logprob, &top);
-            self.outputs[c as usize].push(token.id);
+            self.outputs.push(c, token.id);
             self.usage.completion_tokens += 1;
         }
         if let Some(finish) = finish {

@@ -122,7 +122,7 @@ pub(crate) async fn run(
         }
         let at = Instant::now();
         for choice in delivered.open_choices(&leg) {
-            let output = &delivered.outputs[choice as usize];
+            let output = delivered.outputs.of(choice);
             model.host.warn(&format!(
                 "upstream model `{}`: request {} choice {choice} resumes after {} tokens: replica {last_error}",
                 c.id,

@@ -7,6 +7,7 @@
 //! configured.
 
 pub mod backend;
+mod failover;
 pub mod model_map;
 pub mod models;
 pub mod routed;

@@ -5,7 +5,9 @@
 //!
 //! - **Failover** happens at submit: an engine that answers `unavailable` (the upstream plugin
 //!   does when every replica's breaker is open) passes the request to the next target; any
-//!   other refusal is the request's answer.
+//!   other refusal is the request's answer. An engine that fails after it started (an internal
+//!   or unavailable end) hands the request on too, each choice from the tokens it delivered
+//!   ([`super::failover`]).
 //! - **Canary**: a tenant named in `tenants` always takes it; the others by a hash of the
 //!   tenant's name under `percent`, so each tenant sticks to one side. A canary that is
 //!   unavailable falls back on the primary, then the standbys.
@@ -137,7 +139,8 @@ impl Backend for RoutedBackend {
         let mut last = None;
         // One copy of the request, its model id set per target.
         let mut routed = request.clone();
-        for (route, target) in self.order(request.params.tenant.as_deref()) {
+        let order = self.order(request.params.tenant.as_deref());
+        for (at, &(route, target)) in order.iter().enumerate() {
             routed.model.clone_from(&target.engine_model);
             match target.backend.submit(&routed) {
                 Ok(mut run) => {
@@ -151,7 +154,12 @@ impl Backend for RoutedBackend {
                     );
                     metrics::counter!("turnpike_model_route_total", "model" => self.model.clone(), "route" => route.name(), "engine" => target.engine.clone())
                         .increment(1);
-                    return Ok(run);
+                    let rest: Vec<Target> =
+                        order[at + 1..].iter().map(|(_, t)| (*t).clone()).collect();
+                    if rest.is_empty() {
+                        return Ok(run);
+                    }
+                    return Ok(super::failover::resuming(&self.model, request, run, rest));
                 }
                 Err(e) if e.status == Status::Unavailable => {
                     tracing::warn!(model = %self.model, engine = %target.engine, error = %e, "engine unavailable; trying the next");
