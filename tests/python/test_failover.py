@@ -1,7 +1,7 @@
 """No stream dies: a node that fails mid-stream hands each unfinished choice, with exactly the
 tokens it delivered, to another node, and the client's stream goes on with no gap, repeat or
 error event. Real Turnpike nodes (the simulator with a latency profile, and the default engine's
-CPU device on the `tiny` model) behind a real front whose upstream plugin speaks
+CPU device on SmolLM2) behind a real front whose upstream plugin speaks
 `protocol = "turnpike"`; nodes are killed with SIGKILL or stalled with SIGSTOP in the middle of
 concurrent streams driven by the official `openai` SDK. The resumption itself is checked on a
 node's `/generate`: a choice resumed from its own first tokens ends as the uninterrupted run."""
@@ -26,6 +26,7 @@ from tenancy_support import Gateway
 
 UPSTREAM = Path(os.environ.get("TURNPIKE_UPSTREAM", ROOT / "target/debug/libturnpike_upstream.so"))
 CUDA = Path(os.environ.get("TURNPIKE_CUDA", ROOT / "target/debug/libturnpike_cuda.so"))
+GGUF = os.environ.get("TURNPIKE_SMOLLM2_GGUF")
 
 
 def front_config(nodes, models, vocab, eos, folder, stall_ms=30000, failover=True):
@@ -137,6 +138,11 @@ def test_a_node_killed_mid_stream_loses_no_token(sim_fleet):
     killed = run_through(client, "slow", 100, 40, seeded, disturb=nodes[0].process.kill)
     assert_unbroken(killed, baseline)
     assert front_stat(f, "resumptions", "slow") > 0
+    # What the front counted is what the clients were told they used: each token once.
+    text = urllib.request.urlopen(f"{f.base}/metrics", timeout=10).read().decode()
+    counted = re.search(r'turnpike_tokens_total{[^}]*kind="completion"[^}]*model="slow"[^}]*} (\S+)', text) or \
+        re.search(r'turnpike_tokens_total{[^}]*model="slow"[^}]*kind="completion"[^}]*} (\S+)', text)
+    assert counted and float(counted.group(1)) == sum(r[1] for r in baseline + killed), text
     log = f.log.read_text()
     assert "resumes after" in log and "served by" in log
 
@@ -234,25 +240,43 @@ def test_the_default_engine_resumes_exactly(tmp_path):
         node.stop()
 
 
+def smollm2_node(work, name):
+    """A node serving SmolLM2's GGUF on the CPU device, and the gateway's folder for it."""
+    folder = work / "smollm2"
+    if not folder.exists():
+        subprocess.run([str(BIN.parent / "turnpike-gguf"), "tokenizer", GGUF, str(folder)], check=True,
+                       capture_output=True)
+    config = "\n".join([
+        "[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"',
+        "[[engines]]", 'name = "default"', f'plugin = "{CUDA}"', "[engines.config]",
+        "[[engines.config.models]]", 'id = "smollm2"', f'path = "{GGUF}"', 'device = "cpu"', "threads = 1", "",
+    ])
+    return Gateway(work / name, config, {"TURNPIKE_CACHE_DIR": str(work / "cache")}, name=name), folder
+
+
 def test_a_killed_cpu_node_loses_no_token_of_a_greedy_answer(tmp_path):
-    nodes = [tiny_node(tmp_path, f"node{i}")[0] for i in range(2)]
-    model = tmp_path / "tiny"
-    config = json.loads((model / "config.json").read_text())
-    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
-    eos = tokenizer.token_to_id(json.loads((model / "tokenizer_config.json").read_text())["eos_token"])
-    f = Gateway(tmp_path / "front", front_config(nodes, ["tiny"], config["vocab_size"], eos, model),
-                {"RUST_LOG": "info"}, name="front")
+    """Two CPU-engine nodes on SmolLM2 (the `tiny` model where the GGUF is not fetched): one is
+    killed under greedy streams, and every text is token for token an undisturbed run's."""
+    make = smollm2_node if GGUF else tiny_node
+    nodes = [make(tmp_path, f"node{i}")[0] for i in range(2)]
+    folder = tmp_path / ("smollm2" if GGUF else "tiny")
+    model = "smollm2" if GGUF else "tiny"
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    eos = tokenizer.token_to_id(json.loads((folder / "tokenizer_config.json").read_text())["eos_token"])
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    f = Gateway(tmp_path / "front", front_config(nodes, [model], vocab, eos, folder), {"RUST_LOG": "info"},
+                name="front")
     try:
         client = openai.OpenAI(base_url=f"{f.base}/v1", api_key="sk-unused", max_retries=0, timeout=120)
 
         def greedy(i):
             return {"temperature": 0, "extra_body": {"ignore_eos": True}}
 
-        baseline = run_through(client, "tiny", 8, 96, greedy)
-        assert all(r[0] != "error" and r[1] == 96 for r in baseline), baseline[:2]
-        killed = run_through(client, "tiny", 8, 96, greedy, disturb=nodes[0].process.kill)
+        baseline = run_through(client, model, 8, 64, greedy)
+        assert all(r[0] != "error" and r[1] == 64 for r in baseline), baseline[:2]
+        killed = run_through(client, model, 8, 64, greedy, disturb=nodes[0].process.kill)
         assert_unbroken(killed, baseline)
-        assert front_stat(f, "resumptions", "tiny") > 0
+        assert front_stat(f, "resumptions", model) > 0
     finally:
         for g in [f, *nodes]:
             g.stop()

@@ -210,7 +210,8 @@ impl Worker {
             self.requests.insert(id, live);
             return self.end(id, Status::Ok, "");
         }
-        match self.scheduler.add(new) {
+        let output = resume.map_or(0, |r| r.tokens as usize);
+        match self.scheduler.add_resumed(new, output) {
             Ok(()) => {
                 self.requests.insert(id, live);
                 self.seqs.insert(seq, (id, 0));

@@ -176,7 +176,8 @@ impl std::error::Error for Refused {}
 pub struct StepPlan {
     /// Copy-on-write block copies to apply before computing the chunks.
     pub copies: Vec<BlockCopy>,
-    /// Token chunks to compute.
+    /// Token chunks to compute, the generated ones first (decodes, then a resumption's or a
+    /// recompute's output), then the prompts'.
     pub chunks: Vec<PlannedChunk>,
     /// Sequences preempted in this step (their KV is dropped; they wait for a recompute).
     pub preempted: Vec<SeqId>,
@@ -271,6 +272,13 @@ impl Scheduler {
     /// `tokens.len() + 1` positions need more blocks than the whole cache has, and any sequence
     /// once `max_waiting` sequences wait.
     pub fn add(&mut self, seq: NewSequence) -> Result<(), Refused> {
+        self.add_resumed(seq, 0)
+    }
+
+    /// [`Scheduler::add`] for a sequence whose last `output` tokens were generated already (a
+    /// request resumed after another engine failed): they are computed after the prompt, in
+    /// chunks of their own, as a decoding step computes its tokens.
+    pub fn add_resumed(&mut self, seq: NewSequence, output: usize) -> Result<(), Refused> {
         if seq.tokens.is_empty() {
             return Err(Refused::Empty);
         }
@@ -296,7 +304,7 @@ impl Scheduler {
         self.seqs.insert(
             seq.id,
             Sequence {
-                prompt: seq.tokens.len(),
+                prompt: seq.tokens.len().saturating_sub(output).max(1),
                 tokens: seq.tokens,
                 computed: 0,
                 draft: Vec::new(),

@@ -58,7 +58,7 @@ impl Scheduler {
                 .seqs
                 .get(&id)
                 .filter(|s| s.is_prefill())
-                .map(|s| s.remaining().min(budget))
+                .map(|s| s.chunk_left().min(budget))
             else {
                 continue;
             };
@@ -76,6 +76,9 @@ impl Scheduler {
                 budget -= admitted;
             }
         }
+        // Generated chunks lead the batch (a device rounds the leading decoding rows as a
+        // decoding step does), also a resumption's output or a recompute planned among prompts.
+        plan.chunks.sort_by_key(|c| !c.generated);
         plan
     }
 
@@ -263,7 +266,7 @@ impl Scheduler {
             }
         }
         let cached = seq.computed;
-        let want = seq.remaining().min(budget);
+        let want = seq.chunk_left().min(budget);
         let fit = self.grow(id, want, &mut plan.copies);
         let Some(seq) = self.seqs.get_mut(&id) else {
             return 0;

@@ -37,8 +37,15 @@ impl Sequence {
         self.computed + 1 < self.tokens.len()
     }
 
-    /// Tokens without KV.
-    pub(super) fn remaining(&self) -> usize {
-        self.tokens.len().saturating_sub(self.computed)
+    /// Tokens the next chunk may compute: up to the prompt's end while the prompt is not
+    /// computed, so generated tokens (a resumption's output, or what a preempted sequence
+    /// recomputes) are always computed in chunks of their own, as decoding computed them.
+    pub(super) fn chunk_left(&self) -> usize {
+        let end = if self.computed < self.prompt {
+            self.prompt
+        } else {
+            self.tokens.len()
+        };
+        end.saturating_sub(self.computed)
     }
 }

@@ -82,26 +82,43 @@ fn preempts_the_lowest_priority_and_recomputes_it() {
         s.add(new_seq(id, prompt(id, 2), priority, "t", 1)).unwrap();
     }
     let mut preempted = Vec::new();
-    let mut recompute = None;
+    let mut recompute: Vec<PlannedChunk> = Vec::new();
+    let mut tokens = Vec::new();
     drive(&mut s, 5, 100, |s, p| {
         preempted.extend(p.preempted.iter().copied());
+        let sampled = recompute.last().is_some_and(|c| c.sample);
         if !preempted.is_empty()
-            && recompute.is_none()
+            && !sampled
             && let Some(c) = p.chunks.iter().find(|c| c.seq == 3)
         {
-            recompute = Some((c.clone(), s.tokens(3).unwrap().to_vec()));
+            recompute.push(c.clone());
+            tokens = s.tokens(3).unwrap().to_vec();
         }
     });
     assert_eq!(preempted, vec![3]);
     assert_eq!(s.stats().preemptions, 1);
-    let (chunk, tokens) = recompute.unwrap();
     // Prompt + 3 generated tokens were recomputed; the token sampled from it followed.
     assert_eq!(tokens.len(), 6);
     assert_eq!(&tokens[..2], prompt(3, 2).as_slice());
-    assert_eq!(chunk.start, chunk.cached_tokens);
-    assert_eq!(chunk.start + chunk.tokens.len(), 5);
-    assert!(chunk.sample);
-    assert_eq!(&tokens[chunk.start..5], chunk.tokens.as_slice());
+    let first = &recompute[0];
+    assert_eq!(first.start, first.cached_tokens);
+    let mut at = first.start;
+    for chunk in &recompute {
+        assert_eq!(chunk.start, at);
+        assert_eq!(
+            &tokens[at..at + chunk.tokens.len()],
+            chunk.tokens.as_slice()
+        );
+        at += chunk.tokens.len();
+        // The generated tokens are computed in chunks of their own, as decoding computed them.
+        assert!(
+            at <= 2 || chunk.start >= 2,
+            "{chunk:?} crosses the prompt's end"
+        );
+        assert_eq!(chunk.generated, chunk.start >= 2);
+    }
+    assert_eq!(at, 5);
+    assert!(recompute.last().unwrap().sample);
 }
 
 #[test]
