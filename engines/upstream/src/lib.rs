@@ -24,6 +24,11 @@
 //! traced request carries the gateway's `traceparent` on to the server, so a Turnpike node (or
 //! any server that honours W3C trace context) continues the same trace.
 
+/// mimalloc: every request builds a JSON body and reads its chunks into small short-lived
+/// values; the system allocator took about 6% of a front's time in the fleet profile.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod attempt;
 mod config;
 mod delivered;

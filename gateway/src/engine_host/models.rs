@@ -16,6 +16,10 @@ use crate::text::template::ChatTemplate;
 use crate::text::tokenizer::TextTokenizer;
 use crate::text::tools::ToolCallFormat;
 
+/// Prompts each model keeps the token ids of, and the bytes they may take.
+const PROMPT_CACHE_ENTRIES: usize = 4096;
+const PROMPT_CACHE_BYTES: usize = 16 << 20;
+
 /// Everything a request for one model needs.
 #[derive(Debug)]
 pub struct ServedModel {
@@ -29,6 +33,8 @@ pub struct ServedModel {
     pub info: ModelInfo,
     /// The model's tokenizer.
     pub tokenizer: Arc<TextTokenizer>,
+    /// Token ids of its recent prompts, by text.
+    pub prompt_cache: Arc<crate::text::prompt_cache::PromptCache>,
     /// Its chat template; chat requests need one.
     pub template: Option<ChatTemplate>,
     /// Context window in tokens.
@@ -232,6 +238,10 @@ pub(super) fn served_model(
         engine_name: config.engine.clone(),
         backend: Arc::clone(backend),
         tokenizer: Arc::new(tokenizer),
+        prompt_cache: Arc::new(crate::text::prompt_cache::PromptCache::new(
+            PROMPT_CACHE_ENTRIES,
+            PROMPT_CACHE_BYTES,
+        )),
         max_output_tokens: config.max_output_tokens.min(context_length),
         id,
         info,

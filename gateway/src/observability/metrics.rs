@@ -6,6 +6,8 @@
 //! | `turnpike_http_request_duration_seconds` | histogram (to the response head) | `endpoint` |
 //! | `turnpike_errors_total` | counter | `code` |
 //! | `turnpike_tokens_total` | counter | `model`, `kind` (`prompt`, `completion`) |
+//! | `turnpike_prompt_cache_total`, `turnpike_prompt_cache_bytes` | counter (prompts tokenized, `result` `hit` or `miss`), gauge (bytes held, at most 16 MiB) | `model` |
+//! | `turnpike_model_resumed_total` | counter (requests a standby engine resumed mid-stream) | `model`, `engine` |
 //! | `turnpike_time_to_first_token_seconds` | histogram (streamed and non-streamed) | `model` |
 //! | `turnpike_time_per_output_token_seconds` | histogram (per request: decode time over output tokens after the first) | `model` |
 //! | `turnpike_decode_tokens_per_second` | gauge (output tokens per second over the last few seconds) | `model` |

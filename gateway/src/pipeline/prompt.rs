@@ -90,7 +90,28 @@ pub(crate) fn chat_prompt(
         .map_err(|e| {
             ApiError::invalid(param, format!("the chat template refused the {param}: {e}"))
         })?;
-    encode_within(&model.tokenizer, &text, false, budget).map_err(|e| over_budget(e, param))
+    encode_cached(model, &text, false, budget).map_err(|e| over_budget(e, param))
+}
+
+/// `text`'s token ids from the model's prompt cache, or tokenized (within `budget`) and kept.
+fn encode_cached(
+    model: &ServedModel,
+    text: &str,
+    add_special: bool,
+    budget: usize,
+) -> Result<Vec<u32>, BudgetError> {
+    if let Some(ids) = model.prompt_cache.get(text, add_special) {
+        metrics::counter!("turnpike_prompt_cache_total", "model" => model.id.clone(), "result" => "hit")
+            .increment(1);
+        return Ok(ids.to_vec());
+    }
+    let ids = encode_within(&model.tokenizer, text, add_special, budget)?;
+    model.prompt_cache.insert(text, add_special, &ids);
+    let (_, bytes) = model.prompt_cache.held();
+    metrics::counter!("turnpike_prompt_cache_total", "model" => model.id.clone(), "result" => "miss")
+        .increment(1);
+    metrics::gauge!("turnpike_prompt_cache_bytes", "model" => model.id.clone()).set(bytes as f64);
+    Ok(ids)
 }
 
 /// One prompt or input of a legacy completion or embedding request.
@@ -130,8 +151,8 @@ pub(crate) fn text_inputs(
     };
     let vocab = model.info.vocab_size;
     let from_text = |s: &str| -> Result<TextInput, ApiError> {
-        let ids = encode_within(&model.tokenizer, s, add_special, budget)
-            .map_err(|e| over_budget(e, param))?;
+        let ids =
+            encode_cached(model, s, add_special, budget).map_err(|e| over_budget(e, param))?;
         Ok(TextInput {
             ids,
             text: s.to_string(),

@@ -8,6 +8,7 @@
 //! path, and rebuilding the gateway does not rebuild it.
 
 pub mod decode;
+pub mod prompt_cache;
 pub mod reasoning;
 pub mod stop;
 mod strftime;
