@@ -151,8 +151,12 @@ def test_a_node_that_never_answers_opens_its_breaker_and_costs_no_request(tmp_pa
 
 
 @pytest.mark.parametrize("hostile", ["stall"], indirect=True)
-def test_a_stream_that_stalls_ends_with_an_error_and_charges_the_node(tmp_path, hostile):
-    good, front, client = fleet_with(tmp_path, hostile, "stall_timeout_ms = 400")
+@pytest.mark.parametrize("failover", [True, False])
+def test_a_stream_that_stalls_charges_the_node_and_goes_on_elsewhere(tmp_path, hostile, failover):
+    """With `mid_stream_failover` (the default) the stalled streams finish on the good node;
+    without it they end with an error whose body says little."""
+    extra = "stall_timeout_ms = 400" + ("" if failover else "\nmid_stream_failover = false")
+    good, front, client = fleet_with(tmp_path, hostile, extra)
     try:
         failures = 0
         for i in range(6):
@@ -163,10 +167,14 @@ def test_a_stream_that_stalls_ends_with_an_error_and_charges_the_node(tmp_path, 
             except openai.APIError as e:
                 failures += 1
                 assert "no token for 400 ms" not in str(e), "the 5xx body says little"
-        assert 1 <= failures <= 2, failures
+        if failover:
+            assert failures == 0
+        else:
+            assert 1 <= failures <= 2, failures
         assert breaker(front, hostile.base) == "2"
         log = front.log.read_text()
         assert "no token for 400 ms" in log
+        assert ("resumes after" in log) == failover
     finally:
         front.stop()
         good.stop()
