@@ -14,6 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::event::Finish;
 use crate::json::GenerationParams;
 
 /// The prompt's last `tokens` ids are choice `choice`'s output so far.
@@ -27,7 +28,7 @@ pub struct Resume {
 
 impl Resume {
     /// The rules every engine relies on: one choice, no beams.
-    pub(crate) fn check(self, params: &GenerationParams) -> Result<(), String> {
+    pub fn check(self, params: &GenerationParams) -> Result<(), String> {
         if params.n != 1 {
             return Err(format!(
                 "a resumed request has one choice, not {}",
@@ -84,12 +85,14 @@ pub fn continuation(
     Some((tokens, resumed))
 }
 
-/// Per choice of a request, the tokens it delivered and whether it ended: what a host keeps to
-/// resume the unfinished choices elsewhere.
+/// Per choice of a request, the tokens it delivered and whether it ended, and how the last one
+/// to end ended: what a host keeps to resume the unfinished choices elsewhere and to send the
+/// one FINAL.
 #[derive(Debug, Clone, Default)]
 pub struct Outputs {
     tokens: Vec<Vec<u32>>,
     ended: Vec<bool>,
+    last: Finish,
 }
 
 impl Outputs {
@@ -99,6 +102,7 @@ impl Outputs {
         Self {
             tokens: vec![Vec::new(); n],
             ended: vec![false; n],
+            last: Finish::default(),
         }
     }
 
@@ -109,11 +113,23 @@ impl Outputs {
         }
     }
 
-    /// Ends choice `choice`; whether it was open (an unknown choice never is).
-    pub fn end(&mut self, choice: u32) -> bool {
-        self.ended
+    /// Ends choice `choice` with `finish`; whether it was open (an unknown choice never is).
+    /// A choice that ends while others go on is owed a CHOICE_END; the last one's finish is the
+    /// FINAL's ([`Outputs::last`]).
+    pub fn end(&mut self, choice: u32, finish: Finish) -> bool {
+        let open = self
+            .ended
             .get_mut(choice as usize)
-            .is_some_and(|ended| !std::mem::replace(ended, true))
+            .is_some_and(|ended| !std::mem::replace(ended, true));
+        if open {
+            self.last = finish;
+        }
+        open
+    }
+
+    /// How the last choice to end ended.
+    pub fn last(&self) -> Finish {
+        self.last
     }
 
     /// Whether choice `choice` has ended (an unknown choice has).
@@ -184,9 +200,11 @@ mod tests {
         outputs.push(1, 9);
         outputs.push(1, 8);
         assert_eq!(outputs.of(1), [9, 8]);
-        assert!(outputs.end(0) && !outputs.end(0) && !outputs.end(7));
+        let done = Finish::default();
+        assert!(outputs.end(0, done) && !outputs.end(0, done) && !outputs.end(7, done));
         assert_eq!(outputs.open(&[0, 1]), [1]);
-        assert!(!outputs.finished() && outputs.end(1) && outputs.finished());
+        assert!(!outputs.finished() && outputs.end(1, Finish::length()) && outputs.finished());
+        assert_eq!(outputs.last(), Finish::length());
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use turnpike_engine_api::plugin::Sink;
+use turnpike_engine_api::resume::Resume;
 use turnpike_engine_api::{FinalEvent, Finish, GenerationParams, Status, TopLogprob, Usage};
 
 use crate::config::{ModelConfig, Output, Reasoning, secs};
@@ -66,10 +67,10 @@ impl Generation {
         seed: u64,
         fail_after: Option<u32>,
         constrained: Option<Constrained>,
-        replay: Option<(u32, Vec<u32>)>,
+        replay: Option<Resume>,
     ) -> Self {
         // A resumed request is one choice of the original, with that choice's generator.
-        let first = replay.as_ref().map_or(0, |(choice, _)| *choice);
+        let first = replay.map_or(0, |r| r.choice);
         let choices = (first..first.saturating_add(params.n))
             .map(|i| {
                 let mut rng = Rng::new(mix(&[seed, u64::from(i)]));
@@ -102,7 +103,7 @@ impl Generation {
                 }
             })
             .collect();
-        let replayed = replay.as_ref().map_or(0, |(_, output)| output.len() as u32);
+        let replayed = replay.map_or(0, |r| r.tokens);
         let usage = Usage {
             prompt_tokens: prompt.len() as u32 + replayed,
             ..Usage::default()

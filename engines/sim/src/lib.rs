@@ -181,10 +181,9 @@ impl Engine for SimEngine {
         let replay = match request.params.resume {
             None => None,
             Some(resume) => match resume.split(&request.prompt) {
-                Ok((original, output)) => {
-                    let replay = (resume.choice, output.to_vec());
+                Ok((original, _)) => {
                     request.prompt.truncate(original.len());
-                    Some(replay)
+                    Some(resume)
                 }
                 Err(why) => return self.refuse(EngineError::invalid_request(why)),
             },

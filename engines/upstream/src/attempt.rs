@@ -205,7 +205,7 @@ fn first_token(model: &Model, replica: &Replica, leg: &Leg, started: Instant) {
     replica
         .first_token_us
         .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-    if let Some(at) = leg.resumed_at {
+    if let Some(at) = leg.resumed.as_ref().map(|r| r.at) {
         model.resumptions.fetch_add(1, Ordering::Relaxed);
         model
             .resume_us

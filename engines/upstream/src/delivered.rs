@@ -16,12 +16,18 @@ use crate::wire;
 pub(crate) struct Leg {
     /// The original choice of each of its choices.
     pub choices: Vec<u32>,
-    /// Its prompt (the original's, followed by the output for a resumption): picks a replica.
-    pub prompt: Vec<u32>,
     /// The body sent.
     pub body: Bytes,
-    /// For a resumption: when the failure it follows was seen.
-    pub resumed_at: Option<Instant>,
+    /// What makes it a resumption, when it is one.
+    pub resumed: Option<Resumed>,
+}
+
+/// A leg that resumes a choice.
+pub(crate) struct Resumed {
+    /// The original prompt followed by the choice's output.
+    pub prompt: Vec<u32>,
+    /// When the failure it follows was seen.
+    pub at: Instant,
 }
 
 impl Leg {
@@ -29,10 +35,14 @@ impl Leg {
     pub(crate) fn first(req: &Request, body: Bytes) -> Self {
         Self {
             choices: (0..req.params.n.max(1)).collect(),
-            prompt: req.prompt.clone(),
             body,
-            resumed_at: None,
+            resumed: None,
         }
+    }
+
+    /// Its prompt, which picks a replica: the request's, or the resumption's.
+    pub(crate) fn prompt<'a>(&'a self, req: &'a Request) -> &'a [u32] {
+        self.resumed.as_ref().map_or(&req.prompt, |r| &r.prompt)
     }
 }
 
@@ -61,12 +71,10 @@ impl LegProgress {
 
 /// A request's output so far.
 pub(crate) struct Delivered {
-    /// Tokens sent per original choice (stop tokens excluded: they are not sent), and which
-    /// choices ended.
+    /// Tokens sent per original choice (stop tokens excluded: they are not sent), which
+    /// choices ended, and how the last one did (the FINAL's finish).
     pub outputs: Outputs,
     pub usage: Usage,
-    /// How the last choice to end ended (the FINAL's finish).
-    pub last: Finish,
     /// Tokens that end a choice when a node streams one.
     stops: Vec<u32>,
     /// Alternatives asked for per token.
@@ -85,7 +93,6 @@ impl Delivered {
                 prompt_tokens: req.prompt.len() as u32,
                 ..Usage::default()
             },
-            last: Finish::default(),
             stops,
             top_logprobs: req.params.top_logprobs as usize,
         }
@@ -103,11 +110,7 @@ impl Delivered {
 
     /// Ends choice `c` with `finish`: a CHOICE_END while others go on, else the FINAL's finish.
     pub(crate) fn end(&mut self, c: u32, finish: Finish, sink: &mut Sink) {
-        if !self.outputs.end(c) {
-            return;
-        }
-        self.last = finish;
-        if !self.outputs.finished() {
+        if self.outputs.end(c, finish) && !self.outputs.finished() {
             sink.end_choice(c, finish);
         }
     }
@@ -121,7 +124,7 @@ impl Delivered {
         sink: &mut Sink,
         chunk: wire::Chunk,
     ) -> bool {
-        if leg.resumed_at.is_none() {
+        if leg.resumed.is_none() {
             // Usage may come on its own, after every choice ended (vLLM). A resumption's
             // prompt holds output: the first leg's prompt is the request's.
             self.usage.prompt_tokens = chunk.prompt_tokens.max(self.usage.prompt_tokens);

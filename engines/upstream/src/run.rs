@@ -35,7 +35,7 @@ use turnpike_engine_api::resume::continuation;
 
 use crate::Model;
 use crate::attempt::{Attempt, Target, attempt};
-use crate::delivered::{Delivered, Leg};
+use crate::delivered::{Delivered, Leg, Resumed};
 use crate::pool::Replica;
 
 pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -57,7 +57,7 @@ pub(crate) async fn run(
     let mut served: Vec<String> = Vec::new();
     let mut last_error = String::new();
     while let Some(leg) = legs.pop_front() {
-        let Some(replica) = model.pool.pick(&leg.prompt, &failed) else {
+        let Some(replica) = model.pool.pick(leg.prompt(&req), &failed) else {
             return unavailable(&model, &delivered, sink, &last_error);
         };
         replica.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -145,7 +145,7 @@ pub(crate) async fn run(
             served.join(", ")
         ));
     }
-    sink.complete(delivered.last, delivered.usage);
+    sink.complete(delivered.outputs.last(), delivered.usage);
 }
 
 /// Remembers a replica that delivered tokens, once.
@@ -185,9 +185,11 @@ fn resumption(
         return Ok(None);
     };
     let resumed = Request {
+        id: req.id,
+        model: req.model.clone(),
         prompt,
         params,
-        ..req.clone()
+        trace_context: req.trace_context.clone(),
     };
     let rid = format!("tp-{}-{choice}-{}", req.id, output.len());
     let body = c
@@ -196,9 +198,11 @@ fn resumption(
         .map_err(|why| format!("cannot resume choice {choice}: {why}"))?;
     Ok(Some(Leg {
         choices: vec![choice],
-        prompt: resumed.prompt,
         body: Bytes::from(body.to_string()),
-        resumed_at: Some(at),
+        resumed: Some(Resumed {
+            prompt: resumed.prompt,
+            at,
+        }),
     }))
 }
 

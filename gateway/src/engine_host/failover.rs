@@ -54,7 +54,6 @@ pub(super) fn resuming(
         current,
         leg: (0..n).collect(),
         leg_tokens: 0,
-        first_leg: true,
         legs: VecDeque::new(),
         outputs: Outputs::new(n),
         prompt: Usage {
@@ -62,7 +61,6 @@ pub(super) fn resuming(
             ..Usage::default()
         },
         completion: 0,
-        last: Finish::default(),
         out: VecDeque::new(),
         done: false,
         slot: Arc::clone(&slot),
@@ -87,14 +85,14 @@ struct Resuming {
     original: EngineRequest,
     /// Targets not tried yet, in order.
     targets: VecDeque<Target>,
-    /// The target serving since the last failure (the first one's run came made).
+    /// The target serving since the last failure; none while the first leg runs (its run came
+    /// made).
     target: Option<Target>,
     current: BoxStream<'static, EngineEvent>,
     /// The current leg's choices.
     leg: Vec<u32>,
     /// Tokens the current leg delivered.
     leg_tokens: u32,
-    first_leg: bool,
     /// Legs still to run, on the current target, one after the other.
     legs: VecDeque<Leg>,
     outputs: Outputs,
@@ -102,7 +100,6 @@ struct Resuming {
     prompt: Usage,
     /// Completion tokens of every leg that ended.
     completion: u32,
-    last: Finish,
     /// Events ready to go out.
     out: VecDeque<EngineEvent>,
     done: bool,
@@ -150,13 +147,15 @@ impl Resuming {
 
     /// Ends choice `c`: a CHOICE_END while others go on, else the FINAL's finish.
     fn end(&mut self, c: u32, finish: Finish) {
-        if self.outputs.end(c) {
-            self.last = finish;
-            if !self.outputs.finished() {
-                self.out
-                    .push_back(EngineEvent::ChoiceEnd { choice: c, finish });
-            }
+        if self.outputs.end(c, finish) && !self.outputs.finished() {
+            self.out
+                .push_back(EngineEvent::ChoiceEnd { choice: c, finish });
         }
+    }
+
+    /// Whether the first leg is the one running (no failure yet).
+    fn first_leg(&self) -> bool {
+        self.target.is_none()
     }
 
     fn usage(&self) -> Usage {
@@ -166,30 +165,39 @@ impl Resuming {
         }
     }
 
-    fn finish(&mut self, status: Status, message: String) {
+    /// The one FINAL; `finish` is for the choices without a CHOICE_END.
+    fn finish(&mut self, status: Status, message: String, finish: Finish) {
         self.done = true;
         self.out.push_back(EngineEvent::Final(FinalEvent {
             status,
             message,
-            finish: self.last,
+            finish,
             usage: self.usage(),
         }));
     }
 
+    fn complete(&mut self) {
+        self.finish(Status::Ok, String::new(), self.outputs.last());
+    }
+
+    fn fail(&mut self, status: Status, message: String) {
+        self.finish(status, message, self.outputs.last());
+    }
+
     fn leg_ended(&mut self, end: FinalEvent) {
-        if self.first_leg {
+        if self.first_leg() {
             self.prompt.prompt_tokens = end.usage.prompt_tokens;
             self.prompt.cached_prompt_tokens = end.usage.cached_prompt_tokens;
         }
         self.completion += end.usage.completion_tokens;
         match end.status {
             Status::Ok => {
-                for c in self.outputs.open(&self.leg.clone()) {
+                for c in self.outputs.open(&self.leg) {
                     self.end(c, end.finish);
                 }
                 match self.legs.pop_front() {
                     Some(leg) => self.start(leg),
-                    None => self.finish(Status::Ok, String::new()),
+                    None => self.complete(),
                 }
             }
             Status::Internal | Status::Unavailable | Status::Unknown(_)
@@ -197,17 +205,14 @@ impl Resuming {
             {
                 self.fail_over(&end.message);
             }
-            status => {
-                self.last = end.finish;
-                self.finish(status, end.message);
-            }
+            status => self.finish(status, end.message, end.finish),
         }
     }
 
     /// The current leg failed: its open choices go to the next target that takes them.
     fn fail_over(&mut self, why: &str) {
-        let restart = self.first_leg && self.leg_tokens == 0;
-        let open = self.outputs.open(&self.leg.clone());
+        let restart = self.first_leg() && self.leg_tokens == 0;
+        let open = self.outputs.open(&self.leg);
         while let Some(target) = self.targets.pop_front() {
             let exact = declares_resume(&target);
             let mut legs = VecDeque::new();
@@ -253,17 +258,17 @@ impl Resuming {
             metrics::counter!("turnpike_model_resumed_total", "model" => self.model.clone(), "engine" => target.engine.clone())
                 .increment(1);
             let Some(leg) = legs.pop_front() else {
-                return self.finish(Status::Ok, String::new());
+                return self.complete();
             };
             self.target = Some(target);
             self.legs = legs;
             match self.submit(leg) {
                 Ok(()) => return,
                 Err(e) if e.status == Status::Unavailable => {}
-                Err(e) => return self.finish(e.status, e.message),
+                Err(e) => return self.fail(e.status, e.message),
             }
         }
-        self.finish(
+        self.fail(
             Status::Internal,
             format!("the engine failed mid-request: {why}"),
         )
@@ -272,10 +277,10 @@ impl Resuming {
     /// Starts the next leg on the current target.
     fn start(&mut self, leg: Leg) {
         if self.cancelled.load(Ordering::Relaxed) {
-            return self.finish(Status::Cancelled, "cancelled".into());
+            return self.fail(Status::Cancelled, "cancelled".into());
         }
         if let Err(e) = self.submit(leg) {
-            self.finish(e.status, e.message);
+            self.fail(e.status, e.message);
         }
     }
 
@@ -289,7 +294,6 @@ impl Resuming {
         *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(run);
         self.leg = leg.choices;
         self.leg_tokens = 0;
-        self.first_leg = false;
         Ok(())
     }
 }

@@ -154,12 +154,9 @@ impl Generator {
                     format!("model `{}` cannot resume a request exactly", model.id),
                 ));
             }
-            if p.n != 1 || p.beam_width.is_some() {
-                return Err(ApiError::invalid(
-                    "resume",
-                    "a resumed request has one choice",
-                ));
-            }
+            resume
+                .check(p)
+                .map_err(|why| ApiError::invalid("resume", why))?;
             if resume.split(&req.prompt).is_err() {
                 return Err(ApiError::invalid(
                     "resume.tokens",

@@ -106,8 +106,7 @@ fn encode_cached(
         return Ok(ids.to_vec());
     }
     let ids = encode_within(&model.tokenizer, text, add_special, budget)?;
-    model.prompt_cache.insert(text, add_special, &ids);
-    let (_, bytes) = model.prompt_cache.held();
+    let bytes = model.prompt_cache.insert(text, add_special, &ids);
     metrics::counter!("turnpike_prompt_cache_total", "model" => model.id.clone(), "result" => "miss")
         .increment(1);
     metrics::gauge!("turnpike_prompt_cache_bytes", "model" => model.id.clone()).set(bytes as f64);

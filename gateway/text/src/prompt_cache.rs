@@ -47,16 +47,15 @@ impl PromptCache {
         inner.map[usize::from(add_special)].get(text).cloned()
     }
 
-    /// Keeps `ids` as the tokens of `text`, evicting the oldest entries past the bounds.
-    pub fn insert(&self, text: &str, add_special: bool, ids: &[u32]) {
+    /// Keeps `ids` as the tokens of `text`, evicting the oldest entries past the bounds; the
+    /// bytes held afterwards.
+    pub fn insert(&self, text: &str, add_special: bool, ids: &[u32]) -> usize {
         let bytes = size(text, ids);
-        if text.len() > MAX_TEXT_BYTES || bytes > self.max_bytes || self.max_entries == 0 {
-            return;
-        }
         let side = usize::from(add_special);
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        if inner.map[side].contains_key(text) {
-            return;
+        let kept = text.len() <= MAX_TEXT_BYTES && bytes <= self.max_bytes && self.max_entries > 0;
+        if !kept || inner.map[side].contains_key(text) {
+            return inner.bytes;
         }
         while inner.order.len() >= self.max_entries || inner.bytes + bytes > self.max_bytes {
             let Some((old_side, old)) = inner.order.pop_front() else {
@@ -70,6 +69,7 @@ impl PromptCache {
         inner.order.push_back((side, Arc::clone(&key)));
         inner.map[side].insert(key, Arc::from(ids));
         inner.bytes += bytes;
+        inner.bytes
     }
 
     /// Entries and bytes held.
