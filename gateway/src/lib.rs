@@ -38,7 +38,8 @@
 //!
 //! Imports only point down: [`cli`] → [`server`] → [`config`] (composes the settings each
 //! component owns) → [`routes`] → [`admin`] (beside the protocols) → `protocols` →
-//! `generation` → [`tenancy`], `idempotency`, [`plugins`] → `pipeline` → [`engine_host`] →
+//! `generation` → [`tenancy`], `idempotency`, [`plugins`] → `pipeline` → [`spend`] (prices,
+//! budgets, costs) → [`engine_host`] →
 //! [`text`] (the `turnpike-text` crate), [`observability`], [`lifecycle`] (serving, draining,
 //! cut: set by the server on a stop signal, read by readiness and every generation stream) →
 //! [`store`] (the `turnpike-store` crate) → at the bottom [`error`], [`ids`], [`clock`] (the
@@ -62,6 +63,7 @@ pub mod plugins;
 pub(crate) mod protocols;
 pub mod routes;
 pub mod server;
+pub mod spend;
 pub mod tenancy;
 
 // The bottom floors live in crates of their own (they import nothing of the gateway); their

@@ -149,6 +149,9 @@ pub enum ApiError {
     /// A tenant limit refused the request (429).
     #[error("{}", .0.message())]
     RateLimited(Box<RateLimited>),
+    /// A spend budget refused the request (429, not retried before the budget resets).
+    #[error("{}", .0.message())]
+    BudgetExceeded(Box<BudgetExceeded>),
     /// The state store is unreachable and the feature fails closed (503).
     #[error(
         "The gateway's shared state (limits, idempotency records) is unavailable right now; retry after a short wait."
@@ -287,7 +290,7 @@ impl ApiError {
             Self::Internal { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Self::Forbidden { .. } => StatusCode::FORBIDDEN,
-            Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::RateLimited(_) | Self::BudgetExceeded(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::StateUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::InvalidHeader { .. } => StatusCode::BAD_REQUEST,
             Self::Idempotency { .. } | Self::Conflict { .. } => StatusCode::CONFLICT,
@@ -363,6 +366,7 @@ impl ApiError {
             Self::Unauthenticated(_) => ("invalid_request_error", None, Some("invalid_api_key")),
             Self::Forbidden { param, code, .. } => ("permission_error", param.clone(), Some(*code)),
             Self::RateLimited(r) => (r.kind.error_type(), None, Some(r.kind.code())),
+            Self::BudgetExceeded(_) => ("insufficient_quota", None, Some("budget_exceeded")),
             Self::StateUnavailable { .. } => ("server_error", None, Some("state_unavailable")),
             Self::InvalidHeader { header, .. } => (
                 "invalid_request_error",
@@ -401,6 +405,7 @@ impl ApiError {
             | Self::StateUnavailable { retry_after, .. }
             | Self::PluginFailed { retry_after, .. } => Some(*retry_after),
             Self::RateLimited(r) if !r.never => Some(r.retry_after),
+            Self::BudgetExceeded(b) => b.retry_after,
             _ => None,
         }
     }
@@ -417,6 +422,8 @@ impl ApiError {
             | Self::PluginFailed { .. } => Some(true),
             // Only a plan change helps a request larger than a limit.
             Self::RateLimited(r) => Some(!r.never),
+            // Hours may pass before a budget resets: a client's quick retries cannot help.
+            Self::BudgetExceeded(_) => Some(false),
             Self::Timeout(_) | Self::Internal { .. } => Some(false),
             _ => None,
         }
@@ -530,6 +537,36 @@ impl RateLimited {
                 self.requested
             ),
         }
+    }
+}
+
+/// A refusal by a spend budget: the request's most possible cost would pass it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetExceeded {
+    /// Whose budget and which: "tenant `acme`'s daily budget".
+    pub budget: String,
+    /// Its limit with the currency ("5.00 USD").
+    pub limit: String,
+    /// What was spent or held against it ("4.90 USD").
+    pub spent: String,
+    /// The request's most possible cost ("0.20 USD").
+    pub requested: String,
+    /// When the budget starts again (RFC 3339), if it ever does.
+    pub resets_at: Option<String>,
+    /// Time until then.
+    pub retry_after: Option<Duration>,
+}
+
+impl BudgetExceeded {
+    fn message(&self) -> String {
+        let when = match &self.resets_at {
+            Some(at) => format!("It resets at {at}."),
+            None => "It does not reset; ask for a larger budget.".to_string(),
+        };
+        format!(
+            "Budget exceeded: {} is {}, {} is spent or held, and this request may cost up to {}. Lower max_tokens or the prompt, or wait. {when}",
+            self.budget, self.limit, self.spent, self.requested
+        )
     }
 }
 

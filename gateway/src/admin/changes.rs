@@ -26,7 +26,7 @@ pub struct AdminDoc {
 }
 
 /// A new key as the API takes it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeySpec {
     /// Its tenant.
@@ -40,6 +40,9 @@ pub struct KeySpec {
     /// When it stops working (RFC 3339).
     #[serde(default)]
     pub expires: Option<String>,
+    /// Its own spend budget.
+    #[serde(default)]
+    pub budget: Option<crate::spend::settings::RawBudget>,
 }
 
 /// One change.
@@ -75,7 +78,7 @@ pub enum Applied {
     /// Nothing beyond the new state.
     State,
     /// A new key: the whole key (shown once, never stored) and its record.
-    Key(String, StoredKey),
+    Key(String, Box<StoredKey>),
 }
 
 /// Where a name the admin state lacks is defined instead, for a clear refusal.
@@ -185,10 +188,11 @@ impl Change {
                 )?;
                 let record = StoredKey {
                     expires: spec.expires.clone(),
+                    budget: spec.budget.clone(),
                     ..record
                 };
                 dir.keys.push(record.clone());
-                return Ok(Applied::Key(key, record));
+                return Ok(Applied::Key(key, Box::new(record)));
             }
             Self::RotateKey(id, grace) => {
                 let old = managed_key(dir, id, outside)?;
@@ -212,7 +216,7 @@ impl Change {
                 );
                 let (key, record) = new_key(&tenant, models, endpoints, now)?;
                 dir.keys.push(record.clone());
-                return Ok(Applied::Key(key, record));
+                return Ok(Applied::Key(key, Box::new(record)));
             }
             Self::RevokeKey(id) => managed_key(dir, id, outside)?.revoked = true,
             Self::PutAlias(alias, model) => {
@@ -273,6 +277,7 @@ fn new_key(
         models,
         endpoints,
         revoked: false,
+        budget: None,
     };
     Ok((key, record))
 }

@@ -149,6 +149,7 @@ pub(super) fn run(command: KeysCommand, out: &mut dyn Write) -> Result<(), KeysE
                 models: (!args.models.is_empty()).then_some(args.models),
                 endpoints: (!args.endpoints.is_empty()).then_some(args.endpoints),
                 revoked: false,
+                budget: None,
             });
             save(&args.file, table, &list)?;
             tracing::info!(target: "turnpike::audit", event = "key_created", key_id = %id, tenant = %args.tenant, file = %args.file.display(), "API key created");

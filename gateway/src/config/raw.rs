@@ -46,6 +46,8 @@ pub(super) struct RawConfig {
     admin: crate::admin::settings::RawAdmin,
     #[serde(default)]
     plugins: Vec<crate::plugins::settings::RawPlugin>,
+    #[serde(default)]
+    spend: crate::spend::settings::RawSpend,
 }
 
 /// The seed's suggested defaults (section 18).
@@ -157,6 +159,7 @@ impl RawConfig {
             state: self.state,
             idempotency: self.idempotency,
             queue: self.queue,
+            spend: self.spend,
         }
         .validate(base, self.engines.is_none())?;
         let client_ca = server

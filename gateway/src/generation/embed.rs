@@ -94,6 +94,10 @@ impl Generator {
                     priority,
                     deadline,
                     wait: true,
+                    price: self
+                        .tenancy
+                        .price(&req.model, &model.id)
+                        .map(|p| p.for_embeddings()),
                 },
             )
             .await?;

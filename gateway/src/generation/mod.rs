@@ -445,6 +445,7 @@ impl Generator {
                     priority: plan.priority,
                     deadline,
                     wait,
+                    price: self.tenancy.price(&req.model, &model.id),
                 },
             )
             .instrument(queue_wait);

@@ -120,7 +120,11 @@ impl Stream for Generation {
             // What a drop (cancel, error) settles with: every token the engines sent so far.
             this.admission.record(this.stream.tokens_used());
             match polled {
-                Poll::Ready(Some(event)) => {
+                Poll::Ready(Some(mut event)) => {
+                    // The round's final count: settle its cost (each round bills its own hold).
+                    if let GenEvent::Usage(totals) = &mut event {
+                        totals.cost = this.admission.bill(totals.usage());
+                    }
                     if let Some(event) = this.take_in(event) {
                         return Poll::Ready(Some(event));
                     }

@@ -17,6 +17,7 @@ use super::Generator;
 use crate::engine_host::EngineRun;
 use crate::error::ApiError;
 use crate::pipeline::speculation::{Names, speculation};
+use crate::spend::Usage;
 use crate::tenancy::{Admission, AdmitRequest, Caller};
 
 /// A token-level request.
@@ -37,6 +38,9 @@ pub struct TokenRequest {
 pub struct TokenRun {
     run: EngineRun,
     admission: Admission,
+    /// Prompt tokens.
+    prompt: u64,
+    /// Tokens generated so far.
     tokens: u64,
     /// The engine's id of the served model.
     pub model_id: String,
@@ -68,9 +72,19 @@ impl Stream for TokenRun {
         match &polled {
             Poll::Ready(Some(EngineEvent::Token(_))) => {
                 this.tokens += 1;
-                this.admission.record(this.tokens);
+                this.admission.record(this.prompt + this.tokens);
             }
-            Poll::Ready(Some(EngineEvent::Final(_)) | None) => {
+            Poll::Ready(Some(EngineEvent::Final(fin))) => {
+                this.ended = true;
+                this.span.record("completion_tokens", this.tokens as i64);
+                this.admission.bill(Usage {
+                    prompt: this.prompt,
+                    cached: u64::from(fin.usage.cached_prompt_tokens),
+                    completion: u64::from(fin.usage.completion_tokens).max(this.tokens),
+                    reasoning: 0,
+                });
+            }
+            Poll::Ready(None) => {
                 this.ended = true;
                 this.span.record("completion_tokens", this.tokens as i64);
             }
@@ -185,9 +199,11 @@ impl Generator {
                     priority: p.priority,
                     deadline,
                     wait: true,
+                    price: self.tenancy.price(&req.model, &model.id),
                 },
             )
             .await?;
+        let prompt = req.prompt.len() as u64;
         let span = tracing::info_span!(
             target: crate::observability::traces::TARGET,
             "engine",
@@ -208,6 +224,7 @@ impl Generator {
         Ok(TokenRun {
             run,
             admission,
+            prompt,
             tokens: 0,
             model_id: model.id.clone(),
             cut: Box::pin(self.lifecycle().cut_signal()),

@@ -104,6 +104,10 @@ fn add(totals: &mut Totals, more: Totals) {
     totals.completion += more.completion;
     totals.cached += more.cached;
     totals.reasoning += more.reasoning;
+    totals.cost = match (totals.cost, more.cost) {
+        (Some(a), Some(b)) => Some(crate::spend::Money(a.0 + b.0)),
+        (a, b) => a.or(b),
+    };
 }
 
 impl ToolLoop {

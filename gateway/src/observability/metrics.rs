@@ -19,6 +19,8 @@
 //! | `turnpike_engine_stat` | gauge (every numeric engine-specific stat: KV blocks, prefix hit rate, preemptions, ...) | `engine`, `model` (empty when engine-wide), `stat` |
 //! | `turnpike_engine_queue_depth`, `turnpike_engine_batch_size`, `turnpike_engine_*_total`, `turnpike_engine_kv_cache_*`, `turnpike_gpu_memory_*` | the engine's well-known stats under their own names (see `engine_metrics`) | `engine`, `model`, `phase` |
 //! | `turnpike_rate_limit_dropped_total` | counter | `limit` (`requests`, `tokens`, `concurrency`, `websockets`); `tenant` with `[metrics] tenant_label = true` |
+//! | `turnpike_spend_nanounits_total` | counter (settled cost, 1e-9 of the currency) | `tenant` with `tenant_label` |
+//! | `turnpike_budget_refusals_total` | counter | `period` (`daily`, `monthly`, `total`); `tenant` with `tenant_label` |
 //! | `turnpike_config_reloads_total`, `turnpike_tls_reloads_total` | counter | `result` (`ok`, `failed`) |
 //! | `turnpike_state_errors_total` | counter (state store failures) | `feature` |
 //! | `turnpike_concurrency_leases` | gauge (leases this replica holds) | |
@@ -452,6 +454,27 @@ static TENANT_LABEL: AtomicBool = AtomicBool::new(false);
 /// Sets whether per-tenant metrics carry a `tenant` label.
 pub fn set_tenant_label(on: bool) {
     TENANT_LABEL.store(on, Ordering::Relaxed);
+}
+
+/// A request's settled cost in nano-units of the currency, a counter so sums stay exact
+/// (`turnpike_spend_nanounits_total`; per tenant only with the tenant label).
+pub fn spent(tenant: &str, nanos: u64) {
+    if TENANT_LABEL.load(Ordering::Relaxed) {
+        metrics::counter!("turnpike_spend_nanounits_total", "tenant" => tenant.to_string())
+            .increment(nanos);
+    } else {
+        metrics::counter!("turnpike_spend_nanounits_total").increment(nanos);
+    }
+}
+
+/// A spend budget refused a request (`turnpike_budget_refusals_total` by `period`).
+pub fn budget_refused(tenant: &str, period: &'static str) {
+    if TENANT_LABEL.load(Ordering::Relaxed) {
+        metrics::counter!("turnpike_budget_refusals_total", "period" => period, "tenant" => tenant.to_string())
+            .increment(1);
+    } else {
+        metrics::counter!("turnpike_budget_refusals_total", "period" => period).increment(1);
+    }
 }
 
 /// A tenant limit refused a request.

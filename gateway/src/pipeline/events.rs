@@ -5,6 +5,7 @@
 use turnpike_engine_api::{Finish, FinishReason};
 
 use crate::error::ApiError;
+use crate::spend::{Money, Usage};
 
 /// One token's log probability, ready to render.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,6 +62,20 @@ pub struct Totals {
     pub cached: u64,
     /// Generated tokens that were reasoning (for models with reasoning markers).
     pub reasoning: u64,
+    /// What they cost, when the model has a price (set as the generation settles).
+    pub cost: Option<Money>,
+}
+
+impl Totals {
+    /// The counts a cost is computed from.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            prompt: self.prompt,
+            cached: self.cached,
+            completion: self.completion,
+            reasoning: self.reasoning,
+        }
+    }
 }
 
 /// A server tool call the gateway ran.

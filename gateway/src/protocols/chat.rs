@@ -179,7 +179,9 @@ pub(crate) async fn complete(
         model: head.model,
         system_fingerprint: head.fingerprint,
         choices,
-        usage: Usage::new(t.prompt, t.completion, t.cached).with_reasoning(t.reasoning),
+        usage: Usage::new(t.prompt, t.completion, t.cached)
+            .with_reasoning(t.reasoning)
+            .with_cost(t.cost.map(|c| c.0)),
     };
     Ok(Reply::json(Some(id), &body))
 }
@@ -339,10 +341,16 @@ impl Render for ChunkRenderer {
                 vec![self.chunk(vec![choice], None)]
             }
             GenEvent::Usage(t) if self.include_usage => {
-                vec![self.chunk(
-                    Vec::new(),
-                    Some(Usage::new(t.prompt, t.completion, t.cached).with_reasoning(t.reasoning)),
-                )]
+                vec![
+                    self.chunk(
+                        Vec::new(),
+                        Some(
+                            Usage::new(t.prompt, t.completion, t.cached)
+                                .with_reasoning(t.reasoning)
+                                .with_cost(t.cost.map(|c| c.0)),
+                        ),
+                    ),
+                ]
             }
             // The gateway's own tool rounds are not the client's: chat shows their answer only.
             GenEvent::Usage(_) | GenEvent::Error(_) | GenEvent::ServerTool(_) => Vec::new(),

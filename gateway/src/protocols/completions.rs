@@ -178,7 +178,9 @@ pub(crate) async fn complete(call: Call<'_>, req: &CompletionRequest) -> Result<
         model: renderer.model,
         system_fingerprint: renderer.fingerprint,
         choices,
-        usage: Some(Some(Usage::new(t.prompt, t.completion, t.cached))),
+        usage: Some(Some(
+            Usage::new(t.prompt, t.completion, t.cached).with_cost(t.cost.map(|c| c.0)),
+        )),
     };
     Ok(Reply::json(Some(id), &body))
 }
@@ -266,7 +268,7 @@ impl Render for CompletionRenderer {
             }
             GenEvent::Usage(t) if self.include_usage => vec![self.chunk(
                 Vec::new(),
-                Some(Usage::new(t.prompt, t.completion, t.cached)),
+                Some(Usage::new(t.prompt, t.completion, t.cached).with_cost(t.cost.map(|c| c.0))),
             )],
             GenEvent::Usage(_)
             | GenEvent::Error(_)

@@ -107,6 +107,11 @@ impl Server {
             "tenancy ready"
         );
         let registry = Arc::new(registry);
+        config
+            .tenancy
+            .spend
+            .check_models(&|m| registry.resolve(m).is_some())
+            .map_err(|e| ServeError::State(crate::store::StoreError(e)))?;
         let mut state = AppState::new(
             Arc::clone(&registry),
             Arc::new(config.server.clone()),

@@ -205,6 +205,7 @@ pub fn scopes_from(items: &[String]) -> Scopes {
         },
         endpoints: named_endpoints.then_some(endpoints),
         admin,
+        budget: None,
     }
 }
 

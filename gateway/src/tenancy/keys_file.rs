@@ -22,7 +22,8 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::settings::{RawLimits, TenancyConfig, scopes, tenants};
-use super::{Directory, KeyRecord, keys};
+use super::{Directory, KeyRecord, Scopes, keys};
+use crate::spend::settings::RawBudget;
 
 /// One stored key as written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -49,6 +50,9 @@ pub struct StoredKey {
     /// Revoked.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub revoked: bool,
+    /// The key's own spend budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<RawBudget>,
 }
 
 /// Plans, tenants and keys as a keys file (or the admin API's state) holds them.
@@ -149,7 +153,15 @@ fn merge(
                 .map(|t| parse_time(t, &format!("{place}.expires")))
                 .transpose()
                 .map_err(at)?,
-            scopes: scopes(k.models.as_deref(), k.endpoints.as_deref(), &place).map_err(at)?,
+            scopes: Scopes {
+                budget: k
+                    .budget
+                    .as_ref()
+                    .map(|b| b.validate(&format!("{place}.budget")))
+                    .transpose()
+                    .map_err(at)?,
+                ..scopes(k.models.as_deref(), k.endpoints.as_deref(), &place).map_err(at)?
+            },
             revoked: k.revoked,
             id: k.id.clone(),
             tenant: k.tenant.clone(),

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crate::error::{ApiError, LimitKind, RateLimited};
 use crate::observability::metrics;
+use crate::spend::hold::spawn;
 use crate::store::{Level, Store, StoreError, Take, Window};
 
 use super::Principal;
@@ -29,6 +30,10 @@ pub struct LimitReport {
     pub queue_position: Option<usize>,
     /// For a routed model, the route and engine that took it (`x-turnpike-route`).
     pub route: Option<String>,
+    /// The settled cost (`x-turnpike-cost`), once known before the response's head is sent.
+    pub cost: Option<crate::spend::Money>,
+    /// A budget past its soft threshold (`x-turnpike-budget-warning`).
+    pub budget_warning: Option<String>,
 }
 
 /// Limits of every tenant, on one store.
@@ -121,7 +126,8 @@ impl Limiter {
         }
     }
 
-    fn on_failure(
+    /// What a failed store means for `feature` under `mode`: nothing (open) or a 503.
+    pub(super) fn on_failure(
         &self,
         feature: &'static str,
         mode: FailureMode,
@@ -313,13 +319,6 @@ impl Drop for StreamPermit {
                 tracing::warn!(error = %e, key, "cannot release a concurrency lease");
             }
         });
-    }
-}
-
-/// Runs `f` on the current runtime, if there is one (drops can happen outside it at shutdown).
-fn spawn(f: impl std::future::Future<Output = ()> + Send + 'static) {
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        handle.spawn(f);
     }
 }
 

@@ -17,11 +17,13 @@ pub mod queue;
 pub mod ratelimit_headers;
 pub mod service;
 pub mod settings;
+mod spending;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::spend::budget::Budget;
 use crate::store::Window;
 
 pub use auth::{Authenticator, Caller};
@@ -145,6 +147,8 @@ pub struct Scopes {
     /// Whether it may call the admin API. Never implied: a key gets it only by naming `admin`
     /// among its endpoints, a token by an `admin` scope item.
     pub admin: bool,
+    /// The key's own spend budget, within its tenant's.
+    pub budget: Option<Budget>,
 }
 
 /// A tenant's limits.
@@ -163,6 +167,8 @@ pub struct Plan {
     pub models: NameSet,
     /// Share of the engine under contention, relative to other tenants.
     pub weight: u32,
+    /// Spend budget.
+    pub budget: Option<Budget>,
 }
 
 impl Plan {

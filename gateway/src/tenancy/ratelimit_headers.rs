@@ -49,4 +49,10 @@ pub fn apply(headers: &mut HeaderMap, report: &LimitReport) {
     if let Some(route) = &report.route {
         put(headers, "x-turnpike-route", route.clone());
     }
+    if let Some(cost) = report.cost {
+        put(headers, "x-turnpike-cost", cost.to_string());
+    }
+    if let Some(warning) = &report.budget_warning {
+        put(headers, "x-turnpike-budget-warning", warning.clone());
+    }
 }

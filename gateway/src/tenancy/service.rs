@@ -14,6 +14,10 @@ use super::settings::TenancyConfig;
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::idempotency::Idempotency;
+use crate::spend::hold::SpendHold;
+use crate::spend::prices::Price;
+use crate::spend::settings::SpendConfig;
+use crate::spend::{Money, Usage};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
 use crate::store::{Store, StoreError};
@@ -36,6 +40,8 @@ pub struct Tenancy {
     pub needs_store: bool,
     /// What the directory is composed from.
     layers: std::sync::Mutex<Layers>,
+    /// Prices and the currency, swapped whole on reload.
+    spend: std::sync::RwLock<Arc<SpendConfig>>,
 }
 
 /// The layers of the tenant directory: the configuration (with its keys file) and the admin
@@ -62,6 +68,8 @@ pub struct AdmitRequest {
     pub deadline: Instant,
     /// Whether to wait for a place in the model's queue before answering.
     pub wait: bool,
+    /// Its price, when its model has one.
+    pub price: Option<Price>,
 }
 
 /// What a running generation holds: its token reservation, its concurrency lease and its place
@@ -69,6 +77,10 @@ pub struct AdmitRequest {
 #[derive(Debug, Default)]
 pub struct Admission {
     tokens: Option<TokenHold>,
+    /// Its cost held against the caller's budgets (also without budgets: it prices the usage).
+    spend: Option<SpendHold>,
+    /// Where the settled cost is reported (`x-turnpike-cost`).
+    caller: Option<Caller>,
     _permit: Option<StreamPermit>,
     place: Option<QueueEntry>,
     /// The prompt's tokens, charged once the generation has its place.
@@ -108,13 +120,31 @@ impl Admission {
         if let Some(t) = &self.tokens {
             t.record(used);
         }
+        if let Some(s) = &self.spend {
+            s.record(self.prompt, used.saturating_sub(self.prompt));
+        }
     }
 
-    /// Settles with the tokens used and returns everything held.
-    pub fn settle(mut self, used: u64) {
+    /// Settles the cost of `usage` (the generation's final count) and reports it to the
+    /// caller; the cost, when the model has a price.
+    pub fn bill(&mut self, usage: Usage) -> Option<Money> {
+        let cost = self.spend.take()?.bill(usage);
+        if let Some(caller) = &self.caller {
+            caller.report(|r| r.cost = Some(Money(r.cost.map_or(0, |c| c.0) + cost.0)));
+        }
+        Some(cost)
+    }
+
+    /// Settles with the tokens used (an embedding request: `used` are its input tokens) and
+    /// returns everything held; the cost, when the model has a price.
+    pub fn settle(mut self, used: u64) -> Option<Money> {
         if let Some(t) = self.tokens.take() {
             t.settle(used);
         }
+        self.bill(Usage {
+            prompt: used,
+            ..Usage::default()
+        })
     }
 }
 
@@ -164,7 +194,12 @@ impl Tenancy {
                 managed: None,
                 config_keys,
             }),
+            spend: std::sync::RwLock::new(Arc::new(config.spend.clone())),
         })
+    }
+
+    pub(super) fn spend_config(&self) -> &std::sync::RwLock<Arc<SpendConfig>> {
+        &self.spend
     }
 
     fn layers(&self) -> std::sync::MutexGuard<'_, Layers> {
@@ -218,6 +253,10 @@ impl Tenancy {
         let directory = keys_file::compose(config, &file, layers.managed.as_deref())?;
         let size = (directory.tenants.len(), directory.keys.len());
         self.auth.replace(directory);
+        *self
+            .spend
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(config.spend.clone());
         layers.config = config.clone();
         layers.config_keys = own.keys.len();
         Ok(size)
@@ -258,6 +297,7 @@ impl Tenancy {
             priority,
             deadline,
             wait,
+            price,
         } = ask;
         let mut report = caller.snapshot();
         let reserved = self
@@ -266,6 +306,10 @@ impl Tenancy {
             .await;
         caller.report(|r| r.tokens = report.tokens);
         let tokens = reserved?;
+        let spend = match price {
+            Some(price) => Some(self.hold_spend(caller, price, prompt, most_new).await?),
+            None => None,
+        };
         let permit = self.limiter.acquire(&caller.principal).await?;
         let entry =
             self.queues
@@ -281,6 +325,8 @@ impl Tenancy {
         caller.report(|r| r.queue_position = entry.position());
         let mut admission = Admission {
             tokens,
+            spend,
+            caller: Some(caller.clone()),
             _permit: permit,
             place: Some(entry),
             prompt,

@@ -11,19 +11,23 @@
 //!
 //! Buckets are token buckets: a [`Window`] of capacity `c` refills `c` units evenly over its
 //! period. A request-rate window takes 1 per request, a token window takes prompt plus maximum
-//! completion tokens, and gives back what went unused when the generation ends.
+//! completion tokens, and gives back what went unused when the generation ends. Spend budgets
+//! use [`Tally`] counters instead, which do not refill but start again each calendar period.
 
 mod gauges;
 pub mod health;
 pub mod memory;
 pub mod redis;
 pub mod revisions;
+pub mod tally;
 mod values;
 
 use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
+
+pub use tally::{Charge, Tally};
 
 /// A boxed future of a store operation.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -196,6 +200,12 @@ pub trait Store: Send + Sync + Debug {
     /// Raises the number under `key` to `value` unless it holds more (or holds it and then
     /// keeps it another `ttl`); what it holds after. An expired number counts as 0.
     fn raise<'a>(&'a self, key: &'a str, value: u64, ttl: Duration) -> StoreFuture<'a, u64>;
+
+    /// Adds `amount` to every tally, or to none when one would pass its limit.
+    fn charge<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, Charge>;
+
+    /// Takes `amount` back from every tally that has not lapsed (never below zero).
+    fn refund<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, ()>;
 
     /// The newest `count` entries of `log`, oldest first.
     fn log_tail<'a>(&'a self, log: &'a str, count: usize) -> StoreFuture<'a, Vec<Vec<u8>>>;

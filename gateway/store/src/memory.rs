@@ -16,6 +16,7 @@ use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 
 use super::revisions::Revisions;
+use super::tally::{Charge, Tallies, Tally};
 use super::values::{Values, footprint};
 use super::{
     Begin, Commit, Level, Revision, Store, StoreError, StoreFuture, Take, Window, level_of, refill,
@@ -66,6 +67,7 @@ pub struct MemoryStore {
     records: Mutex<Records>,
     values: Mutex<Values>,
     revisions: Revisions,
+    tallies: Mutex<Tallies>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -86,6 +88,7 @@ impl MemoryStore {
             records: Mutex::default(),
             values: Mutex::default(),
             revisions: Revisions::default(),
+            tallies: Mutex::default(),
         }
     }
 
@@ -474,6 +477,23 @@ impl Store for MemoryStore {
 
     fn log_tail<'a>(&'a self, log: &'a str, count: usize) -> StoreFuture<'a, Vec<Vec<u8>>> {
         ready(self.revisions.tail(log, count))
+    }
+
+    fn charge<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, Charge> {
+        let charged = lock(&self.tallies).charge(tallies, amount, self.limits.max_records);
+        Box::pin(async move {
+            charged.ok_or_else(|| {
+                StoreError(format!(
+                    "the in-memory spend counters are full ({} kept)",
+                    self.limits.max_records
+                ))
+            })
+        })
+    }
+
+    fn refund<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, ()> {
+        lock(&self.tallies).refund(tallies, amount);
+        ready(())
     }
 
     fn ping(&self) -> StoreFuture<'_, ()> {

@@ -17,7 +17,10 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
-use super::{Begin, Commit, Revision, Store, StoreError, StoreFuture, Take, Window, level_of};
+use super::tally::ttl_ms;
+use super::{
+    Begin, Charge, Commit, Revision, Store, StoreError, StoreFuture, Take, Tally, Window, level_of,
+};
 
 /// State in Redis.
 #[derive(Clone)]
@@ -44,6 +47,8 @@ struct Scripts {
     owned: Script,
     commit: Script,
     raise: Script,
+    charge: Script,
+    refund: Script,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -104,6 +109,8 @@ impl RedisStore {
                 owned: Script::new(include_str!("scripts/owned.lua")),
                 commit: Script::new(include_str!("scripts/commit.lua")),
                 raise: Script::new(include_str!("scripts/raise.lua")),
+                charge: Script::new(include_str!("scripts/charge.lua")),
+                refund: Script::new(include_str!("scripts/refund.lua")),
             }),
         })
     }
@@ -412,6 +419,43 @@ impl Store for RedisStore {
             ];
             let reply = self.run(&self.scripts.raise, &keys, args).await?;
             u64::try_from(integer(&reply)?).map_err(|e| StoreError(e.to_string()))
+        })
+    }
+
+    fn charge<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, Charge> {
+        Box::pin(async move {
+            let keys: Vec<String> = tallies.iter().map(|t| t.key.clone()).collect();
+            let mut args = vec![amount.to_string().into_bytes()];
+            for t in tallies {
+                let limit = t.limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
+                args.push(limit.to_string().into_bytes());
+            }
+            for t in tallies {
+                args.push(ttl_ms(t.lapses_at).to_string().into_bytes());
+            }
+            let reply = self.run(&self.scripts.charge, &keys, args).await?;
+            let Value::Array(items) = &reply else {
+                return Err(StoreError(format!("unexpected script reply {reply:?}")));
+            };
+            let numbers = items
+                .iter()
+                .map(|v| integer(v).map(|i| u64::try_from(i).unwrap_or(0)))
+                .collect::<Result<Vec<u64>, _>>()?;
+            let Some((allowed, totals)) = numbers.split_first() else {
+                return Err(StoreError("empty charge reply".into()));
+            };
+            Ok(Charge {
+                allowed: *allowed == 1,
+                totals: totals.to_vec(),
+            })
+        })
+    }
+
+    fn refund<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let keys: Vec<String> = tallies.iter().map(|t| t.key.clone()).collect();
+            let args = vec![amount.to_string().into_bytes()];
+            self.run(&self.scripts.refund, &keys, args).await.map(drop)
         })
     }
 

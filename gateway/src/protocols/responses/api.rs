@@ -289,7 +289,8 @@ pub(crate) async fn respond(
     };
     let (output, finished) = render::folded_output(&folded, render::wants_summary(&base));
     let t = folded.totals;
-    let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, t.reasoning);
+    let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, t.reasoning)
+        .with_cost(t.cost.map(|c| c.0));
     let response = render::finish(base, output, finished, usage, unix_now());
     if turn.keep {
         let stored = StoredResponse {

@@ -123,7 +123,8 @@ pub(crate) async fn compact(
         "object": "response.compaction",
         "created_at": unix_now(),
         "output": output,
-        "usage": ResponseUsage::new(t.prompt, t.completion, t.cached, t.reasoning),
+        "usage": ResponseUsage::new(t.prompt, t.completion, t.cached, t.reasoning)
+            .with_cost(t.cost.map(|c| c.0)),
     });
     Ok(Reply::json(Some(record.id.clone()), &body))
 }

@@ -508,7 +508,8 @@ impl EventRenderer {
                 self.close_reasoning(&mut out);
                 self.close_message(&mut out, if cut { "incomplete" } else { "completed" });
                 let output = std::mem::take(&mut self.output);
-                let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, t.reasoning);
+                let usage = ResponseUsage::new(t.prompt, t.completion, t.cached, t.reasoning)
+                    .with_cost(t.cost.map(|c| c.0));
                 self.response = finish(
                     self.response.clone(),
                     output,

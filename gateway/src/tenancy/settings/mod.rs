@@ -17,6 +17,7 @@ use super::limits::{FailureMode, FailureModes};
 use super::queue::QueueLimits;
 use super::{Directory, Endpoint, KeyRecord, NameSet, Plan, Scopes, Tenant, keys};
 use crate::idempotency::IdempotencySettings;
+use crate::spend::settings::RawBudget;
 use crate::store::memory::MemoryLimits;
 
 /// Authentication, tenants, limits, state and idempotency, validated.
@@ -53,6 +54,8 @@ pub struct TenancyConfig {
     pub idempotency: Option<IdempotencySettings>,
     /// Per-model queue sizes.
     pub queue: QueueLimits,
+    /// Prices and the currency (their models are checked against the served ones at start).
+    pub spend: crate::spend::settings::SpendConfig,
 }
 
 /// A JWT verifier shared by clones of the configuration, with the fingerprint of the settings
@@ -94,6 +97,8 @@ pub struct RawLimits {
     models: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     priority_weight: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    budget: Option<RawBudget>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     keys: Vec<RawEnvKey>,
 }
@@ -133,6 +138,7 @@ impl RawLimits {
             max_websockets: self.max_websockets.or(plan.max_websockets),
             models: self.models.clone().or_else(|| plan.models.clone()),
             priority_weight: self.priority_weight.or(plan.priority_weight),
+            budget: self.budget.clone().or_else(|| plan.budget.clone()),
             keys: self.keys.clone(),
         }
     }
@@ -156,6 +162,11 @@ impl RawLimits {
                 .as_deref()
                 .map_or(NameSet::All, NameSet::from_list),
             weight,
+            budget: self
+                .budget
+                .as_ref()
+                .map(|b| b.validate(&format!("{at}.budget")))
+                .transpose()?,
         })
     }
 }
@@ -208,6 +219,7 @@ pub(crate) fn scopes(
         models: models.map_or(NameSet::All, NameSet::from_list),
         endpoints,
         admin,
+        budget: None,
     })
 }
 
@@ -364,6 +376,7 @@ pub(crate) struct RawTenancy {
     pub state: RawState,
     pub idempotency: RawIdempotency,
     pub queue: RawQueue,
+    pub spend: crate::spend::settings::RawSpend,
 }
 
 fn mode(value: Option<&str>, default: FailureMode, at: &str) -> Result<FailureMode, String> {
@@ -484,6 +497,7 @@ impl RawTenancy {
                 max_running: self.queue.max_running,
                 max_waiting: self.queue.max_waiting,
             },
+            spend: self.spend.validate()?,
         })
     }
 }

@@ -124,6 +124,27 @@ pub struct Usage {
     /// Breakdown of the generated tokens (reasoning models).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_tokens_details: Option<CompletionTokensDetails>,
+    /// What the request cost, when its model has a price (a Turnpike extension).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
+}
+
+/// A cost in nano-units (1e-9) of the gateway's currency, written as a JSON number of units
+/// (`0.00012345`), so the sums a gateway keeps stay exact.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cost(pub u64);
+
+impl Serialize for Cost {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(self.0 as f64 / 1e9)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Cost {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let units = f64::deserialize(d)?;
+        Ok(Self((units.max(0.0) * 1e9).round() as u64))
+    }
 }
 
 /// Reasoning part of the generated tokens.
@@ -151,7 +172,15 @@ impl Usage {
                 cached_tokens: cached,
             }),
             completion_tokens_details: None,
+            cost: None,
         }
+    }
+
+    /// The same, with its cost in nano-units, when known.
+    #[must_use]
+    pub fn with_cost(mut self, nanos: Option<u64>) -> Self {
+        self.cost = nanos.map(Cost);
+        self
     }
 
     /// The same, with the reasoning part of the generated tokens (shown when there is one).

@@ -116,6 +116,9 @@ pub struct ResponseUsage {
     pub output_tokens_details: OutputTokensDetails,
     /// Prompt and generated tokens together.
     pub total_tokens: u64,
+    /// What the response cost, when its model has a price (a Turnpike extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<super::common::Cost>,
 }
 
 /// Input token details.
@@ -150,7 +153,15 @@ impl ResponseUsage {
                 reasoning_tokens: reasoning,
             },
             total_tokens: input + output,
+            cost: None,
         }
+    }
+
+    /// The same, with its cost in nano-units, when known.
+    #[must_use]
+    pub fn with_cost(mut self, nanos: Option<u64>) -> Self {
+        self.cost = nanos.map(super::common::Cost);
+        self
     }
 }
 

@@ -1,0 +1,198 @@
+//! The two phases of a budget: [`charge`] holds a request's most possible cost against every
+//! budget counter it counts toward, or refuses it; the [`SpendHold`] it returns settles the
+//! actual cost when the request ends (billed from its final usage, or, when it ends early,
+//! from the tokens recorded so far) and gives the rest back.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use super::budget::Line;
+use super::prices::Price;
+use super::{Money, Usage};
+use crate::error::BudgetExceeded;
+use crate::observability::metrics;
+use crate::store::{Store, StoreError, Tally};
+
+/// A request's cost held against its budgets.
+#[derive(Debug)]
+pub struct SpendHold {
+    store: Arc<dyn Store>,
+    tallies: Vec<Tally>,
+    tenant: String,
+    price: Price,
+    held: Money,
+    prompt: AtomicU64,
+    generated: AtomicU64,
+    settled: bool,
+    /// The soft threshold a charge passed: "tenant `acme`'s daily budget: 4.20 of 5.00 USD".
+    pub warning: Option<String>,
+}
+
+/// What a charge is for.
+#[derive(Debug, Clone)]
+pub struct ChargeRequest {
+    /// The tenant (metrics and logs).
+    pub tenant: String,
+    /// The counters, each with its limit.
+    pub tallies: Vec<Tally>,
+    /// What each counter is, in the same order.
+    pub lines: Vec<Line>,
+    /// The request's price.
+    pub price: Price,
+    /// Its most possible cost.
+    pub most: Money,
+    /// The currency's name, for messages.
+    pub currency: String,
+}
+
+fn rfc3339(unix: i64) -> Option<String> {
+    OffsetDateTime::from_unix_timestamp(unix)
+        .ok()?
+        .format(&Rfc3339)
+        .ok()
+}
+
+/// Holds `ask.most` against every counter, or refuses with the first budget it would pass.
+pub async fn charge(
+    store: &Arc<dyn Store>,
+    ask: ChargeRequest,
+    now: i64,
+) -> Result<Result<SpendHold, BudgetExceeded>, StoreError> {
+    let ChargeRequest {
+        tenant,
+        tallies,
+        lines,
+        price,
+        most,
+        currency,
+    } = ask;
+    let charged = if tallies.is_empty() {
+        None
+    } else {
+        Some(store.charge(&tallies, most.0).await?)
+    };
+    if let Some(charge) = &charged
+        && let Some(i) = charge.refused_by(&tallies, most.0)
+    {
+        let line = &lines[i];
+        metrics::budget_refused(&tenant, line.period.as_str());
+        let resets_at = line.resets_at.and_then(rfc3339);
+        let retry_after = line
+            .resets_at
+            .map(|at| std::time::Duration::from_secs(u64::try_from(at - now).unwrap_or(0)));
+        return Ok(Err(BudgetExceeded {
+            budget: format!("{}'s {} budget", line.owner, line.period.as_str()),
+            limit: format!("{} {currency}", line.limit),
+            spent: format!("{} {currency}", Money(charge.totals[i])),
+            requested: format!("{most} {currency}"),
+            resets_at,
+            retry_after,
+        }));
+    }
+    let warning = charged.as_ref().and_then(|charge| {
+        lines.iter().zip(&charge.totals).find_map(|(line, &total)| {
+            let soft = line.soft?;
+            (total >= soft.0).then(|| {
+                format!(
+                    "{}'s {} budget: {} of {} {currency}",
+                    line.owner,
+                    line.period.as_str(),
+                    Money(total),
+                    line.limit
+                )
+            })
+        })
+    });
+    if let Some(w) = &warning {
+        tracing::warn!(tenant, warning = %w, "a budget passed its soft threshold");
+    }
+    let mut hold = SpendHold::unbudgeted(store, &tenant, price);
+    if charged.is_some() {
+        (hold.tallies, hold.held, hold.warning) = (tallies, most, warning);
+    }
+    Ok(Ok(hold))
+}
+
+impl SpendHold {
+    /// A hold on no budget: it only prices the usage (the store failed open).
+    pub fn unbudgeted(store: &Arc<dyn Store>, tenant: &str, price: Price) -> Self {
+        Self {
+            store: Arc::clone(store),
+            tallies: Vec::new(),
+            tenant: tenant.to_string(),
+            price,
+            held: Money(0),
+            prompt: AtomicU64::new(0),
+            generated: AtomicU64::new(0),
+            settled: false,
+            warning: None,
+        }
+    }
+
+    /// Records the tokens used so far, for a settle on drop (the request ended early).
+    pub fn record(&self, prompt: u64, generated: u64) {
+        self.prompt.store(prompt, Ordering::Relaxed);
+        self.generated.store(generated, Ordering::Relaxed);
+    }
+
+    /// Settles with the cost of `usage`, which it returns.
+    pub fn bill(mut self, usage: Usage) -> Money {
+        let cost = self.price.cost(usage);
+        self.settle(cost);
+        cost
+    }
+
+    fn settle(&mut self, cost: Money) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        metrics::spent(&self.tenant, cost.0);
+        if self.tallies.is_empty() || cost == self.held {
+            return;
+        }
+        let (store, mut tallies, held) = (
+            Arc::clone(&self.store),
+            std::mem::take(&mut self.tallies),
+            self.held,
+        );
+        spawn(async move {
+            let result = if cost < held {
+                store.refund(&tallies, held.0 - cost.0).await
+            } else {
+                // More than held (an engine that passed its budget): counted, never refused.
+                for t in &mut tallies {
+                    t.limit = None;
+                }
+                store.charge(&tallies, cost.0 - held.0).await.map(drop)
+            };
+            if let Err(e) = result {
+                metrics::state_error("spend");
+                tracing::warn!(error = %e, held = held.0, cost = cost.0, "cannot settle a spend hold");
+            }
+        });
+    }
+}
+
+impl Drop for SpendHold {
+    fn drop(&mut self) {
+        let usage = Usage {
+            prompt: self.prompt.load(Ordering::Relaxed),
+            completion: self.generated.load(Ordering::Relaxed),
+            ..Usage::default()
+        };
+        let cost = self.price.cost(usage);
+        self.settle(cost);
+    }
+}
+
+/// Runs `f` on the current runtime, if there is one (drops can happen outside it at shutdown):
+/// how a hold dropped in synchronous code settles with the store.
+pub(crate) fn spawn(f: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(f);
+    }
+}

@@ -1,0 +1,86 @@
+//! The tenancy's side of spend: which budgets a caller's request counts toward (its tenant's
+//! and its key's), the price of the model it called, and the hold admission takes on them
+//! (see [`crate::spend`] for the two phases).
+
+use std::sync::Arc;
+
+use super::Caller;
+use super::service::Tenancy;
+use crate::error::ApiError;
+use crate::spend::budget::charge_lines;
+use crate::spend::hold::{ChargeRequest, SpendHold, charge};
+use crate::spend::prices::Price;
+use crate::spend::settings::SpendConfig;
+
+impl Tenancy {
+    /// Prices and the currency in force.
+    pub fn spend(&self) -> Arc<SpendConfig> {
+        Arc::clone(
+            &self
+                .spend_config()
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// The price in effect now of a model called `asked` and served as `id`.
+    pub fn price(&self, asked: &str, id: &str) -> Option<Price> {
+        let spend = self.spend();
+        if spend.prices.is_empty() {
+            return None;
+        }
+        spend.prices.price([asked, id], now())
+    }
+
+    /// Holds the most a request of `prompt` tokens that may make `most_new` can cost against
+    /// the caller's budgets, or refuses it (429 `budget_exceeded`). When the store fails the
+    /// token limits' failure mode decides, and an open failure holds nothing.
+    pub(super) async fn hold_spend(
+        &self,
+        caller: &Caller,
+        price: Price,
+        prompt: u64,
+        most_new: u64,
+    ) -> Result<SpendHold, ApiError> {
+        let p = &caller.principal;
+        let tenant = &p.tenant.name;
+        let now = now();
+        let (mut tallies, mut lines) = (Vec::new(), Vec::new());
+        let prefix = format!("tp:{{{tenant}}}:sp");
+        if let Some(budget) = &p.tenant.plan.budget {
+            let owner = format!("tenant `{tenant}`");
+            charge_lines(&prefix, &owner, budget, now, &mut tallies, &mut lines);
+        }
+        if let (Some(budget), Some(key)) = (&p.scopes.budget, &p.key_id) {
+            let (prefix, owner) = (format!("{prefix}:k:{key}"), format!("key `{key}`"));
+            charge_lines(&prefix, &owner, budget, now, &mut tallies, &mut lines);
+        }
+        let ask = ChargeRequest {
+            tenant: tenant.clone(),
+            tallies,
+            lines,
+            price,
+            most: price.most(prompt, most_new),
+            currency: self.spend().currency.clone(),
+        };
+        let store = self.store();
+        match charge(store, ask, now).await {
+            Ok(Ok(hold)) => {
+                if let Some(warning) = &hold.warning {
+                    caller.report(|r| r.budget_warning = Some(warning.clone()));
+                }
+                Ok(hold)
+            }
+            Ok(Err(refusal)) => Err(ApiError::BudgetExceeded(Box::new(refusal))),
+            Err(e) => {
+                self.limiter
+                    .on_failure("spend", self.limiter.modes().tokens, &e)?;
+                Ok(SpendHold::unbudgeted(store, tenant, price))
+            }
+        }
+    }
+}
+
+fn now() -> i64 {
+    i64::try_from(crate::clock::unix_now()).unwrap_or(i64::MAX)
+}
