@@ -4,6 +4,7 @@ per key that hold across two replicas on a real `redis-server`, refusing with 42
 `budget_exceeded` and the time the budget resets."""
 
 import json
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -12,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from conftest import BIN
 from tenancy_support import HELLO, Gateway, Redis, chat_body, config_text, make_key, post_once, tenant
 from test_admin import Admin, admin_config, audit_secret
 
@@ -22,6 +24,7 @@ PRICES = {"chat": (0.15, 0.075, 0.60), "fixed": (0.0, 0.0, 8.0)}
 
 
 def prices(extra: str = "") -> str:
+    """[spend] with PRICES, and `extra` tables after."""
     lines = ["[spend]", 'currency = "USD"']
     for model, (input_, cached, output) in PRICES.items():
         lines += ["[[spend.prices]]", f'model = "{model}"', f"input = {input_}", f"cached_input = {cached}",
@@ -197,3 +200,101 @@ def test_bad_prices_stop_the_start_and_name_the_field(tmp_path, spend, named):
     with pytest.raises(AssertionError) as failed:
         Gateway(tmp_path, config_text(tenant() + "[spend]\n" + spend), {"ACME_API_KEY": key}).stop()
     assert named in str(failed.value), str(failed.value)
+
+
+def test_usage_records_equal_the_responses_when_a_replica_is_killed(tmp_path):
+    """Two replicas on Redis, each exporting to its own JSONL file; one is killed with SIGKILL
+    in the middle of 160 requests. Every completed response has its record with its usage and
+    cost to the nano-dollar (cached tokens priced as cached), the report's sums equal the
+    records', every record reaches an export file, and a usage-scoped key reads its own
+    tenant's report only."""
+    redis = Redis(tmp_path / "redis")
+    keys = {"OPS_KEY": make_key(), "ACME_KEY": make_key(), "AUDIT_KEY": audit_secret()}
+    gateways = []
+    try:
+        for i in range(2):
+            input_, cached, output = PRICES["chat"]
+            spend = (f'[spend]\nusage_file = "{tmp_path}/usage{i}.jsonl"\n[[spend.prices]]\nmodel = "chat"\n'
+                     f"input = {input_}\ncached_input = {cached}\noutput = {output}\n")
+            text = admin_config(state=state(redis)).replace("[admin]", spend + "\n[admin]", 1)
+            text = text.replace('[tenants.acme]\nmodels = ["*"]\nkeys = [{ env = "ACME_KEY" }]',
+                                '[tenants.acme]\nmodels = ["*"]\nkeys = [{ env = "ACME_KEY" }, '
+                                '{ env = "READER_KEY", endpoints = ["usage"] }]')
+            keys["READER_KEY"] = keys.get("READER_KEY") or make_key()
+            text = text.replace('output = { mode = "echo" }', 'output = { mode = "random", length = [5, 40] }')
+            gateways.append(Gateway(tmp_path, text, keys, f"usage{i}"))
+        key = keys["ACME_KEY"]
+
+        def one(i):
+            gateway = gateways[i % 2]
+            body = {"model": "chat", "messages": [{"role": "user", "content": f"Count to {i % 7}"}],
+                    "max_tokens": 40}
+            try:
+                if i % 3:
+                    status, _, answer = post_once(gateway.base, "/v1/chat/completions", key, body)
+                    return (answer["id"], answer["usage"]) if status == 200 else None
+                stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+                with httpx.stream("POST", f"{gateway.url}/chat/completions", json=stream_body,
+                                  headers={"Authorization": f"Bearer {key}"}, timeout=30) as response:
+                    events = [json.loads(line[6:]) for line in response.iter_lines()
+                              if line.startswith("data: ") and line != "data: [DONE]"]
+                    done = response.status_code == 200 and events and events[-1].get("usage")
+                    return (events[-1]["id"], events[-1]["usage"]) if done else None
+            except (OSError, httpx.HTTPError, json.JSONDecodeError, KeyError):
+                return None  # the killed replica's requests in flight
+
+        with ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(one, i) for i in range(160)]
+            time.sleep(0.5)
+            gateways[1].process.kill()
+            completed = [f.result() for f in futures]
+        completed = [c for c in completed if c]
+        assert 40 < len(completed) < 160, len(completed)
+        admin = Admin(gateways[0], keys["OPS_KEY"])
+        report = admin.ok("GET", "/usage?group_by=tenant,model")
+        [row] = [r for r in report["data"] if r["tenant"] == "acme"]
+        # Every record reaches an export file (the killed replica's unacknowledged ones through
+        # the survivor, 10 s later), once each file.
+        deadline = time.monotonic() + 25
+        while True:
+            records = {}
+            for i in range(2):
+                path = tmp_path / f"usage{i}.jsonl"
+                lines = path.read_text().splitlines() if path.exists() else []
+                records.update((r["request_id"], r) for r in map(json.loads, lines))
+            if len(records) >= row["requests"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert len(records) == row["requests"], (len(records), row)
+        # The sums are the records' sums, to the nano-dollar.
+        for column, field in [("input_tokens", "input_tokens"), ("cached_tokens", "cached_tokens"),
+                              ("output_tokens", "output_tokens"), ("cost_nanos", "cost_nanos")]:
+            assert row[column] == sum(r[field] for r in records.values()), column
+        # Each completed response has its record, with its usage and cost (cached tokens priced
+        # as cached). The only records beyond them are of answers the killed replica finished
+        # as it died (at most one per client thread).
+        for response_id, usage in completed:
+            record = records[response_id]
+            assert record["status"] == "ok" and record["tenant"] == "acme", record
+            assert (record["input_tokens"], record["cached_tokens"], record["output_tokens"]) == (
+                usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"], usage["completion_tokens"])
+            assert record["cost_nanos"] == expected_nanos(usage, "chat") == round(usage["cost"] * NANOS)
+        assert len(records) - len(completed) <= 16, (len(records), len(completed))
+        csv_text = admin("GET", "/usage?group_by=model&format=csv").text
+        assert csv_text.splitlines()[0].startswith("model,requests,") and "\nchat," in csv_text, csv_text
+        # A usage-scoped key reads its own tenant only; other keys may not read usage.
+        reader = httpx.Client(base_url=gateways[0].url, headers={"Authorization": f"Bearer {keys['READER_KEY']}"})
+        own = reader.get("/usage", params={"group_by": "tenant"}).json()["data"]
+        assert [r["tenant"] for r in own] == ["acme"] and own[0]["requests"] == row["requests"]
+        assert reader.get("/usage", params={"tenant": "ops"}).status_code == 403
+        assert reader.get("/usage", params={"group_by": "week"}).json()["error"]["param"] == "group_by"
+        plain = httpx.get(f"{gateways[0].url}/usage", headers={"Authorization": f"Bearer {key}"})
+        assert plain.status_code == 403, plain.text
+        # The same report from the command line.
+        out = subprocess.run([str(BIN), "admin", "--url", gateways[0].base, "--key", keys["OPS_KEY"], "usage",
+                              "--group-by", "tenant", "--format", "csv"], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and f"acme,{row['requests']}," in out.stdout, (out.stdout, out.stderr)
+    finally:
+        for gateway in gateways:
+            gateway.stop()
+        redis.stop()

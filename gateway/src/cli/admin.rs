@@ -72,6 +72,9 @@ pub enum AdminCommand {
         /// Expiry, RFC 3339.
         #[arg(long)]
         expires: Option<String>,
+        /// Its own spend budget as JSON: `{"per_day": 5.0, "total": 100}`.
+        #[arg(long)]
+        budget: Option<String>,
     },
     /// Replace a key; the old one works until the grace ends.
     RotateKey {
@@ -117,6 +120,30 @@ pub enum AdminCommand {
         /// At most this many.
         #[arg(long)]
         limit: Option<usize>,
+    },
+    /// Report usage and cost from the daily sums (JSON, or CSV with `--format csv`).
+    Usage {
+        /// First day, YYYY-MM-DD (default: `--to`).
+        #[arg(long)]
+        from: Option<String>,
+        /// Last day, YYYY-MM-DD (default: today, UTC).
+        #[arg(long)]
+        to: Option<String>,
+        /// Only this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only this key id.
+        #[arg(long)]
+        key_id: Option<String>,
+        /// Only this model.
+        #[arg(long)]
+        model: Option<String>,
+        /// Group rows by these, comma-separated: day, tenant, key, model.
+        #[arg(long)]
+        group_by: Option<String>,
+        /// `json` or `csv`.
+        #[arg(long)]
+        format: Option<String>,
     },
 }
 
@@ -171,8 +198,25 @@ fn enc(segment: &str) -> String {
         .collect()
 }
 
+fn json_arg(text: &str, flag: &str) -> Result<Value, AdminCliError> {
+    serde_json::from_str(text).map_err(|e| AdminCliError::Argument(format!("{flag}: {e}")))
+}
+
 fn limits(text: &str) -> Result<Value, AdminCliError> {
-    serde_json::from_str(text).map_err(|e| AdminCliError::Argument(format!("--limits: {e}")))
+    json_arg(text, "--limits")
+}
+
+/// `path` with the query pairs that have a value.
+fn with_query(path: &str, pairs: &[(&str, Option<String>)]) -> String {
+    let query: Vec<String> = pairs
+        .iter()
+        .filter_map(|(name, value)| value.as_ref().map(|v| format!("{name}={}", enc(v))))
+        .collect();
+    if query.is_empty() {
+        path.into()
+    } else {
+        format!("{path}?{}", query.join("&"))
+    }
 }
 
 /// The call a subcommand makes: method, path under `/admin/v1`, body.
@@ -197,9 +241,7 @@ fn call(command: &AdminCommand) -> Result<(&'static str, String, Option<Value>),
         C::DeletePlan(n) => ("DELETE", format!("/plans/{}", enc(&n.name)), None),
         C::Keys { tenant } => (
             "GET",
-            tenant
-                .as_ref()
-                .map_or_else(|| "/keys".into(), |t| format!("/keys?tenant={}", enc(t))),
+            with_query("/keys", &[("tenant", tenant.clone())]),
             None,
         ),
         C::CreateKey {
@@ -207,6 +249,7 @@ fn call(command: &AdminCommand) -> Result<(&'static str, String, Option<Value>),
             models,
             endpoints,
             expires,
+            budget,
         } => {
             let mut body = json!({"tenant": tenant});
             if let Some(m) = list(models) {
@@ -217,6 +260,9 @@ fn call(command: &AdminCommand) -> Result<(&'static str, String, Option<Value>),
             }
             if let Some(x) = expires {
                 body["expires"] = json!(x);
+            }
+            if let Some(b) = budget {
+                body["budget"] = json_arg(b, "--budget")?;
             }
             ("POST", "/keys".into(), Some(body))
         }
@@ -249,25 +295,33 @@ fn call(command: &AdminCommand) -> Result<(&'static str, String, Option<Value>),
             target,
             limit,
         } => {
-            let mut query: Vec<String> = Vec::new();
-            if let Some(a) = after {
-                query.push(format!("after={a}"));
-            }
-            if let Some(a) = action {
-                query.push(format!("action={}", enc(a)));
-            }
-            if let Some(t) = target {
-                query.push(format!("target={}", enc(t)));
-            }
-            if let Some(l) = limit {
-                query.push(format!("limit={l}"));
-            }
-            let path = if query.is_empty() {
-                "/audit".into()
-            } else {
-                format!("/audit?{}", query.join("&"))
-            };
-            ("GET", path, None)
+            let pairs = [
+                ("after", after.map(|a| a.to_string())),
+                ("action", action.clone()),
+                ("target", target.clone()),
+                ("limit", limit.map(|l| l.to_string())),
+            ];
+            ("GET", with_query("/audit", &pairs), None)
+        }
+        C::Usage {
+            from,
+            to,
+            tenant,
+            key_id,
+            model,
+            group_by,
+            format,
+        } => {
+            let pairs = [
+                ("from", from.clone()),
+                ("to", to.clone()),
+                ("tenant", tenant.clone()),
+                ("key", key_id.clone()),
+                ("model", model.clone()),
+                ("group_by", group_by.clone()),
+                ("format", format.clone()),
+            ];
+            ("GET", with_query("/usage", &pairs), None)
         }
     })
 }
@@ -347,6 +401,10 @@ pub(super) fn run(args: &AdminArgs, out: &mut dyn Write) -> Result<(), AdminCliE
             .map_or_else(|| value.to_string(), str::to_string);
         return Err(AdminCliError::Refused { status, message });
     }
-    let pretty = serde_json::to_string_pretty(&value).unwrap_or_default();
-    writeln!(out, "{pretty}").map_err(|e| AdminCliError::Transport(e.to_string()))
+    // A CSV report is printed as it came.
+    let shown = match &value {
+        Value::String(text) => text.trim_end().to_string(),
+        other => serde_json::to_string_pretty(other).unwrap_or_default(),
+    };
+    writeln!(out, "{shown}").map_err(|e| AdminCliError::Transport(e.to_string()))
 }

@@ -98,6 +98,14 @@ impl Generator {
                         .tenancy
                         .price(&req.model, &model.id)
                         .map(|p| p.for_embeddings()),
+                    record: super::record_context(
+                        caller,
+                        &crate::ids::new_id("embd-"),
+                        "embeddings",
+                        &req.model,
+                        &model.id,
+                        started,
+                    ),
                 },
             )
             .await?;
@@ -107,16 +115,25 @@ impl Generator {
         // The admission lives as long as the engine works, also past a client that left.
         let task = tokio::task::spawn_blocking(move || {
             let embedded = backend.embed(&engine_model, &ids, &embed_params);
-            admission.settle(prompt_tokens);
-            embedded
+            let settled = if embedded.is_ok() {
+                Some(admission.settle(prompt_tokens))
+            } else {
+                admission.fail();
+                None
+            };
+            (embedded, settled)
         });
-        let vectors = tokio::time::timeout_at(deadline.into(), task)
+        let (embedded, settled) = tokio::time::timeout_at(deadline.into(), task)
             .await
             .map_err(|_| ApiError::Timeout(timing.request_timeout))?
             .map_err(|e| ApiError::Internal {
                 detail: format!("embedding task failed: {e}"),
-            })?
-            .map_err(|e| ApiError::from_engine(e, timing.retry_after))?;
+            })?;
+        // The answer is complete only once its usage record is written.
+        if let Some(admission) = settled {
+            admission.written().await;
+        }
+        let vectors = embedded.map_err(|e| ApiError::from_engine(e, timing.retry_after))?;
         Ok(Embedded {
             vectors,
             prompt_tokens,

@@ -44,8 +44,30 @@ use crate::error::ApiError;
 use crate::lifecycle::Lifecycle;
 use crate::pipeline::run::{self, Job};
 use crate::pipeline::{plan, prompt};
+use crate::spend::usage::RecordContext;
 use crate::tenancy::{Admission, AdmitRequest, Caller, Tenancy};
 use record::RequestRecord;
+
+/// What a request's usage record says besides its counts.
+pub(crate) fn record_context(
+    caller: &Caller,
+    id: &str,
+    endpoint: &'static str,
+    asked: &str,
+    served: &str,
+    started: Instant,
+) -> RecordContext {
+    let principal = &caller.principal;
+    RecordContext {
+        request_id: id.to_string(),
+        tenant: principal.tenant.name.clone(),
+        key_id: principal.key_id.clone().unwrap_or_else(|| "-".into()),
+        model: asked.to_string(),
+        served: served.to_string(),
+        endpoint,
+        started,
+    }
+}
 
 /// How long a generation may take, and what an overloaded engine tells the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -446,6 +468,7 @@ impl Generator {
                     deadline,
                     wait,
                     price: self.tenancy.price(&req.model, &model.id),
+                    record: record_context(caller, id, endpoint, &req.model, &model.id, started),
                 },
             )
             .instrument(queue_wait);

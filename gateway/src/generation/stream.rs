@@ -29,6 +29,8 @@ pub struct Generation {
     tool_loop: Option<Box<ToolLoop>>,
     /// Events made and not yet taken.
     ready: VecDeque<GenEvent>,
+    /// The final usage, held until its usage record is written.
+    billed: Option<GenEvent>,
 }
 
 impl Generation {
@@ -43,6 +45,7 @@ impl Generation {
             transforms,
             tool_loop: None,
             ready: VecDeque::new(),
+            billed: None,
         }
     }
 
@@ -97,6 +100,16 @@ impl Stream for Generation {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<GenEvent>> {
         let this = &mut *self;
         loop {
+            if let Some(event) = this.billed.take() {
+                if this.admission.poll_written(cx).is_pending() {
+                    this.billed = Some(event);
+                    return Poll::Pending;
+                }
+                if let Some(event) = this.take_in(event) {
+                    return Poll::Ready(Some(event));
+                }
+                continue;
+            }
             if let Some(event) = this.ready.pop_front() {
                 return Poll::Ready(Some(event));
             }
@@ -121,9 +134,15 @@ impl Stream for Generation {
             this.admission.record(this.stream.tokens_used());
             match polled {
                 Poll::Ready(Some(mut event)) => {
-                    // The round's final count: settle its cost (each round bills its own hold).
+                    // The round's final count: settle its cost (each round bills its own hold)
+                    // and pass it on once its usage record is written.
                     if let GenEvent::Usage(totals) = &mut event {
                         totals.cost = this.admission.bill(totals.usage());
+                        this.billed = Some(event);
+                        continue;
+                    }
+                    if matches!(event, GenEvent::Error(_)) {
+                        this.admission.fail();
                     }
                     if let Some(event) = this.take_in(event) {
                         return Poll::Ready(Some(event));

@@ -200,6 +200,14 @@ impl Generator {
                     deadline,
                     wait: true,
                     price: self.tenancy.price(&req.model, &model.id),
+                    record: super::record_context(
+                        caller,
+                        &crate::ids::new_id("gen-"),
+                        "generate",
+                        &req.model,
+                        &model.id,
+                        started,
+                    ),
                 },
             )
             .await?;

@@ -22,6 +22,7 @@ pub mod settings;
 mod sse;
 mod trace;
 mod turn;
+mod usage;
 mod websocket;
 pub mod websocket_slots;
 
@@ -172,6 +173,7 @@ pub fn router(state: AppState) -> Router {
             get(responses::input_items),
         )
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route("/v1/usage", get(usage::tenant_usage))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             admission::admission,
@@ -233,6 +235,7 @@ fn admin_router(state: &AppState) -> Router<AppState> {
             put(admin::put_map).delete(admin::delete_map),
         )
         .route("/audit", get(admin::audit))
+        .route("/usage", get(usage::admin_usage))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             admin::authorize,

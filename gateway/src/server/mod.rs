@@ -44,6 +44,9 @@ pub enum ServeError {
     /// The state store or the tenant directory cannot be set up.
     #[error("tenancy: {0}")]
     State(crate::store::StoreError),
+    /// A price names a model that is not served.
+    #[error("{0}")]
+    Prices(String),
     /// The server failed while running.
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
@@ -111,7 +114,14 @@ impl Server {
             .tenancy
             .spend
             .check_models(&|m| registry.resolve(m).is_some())
-            .map_err(|e| ServeError::State(crate::store::StoreError(e)))?;
+            .map_err(ServeError::Prices)?;
+        // Exports for the life of the process; a killed one's records are taken over.
+        let _usage_export = config
+            .tenancy
+            .spend
+            .export
+            .clone()
+            .map(|file| crate::spend::export::spawn(Arc::clone(tenancy.store()), file));
         let mut state = AppState::new(
             Arc::clone(&registry),
             Arc::new(config.server.clone()),

@@ -1,16 +1,20 @@
 //! The two phases of a budget: [`charge`] holds a request's most possible cost against every
 //! budget counter it counts toward, or refuses it; the [`SpendHold`] it returns settles the
 //! actual cost when the request ends (billed from its final usage, or, when it ends early,
-//! from the tokens recorded so far) and gives the rest back.
+//! from the tokens recorded so far) and gives the rest back. The same hold writes the
+//! request's usage record as it settles.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::budget::Line;
 use super::prices::Price;
+use super::usage::{Outcome, RecordContext};
 use super::{Money, Usage};
 use crate::error::BudgetExceeded;
 use crate::observability::metrics;
@@ -22,11 +26,15 @@ pub struct SpendHold {
     store: Arc<dyn Store>,
     tallies: Vec<Tally>,
     tenant: String,
-    price: Price,
+    price: Option<Price>,
     held: Money,
     prompt: AtomicU64,
     generated: AtomicU64,
+    failed: AtomicBool,
     settled: bool,
+    /// The request's usage record, when records are kept, and whether the log keeps it for
+    /// export.
+    record: Option<(Box<RecordContext>, bool)>,
     /// The soft threshold a charge passed: "tenant `acme`'s daily budget: 4.20 of 5.00 USD".
     pub warning: Option<String>,
 }
@@ -109,7 +117,7 @@ pub async fn charge(
     if let Some(w) = &warning {
         tracing::warn!(tenant, warning = %w, "a budget passed its soft threshold");
     }
-    let mut hold = SpendHold::unbudgeted(store, &tenant, price);
+    let mut hold = SpendHold::unbudgeted(store, &tenant, Some(price));
     if charged.is_some() {
         (hold.tallies, hold.held, hold.warning) = (tallies, most, warning);
     }
@@ -117,8 +125,9 @@ pub async fn charge(
 }
 
 impl SpendHold {
-    /// A hold on no budget: it only prices the usage (the store failed open).
-    pub fn unbudgeted(store: &Arc<dyn Store>, tenant: &str, price: Price) -> Self {
+    /// A hold on no budget: it only prices the usage (an unpriced model, no budget, or a store
+    /// that failed open).
+    pub fn unbudgeted(store: &Arc<dyn Store>, tenant: &str, price: Option<Price>) -> Self {
         Self {
             store: Arc::clone(store),
             tallies: Vec::new(),
@@ -127,9 +136,24 @@ impl SpendHold {
             held: Money(0),
             prompt: AtomicU64::new(0),
             generated: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
             settled: false,
+            record: None,
             warning: None,
         }
+    }
+
+    /// The same hold, writing `context`'s usage record as it settles (`export`: the log keeps
+    /// it for the export file).
+    #[must_use]
+    pub fn recorded(mut self, context: RecordContext, export: bool) -> Self {
+        self.record = Some((Box::new(context), export));
+        self
+    }
+
+    /// Marks the request as failed (its error was sent): its record says so.
+    pub fn fail(&self) {
+        self.failed.store(true, Ordering::Relaxed);
     }
 
     /// Records the tokens used so far, for a settle on drop (the request ended early).
@@ -138,19 +162,38 @@ impl SpendHold {
         self.generated.store(generated, Ordering::Relaxed);
     }
 
-    /// Settles with the cost of `usage`, which it returns.
-    pub fn bill(mut self, usage: Usage) -> Money {
-        let cost = self.price.cost(usage);
-        self.settle(cost);
-        cost
+    /// Settles with the cost of `usage` (returned when the model has a price) and gives the
+    /// write of its usage record to await, so a response is complete only once its record is.
+    pub fn bill(mut self, usage: Usage) -> (Option<Money>, Option<RecordWrite>) {
+        let cost = self.price.map(|p| p.cost(usage));
+        let write = self.settle(usage, Outcome::Finished);
+        (cost, write)
     }
 
-    fn settle(&mut self, cost: Money) {
+    fn settle(&mut self, usage: Usage, outcome: Outcome) -> Option<RecordWrite> {
         if self.settled {
-            return;
+            return None;
         }
         self.settled = true;
-        metrics::spent(&self.tenant, cost.0);
+        let cost = self.price.map_or(Money(0), |p| p.cost(usage));
+        let write = self.record.take().map(|(context, export)| {
+            let entry = context.entry(usage, cost, outcome, crate::clock::unix_now() as i64);
+            let store = Arc::clone(&self.store);
+            Box::pin(async move {
+                if let Err(e) = store.record_usage(entry, export).await {
+                    metrics::state_error("usage");
+                    tracing::warn!(error = %e, "cannot write a usage record");
+                }
+            }) as RecordWrite
+        });
+        self.give_back(cost);
+        write
+    }
+
+    fn give_back(&mut self, cost: Money) {
+        if cost.0 > 0 {
+            metrics::spent(&self.tenant, cost.0);
+        }
         if self.tallies.is_empty() || cost == self.held {
             return;
         }
@@ -184,10 +227,19 @@ impl Drop for SpendHold {
             completion: self.generated.load(Ordering::Relaxed),
             ..Usage::default()
         };
-        let cost = self.price.cost(usage);
-        self.settle(cost);
+        let outcome = if self.failed.load(Ordering::Relaxed) {
+            Outcome::Failed
+        } else {
+            Outcome::Cancelled
+        };
+        if let Some(write) = self.settle(usage, outcome) {
+            spawn(write);
+        }
     }
 }
+
+/// The write of a usage record (it logs its own failure).
+pub type RecordWrite = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Runs `f` on the current runtime, if there is one (drops can happen outside it at shutdown):
 /// how a hold dropped in synchronous code settles with the store.

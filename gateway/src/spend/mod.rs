@@ -18,9 +18,12 @@
 //! admission) and imports only the store, the errors and the clock below it.
 
 pub mod budget;
+pub mod export;
 pub mod hold;
 pub mod prices;
+pub mod report;
 pub mod settings;
+pub mod usage;
 
 use std::fmt;
 

@@ -19,6 +19,8 @@
 //! soft = 0.8                      # warn past 80% of a limit
 //! ```
 
+use std::path::{Path, PathBuf};
+
 use serde::{Deserialize, Serialize};
 
 use super::Money;
@@ -33,6 +35,10 @@ pub struct RawSpend {
     currency: Option<String>,
     #[serde(default)]
     prices: Vec<RawPrice>,
+    #[serde(default)]
+    usage_records: Option<bool>,
+    #[serde(default)]
+    usage_file: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -58,6 +64,10 @@ pub struct SpendConfig {
     pub currency: String,
     /// Prices per model.
     pub prices: PriceTable,
+    /// Whether every request writes a usage record (and adds to the daily sums).
+    pub records: bool,
+    /// The append-only JSONL file the records are exported to, when set.
+    pub export: Option<PathBuf>,
 }
 
 impl Default for SpendConfig {
@@ -65,6 +75,8 @@ impl Default for SpendConfig {
         Self {
             currency: "USD".into(),
             prices: PriceTable::default(),
+            records: true,
+            export: None,
         }
     }
 }
@@ -110,8 +122,15 @@ fn effective(text: &str, at: &str) -> Result<i64, String> {
 
 impl RawSpend {
     /// Validates the prices (their models are checked against the served ones by
-    /// [`SpendConfig::check_models`]).
-    pub fn validate(self) -> Result<SpendConfig, String> {
+    /// [`SpendConfig::check_models`]); a relative `usage_file` is under `base`.
+    pub fn validate(self, base: &Path) -> Result<SpendConfig, String> {
+        let records = self.usage_records.unwrap_or(true);
+        if !records && self.usage_file.is_some() {
+            return Err(
+                "spend.usage_file: usage records are off (spend.usage_records = false)".into(),
+            );
+        }
+        let export = self.usage_file.map(|f| base.join(f));
         let currency = self.currency.unwrap_or_else(|| "USD".into());
         let currency_ok = !currency.is_empty()
             && currency.len() <= 16
@@ -146,7 +165,12 @@ impl RawSpend {
                 .insert(&raw.model, from, price)
                 .map_err(|e| format!("{at}: {e}"))?;
         }
-        Ok(SpendConfig { currency, prices })
+        Ok(SpendConfig {
+            currency,
+            prices,
+            records,
+            export,
+        })
     }
 }
 
@@ -196,7 +220,7 @@ mod tests {
 
     fn spend(toml_text: &str) -> Result<SpendConfig, String> {
         let raw: RawSpend = toml::from_str(toml_text).map_err(|e| e.to_string())?;
-        let spend = raw.validate()?;
+        let spend = raw.validate(Path::new("."))?;
         spend.check_models(&|m| m == "sim" || m == "sim-2026")?;
         Ok(spend)
     }

@@ -48,11 +48,13 @@ pub enum Endpoint {
     /// `POST /generate`, the token-level node endpoint. Never implied: a key or token reaches
     /// it only by naming it, as a fleet's front does for its nodes.
     Generate,
+    /// `GET /v1/usage`, the tenant's own usage report. Never implied either.
+    Usage,
 }
 
 impl Endpoint {
     /// Every endpoint, with its scope name.
-    pub const ALL: [(Endpoint, &'static str); 7] = [
+    pub const ALL: [(Endpoint, &'static str); 8] = [
         (Endpoint::Chat, "chat"),
         (Endpoint::Completions, "completions"),
         (Endpoint::Embeddings, "embeddings"),
@@ -60,6 +62,7 @@ impl Endpoint {
         (Endpoint::Models, "models"),
         (Endpoint::Messages, "messages"),
         (Endpoint::Generate, "generate"),
+        (Endpoint::Usage, "usage"),
     ];
 
     /// The endpoint a scope name names.
@@ -76,9 +79,9 @@ impl Endpoint {
     }
 
     /// Whether a credential that names no endpoints may call it (every endpoint but the
-    /// node's).
+    /// node's and the usage report).
     pub fn implied(self) -> bool {
-        self != Self::Generate
+        !matches!(self, Self::Generate | Self::Usage)
     }
 
     /// The endpoint a URL path belongs to.
@@ -95,6 +98,7 @@ impl Endpoint {
             "responses" => Some(Self::Responses),
             "models" => Some(Self::Models),
             "messages" => Some(Self::Messages),
+            "usage" => Some(Self::Usage),
             _ => None,
         }
     }

@@ -14,9 +14,10 @@ use super::settings::TenancyConfig;
 use crate::engine_host::ServedModel;
 use crate::error::ApiError;
 use crate::idempotency::Idempotency;
-use crate::spend::hold::SpendHold;
+use crate::spend::hold::{RecordWrite, SpendHold};
 use crate::spend::prices::Price;
 use crate::spend::settings::SpendConfig;
+use crate::spend::usage::RecordContext;
 use crate::spend::{Money, Usage};
 use crate::store::memory::MemoryStore;
 use crate::store::redis::RedisStore;
@@ -56,7 +57,7 @@ struct Layers {
 }
 
 /// What a generation asks [`Tenancy::admit`] for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AdmitRequest {
     /// Its prompt tokens.
     pub prompt: u64,
@@ -70,6 +71,8 @@ pub struct AdmitRequest {
     pub wait: bool,
     /// Its price, when its model has one.
     pub price: Option<Price>,
+    /// What its usage record says besides the counts.
+    pub record: RecordContext,
 }
 
 /// What a running generation holds: its token reservation, its concurrency lease and its place
@@ -81,6 +84,8 @@ pub struct Admission {
     spend: Option<SpendHold>,
     /// Where the settled cost is reported (`x-turnpike-cost`).
     caller: Option<Caller>,
+    /// The usage record's write, once billed: the final usage waits for it.
+    writing: Option<PendingWrite>,
     _permit: Option<StreamPermit>,
     place: Option<QueueEntry>,
     /// The prompt's tokens, charged once the generation has its place.
@@ -125,26 +130,68 @@ impl Admission {
         }
     }
 
-    /// Settles the cost of `usage` (the generation's final count) and reports it to the
-    /// caller; the cost, when the model has a price.
+    /// Settles the cost of `usage` (the generation's final count), reports it to the caller
+    /// and starts writing the usage record ([`Admission::poll_written`]); the cost, when the
+    /// model has a price.
     pub fn bill(&mut self, usage: Usage) -> Option<Money> {
-        let cost = self.spend.take()?.bill(usage);
-        if let Some(caller) = &self.caller {
+        let (cost, write) = self.spend.take()?.bill(usage);
+        self.writing = write.map(PendingWrite);
+        if let (Some(caller), Some(cost)) = (&self.caller, cost) {
             caller.report(|r| r.cost = Some(Money(r.cost.map_or(0, |c| c.0) + cost.0)));
         }
-        Some(cost)
+        cost
     }
 
-    /// Settles with the tokens used (an embedding request: `used` are its input tokens) and
-    /// returns everything held; the cost, when the model has a price.
-    pub fn settle(mut self, used: u64) -> Option<Money> {
+    /// Ready once the usage record [`Admission::bill`] started is written.
+    pub fn poll_written(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if let Some(PendingWrite(write)) = &mut self.writing {
+            std::task::ready!(write.as_mut().poll(cx));
+            self.writing = None;
+        }
+        std::task::Poll::Ready(())
+    }
+
+    /// Waits for the usage record [`Admission::bill`] started.
+    pub async fn written(mut self) {
+        std::future::poll_fn(|cx| self.poll_written(cx)).await;
+    }
+
+    /// Marks the generation as failed (its error was sent), for its usage record.
+    pub fn fail(&self) {
+        if let Some(s) = &self.spend {
+            s.fail();
+        }
+    }
+
+    /// Settles with the tokens used (an embedding request: `used` are its input tokens);
+    /// what is left holds the usage record's write ([`Admission::written`]).
+    pub fn settle(mut self, used: u64) -> Self {
         if let Some(t) = self.tokens.take() {
             t.settle(used);
         }
         self.bill(Usage {
             prompt: used,
             ..Usage::default()
-        })
+        });
+        self
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        // A record still being written is finished, not dropped with the generation.
+        if let Some(PendingWrite(write)) = self.writing.take() {
+            crate::spend::hold::spawn(write);
+        }
+    }
+}
+
+/// A usage record being written.
+struct PendingWrite(RecordWrite);
+
+impl std::fmt::Debug for PendingWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PendingWrite")
     }
 }
 
@@ -298,6 +345,7 @@ impl Tenancy {
             deadline,
             wait,
             price,
+            record,
         } = ask;
         let mut report = caller.snapshot();
         let reserved = self
@@ -306,10 +354,9 @@ impl Tenancy {
             .await;
         caller.report(|r| r.tokens = report.tokens);
         let tokens = reserved?;
-        let spend = match price {
-            Some(price) => Some(self.hold_spend(caller, price, prompt, most_new).await?),
-            None => None,
-        };
+        let spend = self
+            .hold_spend(caller, price, prompt, most_new, record)
+            .await?;
         let permit = self.limiter.acquire(&caller.principal).await?;
         let entry =
             self.queues
@@ -327,6 +374,7 @@ impl Tenancy {
             tokens,
             spend,
             caller: Some(caller.clone()),
+            writing: None,
             _permit: permit,
             place: Some(entry),
             prompt,

@@ -11,6 +11,7 @@ use crate::spend::budget::charge_lines;
 use crate::spend::hold::{ChargeRequest, SpendHold, charge};
 use crate::spend::prices::Price;
 use crate::spend::settings::SpendConfig;
+use crate::spend::usage::RecordContext;
 
 impl Tenancy {
     /// Prices and the currency in force.
@@ -32,10 +33,35 @@ impl Tenancy {
         spend.prices.price([asked, id], now())
     }
 
+    /// The hold that prices a request and writes its usage record (none when its model has
+    /// no price and records are off).
+    pub(super) async fn hold_spend(
+        &self,
+        caller: &Caller,
+        price: Option<Price>,
+        prompt: u64,
+        most_new: u64,
+        record: RecordContext,
+    ) -> Result<Option<SpendHold>, ApiError> {
+        let spend = self.spend();
+        let hold = match price {
+            Some(price) => self.charge_budgets(caller, price, prompt, most_new).await?,
+            None if spend.records => {
+                SpendHold::unbudgeted(self.store(), &caller.principal.tenant.name, None)
+            }
+            None => return Ok(None),
+        };
+        Ok(Some(if spend.records {
+            hold.recorded(record, spend.export.is_some())
+        } else {
+            hold
+        }))
+    }
+
     /// Holds the most a request of `prompt` tokens that may make `most_new` can cost against
     /// the caller's budgets, or refuses it (429 `budget_exceeded`). When the store fails the
     /// token limits' failure mode decides, and an open failure holds nothing.
-    pub(super) async fn hold_spend(
+    async fn charge_budgets(
         &self,
         caller: &Caller,
         price: Price,
@@ -75,7 +101,7 @@ impl Tenancy {
             Err(e) => {
                 self.limiter
                     .on_failure("spend", self.limiter.modes().tokens, &e)?;
-                Ok(SpendHold::unbudgeted(store, tenant, price))
+                Ok(SpendHold::unbudgeted(store, tenant, Some(price)))
             }
         }
     }

@@ -16,3 +16,12 @@ pub(crate) fn idempotency_records(records: usize, bytes: usize) {
     metrics::gauge!("turnpike_idempotency_records").set(records as f64);
     metrics::gauge!("turnpike_idempotency_bytes").set(bytes as f64);
 }
+
+/// The in-memory usage log waiting for export, and records it dropped when full
+/// (`turnpike_usage_log_records`, `turnpike_usage_log_dropped_total`).
+pub(crate) fn usage_log(records: usize, dropped: bool) {
+    metrics::gauge!("turnpike_usage_log_records").set(records as f64);
+    if dropped {
+        metrics::counter!("turnpike_usage_log_dropped_total").increment(1);
+    }
+}

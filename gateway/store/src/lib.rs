@@ -20,6 +20,7 @@ pub mod memory;
 pub mod redis;
 pub mod revisions;
 pub mod tally;
+pub mod usage;
 mod values;
 
 use std::fmt::Debug;
@@ -28,6 +29,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub use tally::{Charge, Tally};
+pub use usage::{Drained, UsageEntry};
 
 /// A boxed future of a store operation.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -206,6 +208,20 @@ pub trait Store: Send + Sync + Debug {
 
     /// Takes `amount` back from every tally that has not lapsed (never below zero).
     fn refund<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, ()>;
+
+    /// Adds a usage record's sums to its day and, with `keep_log`, appends the record to the
+    /// usage log for export: one atomic step.
+    fn record_usage(&self, entry: UsageEntry, keep_log: bool) -> StoreFuture<'_, ()>;
+
+    /// A day's usage sums (`day`: `YYYYMMDD`).
+    fn usage_sums<'a>(&'a self, day: &'a str) -> StoreFuture<'a, Vec<(String, u64)>>;
+
+    /// Up to `count` usage records to export, for `consumer` (records another consumer took
+    /// long ago and never acknowledged come back too).
+    fn usage_drain<'a>(&'a self, consumer: &'a str, count: usize) -> StoreFuture<'a, Drained>;
+
+    /// Acknowledges exported records: they leave the log.
+    fn usage_ack<'a>(&'a self, ids: &'a [String]) -> StoreFuture<'a, ()>;
 
     /// The newest `count` entries of `log`, oldest first.
     fn log_tail<'a>(&'a self, log: &'a str, count: usize) -> StoreFuture<'a, Vec<Vec<u8>>>;

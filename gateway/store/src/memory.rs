@@ -17,6 +17,7 @@ use governor::{Quota, RateLimiter};
 
 use super::revisions::Revisions;
 use super::tally::{Charge, Tallies, Tally};
+use super::usage::{Drained, MemoryUsage, UsageEntry};
 use super::values::{Values, footprint};
 use super::{
     Begin, Commit, Level, Revision, Store, StoreError, StoreFuture, Take, Window, level_of, refill,
@@ -68,6 +69,7 @@ pub struct MemoryStore {
     values: Mutex<Values>,
     revisions: Revisions,
     tallies: Mutex<Tallies>,
+    usage: Mutex<MemoryUsage>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -89,6 +91,7 @@ impl MemoryStore {
             values: Mutex::default(),
             revisions: Revisions::default(),
             tallies: Mutex::default(),
+            usage: Mutex::default(),
         }
     }
 
@@ -493,6 +496,24 @@ impl Store for MemoryStore {
 
     fn refund<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, ()> {
         lock(&self.tallies).refund(tallies, amount);
+        ready(())
+    }
+
+    fn record_usage(&self, entry: UsageEntry, keep_log: bool) -> StoreFuture<'_, ()> {
+        lock(&self.usage).record(entry, keep_log);
+        ready(())
+    }
+
+    fn usage_sums<'a>(&'a self, day: &'a str) -> StoreFuture<'a, Vec<(String, u64)>> {
+        ready(lock(&self.usage).sums(day))
+    }
+
+    fn usage_drain<'a>(&'a self, _consumer: &'a str, count: usize) -> StoreFuture<'a, Drained> {
+        ready(lock(&self.usage).drain(count))
+    }
+
+    fn usage_ack<'a>(&'a self, ids: &'a [String]) -> StoreFuture<'a, ()> {
+        lock(&self.usage).ack(ids);
         ready(())
     }
 

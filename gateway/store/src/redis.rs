@@ -18,6 +18,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
 use super::tally::ttl_ms;
+use super::usage::{Drained, KEEP_DAYS, MAX_LOG, UsageEntry};
 use super::{
     Begin, Charge, Commit, Revision, Store, StoreError, StoreFuture, Take, Tally, Window, level_of,
 };
@@ -49,6 +50,7 @@ struct Scripts {
     raise: Script,
     charge: Script,
     refund: Script,
+    usage: Script,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -76,6 +78,37 @@ fn bucket_args(amount: u64, windows: &[Window]) -> Vec<Vec<u8>> {
 /// manager is reconnecting, and a command that is safe to repeat may be sent again.
 fn broken(e: &redis::RedisError) -> bool {
     e.is_connection_dropped() || e.is_connection_refusal()
+}
+
+/// The usage log (a stream) and its consumer group; in the `{usage}` hash slot with the sums.
+const USAGE_LOG: &str = "tp:{usage}:log";
+const USAGE_GROUP: &str = "export";
+
+/// `(id, record)` of each entry of a stream reply (`[[id, [field, value, ...]], ...]`).
+fn stream_entries(value: &Value) -> Drained {
+    let Value::Array(entries) = value else {
+        return Vec::new();
+    };
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let Value::Array(parts) = entry else {
+                return None;
+            };
+            let (Some(id), Some(Value::Array(fields))) = (parts.first(), parts.get(1)) else {
+                return None;
+            };
+            let id = match id {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                Value::SimpleString(s) => s.clone(),
+                _ => return None,
+            };
+            match fields.get(1) {
+                Some(Value::BulkString(record)) => Some((id, record.clone())),
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 fn integer(value: &Value) -> Result<i64, StoreError> {
@@ -111,6 +144,7 @@ impl RedisStore {
                 raise: Script::new(include_str!("scripts/raise.lua")),
                 charge: Script::new(include_str!("scripts/charge.lua")),
                 refund: Script::new(include_str!("scripts/refund.lua")),
+                usage: Script::new(include_str!("scripts/usage.lua")),
             }),
         })
     }
@@ -456,6 +490,110 @@ impl Store for RedisStore {
             let keys: Vec<String> = tallies.iter().map(|t| t.key.clone()).collect();
             let args = vec![amount.to_string().into_bytes()];
             self.run(&self.scripts.refund, &keys, args).await.map(drop)
+        })
+    }
+
+    fn record_usage(&self, entry: UsageEntry, keep_log: bool) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let keys = [
+                USAGE_LOG.to_string(),
+                format!("tp:{{usage}}:d:{}", entry.day),
+            ];
+            let mut args = vec![
+                entry.record,
+                if keep_log {
+                    b"1".to_vec()
+                } else {
+                    b"0".to_vec()
+                },
+                MAX_LOG.to_string().into_bytes(),
+                (KEEP_DAYS * 86_400).to_string().into_bytes(),
+            ];
+            for (name, amount) in entry.sums {
+                args.push(name.into_bytes());
+                args.push(amount.to_string().into_bytes());
+            }
+            self.run(&self.scripts.usage, &keys, args).await.map(drop)
+        })
+    }
+
+    fn usage_sums<'a>(&'a self, day: &'a str) -> StoreFuture<'a, Vec<(String, u64)>> {
+        let command = redis::cmd("HGETALL")
+            .arg(format!("tp:{{usage}}:d:{day}"))
+            .to_owned();
+        Box::pin(async move {
+            self.query::<Vec<(String, u64)>>(command, "usage_sums")
+                .await
+        })
+    }
+
+    fn usage_drain<'a>(&'a self, consumer: &'a str, count: usize) -> StoreFuture<'a, Drained> {
+        Box::pin(async move {
+            let create = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(USAGE_LOG)
+                .arg(USAGE_GROUP)
+                .arg("0")
+                .arg("MKSTREAM")
+                .to_owned();
+            if let Err(e) = self.query::<Value>(create, "usage_drain").await
+                && !e.0.contains("BUSYGROUP")
+            {
+                return Err(e);
+            }
+            // Records a consumer read 10 s ago and never acknowledged (it died) first.
+            let claim = redis::cmd("XAUTOCLAIM")
+                .arg(USAGE_LOG)
+                .arg(USAGE_GROUP)
+                .arg(consumer)
+                .arg(10_000)
+                .arg("0-0")
+                .arg("COUNT")
+                .arg(count)
+                .to_owned();
+            let claimed = self.query::<Value>(claim, "usage_drain").await?;
+            let mut out = match &claimed {
+                Value::Array(parts) if parts.len() >= 2 => stream_entries(&parts[1]),
+                _ => Vec::new(),
+            };
+            if out.len() < count {
+                let read = redis::cmd("XREADGROUP")
+                    .arg("GROUP")
+                    .arg(USAGE_GROUP)
+                    .arg(consumer)
+                    .arg("COUNT")
+                    .arg(count - out.len())
+                    .arg("STREAMS")
+                    .arg(USAGE_LOG)
+                    .arg(">")
+                    .to_owned();
+                if let Value::Array(streams) = self.query::<Value>(read, "usage_drain").await? {
+                    for stream in &streams {
+                        if let Value::Array(pair) = stream
+                            && pair.len() == 2
+                        {
+                            out.extend(stream_entries(&pair[1]));
+                        }
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn usage_ack<'a>(&'a self, ids: &'a [String]) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            if ids.is_empty() {
+                return Ok(());
+            }
+            let ack = redis::cmd("XACK")
+                .arg(USAGE_LOG)
+                .arg(USAGE_GROUP)
+                .arg(ids)
+                .to_owned();
+            self.query::<Value>(ack, "usage_ack").await?;
+            let delete = redis::cmd("XDEL").arg(USAGE_LOG).arg(ids).to_owned();
+            self.query::<Value>(delete, "usage_ack").await.map(drop)
         })
     }
 

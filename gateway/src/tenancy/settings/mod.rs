@@ -497,7 +497,7 @@ impl RawTenancy {
                 max_running: self.queue.max_running,
                 max_waiting: self.queue.max_waiting,
             },
-            spend: self.spend.validate()?,
+            spend: self.spend.validate(base)?,
         })
     }
 }
