@@ -38,9 +38,8 @@
 //!
 //! Imports only point down: [`cli`] → [`server`] → [`config`] (composes the settings each
 //! component owns) → [`routes`] → [`admin`] (beside the protocols) → `protocols` →
-//! `generation` → [`tenancy`], `idempotency`, [`plugins`] → `pipeline` → [`spend`] (prices,
-//! budgets, costs) → [`engine_host`] →
-//! [`text`] (the `turnpike-text` crate), [`observability`], [`lifecycle`] (serving, draining,
+//! `generation` → [`tenancy`], `idempotency`, [`plugins`] → `pipeline` → [`engine_host`] →
+//! [`spend`] (prices, budgets, costs) → [`text`] (the `turnpike-text` crate), [`observability`], [`lifecycle`] (serving, draining,
 //! cut: set by the server on a stop signal, read by readiness and every generation stream) →
 //! [`store`] (the `turnpike-store` crate) → at the bottom [`error`], [`ids`], [`clock`] (the
 //! `turnpike-core` crate) and `openai` and `anthropic` (wire types, the `turnpike-wire` crate).

@@ -298,3 +298,50 @@ def test_usage_records_equal_the_responses_when_a_replica_is_killed(tmp_path):
         for gateway in gateways:
             gateway.stop()
         redis.stop()
+
+
+def test_prices_and_budgets_set_through_the_admin_api_reach_the_other_replica(tmp_path):
+    """Two replicas on Redis: prices and a tenant's budget set through one replica's admin API
+    apply on the other within the sync interval, and each change is in the audit log. Bad
+    prices and budgets are 400s naming the field, and change nothing."""
+    redis = Redis(tmp_path / "redis")
+    keys = {"OPS_KEY": make_key(), "ACME_KEY": make_key(), "AUDIT_KEY": audit_secret()}
+    gateways = []
+    try:
+        for name in ("first", "second"):
+            text = admin_config(state=state(redis))
+            text = text.replace('output = { mode = "echo" }', 'output = { mode = "random", length = [50, 50] }')
+            gateways.append(Gateway(tmp_path, text, keys, name))
+        first, second = Admin(gateways[0], keys["OPS_KEY"]), Admin(gateways[1], keys["OPS_KEY"])
+        bad = first("PUT", "/models/prices/chat", {"prices": [{"input": -1, "output": 1}]})
+        assert bad.status_code == 400 and "models.prices.chat[0].input" in bad.json()["error"]["message"], bad.text
+        unknown = first("PUT", "/models/prices/nope", {"prices": [{"input": 1, "output": 1}]})
+        assert unknown.status_code == 400 and "`nope`" in unknown.json()["error"]["message"], unknown.text
+        first.ok("PUT", "/models/prices/chat", {"prices": [{"input": 0, "output": 0.6}]})
+        first.ok("PUT", "/tenants/beta", {"models": ["*"], "budget": {"total": 2.5 * 50 * 0.6e-6}})
+        key = first.ok("POST", "/keys", {"tenant": "beta"})["key"]
+        body = {"model": "chat", "messages": HELLO, "max_tokens": 50}
+        made = time.monotonic()
+        while True:
+            status, headers, _ = post_once(gateways[1].base, "/v1/chat/completions", key, body)
+            if status == 200 and "x-turnpike-cost" in headers:
+                break
+            assert time.monotonic() - made < 2.0, "the second replica did not converge"
+            time.sleep(0.02)
+        assert headers["x-turnpike-cost"] == "0.00003"
+        status, _, _ = post_once(gateways[1].base, "/v1/chat/completions", key, body)
+        status_third, _, answer = post_once(gateways[0].base, "/v1/chat/completions", key, body)
+        assert (status, status_third) == (200, 429), answer
+        assert "tenant `beta`'s total budget" in answer["error"]["message"]
+        actions = [e["action"] for e in second.ok("GET", "/audit")["data"]]
+        assert actions == ["prices.put", "tenant.put", "key.create"], actions
+        # Removing the prices makes the model free again (the configuration prices nothing).
+        first.ok("DELETE", "/models/prices/chat")
+        made = time.monotonic()
+        while post_once(gateways[1].base, "/v1/chat/completions", key, body)[0] != 200:
+            assert time.monotonic() - made < 2.0, "the removal did not reach the second replica"
+            time.sleep(0.02)
+    finally:
+        for gateway in gateways:
+            gateway.stop()
+        redis.stop()

@@ -70,6 +70,10 @@ pub enum Change {
     PutShutdownDate(String, String),
     /// Withdraws it.
     DeleteShutdownDate(String),
+    /// Sets a model's (or alias's) prices, replacing the configuration's for it.
+    PutPrices(String, Vec<crate::spend::settings::RawModelPrice>),
+    /// Removes them (the configuration's apply again).
+    DeletePrices(String),
 }
 
 /// What a change made that the caller needs to see once.
@@ -117,6 +121,8 @@ impl Change {
             Self::DeleteAlias(_) => "alias.delete",
             Self::PutShutdownDate(..) => "shutdown_date.put",
             Self::DeleteShutdownDate(_) => "shutdown_date.delete",
+            Self::PutPrices(..) => "prices.put",
+            Self::DeletePrices(_) => "prices.delete",
         }
     }
 
@@ -132,7 +138,9 @@ impl Change {
             | Self::PutAlias(name, _)
             | Self::DeleteAlias(name)
             | Self::PutShutdownDate(name, _)
-            | Self::DeleteShutdownDate(name) => name.clone(),
+            | Self::DeleteShutdownDate(name)
+            | Self::PutPrices(name, _)
+            | Self::DeletePrices(name) => name.clone(),
             Self::CreateKey(spec) => spec.tenant.clone(),
         }
     }
@@ -239,6 +247,15 @@ impl Change {
                     .shutdown_dates
                     .remove(model)
                     .ok_or_else(|| missing("shutdown date of model", model))?;
+            }
+            Self::PutPrices(model, prices) => {
+                doc.models.prices.insert(model.clone(), prices.clone());
+            }
+            Self::DeletePrices(model) => {
+                doc.models
+                    .prices
+                    .remove(model)
+                    .ok_or_else(|| missing("prices of model", model))?;
             }
         }
         Ok(Applied::State)

@@ -106,6 +106,15 @@ pub enum AdminCommand {
     },
     /// Withdraw a shutdown date.
     Unshutdown(Named),
+    /// Set a model's prices, replacing the configuration's for it.
+    Price {
+        /// The model id or alias.
+        model: String,
+        /// The prices as JSON: `[{"input": 0.15, "output": 0.6}, {"from": "2027-01-01", …}]`.
+        prices: String,
+    },
+    /// Remove a model's prices (the configuration's apply again).
+    Unprice(Named),
     /// Read the audit log.
     Audit {
         /// Only revisions after this one.
@@ -289,6 +298,12 @@ fn call(command: &AdminCommand) -> Result<(&'static str, String, Option<Value>),
             format!("/models/shutdown_dates/{}", enc(&n.name)),
             None,
         ),
+        C::Price { model, prices } => (
+            "PUT",
+            format!("/models/prices/{}", enc(model)),
+            Some(json!({"prices": json_arg(prices, "prices")?})),
+        ),
+        C::Unprice(n) => ("DELETE", format!("/models/prices/{}", enc(&n.name)), None),
         C::Audit {
             after,
             action,

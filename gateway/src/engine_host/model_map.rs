@@ -1,17 +1,21 @@
 //! The admin API's layer over the configured model namespace: more aliases (each naming a
 //! configured id, such as a pinned `name-YYYY-MM-DD`, so clients can be moved between versions
-//! without a restart) and announced shutdown dates. It is plain data, checked against the
+//! without a restart), announced shutdown dates, and prices (a model's list here replaces the
+//! configuration's `[[spend.prices]]` for it). It is plain data, checked against the
 //! registry's configured ids, and swapped whole: a request resolves its model once, against one
 //! map.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::settings::{MODEL_ID_RULE, is_date, is_model_id};
+use crate::spend::prices::PriceTable;
+use crate::spend::settings::{RawModelPrice, price_table};
 
 /// Aliases and shutdown dates set while serving.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelMap {
     /// Alias → the configured id it names.
@@ -21,6 +25,12 @@ pub struct ModelMap {
     /// `shutdown_date`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub shutdown_dates: BTreeMap<String, String>,
+    /// Public id (configured or alias) → its prices, each from its effective time.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub prices: BTreeMap<String, Vec<RawModelPrice>>,
+    /// `prices`, validated (set by the registry as it installs the map).
+    #[serde(skip)]
+    pub price_table: Arc<PriceTable>,
 }
 
 impl ModelMap {
@@ -53,7 +63,17 @@ impl ModelMap {
                 return Err(format!("{at}: `{date}` is not a date like 2027-01-31"));
             }
         }
-        Ok(())
+        for id in self.prices.keys() {
+            if !configured(id) && !self.aliases.contains_key(id) {
+                return Err(format!("models.prices.{id}: no model or alias `{id}`"));
+            }
+        }
+        self.compile_prices().map(drop)
+    }
+
+    /// The prices as a table, or why one is invalid (named by its place).
+    pub fn compile_prices(&self) -> Result<PriceTable, String> {
+        price_table(self.prices.iter(), "models.prices")
     }
 }
 
@@ -71,6 +91,7 @@ mod tests {
         ModelMap {
             aliases: own(aliases),
             shutdown_dates: own(dates),
+            ..ModelMap::default()
         }
     }
 

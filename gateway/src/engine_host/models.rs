@@ -337,6 +337,16 @@ impl ModelRegistry {
         Some(listed(&self.map(), id, &model))
     }
 
+    /// The admin API's price in effect at `now` for a model called `asked` and served as
+    /// `id`, if it set one.
+    pub fn price(&self, asked: &str, id: &str, now: i64) -> Option<crate::spend::prices::Price> {
+        let map = self.map();
+        if map.price_table.is_empty() {
+            return None;
+        }
+        map.price_table.price([asked, id], now)
+    }
+
     /// The model map in force.
     pub fn map(&self) -> Arc<ModelMap> {
         Arc::clone(
@@ -353,8 +363,9 @@ impl ModelRegistry {
     }
 
     /// Checks `map` and puts it in force.
-    pub fn set_map(&self, map: ModelMap) -> Result<(), String> {
+    pub fn set_map(&self, mut map: ModelMap) -> Result<(), String> {
         self.check_map(&map)?;
+        map.price_table = Arc::new(map.compile_prices()?);
         *self
             .map
             .write()

@@ -95,7 +95,6 @@ impl Generator {
                     deadline,
                     wait: true,
                     price: self
-                        .tenancy
                         .price(&req.model, &model.id)
                         .map(|p| p.for_embeddings()),
                     record: super::record_context(

@@ -48,6 +48,17 @@ use crate::spend::usage::RecordContext;
 use crate::tenancy::{Admission, AdmitRequest, Caller, Tenancy};
 use record::RequestRecord;
 
+impl Generator {
+    /// The price in effect of a model called `asked` and served as `id`: the admin API's, else
+    /// the configuration's.
+    pub(crate) fn price(&self, asked: &str, id: &str) -> Option<crate::spend::prices::Price> {
+        let now = i64::try_from(crate::clock::unix_now()).unwrap_or(i64::MAX);
+        self.registry
+            .price(asked, id, now)
+            .or_else(|| self.tenancy.price(asked, id))
+    }
+}
+
 /// What a request's usage record says besides its counts.
 pub(crate) fn record_context(
     caller: &Caller,
@@ -467,7 +478,7 @@ impl Generator {
                     priority: plan.priority,
                     deadline,
                     wait,
-                    price: self.tenancy.price(&req.model, &model.id),
+                    price: self.price(&req.model, &model.id),
                     record: record_context(caller, id, endpoint, &req.model, &model.id, started),
                 },
             )

@@ -199,7 +199,7 @@ impl Generator {
                     priority: p.priority,
                     deadline,
                     wait: true,
-                    price: self.tenancy.price(&req.model, &model.id),
+                    price: self.price(&req.model, &model.id),
                     record: super::record_context(
                         caller,
                         &crate::ids::new_id("gen-"),

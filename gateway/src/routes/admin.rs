@@ -303,9 +303,10 @@ pub(super) async fn list_models(State(state): State<AppState>) -> Result<Respons
 pub(super) struct MapValue {
     model: Option<String>,
     date: Option<String>,
+    prices: Option<Vec<crate::spend::settings::RawModelPrice>>,
 }
 
-/// `PUT /admin/v1/models/{aliases|shutdown_dates}/{id}`.
+/// `PUT /admin/v1/models/{aliases|shutdown_dates|prices}/{id}`.
 pub(super) async fn put_map(
     State(state): State<AppState>,
     axum::Extension(caller): Caller,
@@ -319,6 +320,7 @@ pub(super) async fn put_map(
             MapValue {
                 model: Some(model),
                 date: None,
+                prices: None,
             },
         ) => Change::PutAlias(id, model),
         (
@@ -326,16 +328,26 @@ pub(super) async fn put_map(
             MapValue {
                 model: None,
                 date: Some(date),
+                prices: None,
             },
         ) => Change::PutShutdownDate(id, date),
+        (
+            "prices",
+            MapValue {
+                model: None,
+                date: None,
+                prices: Some(prices),
+            },
+        ) => Change::PutPrices(id, prices),
         ("aliases", _) => return Err(ApiError::MissingParam("model".into())),
         ("shutdown_dates", _) => return Err(ApiError::MissingParam("date".into())),
+        ("prices", _) => return Err(ApiError::MissingParam("prices".into())),
         _ => return Err(unknown_map(&kind)),
     };
     apply(&state, &caller, &headers, change).await
 }
 
-/// `DELETE /admin/v1/models/{aliases|shutdown_dates}/{id}`.
+/// `DELETE /admin/v1/models/{aliases|shutdown_dates|prices}/{id}`.
 pub(super) async fn delete_map(
     State(state): State<AppState>,
     axum::Extension(caller): Caller,
@@ -345,6 +357,7 @@ pub(super) async fn delete_map(
     let change = match kind.as_str() {
         "aliases" => Change::DeleteAlias(id),
         "shutdown_dates" => Change::DeleteShutdownDate(id),
+        "prices" => Change::DeletePrices(id),
         _ => return Err(unknown_map(&kind)),
     };
     apply(&state, &caller, &headers, change).await

@@ -57,6 +57,83 @@ struct RawPrice {
     embedding: Option<f64>,
 }
 
+impl RawPrice {
+    fn split(self) -> (String, RawModelPrice) {
+        let price = RawModelPrice {
+            from: self.from,
+            input: self.input,
+            cached_input: self.cached_input,
+            output: self.output,
+            reasoning: self.reasoning,
+            embedding: self.embedding,
+        };
+        (self.model, price)
+    }
+}
+
+/// One price of one model as written, without the model: an entry of the admin API's model
+/// map (`PUT /admin/v1/models/prices/{model}` takes a list of them).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawModelPrice {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    from: Option<String>,
+    input: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cached_input: Option<f64>,
+    output: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reasoning: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    embedding: Option<f64>,
+}
+
+impl RawModelPrice {
+    /// Its effective time (Unix seconds; the beginning of time when absent) and prices, or why
+    /// it is invalid (`at` names it).
+    pub fn validate(&self, at: &str) -> Result<(i64, Price), String> {
+        let money = |value: f64, field: &str| Money::parse(value, &format!("{at}.{field}"));
+        let input = money(self.input, "input")?;
+        let output = money(self.output, "output")?;
+        let price = Price {
+            input,
+            cached_input: self
+                .cached_input
+                .map_or(Ok(input), |v| money(v, "cached_input"))?,
+            output,
+            reasoning: self
+                .reasoning
+                .map_or(Ok(output), |v| money(v, "reasoning"))?,
+            embedding: self
+                .embedding
+                .map_or(Ok(input), |v| money(v, "embedding"))?,
+        };
+        let from = match &self.from {
+            Some(text) => effective(text, &format!("{at}.from"))?,
+            None => i64::MIN,
+        };
+        Ok((from, price))
+    }
+}
+
+/// The price table of `models` (model → its prices), validated; `at` names the table.
+pub fn price_table<'a>(
+    models: impl Iterator<Item = (&'a String, &'a Vec<RawModelPrice>)>,
+    at: &str,
+) -> Result<PriceTable, String> {
+    let mut table = PriceTable::default();
+    for (model, prices) in models {
+        for (i, raw) in prices.iter().enumerate() {
+            let at = format!("{at}.{model}[{i}]");
+            let (from, price) = raw.validate(&at)?;
+            table
+                .insert(model, from, price)
+                .map_err(|e| format!("{at}: {e}"))?;
+        }
+    }
+    Ok(table)
+}
+
 /// Prices and the currency, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpendConfig {
@@ -143,26 +220,10 @@ impl RawSpend {
         let mut prices = PriceTable::default();
         for (i, raw) in self.prices.into_iter().enumerate() {
             let at = format!("spend.prices[{i}]");
-            let money = |value: f64, field: &str| Money::parse(value, &format!("{at}.{field}"));
-            let input = money(raw.input, "input")?;
-            let output = money(raw.output, "output")?;
-            let price = Price {
-                input,
-                cached_input: raw
-                    .cached_input
-                    .map_or(Ok(input), |v| money(v, "cached_input"))?,
-                output,
-                reasoning: raw
-                    .reasoning
-                    .map_or(Ok(output), |v| money(v, "reasoning"))?,
-                embedding: raw.embedding.map_or(Ok(input), |v| money(v, "embedding"))?,
-            };
-            let from = match &raw.from {
-                Some(text) => effective(text, &format!("{at}.from"))?,
-                None => i64::MIN,
-            };
+            let (model, raw) = raw.split();
+            let (from, price) = raw.validate(&at)?;
             prices
-                .insert(&raw.model, from, price)
+                .insert(&model, from, price)
                 .map_err(|e| format!("{at}: {e}"))?;
         }
         Ok(SpendConfig {

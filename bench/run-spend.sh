@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The added cost of spend: the same Turnpike (simulator engine, zero latency, a tenant with an
+# API key and high request and token limits) and the same oha load as bench/run-tenancy.sh, run
+#   off   prices absent, usage records off (spend.usage_records = false);
+#   on    the model priced, a daily, monthly and total budget on the tenant and on the key (set
+#         high enough never to refuse, so every charge and settle runs), usage records on;
+# with the state in memory and in a local redis-server, plain and streamed requests, at 1 and 64
+# concurrent clients. Rounds interleave off and on (ROUNDS times), so a busy host hits both;
+# the report gives the median ratio on/off and its spread. Writes bench/results/spend.json and
+# bench/results/spend.md.
+#
+#   bench/run-spend.sh [SECONDS_PER_RUN] [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-5}"
+rounds="${2:-3}"
+source bench/lib.sh
+install_turnpike
+work=target/bench/spend
+mkdir -p "$work/runs"
+rm -f "$work"/runs/*.json "$work"/runs/*.ticks
+command -v redis-server > /dev/null || { echo "redis-server is needed (apt-get install redis-server)" >&2; exit 1; }
+oha=target/bench/tools/bin/oha
+key=$(target/release/turnpike keys generate)
+export BENCH_KEY="$key"
+id=$(echo "$key" | cut -d- -f2)
+
+write_config() { # SPEND(off|on) STATE(memory|redis)
+  local spend="$1" state="$2"
+  {
+    printf '[server]\nlisten = "127.0.0.1:4110"\n'
+    printf '[tenants.bench]\nrequests_per_second = 100000000\ntokens_per_minute = 100000000000\n'
+    if [ "$spend" = on ]; then
+      printf '[tenants.bench.budget]\nper_day = 1000000\nper_month = 10000000\ntotal = 100000000\nsoft = 0.9\n'
+    fi
+    printf '[auth]\nkeys_file = "%s"\n' "$PWD/$work/keys.toml"
+    if [ "$state" = redis ]; then
+      printf '[state]\nbackend = "redis"\nredis_url = "redis://127.0.0.1:4111/0"\n'
+    fi
+    printf '[spend]\n'
+    if [ "$spend" = on ]; then
+      printf '[[spend.prices]]\nmodel = "sim"\ninput = 0.15\ncached_input = 0.075\noutput = 0.6\n'
+    else
+      printf 'usage_records = false\n'
+    fi
+    printf '[queue]\nmax_running = 4096\n'
+    sim_engine_toml 4096
+  } > "$work/$spend-$state.toml"
+}
+
+# The key, with a budget of its own (read by both configurations; `off` has no prices, so
+# nothing is charged to it).
+hash=$(printf '%s' "$key" | sha256sum | cut -d' ' -f1)
+cat > "$work/keys.toml" <<KEYS
+[[keys]]
+id = "$id"
+hash = "sha256:$hash"
+tenant = "bench"
+[keys.budget]
+per_day = 1000000
+total = 100000000
+KEYS
+
+load() { # RUN-NAME ROUND
+  local name="$1" round="$2"
+  for mode in plain stream; do
+    local stream=false
+    [ "$mode" = stream ] && stream=true
+    local body="{\"model\":\"sim\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello, how are you today? Tell me about the weather.\"}],\"max_tokens\":20,\"stream\":$stream,\"stream_options\":{\"include_usage\":$stream}}"
+    [ "$mode" = plain ] && body="{\"model\":\"sim\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello, how are you today? Tell me about the weather.\"}],\"max_tokens\":20}"
+    local args=(--no-tui --output-format json -m POST -H "content-type: application/json" -H "authorization: Bearer $key" -d "$body")
+    "$oha" "${args[@]}" -c 16 -z 1s http://127.0.0.1:4110/v1/chat/completions > /dev/null
+    for c in 1 64; do
+      echo "  round $round $name $mode c=$c"
+      "$oha" "${args[@]}" -c "$c" -z "${seconds}s" http://127.0.0.1:4110/v1/chat/completions \
+        > "$work/runs/$name-$mode-c$c-r$round.json"
+    done
+  done
+}
+
+redis-server --port 4111 --save "" --appendonly no > "$work/redis.log" 2>&1 &
+pids+=($!)
+for round in $(seq 1 "$rounds"); do
+  for state in memory redis; do
+    for spend in off on; do
+      write_config "$spend" "$state"
+      RUST_LOG=warn target/release/turnpike --log-format json serve --config "$work/$spend-$state.toml" \
+        > /dev/null 2> "$work/$spend-$state.log" &
+      gateway=$!
+      wait_ready http://127.0.0.1:4110/health
+      # CPU seconds the gateway used during the runs, beside the rate.
+      before=$(awk '{print $14 + $15}' "/proc/$gateway/stat")
+      load "$spend-$state" "$round"
+      after=$(awk '{print $14 + $15}' "/proc/$gateway/stat")
+      echo "$((after - before))" > "$work/runs/$spend-$state-r$round.ticks"
+      kill "$gateway"; wait "$gateway" 2>/dev/null || true
+    done
+  done
+done
+stop_all
+
+cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
+bandwidth=$(target/py/numerics/bin/python bench/read_bandwidth.py 2>/dev/null || python3 bench/read_bandwidth.py 2>/dev/null || echo "?")
+python3 bench/spend_report.py "$work/runs" bench/results "$seconds" "$rounds" "$cpu" "$bandwidth" "$(getconf CLK_TCK)"
