@@ -19,6 +19,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tests/lib.sh
+# One build mode for the whole run: the black-box tests build the workspace again to find its
+# plugins (tests/support), and an incremental setting other than this run's would rebuild it.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 missing() { echo "tests/run.sh: $1; run tests/setup.sh first" >&2; exit 2; }
 need_venv() { venv_current "$1" "${VENVS[$1]}" || missing "target/py/$1 is missing or out of date"; }

@@ -9,10 +9,9 @@
 pub mod c;
 pub mod http;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// The workspace root.
@@ -39,19 +38,19 @@ fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// Builds `package` with cargo and returns the artifact whose file name ends with `suffix`.
-fn cargo_artifact(package: &str, suffix: &str) -> PathBuf {
-    static BUILT: OnceLock<Mutex<HashMap<String, Vec<PathBuf>>>> = OnceLock::new();
-    let built = BUILT.get_or_init(Mutex::default);
-    let mut built = built.lock().unwrap_or_else(|p| p.into_inner());
-    let files = built.entry(package.to_string()).or_insert_with(|| {
+/// Builds the workspace with cargo (once per test process) and returns `package`'s artifact
+/// named `file_name`. The whole workspace, not `-p package`: one package alone unifies its
+/// dependencies' features differently, so cargo would build them all again for each package
+/// (minutes on a small machine), where after `cargo build --workspace` this is a no-op.
+fn cargo_artifact(package: &str, file_name: &str) -> PathBuf {
+    static BUILT: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    let files = BUILT.get_or_init(|| {
         let mut cmd = Command::new(env!("CARGO"));
         cmd.args([
             "build",
             "--quiet",
             "--message-format=json-render-diagnostics",
-            "-p",
-            package,
+            "--workspace",
         ])
         .arg("--target-dir")
         .arg(target_dir())
@@ -62,7 +61,7 @@ fn cargo_artifact(package: &str, suffix: &str) -> PathBuf {
         let out = cmd.output().expect("run cargo");
         assert!(
             out.status.success(),
-            "cargo build -p {package} failed:\n{}",
+            "cargo build --workspace failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
         let mut files = Vec::new();
@@ -84,9 +83,9 @@ fn cargo_artifact(package: &str, suffix: &str) -> PathBuf {
     });
     files
         .iter()
-        .find(|f| f.to_string_lossy().ends_with(suffix))
+        .find(|f| f.file_name().is_some_and(|n| n == file_name))
         .cloned()
-        .unwrap_or_else(|| panic!("cargo built no `*{suffix}` for {package}: {files:?}"))
+        .unwrap_or_else(|| panic!("cargo built no `{file_name}` for {package}"))
 }
 
 fn cdylib(package: &str, lib_name: &str) -> PathBuf {
