@@ -71,12 +71,7 @@ fn calendar(now: i64) -> (i64, i64, String, String) {
         m => (today.year(), m.next()),
     };
     let next_month = Date::from_calendar_date(year, month, 1).map_or(i64::MAX, midnight);
-    let day = format!(
-        "{:04}{:02}{:02}",
-        today.year(),
-        u8::from(today.month()),
-        today.day()
-    );
+    let day = super::day_key(today);
     let month = format!("{:04}{:02}", today.year(), u8::from(today.month()));
     (next_day, next_month, day, month)
 }

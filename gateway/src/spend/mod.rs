@@ -31,6 +31,12 @@ use std::fmt;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Money(pub u64);
 
+/// A day's key in the state store's counters and sums: `YYYYMMDD` (UTC).
+pub fn day_key(date: time::Date) -> String {
+    let (y, m, d) = (date.year(), u8::from(date.month()), date.day());
+    format!("{y:04}{m:02}{d:02}")
+}
+
 /// Nano-units per unit of currency.
 pub const NANOS: u64 = 1_000_000_000;
 

@@ -110,10 +110,7 @@ impl UsageRow {
 
 fn label(d: Date) -> (String, String) {
     let (y, m, day) = (d.year(), u8::from(d.month()), d.day());
-    (
-        format!("{y:04}{m:02}{day:02}"),
-        format!("{y:04}-{m:02}-{day:02}"),
-    )
+    (super::day_key(d), format!("{y:04}-{m:02}-{day:02}"))
 }
 
 /// The rows of `query`, ordered by their group values.

@@ -91,12 +91,7 @@ impl RecordContext {
     pub fn entry(&self, usage: Usage, cost: Money, outcome: Outcome, now: i64) -> UsageEntry {
         let time = time::OffsetDateTime::from_unix_timestamp(now)
             .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-        let day = format!(
-            "{:04}{:02}{:02}",
-            time.year(),
-            u8::from(time.month()),
-            time.day()
-        );
+        let day = super::day_key(time.date());
         let record = Record {
             time: time
                 .format(&time::format_description::well_known::Rfc3339)
