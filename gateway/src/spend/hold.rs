@@ -2,7 +2,8 @@
 //! budget counter it counts toward, or refuses it; the [`SpendHold`] it returns settles the
 //! actual cost when the request ends (billed from its final usage, or, when it ends early,
 //! from the tokens recorded so far) and gives the rest back. The same hold writes the
-//! request's usage record as it settles.
+//! request's usage record as it settles, in one store step with the refund and the request's
+//! unused tokens ([`Settlement`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,7 +19,7 @@ use super::usage::{Outcome, RecordContext};
 use super::{Money, Usage};
 use crate::error::BudgetExceeded;
 use crate::observability::metrics;
-use crate::store::{Store, StoreError, Tally};
+use crate::store::{GiveBack, Record, Refund, Settlement, Store, StoreError, Tally};
 
 /// A request's cost held against its budgets.
 #[derive(Debug)]
@@ -162,61 +163,93 @@ impl SpendHold {
         self.generated.store(generated, Ordering::Relaxed);
     }
 
-    /// Settles with the cost of `usage` (returned when the model has a price) and gives the
-    /// write of its usage record to await, so a response is complete only once its record is.
-    pub fn bill(mut self, usage: Usage) -> (Option<Money>, Option<RecordWrite>) {
+    /// Settles with the cost of `usage` (returned when the model has a price), in the same
+    /// store step as `give_back` (the request's unused tokens), and gives that step to await
+    /// when it writes a usage record, so a response is complete only once its record is.
+    pub fn bill(
+        mut self,
+        usage: Usage,
+        give_back: Option<GiveBack>,
+    ) -> (Option<Money>, Option<RecordWrite>) {
         let cost = self.price.map(|p| p.cost(usage));
-        let write = self.settle(usage, Outcome::Finished);
+        let write = self.settle(usage, Outcome::Finished, give_back);
         (cost, write)
     }
 
-    fn settle(&mut self, usage: Usage, outcome: Outcome) -> Option<RecordWrite> {
-        if self.settled {
-            return None;
+    /// Gives back all that was held and writes no record: the request was refused by another
+    /// limit after its cost was held.
+    pub fn release(mut self) {
+        self.record = None;
+        if let Some(write) = self.settle(Usage::default(), Outcome::Cancelled, None) {
+            spawn(write);
         }
-        self.settled = true;
-        let cost = self.price.map_or(Money(0), |p| p.cost(usage));
-        let write = self.record.take().map(|(context, export)| {
-            let entry = context.entry(usage, cost, outcome, crate::clock::unix_now() as i64);
-            let store = Arc::clone(&self.store);
-            Box::pin(async move {
-                if let Err(e) = store.record_usage(entry, export).await {
-                    metrics::state_error("usage");
-                    tracing::warn!(error = %e, "cannot write a usage record");
-                }
-            }) as RecordWrite
-        });
-        self.give_back(cost);
-        write
     }
 
-    fn give_back(&mut self, cost: Money) {
+    fn settle(
+        &mut self,
+        usage: Usage,
+        outcome: Outcome,
+        give_back: Option<GiveBack>,
+    ) -> Option<RecordWrite> {
+        let mut settlement = Settlement {
+            give_back,
+            ..Settlement::default()
+        };
+        if !self.settled {
+            self.settled = true;
+            let cost = self.price.map_or(Money(0), |p| p.cost(usage));
+            settlement.record = self.record.take().map(|(context, keep_log)| Record {
+                entry: context.entry(usage, cost, outcome, crate::clock::unix_now() as i64),
+                keep_log,
+            });
+            settlement.refund = self.refund_of(cost);
+        }
+        if settlement.is_empty() {
+            return None;
+        }
+        let recorded = settlement.record.is_some();
+        let store = Arc::clone(&self.store);
+        let write = Box::pin(async move {
+            if let Err(e) = store.settle(settlement).await {
+                metrics::state_error(if recorded { "usage" } else { "spend" });
+                tracing::warn!(error = %e, recorded, "cannot settle a request with the state store");
+            }
+        });
+        if recorded {
+            return Some(write);
+        }
+        spawn(write);
+        None
+    }
+
+    /// What goes back to the budgets once the request cost `cost`. One that cost more than
+    /// was held (an engine that passed its budget) is charged the difference: counted, never
+    /// refused.
+    fn refund_of(&mut self, cost: Money) -> Option<Refund> {
         if cost.0 > 0 {
             metrics::spent(&self.tenant, cost.0);
         }
         if self.tallies.is_empty() || cost == self.held {
-            return;
+            return None;
         }
-        let (store, mut tallies, held) = (
-            Arc::clone(&self.store),
-            std::mem::take(&mut self.tallies),
-            self.held,
-        );
+        let (mut tallies, held) = (std::mem::take(&mut self.tallies), self.held);
+        if cost < held {
+            return Some(Refund {
+                tallies,
+                amount: held.0 - cost.0,
+            });
+        }
+        for t in &mut tallies {
+            t.limit = None;
+        }
+        let store = Arc::clone(&self.store);
         spawn(async move {
-            let result = if cost < held {
-                store.refund(&tallies, held.0 - cost.0).await
-            } else {
-                // More than held (an engine that passed its budget): counted, never refused.
-                for t in &mut tallies {
-                    t.limit = None;
-                }
-                store.charge(&tallies, cost.0 - held.0).await.map(drop)
-            };
-            if let Err(e) = result {
+            if let Err(e) = store.charge(&tallies, cost.0 - held.0).await {
                 metrics::state_error("spend");
                 tracing::warn!(error = %e, held = held.0, cost = cost.0, "cannot settle a spend hold");
             }
         });
+        None
     }
 }
 
@@ -232,7 +265,7 @@ impl Drop for SpendHold {
         } else {
             Outcome::Cancelled
         };
-        if let Some(write) = self.settle(usage, outcome) {
+        if let Some(write) = self.settle(usage, outcome, None) {
             spawn(write);
         }
     }

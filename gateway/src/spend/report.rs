@@ -297,7 +297,15 @@ mod tests {
             entry("20261129", "acme", "m2", 5),
             entry("20261129", "beta", "m1", 7),
         ] {
-            store.record_usage(e, false).await.unwrap();
+            let record = Some(crate::store::Record {
+                entry: e,
+                keep_log: false,
+            });
+            let settlement = crate::store::Settlement {
+                record,
+                ..Default::default()
+            };
+            store.settle(settlement).await.unwrap();
         }
         let today = Date::from_calendar_date(2026, time::Month::November, 29).unwrap();
         let raw = RawUsageQuery {

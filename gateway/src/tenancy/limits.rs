@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::error::{ApiError, LimitKind, RateLimited};
 use crate::observability::metrics;
 use crate::spend::hold::spawn;
-use crate::store::{Level, Store, StoreError, Take, Window};
+use crate::store::{GiveBack, Level, Store, StoreError, Take, Window};
 
 use super::Principal;
 
@@ -236,24 +236,36 @@ impl TokenHold {
         self.give_back();
     }
 
-    fn give_back(&mut self) {
+    /// What `used` left of the reservation, for the caller to give back as part of a larger
+    /// settlement (the hold is settled: dropping it gives nothing back).
+    pub fn into_give_back(mut self, used: u64) -> Option<GiveBack> {
+        self.used.store(used, Ordering::Relaxed);
+        self.unused()
+    }
+
+    fn unused(&mut self) -> Option<GiveBack> {
         if self.settled {
-            return;
+            return None;
         }
         self.settled = true;
         let unused = self
             .reserved
             .saturating_sub(self.used.load(Ordering::Relaxed));
-        if unused == 0 {
+        (unused > 0).then(|| GiveBack {
+            key: std::mem::take(&mut self.key),
+            windows: std::mem::take(&mut self.windows),
+            amount: unused,
+        })
+    }
+
+    fn give_back(&mut self) {
+        let Some(give_back) = self.unused() else {
             return;
-        }
-        let (store, key, windows) = (
-            Arc::clone(&self.store),
-            std::mem::take(&mut self.key),
-            std::mem::take(&mut self.windows),
-        );
+        };
+        let store = Arc::clone(&self.store);
         spawn(async move {
-            if let Err(e) = store.give_back(&key, &windows, unused).await {
+            let (key, unused) = (give_back.key.clone(), give_back.amount);
+            if let Err(e) = store.settle(give_back.into()).await {
                 metrics::state_error("tokens");
                 tracing::warn!(error = %e, key, unused, "cannot give back unused tokens");
             }

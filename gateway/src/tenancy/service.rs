@@ -130,11 +130,19 @@ impl Admission {
         }
     }
 
-    /// Settles the cost of `usage` (the generation's final count), reports it to the caller
-    /// and starts writing the usage record ([`Admission::poll_written`]); the cost, when the
-    /// model has a price.
+    /// Settles the cost of `usage` (the generation's final count) and the tokens it left of
+    /// its reservation, reports the cost to the caller and starts writing the usage record
+    /// ([`Admission::poll_written`]); the cost, when the model has a price.
     pub fn bill(&mut self, usage: Usage) -> Option<Money> {
-        let (cost, write) = self.spend.take()?.bill(usage);
+        let used = usage.prompt + usage.completion;
+        let Some(spend) = self.spend.take() else {
+            if let Some(tokens) = self.tokens.take() {
+                tokens.settle(used);
+            }
+            return None;
+        };
+        let give_back = self.tokens.take().and_then(|t| t.into_give_back(used));
+        let (cost, write) = spend.bill(usage, give_back);
         self.writing = write.map(PendingWrite);
         if let (Some(caller), Some(cost)) = (&self.caller, cost) {
             caller.report(|r| r.cost = Some(Money(r.cost.map_or(0, |c| c.0) + cost.0)));
@@ -166,9 +174,6 @@ impl Admission {
     /// Settles with the tokens used (an embedding request: `used` are its input tokens);
     /// what is left holds the usage record's write ([`Admission::written`]).
     pub fn settle(mut self, used: u64) -> Self {
-        if let Some(t) = self.tokens.take() {
-            t.settle(used);
-        }
         self.bill(Usage {
             prompt: used,
             ..Usage::default()
@@ -347,16 +352,25 @@ impl Tenancy {
             price,
             record,
         } = ask;
+        // The token reservation and the spend hold are asked for at once (one round trip to
+        // a shared store, not two); when one refuses, the other is given back.
         let mut report = caller.snapshot();
-        let reserved = self
-            .limiter
-            .reserve(&caller.principal, prompt + most_new, &mut report)
-            .await;
+        let (reserved, spend) = tokio::join!(
+            self.limiter
+                .reserve(&caller.principal, prompt + most_new, &mut report),
+            self.hold_spend(caller, price, prompt, most_new, record),
+        );
         caller.report(|r| r.tokens = report.tokens);
-        let tokens = reserved?;
-        let spend = self
-            .hold_spend(caller, price, prompt, most_new, record)
-            .await?;
+        let (tokens, spend) = match (reserved, spend) {
+            (Ok(tokens), Ok(spend)) => (tokens, spend),
+            (Err(e), spend) => {
+                if let Ok(Some(hold)) = spend {
+                    hold.release();
+                }
+                return Err(e);
+            }
+            (Ok(_), Err(e)) => return Err(e),
+        };
         let permit = self.limiter.acquire(&caller.principal).await?;
         let entry =
             self.queues

@@ -25,3 +25,8 @@ pub(crate) fn usage_log(records: usize, dropped: bool) {
         metrics::counter!("turnpike_usage_log_dropped_total").increment(1);
     }
 }
+
+/// Requests waiting for a grouped Redis call of one kind (`turnpike_state_batch_queue`).
+pub(crate) fn batch_queue(kind: &'static str, waiting: usize) {
+    metrics::gauge!("turnpike_state_batch_queue", "kind" => kind).set(waiting as f64);
+}

@@ -11,7 +11,7 @@
 //!
 //! Buckets are token buckets: a [`Window`] of capacity `c` refills `c` units evenly over its
 //! period. A request-rate window takes 1 per request, a token window takes prompt plus maximum
-//! completion tokens, and gives back what went unused when the generation ends. Spend budgets
+//! completion tokens, and gives back what went unused when the generation ends ([`Settlement`]). Spend budgets
 //! use [`Tally`] counters instead, which do not refill but start again each calendar period.
 
 mod gauges;
@@ -19,6 +19,7 @@ pub mod health;
 pub mod memory;
 pub mod redis;
 pub mod revisions;
+pub mod settle;
 pub mod tally;
 pub mod usage;
 mod values;
@@ -28,6 +29,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+pub use settle::{GiveBack, Record, Refund, Settlement};
 pub use tally::{Charge, Tally};
 pub use usage::{Drained, UsageEntry};
 
@@ -131,14 +133,6 @@ pub trait Store: Send + Sync + Debug {
         amount: u64,
     ) -> StoreFuture<'a, Take>;
 
-    /// Gives back `amount` to every window of `key` (an unused reservation), never above capacity.
-    fn give_back<'a>(
-        &'a self,
-        key: &'a str,
-        windows: &'a [Window],
-        amount: u64,
-    ) -> StoreFuture<'a, ()>;
-
     /// Holds one of `limit` concurrency leases of `key` under the id `lease`; `false` when all
     /// are held. A lease not renewed within `ttl` lapses (a replica that died returns its leases).
     fn acquire<'a>(
@@ -206,12 +200,9 @@ pub trait Store: Send + Sync + Debug {
     /// Adds `amount` to every tally, or to none when one would pass its limit.
     fn charge<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, Charge>;
 
-    /// Takes `amount` back from every tally that has not lapsed (never below zero).
-    fn refund<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, ()>;
-
-    /// Adds a usage record's sums to its day and, with `keep_log`, appends the record to the
-    /// usage log for export: one atomic step.
-    fn record_usage(&self, entry: UsageEntry, keep_log: bool) -> StoreFuture<'_, ()>;
+    /// Ends a request: gives back its unused tokens, refunds its unused spend and writes its
+    /// usage record, whichever of them it has, in one atomic step (see [`settle`]).
+    fn settle(&self, settlement: Settlement) -> StoreFuture<'_, ()>;
 
     /// A day's usage sums (`day`: `YYYYMMDD`).
     fn usage_sums<'a>(&'a self, day: &'a str) -> StoreFuture<'a, Vec<(String, u64)>>;

@@ -17,11 +17,11 @@ use governor::{Quota, RateLimiter};
 
 use super::revisions::Revisions;
 use super::tally::{Charge, Tallies, Tally};
-use super::usage::{Drained, MemoryUsage, UsageEntry};
+use super::usage::{Drained, MemoryUsage};
 use super::values::{Values, footprint};
 use super::{
-    Begin, Commit, Level, Revision, Store, StoreError, StoreFuture, Take, Window, level_of, refill,
-    time_to,
+    Begin, Commit, Level, Revision, Settlement, Store, StoreError, StoreFuture, Take, Window,
+    level_of, refill, time_to,
 };
 use crate::gauges as metrics;
 
@@ -330,16 +330,6 @@ impl Store for MemoryStore {
         ready(self.take_now(key, windows, amount))
     }
 
-    fn give_back<'a>(
-        &'a self,
-        key: &'a str,
-        windows: &'a [Window],
-        amount: u64,
-    ) -> StoreFuture<'a, ()> {
-        self.give_back_now(key, windows, amount);
-        ready(())
-    }
-
     fn acquire<'a>(
         &'a self,
         key: &'a str,
@@ -494,13 +484,16 @@ impl Store for MemoryStore {
         })
     }
 
-    fn refund<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, ()> {
-        lock(&self.tallies).refund(tallies, amount);
-        ready(())
-    }
-
-    fn record_usage(&self, entry: UsageEntry, keep_log: bool) -> StoreFuture<'_, ()> {
-        lock(&self.usage).record(entry, keep_log);
+    fn settle(&self, settlement: Settlement) -> StoreFuture<'_, ()> {
+        if let Some(g) = settlement.give_back {
+            self.give_back_now(&g.key, &g.windows, g.amount);
+        }
+        if let Some(r) = settlement.refund {
+            lock(&self.tallies).refund(&r.tallies, r.amount);
+        }
+        if let Some(r) = settlement.record {
+            lock(&self.usage).record(r.entry, r.keep_log);
+        }
         ready(())
     }
 

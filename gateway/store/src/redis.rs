@@ -1,7 +1,8 @@
 //! The Redis store: state shared by every gateway replica. Each operation is one Lua script run
 //! by the server (`EVALSHA`, loaded again after a Redis restart), so a check and its update are
 //! atomic across replicas. Scripts read the clock with `TIME` on the Redis server, so replicas
-//! with skewed clocks still agree.
+//! with skewed clocks still agree. Budget charges and requests' ends are grouped: the calls that
+//! arrive while one is on its way go together in the next ([`batch`]).
 //!
 //! The connection manager reconnects by itself; every call is bounded by the configured
 //! timeout, so a Redis that vanishes costs a request at most that long before the caller's
@@ -12,15 +13,19 @@
 //! not the same as once. The health probe (see [`super::health`]) keeps the connection re-made
 //! while Redis is away, so the first script after Redis returns finds a live connection.
 
+mod batch;
+mod charge;
+mod settle;
+
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
-use super::tally::ttl_ms;
-use super::usage::{Drained, KEEP_DAYS, MAX_LOG, UsageEntry};
+use super::usage::Drained;
 use super::{
-    Begin, Charge, Commit, Revision, Store, StoreError, StoreFuture, Take, Tally, Window, level_of,
+    Begin, Charge, Commit, Revision, Settlement, Store, StoreError, StoreFuture, Take, Tally,
+    Window, level_of,
 };
 
 /// State in Redis.
@@ -29,6 +34,14 @@ pub struct RedisStore {
     connection: ConnectionManager,
     timeout: Duration,
     scripts: std::sync::Arc<Scripts>,
+    batches: std::sync::Arc<Batches>,
+}
+
+/// The queues of grouped calls (see [`batch`]).
+#[derive(Debug, Default)]
+struct Batches {
+    settles: batch::Queue<settle::Settles>,
+    charges: batch::Queue<charge::Charges>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -41,7 +54,6 @@ impl std::fmt::Debug for RedisStore {
 
 struct Scripts {
     take: Script,
-    give_back: Script,
     acquire: Script,
     renew: Script,
     begin: Script,
@@ -49,8 +61,7 @@ struct Scripts {
     commit: Script,
     raise: Script,
     charge: Script,
-    refund: Script,
-    usage: Script,
+    settle: Script,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -135,7 +146,6 @@ impl RedisStore {
             timeout,
             scripts: std::sync::Arc::new(Scripts {
                 take: Script::new(include_str!("scripts/take.lua")),
-                give_back: Script::new(include_str!("scripts/give_back.lua")),
                 acquire: Script::new(include_str!("scripts/acquire.lua")),
                 renew: Script::new(include_str!("scripts/renew.lua")),
                 begin: Script::new(include_str!("scripts/begin.lua")),
@@ -143,9 +153,9 @@ impl RedisStore {
                 commit: Script::new(include_str!("scripts/commit.lua")),
                 raise: Script::new(include_str!("scripts/raise.lua")),
                 charge: Script::new(include_str!("scripts/charge.lua")),
-                refund: Script::new(include_str!("scripts/refund.lua")),
-                usage: Script::new(include_str!("scripts/usage.lua")),
+                settle: Script::new(include_str!("scripts/settle.lua")),
             }),
+            batches: std::sync::Arc::default(),
         })
     }
 
@@ -267,20 +277,6 @@ impl Store for RedisStore {
         amount: u64,
     ) -> StoreFuture<'a, Take> {
         Box::pin(self.take_units(key, windows, amount))
-    }
-
-    fn give_back<'a>(
-        &'a self,
-        key: &'a str,
-        windows: &'a [Window],
-        amount: u64,
-    ) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            let args = bucket_args(amount, windows);
-            self.run(&self.scripts.give_back, &bucket_keys(key, windows), args)
-                .await
-                .map(drop)
-        })
     }
 
     fn acquire<'a>(
@@ -457,64 +453,11 @@ impl Store for RedisStore {
     }
 
     fn charge<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, Charge> {
-        Box::pin(async move {
-            let keys: Vec<String> = tallies.iter().map(|t| t.key.clone()).collect();
-            let mut args = vec![amount.to_string().into_bytes()];
-            for t in tallies {
-                let limit = t.limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
-                args.push(limit.to_string().into_bytes());
-            }
-            for t in tallies {
-                args.push(ttl_ms(t.lapses_at).to_string().into_bytes());
-            }
-            let reply = self.run(&self.scripts.charge, &keys, args).await?;
-            let Value::Array(items) = &reply else {
-                return Err(StoreError(format!("unexpected script reply {reply:?}")));
-            };
-            let numbers = items
-                .iter()
-                .map(|v| integer(v).map(|i| u64::try_from(i).unwrap_or(0)))
-                .collect::<Result<Vec<u64>, _>>()?;
-            let Some((allowed, totals)) = numbers.split_first() else {
-                return Err(StoreError("empty charge reply".into()));
-            };
-            Ok(Charge {
-                allowed: *allowed == 1,
-                totals: totals.to_vec(),
-            })
-        })
+        Box::pin(self.batched::<charge::Charges>((tallies.to_vec(), amount)))
     }
 
-    fn refund<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            let keys: Vec<String> = tallies.iter().map(|t| t.key.clone()).collect();
-            let args = vec![amount.to_string().into_bytes()];
-            self.run(&self.scripts.refund, &keys, args).await.map(drop)
-        })
-    }
-
-    fn record_usage(&self, entry: UsageEntry, keep_log: bool) -> StoreFuture<'_, ()> {
-        Box::pin(async move {
-            let keys = [
-                USAGE_LOG.to_string(),
-                format!("tp:{{usage}}:d:{}", entry.day),
-            ];
-            let mut args = vec![
-                entry.record,
-                if keep_log {
-                    b"1".to_vec()
-                } else {
-                    b"0".to_vec()
-                },
-                MAX_LOG.to_string().into_bytes(),
-                (KEEP_DAYS * 86_400).to_string().into_bytes(),
-            ];
-            for (name, amount) in entry.sums {
-                args.push(name.into_bytes());
-                args.push(amount.to_string().into_bytes());
-            }
-            self.run(&self.scripts.usage, &keys, args).await.map(drop)
-        })
+    fn settle(&self, settlement: Settlement) -> StoreFuture<'_, ()> {
+        Box::pin(async move { self.batched::<settle::Settles>(settlement).await })
     }
 
     fn usage_sums<'a>(&'a self, day: &'a str) -> StoreFuture<'a, Vec<(String, u64)>> {

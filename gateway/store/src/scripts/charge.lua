@@ -1,25 +1,34 @@
--- Adds ARGV[1] to every counter KEYS[i], or to none when one would pass its limit
--- ARGV[1 + i] (-1: none). A counter made here lapses after ARGV[1 + #KEYS + i] ms (0: never).
--- Returns {allowed (1/0), count of each counter after}.
-local amount = tonumber(ARGV[1])
-local n = #KEYS
-local counts = {}
-local fits = 1
-for i = 1, n do
-  counts[i] = tonumber(redis.call('GET', KEYS[i]) or '0')
-  local limit = tonumber(ARGV[1 + i])
-  if limit >= 0 and counts[i] + amount > limit then
-    fits = 0
+-- Charges requests, several per call (see tally.rs and redis/charge.rs), each all or none: a
+-- request's amount is added to every one of its counters, or to none when one would pass its
+-- limit. A counter made here lapses after its time to live.
+-- KEYS, per request: its n counters.
+-- ARGV, per request: n, the amount, n limits (-1: none), n times to live (ms, 0: never).
+-- Returns, per request: 1 when charged (else 0), then each counter's count after.
+local out = {}
+local a, k = 1, 1
+while a <= #ARGV do
+  local n, amount = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local counts, fits = {}, 1
+  for i = 0, n - 1 do
+    counts[i + 1] = tonumber(redis.call('GET', KEYS[k + i]) or '0')
+    local limit = tonumber(ARGV[a + 2 + i])
+    if limit >= 0 and counts[i + 1] + amount > limit then
+      fits = 0
+    end
   end
-end
-if fits == 0 then
-  return {0, unpack(counts)}
-end
-for i = 1, n do
-  counts[i] = redis.call('INCRBY', KEYS[i], amount)
-  local ttl = tonumber(ARGV[1 + n + i])
-  if ttl > 0 and redis.call('PTTL', KEYS[i]) < 0 then
-    redis.call('PEXPIRE', KEYS[i], ttl)
+  if fits == 1 then
+    for i = 0, n - 1 do
+      counts[i + 1] = redis.call('INCRBY', KEYS[k + i], amount)
+      local ttl = tonumber(ARGV[a + 2 + n + i])
+      if ttl > 0 and redis.call('PTTL', KEYS[k + i]) < 0 then
+        redis.call('PEXPIRE', KEYS[k + i], ttl)
+      end
+    end
   end
+  out[#out + 1] = fits
+  for i = 1, n do
+    out[#out + 1] = counts[i]
+  end
+  k, a = k + n, a + 2 + 2 * n
 end
-return {1, unpack(counts)}
+return out

@@ -1,0 +1,160 @@
+//! Group commit for Redis scripts whose calls come from many requests at once (settlements,
+//! budget charges): a caller waits for one script call, and the calls that arrive while that one
+//! is on its way go together in the next. One request at a time waits only its own round trip;
+//! under load one call does up to [`MAX_BATCH`] requests' work, so Redis and the gateway spend
+//! their time on the work rather than on a call per request. Each request's part of a call is
+//! applied as one step, as if it were alone, and gets its own answer.
+//!
+//! No task outlives its queue: the caller that finds a queue idle starts a drain, which runs
+//! calls until the queue is empty. A queue holds at most [`MAX_QUEUED`] items (one per request
+//! in flight); past it an item runs on a call of its own instead of waiting.
+
+use std::future::Future;
+use std::sync::Mutex;
+
+use tokio::sync::oneshot;
+
+use super::RedisStore;
+use crate::StoreError;
+
+/// Most items in one script call.
+pub(crate) const MAX_BATCH: usize = 128;
+
+/// Most items waiting for a call.
+pub(crate) const MAX_QUEUED: usize = 16_384;
+
+/// One kind of grouped call.
+pub(crate) trait Batch: Send + Sync + Sized + 'static {
+    /// What one request asks.
+    type Item: Send + 'static;
+    /// What it is answered.
+    type Answer: Send + 'static;
+    /// The queue's name in metrics.
+    const NAME: &'static str;
+    /// Its queue in the store.
+    fn queue(store: &RedisStore) -> &Queue<Self>;
+    /// Runs `items` in one call; an answer per item, in order.
+    fn run(
+        store: &RedisStore,
+        items: Vec<Self::Item>,
+    ) -> impl Future<Output = Result<Vec<Self::Answer>, StoreError>> + Send;
+}
+
+type Reply<B> = oneshot::Sender<Result<<B as Batch>::Answer, StoreError>>;
+
+/// Items waiting for the next call, and whether a drain is running.
+pub(crate) struct Queue<B: Batch> {
+    state: Mutex<Waiting<B>>,
+}
+
+struct Waiting<B: Batch> {
+    items: Vec<(B::Item, Reply<B>)>,
+    draining: bool,
+}
+
+impl<B: Batch> Default for Queue<B> {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(Waiting {
+                items: Vec::new(),
+                draining: false,
+            }),
+        }
+    }
+}
+
+impl<B: Batch> std::fmt::Debug for Queue<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue").field("name", &B::NAME).finish()
+    }
+}
+
+/// What became of an item handed to the queue.
+enum Queued<B: Batch> {
+    /// It waits; the caller starts the drain.
+    Lead(oneshot::Receiver<Result<B::Answer, StoreError>>),
+    /// It waits for the running drain.
+    Wait(oneshot::Receiver<Result<B::Answer, StoreError>>),
+    /// The queue is full: the caller runs it alone.
+    Full(B::Item),
+}
+
+impl<B: Batch> Queue<B> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting<B>> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn push(&self, item: B::Item) -> Queued<B> {
+        let mut waiting = self.lock();
+        if waiting.items.len() >= MAX_QUEUED {
+            return Queued::Full(item);
+        }
+        let (tx, rx) = oneshot::channel();
+        waiting.items.push((item, tx));
+        crate::gauges::batch_queue(B::NAME, waiting.items.len());
+        if waiting.draining {
+            Queued::Wait(rx)
+        } else {
+            waiting.draining = true;
+            Queued::Lead(rx)
+        }
+    }
+
+    /// The next call's items; none (and the drain ends) when nothing waits.
+    fn next_batch(&self) -> Vec<(B::Item, Reply<B>)> {
+        let mut waiting = self.lock();
+        let take = waiting.items.len().min(MAX_BATCH);
+        let batch: Vec<_> = waiting.items.drain(..take).collect();
+        waiting.draining = !batch.is_empty();
+        crate::gauges::batch_queue(B::NAME, waiting.items.len());
+        batch
+    }
+}
+
+impl RedisStore {
+    /// Runs `item` in the next grouped call of its kind and returns its answer.
+    pub(super) async fn batched<B: Batch>(&self, item: B::Item) -> Result<B::Answer, StoreError> {
+        let answer = match B::queue(self).push(item) {
+            Queued::Lead(answer) => {
+                tokio::spawn(drain::<B>(self.clone()));
+                answer
+            }
+            Queued::Wait(answer) => answer,
+            Queued::Full(item) => {
+                let mut answers = B::run(self, vec![item]).await?;
+                return answers
+                    .pop()
+                    .ok_or_else(|| StoreError(format!("no answer from the {} call", B::NAME)));
+            }
+        };
+        answer
+            .await
+            .unwrap_or_else(|_| Err(StoreError(format!("no answer from the {} call", B::NAME))))
+    }
+}
+
+async fn drain<B: Batch>(store: RedisStore) {
+    loop {
+        let batch = B::queue(&store).next_batch();
+        if batch.is_empty() {
+            return;
+        }
+        let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+        // A caller that stopped waiting has nothing to hear; one left without an answer (a
+        // short reply) hears that its call gave none.
+        match B::run(&store, items).await {
+            Ok(answers) => {
+                for (reply, answer) in replies.into_iter().zip(answers) {
+                    let _ = reply.send(Ok(answer));
+                }
+            }
+            Err(e) => {
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The Redis store's grouped calls against a real `redis-server` (started here on a free port):
+//! charges and settlements from many concurrent requests share script calls, yet each request
+//! is charged all or none and answered for itself.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use turnpike_store::redis::RedisStore;
+use turnpike_store::{GiveBack, Record, Refund, Settlement, Store, Tally, UsageEntry, Window};
+
+struct Redis(Child);
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A fresh redis-server and a store on it.
+fn redis() -> (Redis, RedisStore) {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server is needed (tests/setup.sh installs it)");
+    let server = Redis(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let store = RedisStore::new(&url, Duration::from_secs(5)).expect("a store");
+    (server, store)
+}
+
+fn tally(key: &str, limit: u64) -> Tally {
+    Tally {
+        key: key.into(),
+        limit: Some(limit),
+        lapses_at: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_charges_are_each_all_or_none() {
+    let (_server, store) = redis();
+    // Two counters: the tighter one (500) decides; every charge is answered for itself.
+    let tallies = vec![tally("tp:{t}:sp:d", 500), tally("tp:{t}:sp:t", 10_000)];
+    let charges = (0..200).map(|_| store.charge(&tallies, 10));
+    let answers = futures_util::future::join_all(charges).await;
+    let allowed = answers
+        .iter()
+        .filter(|a| a.as_ref().expect("an answer").allowed)
+        .count();
+    assert_eq!(allowed, 50);
+    for answer in answers.iter().flatten().filter(|a| a.allowed) {
+        assert_eq!(answer.totals.len(), 2);
+        assert!(answer.totals[0] <= 500);
+        assert_eq!(answer.totals[0], answer.totals[1]);
+    }
+    let refused = answers
+        .iter()
+        .flatten()
+        .find(|a| !a.allowed)
+        .expect("a refusal");
+    assert_eq!(refused.refused_by(&tallies, 10), Some(0));
+    // Nothing was charged past the limit: a charge of the room left still fits.
+    assert!(!store.charge(&tallies, 1).await.expect("an answer").allowed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_settlements_each_give_back_refund_and_record_once() {
+    let (_server, store) = redis();
+    let windows = vec![Window {
+        capacity: 100_000,
+        period: Duration::from_secs(3600),
+    }];
+    let tallies = vec![tally("tp:{t}:sp:m", 1_000_000)];
+    let n = 300;
+    assert!(
+        store
+            .take("tp:{t}:tk", &windows, n * 100)
+            .await
+            .expect("taken")
+            .allowed
+    );
+    assert!(
+        store
+            .charge(&tallies, n * 40)
+            .await
+            .expect("charged")
+            .allowed
+    );
+    let settlements = (0..n).map(|i| Settlement {
+        give_back: Some(GiveBack {
+            key: "tp:{t}:tk".into(),
+            windows: windows.clone(),
+            amount: 100,
+        }),
+        refund: Some(Refund {
+            tallies: tallies.clone(),
+            amount: 30,
+        }),
+        record: Some(Record {
+            entry: UsageEntry {
+                record: format!("{{\"n\":{i}}}").into_bytes(),
+                day: "20261130".into(),
+                sums: vec![
+                    ("t\t-\tm\trequests".into(), 1),
+                    ("t\t-\tm\tinput_tokens".into(), i),
+                ],
+            },
+            keep_log: true,
+        }),
+    });
+    let settled = futures_util::future::join_all(settlements.map(|s| store.settle(s))).await;
+    assert!(settled.iter().all(Result::is_ok));
+    // The bucket is full again, 10 of each charge of 40 stay, and each record was written once.
+    assert!(
+        store
+            .take("tp:{t}:tk", &windows, 100_000)
+            .await
+            .expect("taken")
+            .allowed
+    );
+    let left = store.charge(&tallies, 0).await.expect("an answer");
+    assert_eq!(left.totals, vec![n * 10]);
+    let mut sums = store.usage_sums("20261130").await.expect("sums");
+    sums.sort();
+    let expected_input = (0..n).sum::<u64>();
+    assert_eq!(
+        sums,
+        vec![
+            ("t\t-\tm\tinput_tokens".to_string(), expected_input),
+            ("t\t-\tm\trequests".to_string(), n),
+        ]
+    );
+    let mut exported = 0;
+    loop {
+        let drained = store.usage_drain("test", 100).await.expect("drained");
+        if drained.is_empty() {
+            break;
+        }
+        exported += drained.len();
+        let ids: Vec<String> = drained.into_iter().map(|(id, _)| id).collect();
+        store.usage_ack(&ids).await.expect("acknowledged");
+    }
+    assert_eq!(exported, n as usize);
+}
