@@ -18,7 +18,7 @@ source bench/lib.sh
 install_turnpike
 work=target/bench/spend
 mkdir -p "$work/runs"
-rm -f "$work"/runs/*.json "$work"/runs/*.ticks
+rm -f "$work"/runs/*.json "$work"/runs/*.ticks "$work"/runs/*.redis
 command -v redis-server > /dev/null || { echo "redis-server is needed (apt-get install redis-server)" >&2; exit 1; }
 oha=target/bench/tools/bin/oha
 key=$(target/release/turnpike keys generate)
@@ -78,6 +78,10 @@ load() { # RUN-NAME ROUND
   done
 }
 
+redis_cpu() { # Redis' user and system CPU seconds so far
+  redis-cli -p 4111 info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {print s}'
+}
+
 redis-server --port 4111 --save "" --appendonly no > "$work/redis.log" 2>&1 &
 pids+=($!)
 for round in $(seq 1 "$rounds"); do
@@ -90,9 +94,16 @@ for round in $(seq 1 "$rounds"); do
       wait_ready http://127.0.0.1:4110/health
       # CPU seconds the gateway used during the runs, beside the rate.
       before=$(awk '{print $14 + $15}' "/proc/$gateway/stat")
+      redis-cli -p 4111 config resetstat > /dev/null
+      redis_before=$(redis_cpu)
       load "$spend-$state" "$round"
       after=$(awk '{print $14 + $15}' "/proc/$gateway/stat")
       echo "$((after - before))" > "$work/runs/$spend-$state-r$round.ticks"
+      # Redis' CPU seconds and script calls over the same runs (the warm-ups included).
+      if [ "$state" = redis ]; then
+        calls=$(redis-cli -p 4111 info commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
+        echo "$(redis_cpu) $redis_before ${calls:-0}" > "$work/runs/$spend-$state-r$round.redis"
+      fi
       kill "$gateway"; wait "$gateway" 2>/dev/null || true
     done
   done

@@ -29,8 +29,20 @@ for f in sorted(runs.glob("*.ticks")):
     if requests:
         cpu_ms.setdefault(name, []).append(int(f.read_text()) / int(ticks_per_s) * 1e3 / requests)
 
+# Redis' CPU and script calls per request, over every run of a round (warm-ups included, so
+# both are slightly low; the same for off and on).
+redis_load = {}
+for f in sorted(runs.glob("*.redis")):
+    name, _, round_ = f.stem.rpartition("-r")
+    after, before, calls = (float(x) for x in f.read_text().split())
+    requests = sum(r["requests"] for key, rs in rows.items() if key.startswith(name + "-") for r in rs
+                   if r["round"] == int(round_))
+    if requests:
+        redis_load.setdefault(name, []).append(((after - before) * 1e3 / requests, calls / requests))
+
 result = {"seconds_per_run": int(seconds), "rounds": int(rounds), "cpu": cpu, "memory_bandwidth_gb_s": bandwidth,
-          "runs": rows, "cpu_ms_per_request": cpu_ms, "ratios": {}}
+          "runs": rows, "cpu_ms_per_request": cpu_ms, "redis_ms_and_calls_per_request": redis_load,
+          "ratios": {}}
 lines = ["# Cost of spend: prices, budgets and usage records", "",
          f"`bench/run-spend.sh {seconds} {rounds}` on {cpu} (memory read bandwidth {bandwidth} GB/s): "
          f"Turnpike with the simulator engine (zero latency), oha, {seconds} s per run, {rounds} interleaved "
@@ -56,6 +68,11 @@ for state in ["memory", "redis"]:
 lines += ["", "Gateway CPU time per request (ms, median over rounds, all modes and concurrencies of a round):", ""]
 for name, values in sorted(cpu_ms.items()):
     lines.append(f"- {name}: {statistics.median(values):.3f}")
+if redis_load:
+    lines += ["", "Redis (the same host) per request: CPU time (ms) and script calls, median over rounds:", ""]
+    for name, values in sorted(redis_load.items()):
+        ms, calls = statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
+        lines.append(f"- {name}: {ms:.3f} ms, {calls:.2f} calls")
 bad = {name: r["status"] for name, rs in rows.items() for r in rs if set(r["status"]) - {"200"}}
 lines += ["", "Every run answered 200 only." if not bad else f"Non-200 answers: {bad}"]
 (out / "spend.json").write_text(json.dumps(result, indent=2) + "\n")

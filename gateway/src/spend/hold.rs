@@ -199,7 +199,13 @@ impl SpendHold {
             self.settled = true;
             let cost = self.price.map_or(Money(0), |p| p.cost(usage));
             settlement.record = self.record.take().map(|(context, keep_log)| Record {
-                entry: context.entry(usage, cost, outcome, crate::clock::unix_now() as i64),
+                entry: context.entry(
+                    usage,
+                    cost,
+                    outcome,
+                    crate::clock::unix_now() as i64,
+                    keep_log,
+                ),
                 keep_log,
             });
             settlement.refund = self.refund_of(cost);

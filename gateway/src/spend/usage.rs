@@ -87,12 +87,20 @@ pub fn sum_name(tenant: &str, key: &str, model: &str, metric: &str) -> String {
 }
 
 impl RecordContext {
-    /// The record of this request's end and its sums, at `now` (Unix seconds).
-    pub fn entry(&self, usage: Usage, cost: Money, outcome: Outcome, now: i64) -> UsageEntry {
+    /// The record of this request's end (with `logged`: only the export log keeps records, so
+    /// without it the record is left empty) and its sums, at `now` (Unix seconds).
+    pub fn entry(
+        &self,
+        usage: Usage,
+        cost: Money,
+        outcome: Outcome,
+        now: i64,
+        logged: bool,
+    ) -> UsageEntry {
         let time = time::OffsetDateTime::from_unix_timestamp(now)
             .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
         let day = super::day_key(time.date());
-        let record = Record {
+        let record = logged.then(|| Record {
             time: time
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default(),
@@ -110,7 +118,7 @@ impl RecordContext {
             cost: cost.units(),
             cost_nanos: cost.0,
             latency_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        };
+        });
         let amounts = [
             1,
             usage.prompt,
@@ -132,7 +140,9 @@ impl RecordContext {
             })
             .collect();
         UsageEntry {
-            record: serde_json::to_vec(&record).unwrap_or_default(),
+            record: record
+                .and_then(|r| serde_json::to_vec(&r).ok())
+                .unwrap_or_default(),
             day,
             sums,
         }

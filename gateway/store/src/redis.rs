@@ -1,7 +1,7 @@
 //! The Redis store: state shared by every gateway replica. Each operation is one Lua script run
 //! by the server (`EVALSHA`, loaded again after a Redis restart), so a check and its update are
 //! atomic across replicas. Scripts read the clock with `TIME` on the Redis server, so replicas
-//! with skewed clocks still agree. Budget charges and requests' ends are grouped: the calls that
+//! with skewed clocks still agree. Bucket takes, budget charges and requests' ends are grouped: the calls that
 //! arrive while one is on its way go together in the next ([`batch`]).
 //!
 //! The connection manager reconnects by itself; every call is bounded by the configured
@@ -16,6 +16,7 @@
 mod batch;
 mod charge;
 mod settle;
+mod take;
 
 use std::time::Duration;
 
@@ -25,7 +26,7 @@ use redis::{Script, Value};
 use super::usage::Drained;
 use super::{
     Begin, Charge, Commit, Revision, Settlement, Store, StoreError, StoreFuture, Take, Tally,
-    Window, level_of,
+    Window,
 };
 
 /// State in Redis.
@@ -42,6 +43,7 @@ pub struct RedisStore {
 struct Batches {
     settles: batch::Queue<settle::Settles>,
     charges: batch::Queue<charge::Charges>,
+    takes: batch::Queue<take::Takes>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -217,32 +219,8 @@ impl RedisStore {
         windows: &[Window],
         amount: u64,
     ) -> Result<Take, StoreError> {
-        let reply = self
-            .run(
-                &self.scripts.take,
-                &bucket_keys(key, windows),
-                bucket_args(amount, windows),
-            )
-            .await?;
-        let Value::Array(items) = reply else {
-            return Err(StoreError(format!("unexpected take reply {reply:?}")));
-        };
-        if items.len() != 3 + windows.len() {
-            return Err(StoreError("take reply has the wrong length".into()));
-        }
-        let allowed = integer(&items[0])? == 1;
-        let never = integer(&items[1])? == 1;
-        let wait = Duration::from_millis(integer(&items[2])?.max(0).unsigned_abs());
-        let mut levels = Vec::with_capacity(windows.len());
-        for (w, item) in windows.iter().zip(&items[3..]) {
-            levels.push(level_of(*w, integer(item)? as f64 / 1000.0));
-        }
-        Ok(Take {
-            allowed,
-            levels,
-            retry_after: if never { Duration::MAX } else { wait },
-            never,
-        })
+        self.batched::<take::Takes>((key.to_string(), windows.to_vec(), amount))
+            .await
     }
 
     async fn owned(

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 /// One record and what it adds to its day's sums.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageEntry {
-    /// The record (a JSON line).
+    /// The record (a JSON line; empty when the log does not keep it).
     pub record: Vec<u8>,
     /// Its day, `YYYYMMDD` (UTC).
     pub day: String,

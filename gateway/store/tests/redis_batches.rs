@@ -164,3 +164,33 @@ async fn concurrent_settlements_each_give_back_refund_and_record_once() {
     }
     assert_eq!(exported, n as usize);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_takes_are_each_all_or_none() {
+    let (_server, store) = redis();
+    let hour = Duration::from_secs(3600);
+    // Two windows: the smaller (500 an hour) decides, and the larger loses only what it allowed.
+    let windows = vec![
+        Window {
+            capacity: 500,
+            period: hour,
+        },
+        Window {
+            capacity: 5000,
+            period: hour,
+        },
+    ];
+    let takes = (0..200).map(|_| store.take("tp:{t}:tk", &windows, 10));
+    let answers = futures_util::future::join_all(takes).await;
+    let allowed: Vec<_> = answers.iter().flatten().filter(|t| t.allowed).collect();
+    assert_eq!(allowed.len(), 50);
+    let refused = answers.iter().flatten().find(|t| !t.allowed).unwrap();
+    assert!(!refused.never);
+    assert!(refused.retry_after > Duration::ZERO);
+    assert_eq!(refused.levels.len(), 2);
+    assert!(refused.levels[0].remaining < 10);
+    assert!(refused.levels[1].remaining >= 4500);
+    // More than a window holds is never allowed.
+    let never = store.take("tp:{t}:other", &windows, 501).await.unwrap();
+    assert!(!never.allowed && never.never);
+}

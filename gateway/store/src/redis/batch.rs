@@ -5,8 +5,10 @@
 //! their time on the work rather than on a call per request. Each request's part of a call is
 //! applied as one step, as if it were alone, and gets its own answer.
 //!
-//! No task outlives its queue: the caller that finds a queue idle starts a drain, which runs
-//! calls until the queue is empty. A queue holds at most [`MAX_QUEUED`] items (one per request
+//! No task outlives its queue: the caller that finds a queue idle runs its own call at once (no
+//! hand-off to another task: one request at a time pays nothing for the grouping), and when that
+//! call ends, whatever arrived meanwhile is left to a drain, which runs calls until the queue is
+//! empty. A queue holds at most [`MAX_QUEUED`] items (one per request
 //! in flight); past it an item runs on a call of its own instead of waiting.
 
 use std::future::Future;
@@ -71,8 +73,8 @@ impl<B: Batch> std::fmt::Debug for Queue<B> {
 
 /// What became of an item handed to the queue.
 enum Queued<B: Batch> {
-    /// It waits; the caller starts the drain.
-    Lead(oneshot::Receiver<Result<B::Answer, StoreError>>),
+    /// The queue was idle: the caller runs it now, then hands over to a drain.
+    Lead(B::Item),
     /// It waits for the running drain.
     Wait(oneshot::Receiver<Result<B::Answer, StoreError>>),
     /// The queue is full: the caller runs it alone.
@@ -88,17 +90,32 @@ impl<B: Batch> Queue<B> {
 
     fn push(&self, item: B::Item) -> Queued<B> {
         let mut waiting = self.lock();
+        if !waiting.draining {
+            waiting.draining = true;
+            return Queued::Lead(item);
+        }
         if waiting.items.len() >= MAX_QUEUED {
             return Queued::Full(item);
         }
         let (tx, rx) = oneshot::channel();
         waiting.items.push((item, tx));
         crate::gauges::batch_queue(B::NAME, waiting.items.len());
-        if waiting.draining {
-            Queued::Wait(rx)
-        } else {
-            waiting.draining = true;
-            Queued::Lead(rx)
+        Queued::Wait(rx)
+    }
+
+    /// The leading call ended (or was dropped): a drain takes what arrived meanwhile.
+    fn hand_over(&self, store: &RedisStore) {
+        let mut waiting = self.lock();
+        if waiting.items.is_empty() {
+            waiting.draining = false;
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(drain::<B>(store.clone()));
+            }
+            // Shutting down outside the runtime: the waiting callers are going too.
+            Err(_) => waiting.draining = false,
         }
     }
 
@@ -117,21 +134,38 @@ impl RedisStore {
     /// Runs `item` in the next grouped call of its kind and returns its answer.
     pub(super) async fn batched<B: Batch>(&self, item: B::Item) -> Result<B::Answer, StoreError> {
         let answer = match B::queue(self).push(item) {
-            Queued::Lead(answer) => {
-                tokio::spawn(drain::<B>(self.clone()));
-                answer
+            Queued::Lead(item) => {
+                let _leading = Leading::<B> {
+                    store: self,
+                    batch: std::marker::PhantomData,
+                };
+                return self.alone::<B>(item).await;
             }
             Queued::Wait(answer) => answer,
-            Queued::Full(item) => {
-                let mut answers = B::run(self, vec![item]).await?;
-                return answers
-                    .pop()
-                    .ok_or_else(|| StoreError(format!("no answer from the {} call", B::NAME)));
-            }
+            Queued::Full(item) => return self.alone::<B>(item).await,
         };
         answer
             .await
             .unwrap_or_else(|_| Err(StoreError(format!("no answer from the {} call", B::NAME))))
+    }
+
+    async fn alone<B: Batch>(&self, item: B::Item) -> Result<B::Answer, StoreError> {
+        let mut answers = B::run(self, vec![item]).await?;
+        answers
+            .pop()
+            .ok_or_else(|| StoreError(format!("no answer from the {} call", B::NAME)))
+    }
+}
+
+/// The leading call of a queue: hands over when it ends, however it ends.
+struct Leading<'a, B: Batch> {
+    store: &'a RedisStore,
+    batch: std::marker::PhantomData<B>,
+}
+
+impl<B: Batch> Drop for Leading<'_, B> {
+    fn drop(&mut self) {
+        B::queue(self.store).hand_over(self.store);
     }
 }
 
