@@ -11,8 +11,9 @@
 //!
 //! Buckets are token buckets: a [`Window`] of capacity `c` refills `c` units evenly over its
 //! period. A request-rate window takes 1 per request, a token window takes prompt plus maximum
-//! completion tokens, and gives back what went unused when the generation ends ([`Settlement`]). Spend budgets
-//! use [`Tally`] counters instead, which do not refill but start again each calendar period.
+//! completion tokens, and gives back what went unused when the generation ends
+//! ([`Settlement`]). Spend budgets use [`Tally`] counters instead, which do not refill but
+//! start again each calendar period.
 
 mod gauges;
 pub mod health;

@@ -1,8 +1,8 @@
 //! The Redis store: state shared by every gateway replica. Each operation is one Lua script run
 //! by the server (`EVALSHA`, loaded again after a Redis restart), so a check and its update are
 //! atomic across replicas. Scripts read the clock with `TIME` on the Redis server, so replicas
-//! with skewed clocks still agree. Bucket takes, budget charges and requests' ends are grouped: the calls that
-//! arrive while one is on its way go together in the next ([`batch`]).
+//! with skewed clocks still agree. Bucket takes, budget charges and requests' ends are grouped:
+//! the calls that arrive while one is on its way go together in the next ([`batch`]).
 //!
 //! The connection manager reconnects by itself; every call is bounded by the configured
 //! timeout, so a Redis that vanishes costs a request at most that long before the caller's

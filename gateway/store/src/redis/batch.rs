@@ -114,8 +114,11 @@ impl<B: Batch> Queue<B> {
             Ok(runtime) => {
                 runtime.spawn(drain::<B>(store.clone()));
             }
-            // Shutting down outside the runtime: the waiting callers are going too.
-            Err(_) => waiting.draining = false,
+            // Shutting down outside the runtime: the waiting callers hear there is no answer.
+            Err(_) => {
+                waiting.items.clear();
+                waiting.draining = false;
+            }
         }
     }
 
@@ -144,17 +147,17 @@ impl RedisStore {
             Queued::Wait(answer) => answer,
             Queued::Full(item) => return self.alone::<B>(item).await,
         };
-        answer
-            .await
-            .unwrap_or_else(|_| Err(StoreError(format!("no answer from the {} call", B::NAME))))
+        answer.await.unwrap_or_else(|_| Err(no_answer::<B>()))
     }
 
     async fn alone<B: Batch>(&self, item: B::Item) -> Result<B::Answer, StoreError> {
         let mut answers = B::run(self, vec![item]).await?;
-        answers
-            .pop()
-            .ok_or_else(|| StoreError(format!("no answer from the {} call", B::NAME)))
+        answers.pop().ok_or_else(no_answer::<B>)
     }
+}
+
+fn no_answer<B: Batch>() -> StoreError {
+    StoreError(format!("no answer from the {} call", B::NAME))
 }
 
 /// The leading call of a queue: hands over when it ends, however it ends.
