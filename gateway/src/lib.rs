@@ -48,10 +48,12 @@
 //! `unreachable_pub` are set for the whole workspace (its `Cargo.toml`).
 
 pub mod admin;
+pub mod batches;
 pub(crate) mod body;
 pub mod cli;
 pub mod config;
 pub mod engine_host;
+pub mod files;
 pub(crate) mod generation;
 pub(crate) mod idempotency;
 pub mod lifecycle;

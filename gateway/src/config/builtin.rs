@@ -52,6 +52,8 @@ pub(super) fn config(
         tracing: None,
         admin: None,
         plugins: Vec::new(),
+        files: Default::default(),
+        batches: Default::default(),
         engines: vec![EngineConfig {
             name: "default".into(),
             plugin: plugin_beside_binary("turnpike_cuda"),

@@ -79,6 +79,10 @@ pub struct Config {
     pub admin: Option<crate::admin::AdminSettings>,
     /// Gateway plugins, in the order they run.
     pub plugins: Vec<crate::plugins::settings::PluginConfig>,
+    /// Where files are kept (`None` dir: no files, no batches).
+    pub files: crate::files::FilesSettings,
+    /// How batches run.
+    pub batches: crate::batches::BatchSettings,
 }
 
 /// Checks a tenant name (letters, digits, `-`, `_`, `.`; at most 64).

@@ -48,6 +48,10 @@ pub(super) struct RawConfig {
     plugins: Vec<crate::plugins::settings::RawPlugin>,
     #[serde(default)]
     spend: crate::spend::settings::RawSpend,
+    #[serde(default)]
+    files: crate::files::settings::RawFiles,
+    #[serde(default)]
+    batches: crate::batches::settings::RawBatches,
 }
 
 /// The seed's suggested defaults (section 18).
@@ -172,6 +176,8 @@ impl RawConfig {
                 std::env::var(name).ok()
             })?;
         let plugins = validate_plugins(self.plugins, base)?;
+        let files = self.files.validate(base)?;
+        let batches = self.batches.validate()?;
         let Some(raw_engines) = self.engines else {
             if self.models.is_some() {
                 return Err("models: listed without [[engines]] to serve them".into());
@@ -183,6 +189,8 @@ impl RawConfig {
                     tracing,
                     admin,
                     plugins,
+                    files,
+                    batches,
                     ..config
                 })
                 .map_err(|e| format!("built-in default: {e}"));
@@ -223,6 +231,8 @@ impl RawConfig {
             tracing,
             admin,
             plugins,
+            files,
+            batches,
         })
     }
 }

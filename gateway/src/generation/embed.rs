@@ -80,8 +80,13 @@ impl Generator {
         let ids: Vec<Vec<u32>> = inputs.into_iter().map(|i| i.ids).collect();
         let prompt_tokens: u64 = ids.iter().map(|v| v.len() as u64).sum();
         let timing = self.timing;
-        // Embeddings carry no metadata: they wait at the default priority.
-        let priority = 0;
+        // Embeddings carry no metadata: they wait at the default priority (batch lines at the
+        // lowest).
+        let priority = if caller.batch.is_some() {
+            crate::pipeline::params::BATCH_PRIORITY
+        } else {
+            0
+        };
         let deadline = started + timing.request_timeout;
         let admission = self
             .tenancy

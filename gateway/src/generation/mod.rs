@@ -77,6 +77,7 @@ pub(crate) fn record_context(
         served: served.to_string(),
         endpoint,
         started,
+        batch: caller.batch.as_deref().map(str::to_string),
     }
 }
 
@@ -212,6 +213,14 @@ impl Generator {
             lifecycle: Lifecycle::default(),
             plugins: Arc::default(),
         }
+    }
+
+    /// Whether the engine serving `model` has room for batch work: nothing waits in its
+    /// queue. An unknown model has room (its line fails as any request would).
+    pub(crate) fn has_room(&self, model: &str) -> bool {
+        self.registry
+            .resolve(model)
+            .is_none_or(|m| m.backend.stats().map_or(true, |s| s.queued == 0))
     }
 
     /// The gateway plugins it runs.
@@ -464,6 +473,11 @@ impl Generator {
         let tenant = &caller.principal.tenant;
         plan.job.params.tenant = Some(tenant.name.clone());
         plan.job.params.tenant_weight = tenant.plan.weight;
+        if caller.batch.is_some() {
+            // Batch lines run in the gaps interactive requests leave.
+            plan.priority = crate::pipeline::params::BATCH_PRIORITY;
+            plan.job.params.priority = plan.priority;
+        }
         let deadline = started + self.timing.request_timeout;
         let queue_wait =
             tracing::info_span!(target: crate::observability::traces::TARGET, "queue_wait");

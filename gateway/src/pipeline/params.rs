@@ -421,6 +421,9 @@ pub(crate) fn max_tokens(
 /// Highest `metadata.priority` magnitude.
 pub(crate) const MAX_PRIORITY: i64 = 1000;
 
+/// The priority of batch lines: below every priority a request may ask for.
+pub(crate) const BATCH_PRIORITY: i32 = -(MAX_PRIORITY as i32) - 1;
+
 /// The scheduling priority in `metadata.priority` (OpenAI metadata values are strings, so
 /// `"5"` and `5` both count); 0 without one.
 pub(crate) fn priority(metadata: Option<&Value>) -> Result<i32, ApiError> {

@@ -65,14 +65,14 @@ pub(super) async fn admission(
         (Some(idempotency), true) => {
             let tenant = caller.principal.tenant.name.clone();
             let deadline = started + state.server.request_timeout;
+            let body_limit = if request.uri().path() == "/v1/files" {
+                usize::try_from(state.batches.files().max_bytes()).unwrap_or(usize::MAX)
+                    + (64 << 10)
+            } else {
+                state.server.max_body_bytes
+            };
             idempotency
-                .run(
-                    &tenant,
-                    request,
-                    next,
-                    state.server.max_body_bytes,
-                    deadline,
-                )
+                .run(&tenant, request, next, body_limit, deadline)
                 .await
         }
         // Nothing is kept to resume from: a resume would run the request again.
@@ -99,6 +99,11 @@ pub(super) fn resume_off() -> ApiError {
 fn json_body(request: &Request) -> Result<(), ApiError> {
     use axum::body::HttpBody;
     if request.method() != Method::POST || request.body().is_end_stream() {
+        return Ok(());
+    }
+    // An upload is a multipart form (a browser's simple request may send one, but a file
+    // upload only stores bytes the same tenant reads back).
+    if request.uri().path() == "/v1/files" {
         return Ok(());
     }
     let declared_empty = request

@@ -6,12 +6,14 @@
 mod admin;
 mod admission;
 mod anthropic;
+mod batches;
 mod chat;
 mod chat_ws;
 mod completions;
 mod cors;
 mod embeddings;
 mod extract;
+mod files;
 mod generate;
 mod health;
 mod metrics;
@@ -63,6 +65,8 @@ pub struct AppState {
     pub websockets: Arc<websocket_slots::WebSocketSlots>,
     /// The admin API, when `[admin]` enables it.
     pub admin: Option<Arc<crate::admin::Admin>>,
+    /// Files and batches (off until [`AppState::with_batches`] names a directory).
+    pub batches: Arc<crate::batches::Batches>,
 }
 
 impl AppState {
@@ -91,6 +95,14 @@ impl AppState {
             Arc::clone(&tenancy),
             timing,
         );
+        let batches = Arc::new(batches(
+            crate::files::Files::off(Arc::clone(tenancy.limiter.store()), server.retry_after),
+            Default::default(),
+            &generator,
+            &tenancy,
+            &responses,
+            stream_settings(&server),
+        ));
         Self {
             websockets,
             registry,
@@ -99,7 +111,28 @@ impl AppState {
             tenancy,
             responses,
             admin: None,
+            batches,
         }
+    }
+
+    /// The same state, keeping files as `files` says and running batches as `settings` say
+    /// (after the plugins: batch lines pass the same guards).
+    pub fn with_batches(
+        self,
+        files: crate::files::FilesSettings,
+        settings: crate::batches::BatchSettings,
+    ) -> Result<Self, String> {
+        let store = Arc::clone(self.tenancy.limiter.store());
+        let files = crate::files::Files::new(files, store, self.server.retry_after)?;
+        let batches = Arc::new(batches(
+            files,
+            settings,
+            &self.generator,
+            &self.tenancy,
+            &self.responses,
+            self.streams(),
+        ));
+        Ok(Self { batches, ..self })
     }
 
     /// The same state, running gateway plugins.
@@ -120,10 +153,7 @@ impl AppState {
 
     /// How streamed answers are timed.
     pub fn streams(&self) -> StreamSettings {
-        StreamSettings {
-            heartbeat: self.server.stream_heartbeat,
-            request_timeout: self.server.request_timeout,
-        }
+        stream_settings(&self.server)
     }
 
     /// A protocol call by `caller`, for a request that arrived at `started`.
@@ -144,10 +174,38 @@ impl AppState {
     }
 }
 
+fn stream_settings(server: &ServerConfig) -> StreamSettings {
+    StreamSettings {
+        heartbeat: server.stream_heartbeat,
+        request_timeout: server.request_timeout,
+    }
+}
+
+fn batches(
+    files: crate::files::Files,
+    settings: crate::batches::BatchSettings,
+    generator: &Generator,
+    tenancy: &Arc<Tenancy>,
+    responses: &Responses,
+    streams: StreamSettings,
+) -> crate::batches::Batches {
+    let engines = crate::batches::Engines {
+        generator: generator.clone(),
+        tenancy: Arc::clone(tenancy),
+        responses: responses.clone(),
+        streams,
+    };
+    crate::batches::Batches::new(files, settings, engines)
+}
+
 /// The application's router.
 pub fn router(state: AppState) -> Router {
     record::handle(); // the metrics recorder, installed once per process
     let cors = cors::layer(&state.server.cors);
+    // A multipart form around the largest file.
+    let upload_limit = usize::try_from(state.batches.files().max_bytes())
+        .unwrap_or(usize::MAX)
+        .saturating_add(64 << 10);
     let api = Router::new()
         .route("/v1/models", get(models::list))
         .route("/v1/models/{*model}", get(models::retrieve))
@@ -174,6 +232,17 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/usage", get(usage::tenant_usage))
+        .route(
+            "/v1/files",
+            post(files::upload)
+                .get(files::list)
+                .layer(axum::extract::DefaultBodyLimit::max(upload_limit)),
+        )
+        .route("/v1/files/{id}", get(files::retrieve).delete(files::delete))
+        .route("/v1/files/{id}/content", get(files::content))
+        .route("/v1/batches", post(batches::create).get(batches::list))
+        .route("/v1/batches/{id}", get(batches::retrieve))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             admission::admission,

@@ -47,6 +47,9 @@ pub enum ServeError {
     /// A price names a model that is not served.
     #[error("{0}")]
     Prices(String),
+    /// The files directory cannot be used.
+    #[error("{0}")]
+    Files(String),
     /// The server failed while running.
     #[error("server error: {0}")]
     Io(#[from] std::io::Error),
@@ -148,6 +151,9 @@ impl Server {
             }
             state = state.with_admin(admin);
         }
+        let state = state
+            .with_batches(config.files.clone(), config.batches)
+            .map_err(ServeError::Files)?;
         Ok(Self {
             listener,
             health,
@@ -206,6 +212,9 @@ impl Server {
         let admin_sync = self.state.admin.as_ref().map(Admin::spawn_sync);
         let config_watch = self.config_watch();
         let lifecycle = self.state.generator.lifecycle().clone();
+        if self.state.batches.files().enabled() {
+            crate::batches::worker::spawn(Arc::clone(&self.state.batches), lifecycle.clone());
+        }
         let (closing_tx, closing) = tokio::sync::watch::channel(Phase::Serving);
         let stopper = tokio::spawn(stop_in_phases(
             shutdown,

@@ -89,6 +89,12 @@ pub struct UsageRow {
     pub cost_nanos: u64,
     /// Requests that failed or were cancelled.
     pub failed: u64,
+    /// Of the requests, lines of batches.
+    pub batch_requests: u64,
+    /// Of the prompt tokens, batch lines'.
+    pub batch_input_tokens: u64,
+    /// Of the generated tokens, batch lines'.
+    pub batch_output_tokens: u64,
 }
 
 impl UsageRow {
@@ -101,6 +107,9 @@ impl UsageRow {
             "reasoning_tokens" => &mut self.reasoning_tokens,
             "cost_nanos" => &mut self.cost_nanos,
             "failed" => &mut self.failed,
+            "batch_requests" => &mut self.batch_requests,
+            "batch_input_tokens" => &mut self.batch_input_tokens,
+            "batch_output_tokens" => &mut self.batch_output_tokens,
             _ => return,
         };
         *field += amount;
@@ -188,6 +197,9 @@ pub fn csv(rows: &[UsageRow], group_by: &[Group]) -> String {
                 row.output_tokens,
                 row.reasoning_tokens,
                 row.failed,
+                row.batch_requests,
+                row.batch_input_tokens,
+                row.batch_output_tokens,
             ]
             .map(|n| n.to_string()),
         );

@@ -27,6 +27,8 @@ pub struct RecordContext {
     pub endpoint: &'static str,
     /// When it arrived.
     pub started: Instant,
+    /// The batch it is a line of.
+    pub batch: Option<String>,
 }
 
 /// How a request ended.
@@ -68,10 +70,12 @@ struct Record<'a> {
     cost: f64,
     cost_nanos: u64,
     latency_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batch_id: Option<&'a str>,
 }
 
 /// The metrics a day's sums keep per tenant, key and model.
-pub const METRICS: [&str; 7] = [
+pub const METRICS: [&str; 10] = [
     "requests",
     "input_tokens",
     "cached_tokens",
@@ -79,6 +83,9 @@ pub const METRICS: [&str; 7] = [
     "reasoning_tokens",
     "cost_nanos",
     "failed",
+    "batch_requests",
+    "batch_input_tokens",
+    "batch_output_tokens",
 ];
 
 /// A sum's name: tenant, key, model and metric, tab-separated (none of them holds a tab).
@@ -118,7 +125,9 @@ impl RecordContext {
             cost: cost.units(),
             cost_nanos: cost.0,
             latency_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            batch_id: self.batch.as_deref(),
         });
+        let batch = u64::from(self.batch.is_some());
         let amounts = [
             1,
             usage.prompt,
@@ -127,6 +136,9 @@ impl RecordContext {
             usage.reasoning,
             cost.0,
             u64::from(outcome != Outcome::Finished),
+            batch,
+            batch * usage.prompt,
+            batch * usage.completion,
         ];
         let sums = METRICS
             .iter()

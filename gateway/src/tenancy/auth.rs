@@ -27,6 +27,9 @@ pub struct Caller {
     pub report: Arc<Mutex<LimitReport>>,
     /// The caller's correlation id (`X-Request-Trace`), for the request's log line.
     pub correlation: Option<Arc<str>>,
+    /// The batch this request is a line of: it runs at the lowest priority and its usage is
+    /// counted as batch.
+    pub batch: Option<Arc<str>>,
 }
 
 impl Caller {
@@ -36,7 +39,14 @@ impl Caller {
             principal,
             report: Arc::default(),
             correlation: None,
+            batch: None,
         }
+    }
+
+    /// The same caller, running a line of batch `id`.
+    pub fn in_batch(mut self, id: &str) -> Self {
+        self.batch = Some(Arc::from(id));
+        self
     }
 
     /// The same caller, with its correlation id.

@@ -50,11 +50,14 @@ pub enum Endpoint {
     Generate,
     /// `GET /v1/usage`, the tenant's own usage report. Never implied either.
     Usage,
+    /// `/v1/files` and `/v1/batches`, the Batch API (its lines also need their endpoint's
+    /// scope).
+    Batches,
 }
 
 impl Endpoint {
     /// Every endpoint, with its scope name.
-    pub const ALL: [(Endpoint, &'static str); 8] = [
+    pub const ALL: [(Endpoint, &'static str); 9] = [
         (Endpoint::Chat, "chat"),
         (Endpoint::Completions, "completions"),
         (Endpoint::Embeddings, "embeddings"),
@@ -63,6 +66,7 @@ impl Endpoint {
         (Endpoint::Messages, "messages"),
         (Endpoint::Generate, "generate"),
         (Endpoint::Usage, "usage"),
+        (Endpoint::Batches, "batches"),
     ];
 
     /// The endpoint a scope name names.
@@ -99,6 +103,7 @@ impl Endpoint {
             "models" => Some(Self::Models),
             "messages" => Some(Self::Messages),
             "usage" => Some(Self::Usage),
+            "files" | "batches" => Some(Self::Batches),
             _ => None,
         }
     }

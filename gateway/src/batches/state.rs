@@ -1,0 +1,203 @@
+//! Where a batch's pieces live in the state store, and reading its state back: the record, the
+//! cancel mark, the live counts (tallies), each chunk's claim, and the end.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::record::{BatchRecord, Counts, Ending, Phase};
+use crate::clock::unix_now;
+use crate::store::{Store, StoreError, Tally};
+
+/// How long a batch is kept after its window closes.
+const KEEP_AFTER: u64 = 30 * 86_400;
+
+/// The key of a tenant's batch record.
+pub(crate) fn record_key(tenant: &str, id: &str) -> String {
+    format!("turnpike:batch:{tenant}:{id}")
+}
+
+/// How long a batch's pieces are kept from now.
+pub(crate) fn keep_for(record: &BatchRecord) -> Duration {
+    Duration::from_secs(
+        (record.expires_at + KEEP_AFTER)
+            .saturating_sub(unix_now())
+            .max(1),
+    )
+}
+
+/// The keys of one batch's pieces.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    id: String,
+    lapses_at: u64,
+    /// Its end (finalizing, then how it ended).
+    pub end: String,
+    /// The cancel mark.
+    pub cancel: String,
+    /// The finisher's claim.
+    pub finisher: String,
+}
+
+/// The counters of a batch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Counter {
+    /// Lines answered.
+    Completed,
+    /// Lines failed.
+    Failed,
+    /// Chunks handed out.
+    Cursor,
+    /// Chunks done.
+    Done,
+}
+
+impl Keys {
+    pub(crate) fn new(record: &BatchRecord) -> Self {
+        let id = &record.id;
+        Self {
+            id: id.clone(),
+            lapses_at: record.expires_at + KEEP_AFTER,
+            end: format!("turnpike:batch-end:{id}"),
+            cancel: format!("turnpike:batch-cancel:{id}"),
+            finisher: format!("turnpike:batch-finisher:{id}"),
+        }
+    }
+
+    /// The claim of chunk `k`.
+    pub(crate) fn chunk(&self, k: usize) -> String {
+        format!("turnpike:batch-chunk:{}:{k}", self.id)
+    }
+
+    /// A counter, limited to `limit`.
+    pub(crate) fn tally(&self, counter: Counter, limit: Option<u64>) -> Tally {
+        let name = match counter {
+            Counter::Completed => "completed",
+            Counter::Failed => "failed",
+            Counter::Cursor => "cursor",
+            Counter::Done => "done",
+        };
+        Tally {
+            key: format!("turnpike:batch-n:{}:{name}", self.id),
+            limit,
+            lapses_at: Some(self.lapses_at),
+        }
+    }
+}
+
+/// What the end key holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum EndValue {
+    /// The result files are being written.
+    Finalizing,
+    /// Over.
+    Ended(Ending),
+}
+
+/// A batch's state now.
+#[derive(Debug, Clone)]
+pub(crate) struct Now {
+    pub phase: Phase,
+    pub counts: Counts,
+    pub cancelled_at: Option<u64>,
+}
+
+/// A tenant's batch record, if kept.
+pub(crate) async fn load_record(
+    store: &dyn Store,
+    tenant: &str,
+    id: &str,
+) -> Result<Option<BatchRecord>, StoreError> {
+    match store.get(&record_key(tenant, id)).await? {
+        None => Ok(None),
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| StoreError(format!("batch {id} cannot be read: {e}"))),
+    }
+}
+
+/// The end, if one was written.
+pub(crate) async fn read_end(
+    store: &dyn Store,
+    keys: &Keys,
+) -> Result<Option<EndValue>, StoreError> {
+    match store.get(&keys.end).await? {
+        None => Ok(None),
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| StoreError(format!("batch end cannot be read: {e}"))),
+    }
+}
+
+/// Writes the end.
+pub(crate) async fn write_end(
+    store: &dyn Store,
+    record: &BatchRecord,
+    value: &EndValue,
+) -> Result<(), StoreError> {
+    let bytes = serde_json::to_vec(value).map_err(|e| StoreError(e.to_string()))?;
+    store
+        .put(&Keys::new(record).end, bytes, keep_for(record))
+        .await
+}
+
+/// When the batch was cancelled, if it was.
+pub(crate) async fn cancelled_at(
+    store: &dyn Store,
+    keys: &Keys,
+) -> Result<Option<u64>, StoreError> {
+    Ok(store
+        .get(&keys.cancel)
+        .await?
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|t| t.parse().ok()))
+}
+
+/// Marks a batch cancelled.
+pub(crate) async fn mark_cancelled(
+    store: &dyn Store,
+    record: &BatchRecord,
+) -> Result<(), StoreError> {
+    let keys = Keys::new(record);
+    store
+        .put(
+            &keys.cancel,
+            unix_now().to_string().into_bytes(),
+            keep_for(record),
+        )
+        .await
+}
+
+/// The live counts.
+pub(crate) async fn counts(store: &dyn Store, keys: &Keys) -> Result<Counts, StoreError> {
+    let tallies = [
+        keys.tally(Counter::Completed, None),
+        keys.tally(Counter::Failed, None),
+    ];
+    let charge = store.charge(&tallies, 0).await?;
+    Ok(Counts {
+        completed: charge.totals.first().copied().unwrap_or(0),
+        failed: charge.totals.get(1).copied().unwrap_or(0),
+    })
+}
+
+/// A batch's state as it stands.
+pub(crate) async fn read(store: &dyn Store, keys: &Keys) -> Result<Now, StoreError> {
+    let cancelled_at = cancelled_at(store, keys).await?;
+    let phase = match read_end(store, keys).await? {
+        Some(EndValue::Ended(ending)) => Phase::Ended(ending),
+        _ if cancelled_at.is_some() => Phase::Cancelling,
+        Some(EndValue::Finalizing) => Phase::Finalizing,
+        None => Phase::InProgress,
+    };
+    let counts = match &phase {
+        Phase::Ended(_) => Counts::default(),
+        _ => counts(store, keys).await?,
+    };
+    Ok(Now {
+        phase,
+        counts,
+        cancelled_at,
+    })
+}

@@ -1,0 +1,456 @@
+//! The batch worker each replica runs: it finds open batches in the shared list, claims their
+//! chunks while it has room, runs each chunk's lines at the lowest priority and only while
+//! the model's engine has nothing waiting, and hands a batch whose chunks are all done (or
+//! that was cancelled or expired) to [`super::finalize`].
+//!
+//! Bounded: at most `concurrency` lines run at once (a semaphore) and at most a few chunks are
+//! claimed beyond them; the gauge `turnpike_batch_lines_running` shows the lines under way.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use super::Batches;
+use super::line::{self, Answer};
+use super::record::BatchRecord;
+use super::state::{self, Counter, EndValue, Keys};
+use crate::clock::unix_now;
+use crate::files::lines::{parse_line, spans};
+use crate::lifecycle::Lifecycle;
+use crate::store::Begin;
+
+/// How long a claim holds without renewal (a dead replica's chunk is free again after it).
+pub(super) const LEASE: Duration = Duration::from_secs(10);
+/// How often a claim is renewed.
+const RENEW: Duration = Duration::from_secs(3);
+/// How often the worker looks for work when nothing wakes it.
+const POLL: Duration = Duration::from_millis(500);
+/// How often a batch whose chunks were all handed out is searched for chunks that lapsed.
+const SWEEP: Duration = Duration::from_secs(5);
+/// How often a running chunk checks whether its batch was cancelled or expired.
+const STOP_CHECK: Duration = Duration::from_millis(500);
+/// How often a line waiting for room looks again.
+const ROOM_CHECK: Duration = Duration::from_millis(20);
+
+/// The fingerprint of every claim (a claim's key says what it claims).
+pub(super) const CLAIM: &str = "batch-claim";
+
+/// Starts the worker of this replica; it stops when the server is cut.
+pub(crate) fn spawn(batches: Arc<Batches>, lifecycle: Lifecycle) {
+    tokio::spawn(run(batches, lifecycle));
+}
+
+struct Worker {
+    batches: Arc<Batches>,
+    lifecycle: Lifecycle,
+    /// This replica's name on its claims.
+    me: Arc<str>,
+    permits: Arc<Semaphore>,
+    chunks: JoinSet<()>,
+    finishing: JoinSet<()>,
+    records: HashMap<String, Arc<BatchRecord>>,
+    swept: HashMap<String, Instant>,
+    open: (u64, Vec<(String, String)>),
+}
+
+async fn run(batches: Arc<Batches>, lifecycle: Lifecycle) {
+    let permits = Arc::new(Semaphore::new(batches.settings.concurrency));
+    let mut worker = Worker {
+        me: Arc::from(crate::ids::new_id("replica-")),
+        batches,
+        lifecycle,
+        permits,
+        chunks: JoinSet::new(),
+        finishing: JoinSet::new(),
+        records: HashMap::new(),
+        swept: HashMap::new(),
+        open: (u64::MAX, Vec::new()),
+    };
+    let cut = worker.lifecycle.cut_signal();
+    tokio::pin!(cut);
+    loop {
+        tokio::select! {
+            () = &mut cut => break,
+            () = worker.batches.wake.notified() => {}
+            () = tokio::time::sleep(POLL) => {}
+        }
+        while worker.chunks.try_join_next().is_some() {}
+        while worker.finishing.try_join_next().is_some() {}
+        if worker.lifecycle.is_draining() {
+            continue;
+        }
+        if let Err(e) = worker.round().await {
+            tracing::warn!(error = %e, "batch worker: the state store failed; trying again");
+        }
+    }
+    // Claims of chunks cut short lapse and are run again by another replica.
+    worker.chunks.abort_all();
+    worker.finishing.abort_all();
+}
+
+impl Worker {
+    fn max_chunks(&self) -> usize {
+        let s = self.batches.settings;
+        s.concurrency.div_ceil(s.chunk_lines) + 1
+    }
+
+    async fn round(&mut self) -> Result<(), String> {
+        let revision = self
+            .batches
+            .open
+            .revision()
+            .await
+            .map_err(|e| e.to_string())?;
+        if revision != self.open.0 {
+            self.open = self.batches.open.read().await.map_err(|e| e.to_string())?;
+            let live: std::collections::HashSet<&String> =
+                self.open.1.iter().map(|(_, id)| id).collect();
+            self.records.retain(|id, _| live.contains(id));
+            self.swept.retain(|id, _| live.contains(id));
+        }
+        for (tenant, id) in self.open.1.clone() {
+            if self.chunks.len() >= self.max_chunks() {
+                break;
+            }
+            self.step(&tenant, &id).await?;
+        }
+        Ok(())
+    }
+
+    async fn record(&mut self, tenant: &str, id: &str) -> Result<Option<Arc<BatchRecord>>, String> {
+        if let Some(record) = self.records.get(id) {
+            return Ok(Some(Arc::clone(record)));
+        }
+        let store = &*self.batches.store;
+        let Some(record) = state::load_record(store, tenant, id)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(None);
+        };
+        let record = Arc::new(record);
+        self.records.insert(id.to_string(), Arc::clone(&record));
+        Ok(Some(record))
+    }
+
+    /// Claims what there is to do of one batch.
+    async fn step(&mut self, tenant: &str, id: &str) -> Result<(), String> {
+        let Some(record) = self.record(tenant, id).await? else {
+            // Its record lapsed: nothing is left to run or to read.
+            self.batches.forget(tenant, id).await;
+            return Ok(());
+        };
+        let store = Arc::clone(&self.batches.store);
+        let keys = Keys::new(&record);
+        if let Some(EndValue::Ended(_)) = state::read_end(&*store, &keys)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            self.batches.forget(tenant, id).await;
+            return Ok(());
+        }
+        let stopped = record.expires_at <= unix_now()
+            || state::cancelled_at(&*store, &keys)
+                .await
+                .map_err(|e| e.to_string())?
+                .is_some();
+        let total = record.chunks.len() as u64;
+        if !stopped {
+            while self.chunks.len() < self.max_chunks() {
+                let cursor = keys.tally(Counter::Cursor, Some(total));
+                let charge = store
+                    .charge(&[cursor], 1)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !charge.allowed {
+                    break;
+                }
+                let k = charge
+                    .totals
+                    .first()
+                    .copied()
+                    .unwrap_or(1)
+                    .saturating_sub(1) as usize;
+                self.try_claim(&record, &keys, k).await?;
+            }
+            if self.chunks.len() < self.max_chunks() && self.sweep_due(id) {
+                for k in 0..record.chunks.len() {
+                    if self.chunks.len() >= self.max_chunks() {
+                        break;
+                    }
+                    self.try_claim(&record, &keys, k).await?;
+                }
+            }
+        }
+        let done = store
+            .charge(&[keys.tally(Counter::Done, None)], 0)
+            .await
+            .map_err(|e| e.to_string())?
+            .totals
+            .first()
+            .copied()
+            .unwrap_or(0);
+        if (stopped || done >= total) && self.finishing.len() < self.max_chunks() {
+            let batches = Arc::clone(&self.batches);
+            let me = Arc::clone(&self.me);
+            self.finishing.spawn(async move {
+                if let Err(e) = super::finalize::finalize(&batches, &record, &me).await {
+                    tracing::warn!(batch = %record.id, error = %e, "batch: writing the results failed; trying again");
+                }
+            });
+        }
+        Ok(())
+    }
+
+    fn sweep_due(&mut self, id: &str) -> bool {
+        let now = Instant::now();
+        match self.swept.get(id) {
+            Some(at) if now.duration_since(*at) < SWEEP => false,
+            _ => {
+                self.swept.insert(id.to_string(), now);
+                true
+            }
+        }
+    }
+
+    async fn try_claim(
+        &mut self,
+        record: &Arc<BatchRecord>,
+        keys: &Keys,
+        k: usize,
+    ) -> Result<(), String> {
+        let claim = keys.chunk(k);
+        let begun = self
+            .batches
+            .store
+            .begin(&claim, CLAIM, &self.me, LEASE)
+            .await
+            .map_err(|e| e.to_string())?;
+        if begun == Begin::Started {
+            let chunk = Chunk {
+                batches: Arc::clone(&self.batches),
+                record: Arc::clone(record),
+                k,
+                claim,
+                me: Arc::clone(&self.me),
+                permits: Arc::clone(&self.permits),
+            };
+            self.chunks.spawn(chunk.run());
+        }
+        Ok(())
+    }
+}
+
+/// One claimed chunk of a batch.
+struct Chunk {
+    batches: Arc<Batches>,
+    record: Arc<BatchRecord>,
+    k: usize,
+    claim: String,
+    me: Arc<str>,
+    permits: Arc<Semaphore>,
+}
+
+impl Chunk {
+    async fn run(self) {
+        let work = self.lines();
+        tokio::pin!(work);
+        let mut renew = tokio::time::interval(RENEW);
+        let results = loop {
+            tokio::select! {
+                results = &mut work => break results,
+                _ = renew.tick() => {
+                    let _ = self.batches.store.keep(&self.claim, &self.me, LEASE).await;
+                }
+            }
+        };
+        let outcome = match results {
+            Ok(results) => self.finish(results).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = outcome {
+            tracing::warn!(batch = %self.record.id, chunk = self.k, error = %e, "batch: a chunk is left for another try");
+            let _ = self.batches.store.abandon(&self.claim, &self.me).await;
+        }
+    }
+
+    /// Runs the chunk's lines until they are all answered or the batch stops: each answered
+    /// line as `(index in the chunk, ok, result line)`.
+    async fn lines(&self) -> Result<Vec<(usize, bool, Vec<u8>)>, String> {
+        let record = &*self.record;
+        let tenant = &record.owner.tenant;
+        let (start, end) = record.chunks.get(self.k).copied().unwrap_or((0, 0));
+        let bytes = self
+            .batches
+            .files
+            .range(tenant, &record.input_file_id, start, end)
+            .await
+            .map_err(|e| e.to_string())?;
+        let caller = line::caller(&self.batches, &record.owner, &record.id);
+        let first = self.k * record.chunk_lines;
+        let mut pending = FuturesUnordered::new();
+        for (i, (s, e)) in spans(&bytes).enumerate() {
+            let parsed = parse_line(&bytes[s..e], (first + i + 1) as u64);
+            let caller = caller.clone();
+            let batches = &self.batches;
+            let permits = &self.permits;
+            pending.push(async move {
+                let (ok, text) = match (parsed, caller) {
+                    (Err(m), _) => (
+                        false,
+                        line::result_line(
+                            "",
+                            400,
+                            None,
+                            serde_json::json!({"error": {"message": m}}),
+                            None,
+                        ),
+                    ),
+                    (Ok(l), Err(e)) => {
+                        let d = e.detail();
+                        let body = serde_json::json!({"error": d});
+                        (
+                            false,
+                            line::result_line(&l.custom_id, e.status().as_u16(), None, body, None),
+                        )
+                    }
+                    (Ok(l), Ok(caller)) => {
+                        run_line(batches, permits, &caller, &record.endpoint, l).await
+                    }
+                };
+                (i, ok, text)
+            });
+        }
+        let mut results = Vec::new();
+        let mut check = tokio::time::interval(STOP_CHECK);
+        loop {
+            tokio::select! {
+                next = pending.next() => match next {
+                    Some(result) => results.push(result),
+                    None => break,
+                },
+                _ = check.tick() => {
+                    if self.stopped().await {
+                        // Lines under way are dropped, which cancels their engine work.
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    async fn stopped(&self) -> bool {
+        let keys = Keys::new(&self.record);
+        self.record.expires_at <= unix_now()
+            || matches!(
+                state::cancelled_at(&*self.batches.store, &keys).await,
+                Ok(Some(_))
+            )
+    }
+
+    /// Writes the chunk's results, counts them and marks the chunk done.
+    async fn finish(&self, results: Vec<(usize, bool, Vec<u8>)>) -> Result<(), String> {
+        let record = &*self.record;
+        let mut body = Vec::new();
+        let (mut completed, mut failed) = (0, 0);
+        for (i, ok, text) in &results {
+            body.push(if *ok { b'o' } else { b'e' });
+            body.extend_from_slice(i.to_string().as_bytes());
+            body.push(b'\t');
+            body.extend_from_slice(text);
+            body.push(b'\n');
+            if *ok {
+                completed += 1;
+            } else {
+                failed += 1;
+            }
+        }
+        let files = &self.batches.files;
+        files
+            .put_part(&record.owner.tenant, &record.id, self.k, body.into())
+            .await
+            .map_err(|e| e.to_string())?;
+        let store = &self.batches.store;
+        let keys = Keys::new(record);
+        let tallies = [
+            keys.tally(Counter::Completed, None),
+            keys.tally(Counter::Failed, None),
+        ];
+        // Counts are live progress; the final counts come from the results themselves.
+        let _ = store.charge(&tallies[..1], completed).await;
+        let _ = store.charge(&tallies[1..], failed).await;
+        let summary = serde_json::json!({"completed": completed, "failed": failed}).to_string();
+        store
+            .finish(
+                &self.claim,
+                &self.me,
+                summary.into_bytes(),
+                state::keep_for(record),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = store.charge(&[keys.tally(Counter::Done, None)], 1).await;
+        self.batches.wake.notify_one();
+        Ok(())
+    }
+}
+
+/// Runs one line when a permit and the engine's room allow, again after a limit's wait.
+async fn run_line(
+    batches: &Batches,
+    permits: &Semaphore,
+    caller: &crate::tenancy::Caller,
+    endpoint: &str,
+    line: crate::files::lines::InputLine,
+) -> (bool, Vec<u8>) {
+    let model = line
+        .body
+        .get("model")
+        .and_then(|m| m.as_str())
+        .unwrap_or("")
+        .to_string();
+    loop {
+        let Ok(_permit) = permits.acquire().await else {
+            return (false, Vec::new());
+        };
+        while !batches.generator.has_room(&model) {
+            tokio::time::sleep(ROOM_CHECK).await;
+        }
+        let running = Running::start();
+        let answer = line::run(batches, caller, endpoint, line.clone()).await;
+        drop(running);
+        match answer {
+            Answer::Line { ok, text } => {
+                let outcome = if ok { "ok" } else { "failed" };
+                metrics::counter!("turnpike_batch_lines_total", "outcome" => outcome).increment(1);
+                return (ok, text);
+            }
+            Answer::Later(wait) => {
+                drop(_permit);
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+/// One line under way, counted by the gauge until it ends or is dropped.
+struct Running;
+
+impl Running {
+    fn start() -> Self {
+        metrics::gauge!("turnpike_batch_lines_running").increment(1.0);
+        Self
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        metrics::gauge!("turnpike_batch_lines_running").decrement(1.0);
+    }
+}

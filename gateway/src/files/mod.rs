@@ -1,0 +1,460 @@
+//! Files: what a tenant uploads for the Batch API, and the result files batches write.
+//!
+//! A file's bytes live in an object store (the `object_store` crate: a directory today; the same
+//! seam takes an S3-compatible bucket), its metadata in the state store under a key that holds
+//! the tenant, so one tenant's ids are never found by another and every replica sharing Redis
+//! sees the same files. Each tenant's ids are listed in one [`index::Index`] record (bounded).
+//!
+//! A batch input file is checked line by line at upload ([`lines`]): a bad file is refused with
+//! its first bad line named, before any batch can read it.
+
+pub(crate) mod index;
+pub(crate) mod lines;
+pub mod settings;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::clock::unix_now;
+use crate::error::ApiError;
+use crate::store::{Store, StoreError};
+use index::{Index, IndexError};
+pub use settings::FilesSettings;
+
+/// Purposes a client may upload with.
+pub(crate) const UPLOAD_PURPOSES: [&str; 1] = ["batch"];
+
+/// A file's metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct FileMeta {
+    /// `file-…`.
+    pub id: String,
+    /// Its size.
+    pub bytes: u64,
+    /// Unix seconds when it was written.
+    pub created_at: u64,
+    /// Unix seconds when it lapses.
+    pub expires_at: u64,
+    /// The name it was uploaded with.
+    pub filename: String,
+    /// `batch`, `batch_output`.
+    pub purpose: String,
+    /// Its lines, for a batch input file.
+    #[serde(default)]
+    pub lines: u64,
+}
+
+impl FileMeta {
+    /// The file object as OpenAI returns it.
+    pub(crate) fn wire(&self) -> Value {
+        json!({
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "status_details": null,
+        })
+    }
+}
+
+/// The files of every tenant.
+#[derive(Debug, Clone)]
+pub struct Files {
+    objects: Option<Arc<dyn ObjectStore>>,
+    store: Arc<dyn Store>,
+    settings: FilesSettings,
+    retry_after: Duration,
+}
+
+fn meta_key(tenant: &str, id: &str) -> String {
+    format!("turnpike:file:{tenant}:{id}")
+}
+
+fn object_path(tenant: &str, id: &str) -> ObjectPath {
+    ObjectPath::from_iter([tenant, id])
+}
+
+/// The 404 for a file id this caller does not have.
+pub(crate) fn not_found(id: &str, param: Option<&str>) -> ApiError {
+    ApiError::NotFound {
+        param: param.map(str::to_string),
+        code: "file_not_found",
+        message: format!("No file with id '{id}' found."),
+    }
+}
+
+impl Files {
+    /// The files kept as `settings` say, their metadata in `store`.
+    pub fn new(
+        settings: FilesSettings,
+        store: Arc<dyn Store>,
+        retry_after: Duration,
+    ) -> Result<Self, String> {
+        let objects: Option<Arc<dyn ObjectStore>> = match &settings.dir {
+            None => None,
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| format!("files.dir `{}`: {e}", dir.display()))?;
+                let local = LocalFileSystem::new_with_prefix(dir)
+                    .map_err(|e| format!("files.dir `{}`: {e}", dir.display()))?;
+                Some(Arc::new(local))
+            }
+        };
+        Ok(Self {
+            objects,
+            store,
+            settings,
+            retry_after,
+        })
+    }
+
+    /// No files kept: every call says so.
+    pub fn off(store: Arc<dyn Store>, retry_after: Duration) -> Self {
+        Self {
+            objects: None,
+            store,
+            settings: FilesSettings::default(),
+            retry_after,
+        }
+    }
+
+    /// Whether files are kept at all.
+    pub(crate) fn enabled(&self) -> bool {
+        self.objects.is_some()
+    }
+
+    /// Largest upload.
+    pub(crate) fn max_bytes(&self) -> u64 {
+        self.settings.max_bytes
+    }
+
+    /// `Ok` when files are kept, the error that says they are not otherwise.
+    pub(crate) fn enabled_or_err(&self) -> Result<(), ApiError> {
+        self.objects().map(|_| ())
+    }
+
+    fn objects(&self) -> Result<&Arc<dyn ObjectStore>, ApiError> {
+        self.objects.as_ref().ok_or_else(|| {
+            ApiError::unsupported(
+                "file",
+                "This gateway keeps no files: its operator has not set [files] dir.",
+            )
+        })
+    }
+
+    pub(crate) fn unavailable(&self, detail: impl std::fmt::Display) -> ApiError {
+        ApiError::StateUnavailable {
+            detail: format!("files: {detail}"),
+            retry_after: self.retry_after,
+        }
+    }
+
+    fn index(&self, tenant: &str) -> Index {
+        Index::new(Arc::clone(&self.store), format!("turnpike:files:{tenant}"))
+    }
+
+    fn index_error(&self, e: IndexError) -> ApiError {
+        match e {
+            IndexError::Refused(message) => ApiError::Overloaded {
+                message,
+                retry_after: self.retry_after,
+            },
+            other => self.unavailable(other),
+        }
+    }
+
+    /// Uploads a client's file: a batch file is checked line by line first.
+    pub(crate) async fn upload(
+        &self,
+        tenant: &str,
+        filename: &str,
+        purpose: &str,
+        bytes: Bytes,
+    ) -> Result<FileMeta, ApiError> {
+        self.objects()?;
+        if !UPLOAD_PURPOSES.contains(&purpose) {
+            return Err(ApiError::invalid(
+                "purpose",
+                format!("'purpose' must be one of {UPLOAD_PURPOSES:?}, got {purpose:?}"),
+            ));
+        }
+        if bytes.len() as u64 > self.settings.max_bytes {
+            return Err(ApiError::PayloadTooLarge {
+                limit: usize::try_from(self.settings.max_bytes).unwrap_or(usize::MAX),
+            });
+        }
+        let checked = lines::check(&bytes).map_err(|m| ApiError::invalid("file", m))?;
+        let mut meta = self.describe(filename, purpose, bytes.len() as u64);
+        meta.lines = checked.lines;
+        let objects = self.objects()?;
+        objects
+            .put(&object_path(tenant, &meta.id), PutPayload::from(bytes))
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        self.keep(tenant, &meta).await?;
+        Ok(meta)
+    }
+
+    fn describe(&self, filename: &str, purpose: &str, bytes: u64) -> FileMeta {
+        let now = unix_now();
+        FileMeta {
+            id: crate::ids::new_id("file-"),
+            bytes,
+            created_at: now,
+            expires_at: now + self.settings.keep.as_secs(),
+            filename: filename.to_string(),
+            purpose: purpose.to_string(),
+            lines: 0,
+        }
+    }
+
+    /// Records a written file's metadata and lists it, or refuses when the tenant keeps too
+    /// many (files that lapsed are forgotten first).
+    async fn keep(&self, tenant: &str, meta: &FileMeta) -> Result<(), ApiError> {
+        let value = serde_json::to_vec(meta).map_err(|e| self.unavailable(e))?;
+        self.store
+            .put(&meta_key(tenant, &meta.id), value, self.settings.keep)
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        let (_, ids): (u64, Vec<String>) = self
+            .index(tenant)
+            .read()
+            .await
+            .map_err(|e| self.index_error(e))?;
+        let mut lapsed = Vec::new();
+        if ids.len() >= self.settings.max_per_tenant {
+            for id in &ids {
+                if self.find(tenant, id).await?.is_none() {
+                    lapsed.push(id.clone());
+                }
+            }
+        }
+        let max = self.settings.max_per_tenant;
+        let id = meta.id.clone();
+        self.index(tenant)
+            .update(|ids: &mut Vec<String>| {
+                ids.retain(|i| !lapsed.contains(i));
+                if ids.len() >= max {
+                    return Err(format!(
+                        "This tenant keeps {max} files, the most allowed; delete some first."
+                    ));
+                }
+                ids.push(id.clone());
+                Ok(true)
+            })
+            .await
+            .map_err(|e| self.index_error(e))?;
+        Ok(())
+    }
+
+    /// Writes a result file (a batch's output or errors) from `parts`, streamed to the object
+    /// store.
+    pub(crate) async fn write(
+        &self,
+        tenant: &str,
+        filename: &str,
+        purpose: &str,
+        parts: impl futures_core::Stream<Item = Result<Bytes, ApiError>>,
+    ) -> Result<FileMeta, ApiError> {
+        let objects = self.objects()?;
+        let mut meta = self.describe(filename, purpose, 0);
+        let upload = objects
+            .put_multipart(&object_path(tenant, &meta.id))
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        let mut writer = WriteMultipart::new(upload);
+        let mut parts = std::pin::pin!(parts);
+        while let Some(part) = parts.next().await {
+            match part {
+                Ok(bytes) => {
+                    meta.bytes += bytes.len() as u64;
+                    writer.put(bytes);
+                }
+                Err(e) => {
+                    let _ = writer.abort().await;
+                    return Err(e);
+                }
+            }
+        }
+        writer.finish().await.map_err(|e| self.unavailable(e))?;
+        self.keep(tenant, &meta).await?;
+        Ok(meta)
+    }
+
+    /// A file's metadata, if this tenant has it.
+    pub(crate) async fn find(&self, tenant: &str, id: &str) -> Result<Option<FileMeta>, ApiError> {
+        let Some(bytes) = self
+            .store
+            .get(&meta_key(tenant, id))
+            .await
+            .map_err(|e: StoreError| self.unavailable(e))?
+        else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| self.unavailable(format!("file {id} cannot be read: {e}")))
+    }
+
+    /// A file's metadata, or 404.
+    pub(crate) async fn meta(&self, tenant: &str, id: &str) -> Result<FileMeta, ApiError> {
+        self.objects()?;
+        self.find(tenant, id)
+            .await?
+            .ok_or_else(|| not_found(id, None))
+    }
+
+    /// A tenant's files, newest first (or oldest with `ascending`), after the id `after`, at
+    /// most `limit`; and whether more follow.
+    pub(crate) async fn list(
+        &self,
+        tenant: &str,
+        purpose: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+        ascending: bool,
+    ) -> Result<(Vec<FileMeta>, bool), ApiError> {
+        self.objects()?;
+        let (_, mut ids): (u64, Vec<String>) = self
+            .index(tenant)
+            .read()
+            .await
+            .map_err(|e| self.index_error(e))?;
+        if !ascending {
+            ids.reverse();
+        }
+        let start = after
+            .and_then(|a| ids.iter().position(|i| i == a))
+            .map_or(0, |at| at + 1);
+        let mut out = Vec::new();
+        for id in &ids[start..] {
+            let Some(meta) = self.find(tenant, id).await? else {
+                continue;
+            };
+            if purpose.is_some_and(|p| p != meta.purpose) {
+                continue;
+            }
+            if out.len() == limit {
+                return Ok((out, true));
+            }
+            out.push(meta);
+        }
+        Ok((out, false))
+    }
+
+    /// A file's bytes, streamed.
+    pub(crate) async fn content(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<BoxStream<'static, Result<Bytes, object_store::Error>>, ApiError> {
+        let meta = self.meta(tenant, id).await?;
+        let got = self
+            .objects()?
+            .get(&object_path(tenant, &meta.id))
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        Ok(got.into_stream())
+    }
+
+    /// Bytes `start..end` of a file.
+    pub(crate) async fn range(
+        &self,
+        tenant: &str,
+        id: &str,
+        start: u64,
+        end: u64,
+    ) -> Result<Bytes, ApiError> {
+        self.objects()?
+            .get_range(&object_path(tenant, id), start..end)
+            .await
+            .map_err(|e| self.unavailable(e))
+    }
+
+    /// A whole file's bytes (a batch's input, bounded by the upload limit).
+    pub(crate) async fn read(&self, tenant: &str, id: &str) -> Result<Bytes, ApiError> {
+        let got = self
+            .objects()?
+            .get(&object_path(tenant, id))
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        got.bytes().await.map_err(|e| self.unavailable(e))
+    }
+
+    /// Deletes a file; 404 when this tenant has none by that id.
+    pub(crate) async fn delete(&self, tenant: &str, id: &str) -> Result<(), ApiError> {
+        self.meta(tenant, id).await?;
+        match self.objects()?.delete(&object_path(tenant, id)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(self.unavailable(e)),
+        }
+        self.store
+            .delete(&meta_key(tenant, id))
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        let gone = id.to_string();
+        self.index(tenant)
+            .update(|ids: &mut Vec<String>| {
+                let before = ids.len();
+                ids.retain(|i| *i != gone);
+                Ok(ids.len() != before)
+            })
+            .await
+            .map_err(|e| self.index_error(e))?;
+        Ok(())
+    }
+
+    /// Keeps the results of chunk `k` of batch `batch` (replacing any written before).
+    pub(crate) async fn put_part(
+        &self,
+        tenant: &str,
+        batch: &str,
+        k: usize,
+        bytes: Bytes,
+    ) -> Result<(), ApiError> {
+        self.objects()?
+            .put(&part_path(tenant, batch, k), PutPayload::from(bytes))
+            .await
+            .map(|_| ())
+            .map_err(|e| self.unavailable(e))
+    }
+
+    /// The results of chunk `k` of batch `batch`; empty when none were written.
+    pub(crate) async fn read_part(
+        &self,
+        tenant: &str,
+        batch: &str,
+        k: usize,
+    ) -> Result<Bytes, ApiError> {
+        match self.objects()?.get(&part_path(tenant, batch, k)).await {
+            Ok(got) => got.bytes().await.map_err(|e| self.unavailable(e)),
+            Err(object_store::Error::NotFound { .. }) => Ok(Bytes::new()),
+            Err(e) => Err(self.unavailable(e)),
+        }
+    }
+
+    /// Removes a finished batch's chunk results (best effort: they are not listed anywhere).
+    pub(crate) async fn delete_parts(&self, tenant: &str, batch: &str, chunks: usize) {
+        let Ok(objects) = self.objects() else { return };
+        for k in 0..chunks {
+            let _ = objects.delete(&part_path(tenant, batch, k)).await;
+        }
+    }
+}
+
+fn part_path(tenant: &str, batch: &str, k: usize) -> ObjectPath {
+    ObjectPath::from_iter([tenant, batch, &k.to_string()])
+}
