@@ -6,13 +6,16 @@ OpenAI's line format; bad input refused with a clear 4xx; and two replicas on a 
 import io
 import json
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tenancy_support import HELLO, TENANCY_MODELS, Gateway, Redis, config_text, error_of, make_key, tenant
+from tenancy_support import HELLO, TENANCY_MODELS, Gateway, Redis, config_text, error_of, free_port, make_key, tenant
 
 ENDPOINTS = {
     "/v1/chat/completions": lambda i: {"model": "chat", "messages": HELLO, "max_tokens": 8},
@@ -33,6 +36,49 @@ def lines(endpoint: str, count: int, body=None, start: int = 0) -> bytes:
 
 def files_section(directory, extra: str = "") -> str:
     return f'[files]\ndir = "{directory}"\nmax_bytes = 1048576\n{extra}\n'
+
+
+# moto's S3 server accepts any credentials; the gateway reads them from AWS's variables.
+S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    """An S3-compatible server (moto's server mode) on a free loopback port, with a bucket."""
+    binary = Path(sys.executable).parent / "moto_server"
+    assert binary.exists(), "moto_server is missing: tests/python/requirements.txt installs moto[server]"
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
+    process = subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.put(f"{endpoint}/turnpike-files", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline and process.poll() is None, "moto_server did not start"
+        time.sleep(0.1)
+    yield endpoint
+    process.terminate()
+    process.wait(timeout=10)
+    log.close()
+
+
+@pytest.fixture(params=["dir", "s3"])
+def storage(request, tmp_path):
+    """Where files go, as a [files] section maker and the environment it needs."""
+    if request.param == "dir":
+        return (lambda extra="": files_section(tmp_path / "files", extra)), {}
+    endpoint = request.getfixturevalue("s3_server")
+    prefix = f"run-{time.monotonic_ns()}"
+
+    def section(extra: str = "") -> str:
+        return (f'[files]\nurl = "s3://turnpike-files/{prefix}"\nendpoint = "{endpoint}"\nregion = "us-east-1"\n'
+                f"max_bytes = 1048576\n{extra}\n")
+
+    return section, S3_ENV
 
 
 @pytest.fixture
@@ -69,11 +115,12 @@ def results(client: openai.OpenAI, file_id: str | None) -> list[dict]:
     return [json.loads(line) for line in client.files.content(file_id).text.splitlines() if line]
 
 
-def test_every_endpoint_kind_runs_end_to_end_with_the_sdk(started, tmp_path):
+def test_every_endpoint_kind_runs_end_to_end_with_the_sdk(started, storage, tmp_path):
     key = make_key()
     usage_file = tmp_path / "usage.jsonl"
-    gateway = started(tenant() + files_section(tmp_path / "files") + f'[spend]\nusage_file = "{usage_file}"\n',
-                      {"ACME_API_KEY": key})
+    section, env = storage
+    gateway = started(tenant() + section() + f'[spend]\nusage_file = "{usage_file}"\n',
+                      {"ACME_API_KEY": key, **env})
     client = openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0)
     batches = {}
     for endpoint in ENDPOINTS:
@@ -142,10 +189,10 @@ def test_failed_lines_go_to_the_error_file_and_the_rest_still_run(started, tmp_p
     assert by_id["bad-param"]["response"]["body"]["error"]["param"] == "temperature"
 
 
-def test_cancel_mid_run_keeps_finished_lines(started, tmp_path):
+def test_cancel_mid_run_keeps_finished_lines(started, storage):
     key = make_key()
-    gateway = started(tenant() + files_section(tmp_path / "files", "[batches]\nconcurrency = 2\nchunk_lines = 2"),
-                      {"ACME_API_KEY": key})
+    section, env = storage
+    gateway = started(tenant() + section("[batches]\nconcurrency = 2\nchunk_lines = 2"), {"ACME_API_KEY": key, **env})
     client = openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0)
     # Each line streams about 0.5 s: 40 lines at 2 at a time take 10 s.
     body = lambda i: {"model": "long", "messages": HELLO, "max_tokens": 25}
@@ -170,10 +217,11 @@ def test_cancel_mid_run_keeps_finished_lines(started, tmp_path):
         client.batches.cancel(batch.id)
 
 
-def test_bad_input_gets_a_clear_4xx(started, tmp_path):
+def test_bad_input_gets_a_clear_4xx(started, storage):
     key, other = make_key(), make_key()
     sections = tenant() + '[tenants.globex]\nmodels = ["*"]\nkeys = [{ env = "GLOBEX_API_KEY" }]\n'
-    gateway = started(sections + files_section(tmp_path / "files"), {"ACME_API_KEY": key, "GLOBEX_API_KEY": other})
+    section, env = storage
+    gateway = started(sections + section(), {"ACME_API_KEY": key, "GLOBEX_API_KEY": other, **env})
     client = openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0)
     good = lines("/v1/chat/completions", 3)
     # Malformed JSONL: the first bad line is named.

@@ -1,7 +1,7 @@
 //! Files: what a tenant uploads for the Batch API, and the result files batches write.
 //!
-//! A file's bytes live in an object store (the `object_store` crate: a directory today; the same
-//! seam takes an S3-compatible bucket), its metadata in the state store under a key that holds
+//! A file's bytes live in an object store (the `object_store` crate: a directory, or an
+//! S3-compatible bucket, [`s3`]), its metadata in the state store under a key that holds
 //! the tenant, so one tenant's ids are never found by another and every replica sharing Redis
 //! sees the same files. Each tenant's ids are listed in one [`index::Index`] record (bounded).
 //!
@@ -10,6 +10,7 @@
 
 pub(crate) mod index;
 pub(crate) mod lines;
+mod s3;
 pub mod settings;
 
 use std::sync::Arc;
@@ -28,7 +29,7 @@ use crate::clock::unix_now;
 use crate::error::ApiError;
 use crate::store::{Store, StoreError};
 use index::{Index, IndexError};
-pub use settings::FilesSettings;
+pub use settings::{FilesSettings, Storage};
 
 /// Purposes a client may upload with.
 pub(crate) const UPLOAD_PURPOSES: [&str; 1] = ["batch"];
@@ -103,9 +104,14 @@ impl Files {
         store: Arc<dyn Store>,
         retry_after: Duration,
     ) -> Result<Self, String> {
-        let objects: Option<Arc<dyn ObjectStore>> = match &settings.dir {
-            None => None,
-            Some(dir) => {
+        let objects: Option<Arc<dyn ObjectStore>> = match &settings.storage {
+            Storage::Off => None,
+            Storage::S3 {
+                url,
+                endpoint,
+                region,
+            } => Some(s3::open(url, endpoint.as_deref(), region.as_deref())?),
+            Storage::Dir(dir) => {
                 std::fs::create_dir_all(dir)
                     .map_err(|e| format!("files.dir `{}`: {e}", dir.display()))?;
                 let local = LocalFileSystem::new_with_prefix(dir)
@@ -150,7 +156,7 @@ impl Files {
         self.objects.as_ref().ok_or_else(|| {
             ApiError::unsupported(
                 "file",
-                "This gateway keeps no files: its operator has not set [files] dir.",
+                "This gateway keeps no files: its operator has not set [files] dir (or url).",
             )
         })
     }
