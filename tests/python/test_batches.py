@@ -5,6 +5,7 @@ OpenAI's line format; bad input refused with a clear 4xx; and two replicas on a 
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -268,6 +269,28 @@ def test_bad_input_gets_a_clear_4xx(started, storage):
     assert response.status_code == 400 and error_of(response)["param"] == "priority"
 
 
+def test_per_tenant_limits_on_open_batches_and_lines(started, tmp_path):
+    key = make_key()
+    limits = "[batches]\nmax_open_per_tenant = 1\nmax_lines = 4\nconcurrency = 1"
+    gateway = started(tenant() + files_section(tmp_path / "files", limits), {"ACME_API_KEY": key})
+    client = openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0)
+    body = lambda i: {"model": "long", "messages": HELLO, "max_tokens": 25}
+    with pytest.raises(openai.BadRequestError) as long_file:
+        client.batches.create(input_file_id=upload(client, lines("/v1/chat/completions", 5, body)).id,
+                              endpoint="/v1/chat/completions", completion_window="24h")
+    assert "at most 4" in str(long_file.value)
+    small = upload(client, lines("/v1/chat/completions", 4, body)).id
+    running = client.batches.create(input_file_id=small, endpoint="/v1/chat/completions", completion_window="24h")
+    with pytest.raises(openai.RateLimitError) as busy:
+        client.batches.create(input_file_id=small, endpoint="/v1/chat/completions", completion_window="24h")
+    assert "1 batches open" in str(busy.value)
+    client.batches.cancel(running.id)
+    assert wait_until_ended(client, running.id).status == "cancelled"
+    # An ended batch no longer counts.
+    again = client.batches.create(input_file_id=small, endpoint="/v1/chat/completions", completion_window="24h")
+    client.batches.cancel(again.id)
+
+
 def test_files_are_off_until_a_directory_is_configured(started):
     key = make_key()
     gateway = started(tenant(), {"ACME_API_KEY": key})
@@ -311,5 +334,73 @@ def test_two_replicas_share_a_batch_and_one_killed_mid_run_loses_nothing(started
         ran = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                   if line.startswith("turnpike_batch_lines_total"))
         assert 0 < ran < 2000, ran
+    finally:
+        redis.stop()
+
+
+GGUF = os.environ.get("TURNPIKE_SMOLLM2_GGUF")
+CUDA_PLUGIN = Path(os.environ.get("TURNPIKE_CUDA", Path(__file__).resolve().parents[2] / "target/debug/libturnpike_cuda.so"))
+
+
+@pytest.mark.skipif(not GGUF, reason="TURNPIKE_SMOLLM2_GGUF is not set (tests/run.sh sets it)")
+def test_a_batch_on_smollm2_answers_as_direct_requests_do(tmp_path):
+    """SmolLM2 on the default engine's CPU device: greedy batch lines answer exactly what the
+    same requests answer directly, and interactive requests are served while the batch runs."""
+    config = "\n".join([
+        "[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"',
+        files_section(tmp_path / "files", "[batches]\nconcurrency = 4\nchunk_lines = 3"),
+        "[[engines]]", 'name = "default"', f'plugin = "{CUDA_PLUGIN}"', "[engines.config]",
+        "[[engines.config.models]]", 'id = "smollm2"', f'path = "{GGUF}"', 'device = "cpu"', "threads = 2", "",
+    ])
+    gateway = Gateway(tmp_path, config, {"TURNPIKE_CACHE_DIR": str(tmp_path / "cache")})
+    try:
+        client = openai.OpenAI(base_url=gateway.url, api_key="sk-unused", max_retries=0, timeout=300)
+        questions = ["What is the capital of France?", "Name a colour.", "What is 2 + 2?",
+                     "Say hello.", "Name a fruit.", "What day follows Monday?", "Name an ocean."]
+        body = lambda i: {"model": "smollm2", "messages": [{"role": "user", "content": questions[i]}],
+                          "max_tokens": 12, "temperature": 0}
+        batch = client.batches.create(input_file_id=upload(client, lines("/v1/chat/completions", 7, body)).id,
+                                      endpoint="/v1/chat/completions", completion_window="24h")
+        # Interactive requests while it runs.
+        for question in questions[:2]:
+            answer = client.chat.completions.create(model="smollm2", max_tokens=6, temperature=0,
+                                                    messages=[{"role": "user", "content": question}])
+            assert answer.choices[0].message.content
+        batch = wait_until_ended(client, batch.id, timeout=300)
+        assert batch.status == "completed" and batch.request_counts.completed == 7, batch
+        answered = {row["custom_id"]: row["response"]["body"] for row in results(client, batch.output_file_id)}
+        for i in range(7):
+            direct = client.chat.completions.create(**body(i))
+            assert answered[f"req-{i}"]["choices"][0]["message"]["content"] == direct.choices[0].message.content
+            assert answered[f"req-{i}"]["usage"]["prompt_tokens"] == direct.usage.prompt_tokens
+        assert "Paris" in answered["req-0"]["choices"][0]["message"]["content"]
+    finally:
+        gateway.stop()
+
+
+def test_a_batch_survives_a_restart_of_its_only_replica(started, tmp_path):
+    redis = Redis(tmp_path / "redis")
+    try:
+        key = make_key()
+        state = f'[state]\nbackend = "redis"\nredis_url = "{redis.url}"\ntimeout_ms = 1000\n'
+        sections = tenant() + state + files_section(tmp_path / "files", "[batches]\nconcurrency = 2\nchunk_lines = 5")
+        models = {**TENANCY_MODELS, "steady": 'latency = { ttft_ms = 20, itl_ms = 2 }\noutput = { mode = "random", length = [4, 4] }'}
+        first = started(sections, {"ACME_API_KEY": key}, "alone", models)
+        client = openai.OpenAI(base_url=first.url, api_key=key, max_retries=0)
+        body = lambda i: {"model": "steady", "messages": HELLO, "max_tokens": 4}
+        batch = client.batches.create(input_file_id=upload(client, lines("/v1/chat/completions", 200, body)).id,
+                                      endpoint="/v1/chat/completions", completion_window="24h")
+        deadline = time.monotonic() + 60
+        while client.batches.retrieve(batch.id).request_counts.completed < 20:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait()
+        again = started(sections, {"ACME_API_KEY": key}, "alone", models)
+        client = openai.OpenAI(base_url=again.url, api_key=key, max_retries=0)
+        batch = wait_until_ended(client, batch.id, timeout=120)
+        assert batch.status == "completed" and batch.request_counts.completed == 200, batch
+        ids = [row["custom_id"] for row in results(client, batch.output_file_id)]
+        assert sorted(ids) == sorted(f"req-{i}" for i in range(200))
     finally:
         redis.stop()

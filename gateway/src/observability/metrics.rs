@@ -21,6 +21,9 @@
 //! | `turnpike_rate_limit_dropped_total` | counter | `limit` (`requests`, `tokens`, `concurrency`, `websockets`); `tenant` with `[metrics] tenant_label = true` |
 //! | `turnpike_spend_nanounits_total` | counter (settled cost, 1e-9 of the currency) | `tenant` with `tenant_label` |
 //! | `turnpike_budget_refusals_total` | counter | `period` (`daily`, `monthly`, `total`); `tenant` with `tenant_label` |
+//! | `turnpike_batches_created_total`, `turnpike_batches_ended_total` | counter (batches created here; batches this replica finished) | `status` (`completed`, `cancelled`, `expired`) on the second |
+//! | `turnpike_batch_lines_running` | gauge (batch lines this replica runs now; at most `batches.concurrency`) | |
+//! | `turnpike_batch_lines_total` | counter (batch lines this replica answered) | `outcome` (`ok`, `failed`) |
 //! | `turnpike_config_reloads_total`, `turnpike_tls_reloads_total` | counter | `result` (`ok`, `failed`) |
 //! | `turnpike_state_errors_total` | counter (state store failures) | `feature` |
 //! | `turnpike_concurrency_leases` | gauge (leases this replica holds) | |
