@@ -2,8 +2,9 @@
 
   throughput  the same chat lines run as a batch, and sent by a client at 1, 2, 4, 8 and 16
               concurrent requests; lines/s of the batch against the best client concurrency;
-  interference  interactive streamed chats, one after another, timed to their first token,
-              with no batch running and with a batch running; p50 and p99 with over without.
+  interference  interactive streamed chats (a passage of 150 to 250 words no cache has seen),
+              one after another, timed to their first token, with no batch running and with a
+              batch running; p50 and p99 with over without.
 
 Rounds interleave the two sides of each ratio, so a busy host hits both. Greedy decoding: both
 sides do the same work. Prompts are of different lengths, none a multiple of the block size.
@@ -13,6 +14,7 @@ sides do the same work. Prompts are of different lengths, none a multiple of the
 
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -104,8 +106,20 @@ def run_client(base: str, pid: int, concurrency: int) -> dict:
     return {"lines_per_s": LINES / elapsed, "cpu_ms_per_line": (cpu_seconds(pid) - cpu) * 1e3 / LINES}
 
 
+WORDS = ("river stone bridge water morning light garden letter window market winter harbour forest "
+         "station lantern meadow orchard kettle ribbon pocket candle valley thunder village mirror").split()
+
+
+def probe_body(i: int) -> dict:
+    """An interactive request no cache has seen: a passage of 150 to 250 words to summarise."""
+    rng = random.Random(i)
+    passage = " ".join(rng.choice(WORDS) for _ in range(150 + rng.randrange(100)))
+    return {"model": "smollm2", "max_tokens": 8, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": f"Summarise in one line: {passage}"}]}
+
+
 def ttft(base: str, i: int) -> float:
-    request = urllib.request.Request(f"{base}/v1/chat/completions", data=json.dumps(body(i, 8, True)).encode(),
+    request = urllib.request.Request(f"{base}/v1/chat/completions", data=json.dumps(probe_body(i)).encode(),
                                      headers={"Content-Type": "application/json"})
     start = time.monotonic()
     with urllib.request.urlopen(request, timeout=600) as response:
@@ -117,10 +131,14 @@ def ttft(base: str, i: int) -> float:
     raise AssertionError("no content in the stream")
 
 
+PROBED = [0]
+
+
 def probes(base: str, count: int) -> list[float]:
     times = []
-    for i in range(count):
-        times.append(ttft(base, 1000 + i))
+    for _ in range(count):
+        PROBED[0] += 1
+        times.append(ttft(base, PROBED[0]))
         time.sleep(0.05)
     return times
 
@@ -136,7 +154,7 @@ def main():
     config = work / "turnpike.toml"
     config.write_text("\n".join([
         "[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"',
-        "[files]", f'dir = "{work}/files"', "[batches]", "concurrency = 8", "chunk_lines = 4",
+        "[files]", f'dir = "{work}/files"', "[batches]", "chunk_lines = 4",
         "[[engines]]", 'name = "default"', f'plugin = "{plugin}"', "[engines.config]",
         "[[engines.config.models]]", 'id = "smollm2"', f'path = "{gguf}"', 'device = "cpu"', f"threads = {threads}",
         "",
@@ -161,10 +179,10 @@ def main():
         # Interference: probes alone, then probes over a long batch, interleaved.
         idle, busy = [], []
         for _ in range(rounds):
-            idle += probes(base, 20)
+            idle += probes(base, 40)
             batch_id = create(base, upload(base, 400, 100))
             time.sleep(1.0)  # the batch is under way
-            busy += probes(base, 20)
+            busy += probes(base, 40)
             call(base, "POST", f"/v1/batches/{batch_id}/cancel", {})
             wait(base, batch_id)
         result = {

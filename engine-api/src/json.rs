@@ -25,6 +25,12 @@ pub fn from_json_object<T: serde::de::DeserializeOwned>(text: &str) -> Result<T,
     serde_json::from_str(text).map_err(|e| e.to_string())
 }
 
+/// The highest priority of background work (batch lines): below every priority a client may
+/// ask for. The default engine schedules such requests only in steps where no other request
+/// waits to be admitted or is still in its prompt, so interactive work never waits behind
+/// them for more than the step already under way.
+pub const BACKGROUND_PRIORITY: i32 = -1001;
+
 /// Generation parameters of one request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -67,7 +73,8 @@ pub struct GenerationParams {
     /// Constrain output to a grammar.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grammar: Option<Grammar>,
-    /// Scheduling priority; higher runs first.
+    /// Scheduling priority; higher runs first. At or below [`BACKGROUND_PRIORITY`] a request is
+    /// background work (a batch line): an engine may hold it back while other work waits.
     pub priority: i32,
     /// The tenant the request belongs to (for fair scheduling).
     #[serde(skip_serializing_if = "Option::is_none")]

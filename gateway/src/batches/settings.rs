@@ -2,7 +2,7 @@
 //!
 //! ```toml
 //! [batches]
-//! concurrency = 8            # lines one replica runs at once, across all batches
+//! concurrency = 16           # lines one replica runs at once, across all batches
 //! chunk_lines = 16           # lines a replica claims at a time
 //! max_lines = 50000          # most lines in one batch
 //! max_open_per_tenant = 100  # most batches a tenant has open at once
@@ -41,7 +41,7 @@ pub struct BatchSettings {
 impl Default for BatchSettings {
     fn default() -> Self {
         Self {
-            concurrency: 8,
+            concurrency: 16,
             chunk_lines: 16,
             max_lines: 50_000,
             max_open_per_tenant: 100,

@@ -1,6 +1,7 @@
 //! The batch worker each replica runs: it finds open batches in the shared list, claims their
-//! chunks while it has room, runs each chunk's lines at the lowest priority and only while
-//! the model's engine has nothing waiting, and hands a batch whose chunks are all done (or
+//! chunks while it has room, runs each chunk's lines at the lowest priority (the engine holds
+//! them back while interactive work waits or is in its prompt) and only while the model's
+//! engine queue is short (fewer waiting than `concurrency`), and hands a batch whose chunks are all done (or
 //! that was cancelled or expired) to [`super::finalize`].
 //!
 //! Bounded: at most `concurrency` lines run at once (a semaphore) and at most a few chunks are
@@ -35,7 +36,7 @@ const SWEEP: Duration = Duration::from_secs(5);
 /// How often a running chunk checks whether its batch was cancelled or expired.
 const STOP_CHECK: Duration = Duration::from_millis(500);
 /// How often a line waiting for room looks again.
-const ROOM_CHECK: Duration = Duration::from_millis(20);
+const ROOM_CHECK: Duration = Duration::from_millis(5);
 
 /// The fingerprint of every claim (a claim's key says what it claims).
 pub(super) const CLAIM: &str = "batch-claim";
@@ -94,9 +95,11 @@ async fn run(batches: Arc<Batches>, lifecycle: Lifecycle) {
 }
 
 impl Worker {
+    /// Chunks claimed at once: enough that lines waiting for a permit are always at hand
+    /// while other chunks finish their last lines.
     fn max_chunks(&self) -> usize {
         let s = self.batches.settings;
-        s.concurrency.div_ceil(s.chunk_lines) + 1
+        2 * s.concurrency.div_ceil(s.chunk_lines) + 1
     }
 
     async fn round(&mut self) -> Result<(), String> {
@@ -419,7 +422,9 @@ async fn run_line(
         let Ok(_permit) = permits.acquire().await else {
             return (false, Vec::new());
         };
-        while !batches.generator.has_room(&model) {
+        // A queue as long as this replica's own batch lines is one interactive work made.
+        let short = batches.settings.concurrency as u64;
+        while !batches.generator.has_room(&model, short) {
             tokio::time::sleep(ROOM_CHECK).await;
         }
         let running = Running::start();

@@ -215,12 +215,13 @@ impl Generator {
         }
     }
 
-    /// Whether the engine serving `model` has room for batch work: nothing waits in its
-    /// queue. An unknown model has room (its line fails as any request would).
-    pub(crate) fn has_room(&self, model: &str) -> bool {
+    /// Whether the engine serving `model` has room for batch work: fewer than `short`
+    /// requests wait in its queue. An unknown model has room (its line fails as any request
+    /// would).
+    pub(crate) fn has_room(&self, model: &str, short: u64) -> bool {
         self.registry
             .resolve(model)
-            .is_none_or(|m| m.backend.stats().map_or(true, |s| s.queued == 0))
+            .is_none_or(|m| m.backend.stats().map_or(true, |s| s.queued < short))
     }
 
     /// The gateway plugins it runs.

@@ -422,7 +422,8 @@ pub(crate) fn max_tokens(
 pub(crate) const MAX_PRIORITY: i64 = 1000;
 
 /// The priority of batch lines: below every priority a request may ask for.
-pub(crate) const BATCH_PRIORITY: i32 = -(MAX_PRIORITY as i32) - 1;
+pub(crate) const BATCH_PRIORITY: i32 = turnpike_engine_api::json::BACKGROUND_PRIORITY;
+const _: () = assert!(BATCH_PRIORITY < -(MAX_PRIORITY as i32));
 
 /// The scheduling priority in `metadata.priority` (OpenAI metadata values are strings, so
 /// `"5"` and `5` both count); 0 without one.

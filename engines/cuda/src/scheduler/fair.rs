@@ -146,6 +146,11 @@ impl Fair {
         removed
     }
 
+    /// The highest priority among waiting sequences.
+    pub(super) fn highest_waiting_priority(&self) -> Option<i32> {
+        self.waiting.keys().next().map(|Reverse(p)| *p)
+    }
+
     /// The waiting sequence to admit next: highest priority, then the tenant with the lowest
     /// virtual time (ties: earliest head arrival), then arrival order within the tenant.
     pub(super) fn next_waiting(&self) -> Option<SeqId> {

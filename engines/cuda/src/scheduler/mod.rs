@@ -39,8 +39,13 @@
 //!    tenant. A tenant becoming active starts at `max(own vt, min vt of active tenants)`. Tenant
 //!    state is dropped with the tenant's last sequence (see `fair.rs` for the bounded memory of
 //!    idle tenants).
-//! 6. Forked children run at once when their parent runs and may exceed `max_running`.
-//! 7. **Drafts** ([`set_draft`]): a decode carries its sequence's drafted tokens after its
+//! 6. **Background work** (priority at or below the engine API's `BACKGROUND_PRIORITY`: batch
+//!    lines) yields whole steps: while any other sequence waits to be admitted or is still in
+//!    its prompt, no background sequence is planned or admitted. A waiting foreground sequence
+//!    that finds `max_running` reached, or no blocks, preempts the least preferred background
+//!    sequence instead of waiting (it is recomputed later, as any preempted sequence is).
+//! 7. Forked children run at once when their parent runs and may exceed `max_running`.
+//! 8. **Drafts** ([`set_draft`]): a decode carries its sequence's drafted tokens after its
 //!    last token, as far as the budget (one token kept for every decode still to plan) and
 //!    the blocks that can be had allow; drafts never preempt. The drafts' positions are
 //!    computed but not counted: [`complete`] counts the real token, and [`accept_drafts`]

@@ -4,6 +4,8 @@ use std::cmp::Reverse;
 use std::collections::HashSet;
 
 use super::{PlannedChunk, Scheduler, SeqId, StepPlan};
+use turnpike_engine_api::json::BACKGROUND_PRIORITY;
+
 use crate::kv::BlockCopy;
 
 /// Sort key of a running sequence: smaller is preferred (higher priority, lower tenant virtual
@@ -24,6 +26,11 @@ impl Scheduler {
             .collect();
         order.sort_unstable();
 
+        // Background work yields whole steps while other work waits or is in its prompt.
+        let yielding = self.foreground_waits();
+        if yielding {
+            order.retain(|(_, id)| !self.is_background(*id));
+        }
         let mut decodes = order
             .iter()
             .filter(|(_, id)| self.seqs.get(id).is_some_and(|s| s.is_decode()))
@@ -65,12 +72,27 @@ impl Scheduler {
             budget -= self.plan_running(id, want, &mut planned, &mut plan);
         }
         if plan.preempted.is_empty() {
-            while budget > 0 && self.running.len() < self.config.max_running {
+            while budget > 0 {
                 let Some(id) = self.fair.next_waiting() else {
                     break;
                 };
+                let background = self.is_background(id);
+                if yielding && background {
+                    break;
+                }
+                // Foreground work takes a background sequence's place (and its blocks) when
+                // there is no other room: interactive requests preempt batch work.
+                if self.running.len() >= self.config.max_running {
+                    if background || !self.preempt_background(&planned, &mut plan) {
+                        break;
+                    }
+                    continue;
+                }
                 let admitted = self.admit(id, budget, &mut plan);
                 if admitted == 0 {
+                    if !background && self.preempt_background(&planned, &mut plan) {
+                        continue;
+                    }
                     break;
                 }
                 budget -= admitted;
@@ -80,6 +102,43 @@ impl Scheduler {
         // decoding step does), also a resumption's output or a recompute planned among prompts.
         plan.chunks.sort_by_key(|c| !c.generated);
         plan
+    }
+
+    /// Whether `id` is background work ([`BACKGROUND_PRIORITY`] or below).
+    fn is_background(&self, id: SeqId) -> bool {
+        self.seqs
+            .get(&id)
+            .is_some_and(|s| s.priority <= BACKGROUND_PRIORITY)
+    }
+
+    /// Whether work above the background waits to be admitted or is still in its prompt.
+    fn foreground_waits(&self) -> bool {
+        self.fair
+            .highest_waiting_priority()
+            .is_some_and(|p| p > BACKGROUND_PRIORITY)
+            || self.running.iter().any(|&id| {
+                self.seqs
+                    .get(&id)
+                    .is_some_and(|s| s.priority > BACKGROUND_PRIORITY && s.is_prefill())
+            })
+    }
+
+    /// Preempts the least preferred running background sequence not planned in this step;
+    /// false when there is none.
+    fn preempt_background(&mut self, planned: &HashSet<SeqId>, plan: &mut StepPlan) -> bool {
+        let victim = self
+            .running
+            .iter()
+            .filter(|id| !planned.contains(id) && self.is_background(**id))
+            .filter_map(|&id| self.preference(id).map(|p| (p, id)))
+            .max();
+        match victim {
+            Some((_, id)) => {
+                self.preempt(id, plan);
+                true
+            }
+            None => false,
+        }
     }
 
     fn preference(&self, id: SeqId) -> Option<Preference> {

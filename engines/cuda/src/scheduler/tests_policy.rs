@@ -194,3 +194,70 @@ fn cancel_running_and_waiting_under_load() {
     check(&s);
     drive(&mut s, 2, 100, |_, _| {});
 }
+
+const BG: i32 = turnpike_engine_api::json::BACKGROUND_PRIORITY;
+
+fn seqs_of(plan: &StepPlan) -> Vec<SeqId> {
+    plan.chunks.iter().map(|c| c.seq).collect()
+}
+
+#[test]
+fn background_work_yields_steps_to_a_prompt_and_resumes_after() {
+    // Chunks of at most 4 tokens a step: the foreground prompt of 10 takes three steps.
+    let mut s = Scheduler::new(config(6, 8, 4, 64));
+    let mut next = 0;
+    for id in [1, 2] {
+        s.add(new_seq(id, prompt(id, 3), BG, "batch", 1)).unwrap();
+    }
+    // Both background prompts run, then both decode.
+    step(&mut s, &mut next);
+    assert_eq!(seqs_of(&step(&mut s, &mut next)), vec![1, 2]);
+    s.add(new_seq(3, prompt(3, 10), 0, "t", 1)).unwrap();
+    // While the foreground prompt waits or runs, the background sequences are not planned.
+    let mut prompt_steps = 0;
+    loop {
+        let plan = step(&mut s, &mut next);
+        assert_eq!(seqs_of(&plan), vec![3], "{plan:?}");
+        assert!(plan.preempted.is_empty());
+        prompt_steps += 1;
+        if plan.chunks[0].sample {
+            break;
+        }
+    }
+    assert_eq!(prompt_steps, 2);
+    // Its prompt done, everything decodes together again.
+    let mut together = seqs_of(&step(&mut s, &mut next));
+    together.sort_unstable();
+    assert_eq!(together, vec![1, 2, 3]);
+}
+
+#[test]
+fn a_foreground_request_takes_a_background_place_when_none_is_free() {
+    // Two places, both taken by background work: the foreground request preempts one.
+    let mut s = Scheduler::new(config(16, 2, 4, 64));
+    let mut next = 0;
+    for id in [1, 2] {
+        s.add(new_seq(id, prompt(id, 3), BG, "batch", 1)).unwrap();
+    }
+    step(&mut s, &mut next);
+    step(&mut s, &mut next);
+    s.add(new_seq(3, prompt(3, 3), 5, "t", 1)).unwrap();
+    let plan = step(&mut s, &mut next);
+    assert_eq!(seqs_of(&plan), vec![3]);
+    // The later-arrived background sequence gave its place (it is recomputed later).
+    assert_eq!(plan.preempted, vec![2]);
+    // All three finish.
+    assert!(run(&mut s, 3, 100, |_, _| {}));
+}
+
+#[test]
+fn without_foreground_work_background_runs_as_any_other() {
+    let mut s = Scheduler::new(config(16, 4, 4, 64));
+    let mut next = 0;
+    for id in [1, 2, 3] {
+        s.add(new_seq(id, prompt(id, 3), BG, "batch", 1)).unwrap();
+    }
+    let mut first = seqs_of(&step(&mut s, &mut next));
+    first.sort_unstable();
+    assert_eq!(first, vec![1, 2, 3]);
+}
