@@ -110,6 +110,21 @@ def wait_until_ended(client: openai.OpenAI, batch_id: str, timeout: float = 120.
     raise AssertionError(f"batch {batch_id} did not end: {batch}")
 
 
+def wait_for_completed(client: openai.OpenAI, batch_id: str, count: int, timeout: float = 60.0) -> None:
+    """Waits until at least `count` lines of the batch are answered."""
+    deadline = time.monotonic() + timeout
+    while client.batches.retrieve(batch_id).request_counts.completed < count:
+        assert time.monotonic() < deadline, f"fewer than {count} lines answered"
+        time.sleep(0.05)
+
+
+def on_redis(redis, tmp_path, batches: str) -> str:
+    """A tenant, the state in `redis`, files in one directory every replica shares."""
+    state = f'[state]\nbackend = "redis"\nredis_url = "{redis.url}"\ntimeout_ms = 1000\n'
+    return tenant() + state + files_section(tmp_path / "files", batches).replace("max_bytes = 1048576",
+                                                                              "max_bytes = 8388608")
+
+
 def results(client: openai.OpenAI, file_id: str | None) -> list[dict]:
     if file_id is None:
         return []
@@ -199,10 +214,7 @@ def test_cancel_mid_run_keeps_finished_lines(started, storage):
     body = lambda i: {"model": "long", "messages": HELLO, "max_tokens": 25}
     batch = client.batches.create(input_file_id=upload(client, lines("/v1/chat/completions", 40, body)).id,
                                   endpoint="/v1/chat/completions", completion_window="24h")
-    deadline = time.monotonic() + 30
-    while client.batches.retrieve(batch.id).request_counts.completed < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for_completed(client, batch.id, 2, timeout=30)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at
     batch = wait_until_ended(client, batch.id, timeout=30)
@@ -306,9 +318,7 @@ def test_two_replicas_share_a_batch_and_one_killed_mid_run_loses_nothing(started
     redis = Redis(tmp_path / "redis")
     try:
         key = make_key()
-        state = f'[state]\nbackend = "redis"\nredis_url = "{redis.url}"\ntimeout_ms = 1000\n'
-        sections = tenant() + state + files_section(tmp_path / "files", "[batches]\nconcurrency = 16\nchunk_lines = 25")
-        sections = sections.replace("max_bytes = 1048576", "max_bytes = 8388608")
+        sections = on_redis(redis, tmp_path, "[batches]\nconcurrency = 16\nchunk_lines = 25")
         models = {**TENANCY_MODELS, "quick": 'latency = { ttft_ms = 5, itl_ms = 1 }\noutput = { mode = "random", length = [4, 4] }'}
         first = started(sections, {"ACME_API_KEY": key}, "replica", models)
         second = started(sections, {"ACME_API_KEY": key}, "replica", models)
@@ -316,10 +326,7 @@ def test_two_replicas_share_a_batch_and_one_killed_mid_run_loses_nothing(started
         body = lambda i: {"model": "quick", "messages": HELLO, "max_tokens": 4}
         batch = client.batches.create(input_file_id=upload(client, lines("/v1/chat/completions", 2000, body)).id,
                                       endpoint="/v1/chat/completions", completion_window="24h")
-        deadline = time.monotonic() + 60
-        while client.batches.retrieve(batch.id).request_counts.completed < 300:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for_completed(client, batch.id, 300)
         first.process.send_signal(signal.SIGKILL)
         first.process.wait()
         other = openai.OpenAI(base_url=second.url, api_key=key, max_retries=0)
@@ -382,18 +389,14 @@ def test_a_batch_survives_a_restart_of_its_only_replica(started, tmp_path):
     redis = Redis(tmp_path / "redis")
     try:
         key = make_key()
-        state = f'[state]\nbackend = "redis"\nredis_url = "{redis.url}"\ntimeout_ms = 1000\n'
-        sections = tenant() + state + files_section(tmp_path / "files", "[batches]\nconcurrency = 2\nchunk_lines = 5")
+        sections = on_redis(redis, tmp_path, "[batches]\nconcurrency = 2\nchunk_lines = 5")
         models = {**TENANCY_MODELS, "steady": 'latency = { ttft_ms = 20, itl_ms = 2 }\noutput = { mode = "random", length = [4, 4] }'}
         first = started(sections, {"ACME_API_KEY": key}, "alone", models)
         client = openai.OpenAI(base_url=first.url, api_key=key, max_retries=0)
         body = lambda i: {"model": "steady", "messages": HELLO, "max_tokens": 4}
         batch = client.batches.create(input_file_id=upload(client, lines("/v1/chat/completions", 200, body)).id,
                                       endpoint="/v1/chat/completions", completion_window="24h")
-        deadline = time.monotonic() + 60
-        while client.batches.retrieve(batch.id).request_counts.completed < 20:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for_completed(client, batch.id, 20)
         first.process.send_signal(signal.SIGKILL)
         first.process.wait()
         again = started(sections, {"ACME_API_KEY": key}, "alone", models)

@@ -56,6 +56,11 @@ async fn write_results(
     let unavailable = |e: crate::store::StoreError| batches.unavailable(e);
     let mut skipped = HashSet::new();
     let (mut completed, mut failed, mut unrun) = (0u64, 0u64, 0u64);
+    let stopping = record.expires_at <= unix_now()
+        || state::cancelled_at(store, keys)
+            .await
+            .map_err(unavailable)?
+            .is_some();
     for k in 0..record.chunks.len() {
         let lines = chunk_lines(record, k);
         loop {
@@ -64,6 +69,13 @@ async fn write_results(
                 .await
                 .map_err(unavailable)?
             {
+                Begin::Started if !stopping => {
+                    // A chunk no one runs (its replica died after another counted it done):
+                    // it is left for the workers, and the batch is finished later.
+                    let _ = store.abandon(&keys.chunk(k), me).await;
+                    let _ = store.abandon(&keys.finisher, me).await;
+                    return Ok(());
+                }
                 Begin::Started => {
                     store
                         .finish(&keys.chunk(k), me, SKIPPED.into(), state::keep_for(record))

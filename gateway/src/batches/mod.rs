@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use crate::clock::unix_now;
 use crate::error::ApiError;
 use crate::files::Files;
-use crate::files::index::{Index, IndexError};
+use crate::files::index::{self, Index, IndexError};
 use crate::files::lines::{self, ENDPOINTS};
 use crate::protocols::StreamSettings;
 use crate::protocols::responses::Responses;
@@ -322,9 +322,7 @@ impl Batches {
             .await
             .map_err(|e| self.index_error(e))?;
         ids.reverse();
-        let start = after
-            .and_then(|a| ids.iter().position(|i| i == a))
-            .map_or(0, |at| at + 1);
+        let start = index::page_start(&ids, after);
         let mut data = Vec::new();
         let mut has_more = false;
         for id in &ids[start..] {

@@ -97,6 +97,14 @@ impl Index {
     }
 }
 
+/// Where a page of `ids` starts: after the id `after`, or at the start when it is absent or
+/// not listed (any more).
+pub(crate) fn page_start(ids: &[String], after: Option<&str>) -> usize {
+    after
+        .and_then(|a| ids.iter().position(|i| i == a))
+        .map_or(0, |at| at + 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

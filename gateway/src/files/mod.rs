@@ -342,9 +342,7 @@ impl Files {
         if !ascending {
             ids.reverse();
         }
-        let start = after
-            .and_then(|a| ids.iter().position(|i| i == a))
-            .map_or(0, |at| at + 1);
+        let start = index::page_start(&ids, after);
         let mut out = Vec::new();
         for id in &ids[start..] {
             let Some(meta) = self.find(tenant, id).await? else {
