@@ -303,6 +303,40 @@ def test_per_tenant_limits_on_open_batches_and_lines(started, tmp_path):
     client.batches.cancel(again.id)
 
 
+def test_a_batch_whose_input_is_deleted_fails_and_keeps_what_it_answered(started, tmp_path):
+    key = make_key()
+    gateway = started(tenant() + files_section(tmp_path / "files", "[batches]\nconcurrency = 1\nchunk_lines = 1"),
+                      {"ACME_API_KEY": key})
+    client = openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=0)
+    body = lambda i: {"model": "long", "messages": HELLO, "max_tokens": 25}
+    input_file = upload(client, lines("/v1/chat/completions", 6, body)).id
+    batch = client.batches.create(input_file_id=input_file, endpoint="/v1/chat/completions", completion_window="24h")
+    wait_for_completed(client, batch.id, 1, timeout=30)
+    client.files.delete(input_file)
+    batch = wait_until_ended(client, batch.id, timeout=30)
+    assert batch.status == "failed" and batch.failed_at, batch
+    assert batch.errors.data[0].code == "file_not_found", batch.errors
+    answered = results(client, batch.output_file_id)
+    assert 1 <= len(answered) < 6 and batch.request_counts.completed == len(answered)
+
+
+def test_lines_wait_for_their_tenants_request_rate_instead_of_failing(started, tmp_path):
+    key = make_key()
+    gateway = started(tenant("requests_per_second = 2") + files_section(tmp_path / "files"), {"ACME_API_KEY": key})
+    # The client's own calls share the rate with the lines: the SDK waits as the 429s say.
+    client = openai.OpenAI(base_url=gateway.url, api_key=key, max_retries=30)
+    body = lambda i: {"model": "chat", "messages": HELLO, "max_tokens": 4}
+    input_file = upload(client, lines("/v1/chat/completions", 8, body)).id
+    batch = client.batches.create(input_file_id=input_file, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = wait_until_ended(client, batch.id, timeout=60)
+    assert batch.status == "completed" and batch.request_counts.completed == 8, batch
+    # The rate refused lines more than once; each waited and ran.
+    metrics = httpx.get(f"{gateway.base}/metrics").text
+    refused = [line for line in metrics.splitlines()
+               if line.startswith("turnpike_rate_limit_dropped_total") and 'limit="requests"' in line]
+    assert refused and float(refused[0].rsplit(" ", 1)[1]) > 0, refused
+
+
 def test_files_are_off_until_a_directory_is_configured(started):
     key = make_key()
     gateway = started(tenant(), {"ACME_API_KEY": key})

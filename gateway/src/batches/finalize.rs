@@ -1,7 +1,8 @@
 //! A batch's end: one replica claims the finish, waits for chunks still running, marks the
-//! chunks that never ran (a cancelled or expired batch), and writes the output and error files
-//! from the chunks' results in line order. Lines an expired batch never ran are written to the
-//! error file as `batch_expired`, as OpenAI does.
+//! chunks that never ran (a cancelled, failed or expired batch), and writes the output and
+//! error files from the chunks' results in line order. Lines an expired batch never ran are
+//! written to the error file as `batch_expired`, as OpenAI does; a batch whose input file was
+//! deleted under it fails, with `errors` saying so.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -56,11 +57,9 @@ async fn write_results(
     let unavailable = |e: crate::store::StoreError| batches.unavailable(e);
     let mut skipped = HashSet::new();
     let (mut completed, mut failed, mut unrun) = (0u64, 0u64, 0u64);
-    let stopping = record.expires_at <= unix_now()
-        || state::cancelled_at(store, keys)
-            .await
-            .map_err(unavailable)?
-            .is_some();
+    let stopping = state::stopping(store, record, keys)
+        .await
+        .map_err(unavailable)?;
     for k in 0..record.chunks.len() {
         let lines = chunk_lines(record, k);
         loop {
@@ -109,7 +108,9 @@ async fn write_results(
     let cancelled = state::cancelled_at(store, keys)
         .await
         .map_err(unavailable)?;
-    let expired = cancelled.is_none() && (unrun > 0 || record.expires_at <= unix_now());
+    let failure = state::failure(store, keys).await.map_err(unavailable)?;
+    let expired =
+        cancelled.is_none() && failure.is_none() && (unrun > 0 || record.expires_at <= unix_now());
     if cancelled.is_none() {
         state::write_end(store, record, &EndValue::Finalizing)
             .await
@@ -124,10 +125,11 @@ async fn write_results(
         .map_err(unavailable)?;
     let errors = Kind::Errors { expired };
     let error_file_id = write_file(batches, record, &skipped, errors, failed).await?;
-    let status = match (cancelled.is_some(), expired) {
-        (true, _) => "cancelled",
-        (false, true) => "expired",
-        (false, false) => "completed",
+    let status = match (cancelled.is_some(), failure.is_some(), expired) {
+        (true, _, _) => "cancelled",
+        (false, true, _) => "failed",
+        (false, false, true) => "expired",
+        (false, false, false) => "completed",
     };
     let ending = Ending {
         status: status.into(),
@@ -136,7 +138,7 @@ async fn write_results(
         error_file_id,
         completed,
         failed,
-        errors: None,
+        errors: failure,
     };
     state::write_end(store, record, &EndValue::Ended(ending))
         .await

@@ -143,6 +143,13 @@ async fn answer(
     endpoint: &str,
     mut body: Map<String, Value>,
 ) -> Result<(Option<String>, Value), ApiError> {
+    // A line counts against its tenant's request rate as a request does.
+    let mut report = crate::tenancy::limits::LimitReport::default();
+    batches
+        .tenancy
+        .limiter
+        .hit(&caller.principal, &mut report)
+        .await?;
     // A batch line is answered whole; a stream asked for is folded.
     body.remove("stream");
     body.remove("stream_options");

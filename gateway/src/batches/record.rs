@@ -152,7 +152,7 @@ impl BatchRecord {
             ),
         };
         let at = |s: &str| ending.filter(|e| e.status == s).map(|e| e.at);
-        let finished = ending.filter(|e| e.status != "failed").map(|e| e.at);
+        let finished = ending.map(|e| e.at);
         json!({
             "id": self.id,
             "object": "batch",
@@ -164,7 +164,7 @@ impl BatchRecord {
             "output_file_id": ending.and_then(|e| e.output_file_id.clone()),
             "error_file_id": ending.and_then(|e| e.error_file_id.clone()),
             "created_at": self.created_at,
-            "in_progress_at": (status != "failed").then_some(self.created_at),
+            "in_progress_at": self.created_at,
             "expires_at": self.expires_at,
             "finalizing_at": finished,
             "completed_at": at("completed"),

@@ -35,6 +35,8 @@ pub(crate) struct Keys {
     pub end: String,
     /// The cancel mark.
     pub cancel: String,
+    /// Why the batch failed as a whole, when it did.
+    pub failed: String,
     /// The finisher's claim.
     pub finisher: String,
 }
@@ -60,6 +62,7 @@ impl Keys {
             lapses_at: record.expires_at + KEEP_AFTER,
             end: format!("turnpike:batch-end:{id}"),
             cancel: format!("turnpike:batch-cancel:{id}"),
+            failed: format!("turnpike:batch-failed:{id}"),
             finisher: format!("turnpike:batch-finisher:{id}"),
         }
     }
@@ -167,6 +170,48 @@ pub(crate) async fn mark_cancelled(
             keep_for(record),
         )
         .await
+}
+
+/// Marks a batch failed as a whole: `code` and `message` become its `errors`.
+pub(crate) async fn mark_failed(
+    store: &dyn Store,
+    record: &BatchRecord,
+    code: &str,
+    message: &str,
+) -> Result<(), StoreError> {
+    let errors = serde_json::json!({
+        "object": "list",
+        "data": [{"code": code, "message": message, "param": null, "line": null}],
+    });
+    store
+        .put(
+            &Keys::new(record).failed,
+            errors.to_string().into_bytes(),
+            keep_for(record),
+        )
+        .await
+}
+
+/// Why the batch failed as a whole, if it did (OpenAI's `errors` object).
+pub(crate) async fn failure(
+    store: &dyn Store,
+    keys: &Keys,
+) -> Result<Option<serde_json::Value>, StoreError> {
+    Ok(store
+        .get(&keys.failed)
+        .await?
+        .and_then(|b| serde_json::from_slice(&b).ok()))
+}
+
+/// Whether lines should stop: the batch was cancelled, failed or expired.
+pub(crate) async fn stopping(
+    store: &dyn Store,
+    record: &BatchRecord,
+    keys: &Keys,
+) -> Result<bool, StoreError> {
+    Ok(record.expires_at <= unix_now()
+        || cancelled_at(store, keys).await?.is_some()
+        || failure(store, keys).await?.is_some())
 }
 
 /// The live counts.

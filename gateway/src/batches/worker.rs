@@ -20,7 +20,7 @@ use super::Batches;
 use super::line::{self, Answer};
 use super::record::BatchRecord;
 use super::state::{self, Counter, EndValue, Keys};
-use crate::clock::unix_now;
+use crate::error::ApiError;
 use crate::files::lines::{parse_line, spans};
 use crate::lifecycle::Lifecycle;
 use crate::store::Begin;
@@ -157,11 +157,9 @@ impl Worker {
             self.batches.forget(tenant, id).await;
             return Ok(());
         }
-        let stopped = record.expires_at <= unix_now()
-            || state::cancelled_at(&*store, &keys)
-                .await
-                .map_err(|e| e.to_string())?
-                .is_some();
+        let stopped = state::stopping(&*store, &record, &keys)
+            .await
+            .map_err(|e| e.to_string())?;
         let total = record.chunks.len() as u64;
         if !stopped {
             while self.chunks.len() < self.max_chunks() {
@@ -288,12 +286,24 @@ impl Chunk {
         let record = &*self.record;
         let tenant = &record.owner.tenant;
         let (start, end) = record.chunks.get(self.k).copied().unwrap_or((0, 0));
-        let bytes = self
+        let bytes = match self
             .batches
             .files
             .range(tenant, &record.input_file_id, start, end)
             .await
-            .map_err(|e| e.to_string())?;
+        {
+            Ok(bytes) => bytes,
+            Err(ApiError::NotFound { .. }) => {
+                // Its input was deleted: no line can run any more.
+                let message = format!("The input file '{}' was deleted.", record.input_file_id);
+                state::mark_failed(&*self.batches.store, record, "file_not_found", &message)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                self.batches.wake.notify_one();
+                bytes::Bytes::new()
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         let caller = line::caller(&self.batches, &record.owner, &record.id);
         let first = self.k * record.chunk_lines;
         let mut pending = FuturesUnordered::new();
@@ -350,11 +360,10 @@ impl Chunk {
 
     async fn stopped(&self) -> bool {
         let keys = Keys::new(&self.record);
-        self.record.expires_at <= unix_now()
-            || matches!(
-                state::cancelled_at(&*self.batches.store, &keys).await,
-                Ok(Some(_))
-            )
+        matches!(
+            state::stopping(&*self.batches.store, &self.record, &keys).await,
+            Ok(true)
+        )
     }
 
     /// Writes the chunk's results, counts them and marks the chunk done.

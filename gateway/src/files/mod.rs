@@ -374,7 +374,7 @@ impl Files {
         Ok(got.into_stream())
     }
 
-    /// Bytes `start..end` of a file.
+    /// Bytes `start..end` of a file; 404 when its bytes are gone.
     pub(crate) async fn range(
         &self,
         tenant: &str,
@@ -382,10 +382,15 @@ impl Files {
         start: u64,
         end: u64,
     ) -> Result<Bytes, ApiError> {
-        self.objects()?
+        match self
+            .objects()?
             .get_range(&object_path(tenant, id), start..end)
             .await
-            .map_err(|e| self.unavailable(e))
+        {
+            Ok(bytes) => Ok(bytes),
+            Err(object_store::Error::NotFound { .. }) => Err(not_found(id, None)),
+            Err(e) => Err(self.unavailable(e)),
+        }
     }
 
     /// A whole file's bytes (a batch's input, bounded by the upload limit).
