@@ -38,6 +38,10 @@ const STOP_CHECK: Duration = Duration::from_millis(500);
 /// How often a line waiting for room looks again.
 const ROOM_CHECK: Duration = Duration::from_millis(5);
 
+/// How long after start the first sweep of lapsed files runs, and how often after.
+const FIRST_SWEEP: Duration = Duration::from_secs(60);
+const SWEEP_FILES: Duration = Duration::from_secs(3600);
+
 /// The fingerprint of every claim (a claim's key says what it claims).
 pub(super) const CLAIM: &str = "batch-claim";
 
@@ -74,6 +78,7 @@ async fn run(batches: Arc<Batches>, lifecycle: Lifecycle) {
     };
     let cut = worker.lifecycle.cut_signal();
     tokio::pin!(cut);
+    let mut sweep_at = Instant::now() + FIRST_SWEEP;
     loop {
         tokio::select! {
             () = &mut cut => break,
@@ -84,6 +89,15 @@ async fn run(batches: Arc<Batches>, lifecycle: Lifecycle) {
         while worker.finishing.try_join_next().is_some() {}
         if worker.lifecycle.is_draining() {
             continue;
+        }
+        if Instant::now() >= sweep_at {
+            sweep_at = Instant::now() + SWEEP_FILES;
+            let batches = Arc::clone(&worker.batches);
+            worker.finishing.spawn(async move {
+                if let Err(e) = batches.files.sweep().await {
+                    tracing::warn!(error = %e, "files: sweeping lapsed objects failed");
+                }
+            });
         }
         if let Err(e) = worker.round().await {
             tracing::warn!(error = %e, "batch worker: the state store failed; trying again");

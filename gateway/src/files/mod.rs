@@ -12,6 +12,7 @@ pub(crate) mod index;
 pub(crate) mod lines;
 mod s3;
 pub mod settings;
+mod sweep;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -24,6 +24,7 @@
 //! | `turnpike_batches_created_total`, `turnpike_batches_ended_total` | counter (batches created here; batches this replica finished) | `status` (`completed`, `cancelled`, `expired`) on the second |
 //! | `turnpike_batch_lines_running` | gauge (batch lines this replica runs now; at most `batches.concurrency`) | |
 //! | `turnpike_batch_lines_total` | counter (batch lines this replica answered) | `outcome` (`ok`, `failed`) |
+//! | `turnpike_files_swept_total` | counter (objects of lapsed files deleted from the directory or bucket, swept hourly) | |
 //! | `turnpike_config_reloads_total`, `turnpike_tls_reloads_total` | counter | `result` (`ok`, `failed`) |
 //! | `turnpike_state_errors_total` | counter (state store failures) | `feature` |
 //! | `turnpike_concurrency_leases` | gauge (leases this replica holds) | |

@@ -345,7 +345,10 @@ mod tests {
         assert_eq!(rows.len(), 3);
         let text = csv(&rows, &all.group_by);
         assert!(text.starts_with("tenant,model,requests,"), "{text}");
-        assert!(text.contains("beta,m1,1,0,0,0,0,0,0.000000007,7"), "{text}");
+        assert!(
+            text.contains("beta,m1,1,0,0,0,0,0,0,0,0,0.000000007,7"),
+            "{text}"
+        );
         let bad = RawUsageQuery {
             group_by: Some("week".into()),
             ..RawUsageQuery::default()
