@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use super::Batches;
 use super::line::expired_line;
+use super::part;
 use super::record::{BatchRecord, Ending};
 use super::state::{self, EndValue, Keys};
 use super::worker::{CLAIM, LEASE};
@@ -55,7 +56,6 @@ async fn write_results(
 ) -> Result<(), ApiError> {
     let store = &*batches.store;
     let unavailable = |e: crate::store::StoreError| batches.unavailable(e);
-    let mut skipped = HashSet::new();
     let (mut completed, mut failed, mut unrun) = (0u64, 0u64, 0u64);
     let stopping = state::stopping(store, record, keys)
         .await
@@ -76,22 +76,26 @@ async fn write_results(
                     return Ok(());
                 }
                 Begin::Started => {
+                    // Never run, or its replica died: no one runs it now. Lines its replica
+                    // answered before it died are kept.
                     store
                         .finish(&keys.chunk(k), me, SKIPPED.into(), state::keep_for(record))
                         .await
                         .map_err(unavailable)?;
-                    skipped.insert(k);
-                    unrun += lines;
+                    let (ok, not_ok) = answered(batches, record, k).await?;
+                    (completed, failed) = (completed + ok, failed + not_ok);
+                    unrun += lines.saturating_sub(ok + not_ok);
                     break;
                 }
                 Begin::Done(body) => {
                     let summary: Summary = serde_json::from_slice(&body).unwrap_or_default();
-                    if summary.skipped {
-                        skipped.insert(k);
-                    }
-                    completed += summary.completed;
-                    failed += summary.failed;
-                    unrun += lines.saturating_sub(summary.completed + summary.failed);
+                    let (ok, not_ok) = if summary.skipped {
+                        answered(batches, record, k).await?
+                    } else {
+                        (summary.completed, summary.failed)
+                    };
+                    (completed, failed) = (completed + ok, failed + not_ok);
+                    unrun += lines.saturating_sub(ok + not_ok);
                     break;
                 }
                 Begin::Running | Begin::Conflict => {
@@ -118,13 +122,13 @@ async fn write_results(
     }
     // An expired batch's lines that never ran are errors; a cancelled one's are left out.
     let failed = if expired { failed + unrun } else { failed };
-    let output_file_id = write_file(batches, record, &skipped, Kind::Output, completed).await?;
+    let output_file_id = write_file(batches, record, Kind::Output, completed).await?;
     store
         .keep(&keys.finisher, me, LEASE)
         .await
         .map_err(unavailable)?;
     let errors = Kind::Errors { expired };
-    let error_file_id = write_file(batches, record, &skipped, errors, failed).await?;
+    let error_file_id = write_file(batches, record, errors, failed).await?;
     let status = match (cancelled.is_some(), failure.is_some(), expired) {
         (true, _, _) => "cancelled",
         (false, true, _) => "failed",
@@ -172,6 +176,18 @@ struct Summary {
     skipped: bool,
 }
 
+/// The lines of chunk `k` its results hold: (answered, failed).
+async fn answered(
+    batches: &Batches,
+    record: &BatchRecord,
+    k: usize,
+) -> Result<(u64, u64), ApiError> {
+    let tenant = &record.owner.tenant;
+    let answers = part::decode(&batches.files.read_part(tenant, &record.id, k).await?);
+    let ok = answers.iter().filter(|a| a.ok).count() as u64;
+    Ok((ok, answers.len() as u64 - ok))
+}
+
 /// The lines of chunk `k`.
 fn chunk_lines(record: &BatchRecord, k: usize) -> u64 {
     let size = record.chunk_lines as u64;
@@ -192,37 +208,17 @@ async fn piece(
     batches: &Batches,
     record: &BatchRecord,
     k: usize,
-    skipped: bool,
     kind: Kind,
 ) -> Result<Bytes, ApiError> {
     let tenant = &record.owner.tenant;
-    let part = if skipped {
-        Bytes::new()
-    } else {
-        batches.files.read_part(tenant, &record.id, k).await?
-    };
-    let tag = match kind {
-        Kind::Output => b'o',
-        Kind::Errors { .. } => b'e',
-    };
+    let answers = part::decode(&batches.files.read_part(tenant, &record.id, k).await?);
+    let want_ok = matches!(kind, Kind::Output);
     let mut out = Vec::new();
-    let mut answered = HashSet::new();
-    for (s, e) in spans(&part) {
-        let text = &part[s..e];
-        let Some(tab) = text.iter().position(|b| *b == b'\t') else {
-            continue;
-        };
-        if let Ok(i) = std::str::from_utf8(&text[1..tab])
-            .unwrap_or("")
-            .parse::<usize>()
-        {
-            answered.insert(i);
-        }
-        if text[0] == tag {
-            out.extend_from_slice(&text[tab + 1..]);
-            out.push(b'\n');
-        }
+    for answer in answers.iter().filter(|a| a.ok == want_ok) {
+        out.extend_from_slice(&answer.text);
+        out.push(b'\n');
     }
+    let answered: HashSet<usize> = answers.iter().map(|a| a.index).collect();
     if let Kind::Errors { expired: true } = kind {
         let (start, end) = record.chunks[k];
         let input = batches
@@ -247,7 +243,6 @@ async fn piece(
 async fn write_file(
     batches: &Batches,
     record: &BatchRecord,
-    skipped: &HashSet<usize>,
     kind: Kind,
     lines: u64,
 ) -> Result<Option<String>, ApiError> {
@@ -263,10 +258,7 @@ async fn write_file(
         if k >= record.chunks.len() {
             return None;
         }
-        Some((
-            piece(batches, record, k, skipped.contains(&k), kind).await,
-            k + 1,
-        ))
+        Some((piece(batches, record, k, kind).await, k + 1))
     });
     let meta = batches
         .files

@@ -6,37 +6,28 @@
 //!
 //! Bounded: at most `concurrency` lines run at once (a semaphore) and at most a few chunks are
 //! claimed beyond them; the gauge `turnpike_batch_lines_running` shows the lines under way.
+//! A claimed chunk runs in [`super::chunk`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use futures_util::stream::FuturesUnordered;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::Batches;
-use super::line::{self, Answer};
+use super::chunk::Chunk;
 use super::record::BatchRecord;
 use super::state::{self, Counter, EndValue, Keys};
-use crate::error::ApiError;
-use crate::files::lines::{parse_line, spans};
 use crate::lifecycle::Lifecycle;
 use crate::store::Begin;
 
 /// How long a claim holds without renewal (a dead replica's chunk is free again after it).
 pub(super) const LEASE: Duration = Duration::from_secs(10);
-/// How often a claim is renewed.
-const RENEW: Duration = Duration::from_secs(3);
 /// How often the worker looks for work when nothing wakes it.
 const POLL: Duration = Duration::from_millis(500);
 /// How often a batch whose chunks were all handed out is searched for chunks that lapsed.
 const SWEEP: Duration = Duration::from_secs(5);
-/// How often a running chunk checks whether its batch was cancelled or expired.
-const STOP_CHECK: Duration = Duration::from_millis(500);
-/// How often a line waiting for room looks again.
-const ROOM_CHECK: Duration = Duration::from_millis(5);
 
 /// How long after start the first sweep of lapsed files runs, and how often after.
 const FIRST_SWEEP: Duration = Duration::from_secs(60);
@@ -258,227 +249,5 @@ impl Worker {
             self.chunks.spawn(chunk.run());
         }
         Ok(())
-    }
-}
-
-/// One claimed chunk of a batch.
-struct Chunk {
-    batches: Arc<Batches>,
-    record: Arc<BatchRecord>,
-    k: usize,
-    claim: String,
-    me: Arc<str>,
-    permits: Arc<Semaphore>,
-}
-
-impl Chunk {
-    async fn run(self) {
-        let work = self.lines();
-        tokio::pin!(work);
-        let mut renew = tokio::time::interval(RENEW);
-        let results = loop {
-            tokio::select! {
-                results = &mut work => break results,
-                _ = renew.tick() => {
-                    let _ = self.batches.store.keep(&self.claim, &self.me, LEASE).await;
-                }
-            }
-        };
-        let outcome = match results {
-            Ok(results) => self.finish(results).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = outcome {
-            tracing::warn!(batch = %self.record.id, chunk = self.k, error = %e, "batch: a chunk is left for another try");
-            let _ = self.batches.store.abandon(&self.claim, &self.me).await;
-        }
-    }
-
-    /// Runs the chunk's lines until they are all answered or the batch stops: each answered
-    /// line as `(index in the chunk, ok, result line)`.
-    async fn lines(&self) -> Result<Vec<(usize, bool, Vec<u8>)>, String> {
-        let record = &*self.record;
-        let tenant = &record.owner.tenant;
-        let (start, end) = record.chunks.get(self.k).copied().unwrap_or((0, 0));
-        let bytes = match self
-            .batches
-            .files
-            .range(tenant, &record.input_file_id, start, end)
-            .await
-        {
-            Ok(bytes) => bytes,
-            Err(ApiError::NotFound { .. }) => {
-                // Its input was deleted: no line can run any more.
-                let message = format!("The input file '{}' was deleted.", record.input_file_id);
-                state::mark_failed(&*self.batches.store, record, "file_not_found", &message)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                self.batches.wake.notify_one();
-                bytes::Bytes::new()
-            }
-            Err(e) => return Err(e.to_string()),
-        };
-        let caller = line::caller(&self.batches, &record.owner, &record.id);
-        let first = self.k * record.chunk_lines;
-        let mut pending = FuturesUnordered::new();
-        for (i, (s, e)) in spans(&bytes).enumerate() {
-            let parsed = parse_line(&bytes[s..e], (first + i + 1) as u64);
-            let caller = caller.clone();
-            let batches = &self.batches;
-            let permits = &self.permits;
-            pending.push(async move {
-                let (ok, text) = match (parsed, caller) {
-                    (Err(m), _) => (
-                        false,
-                        line::result_line(
-                            "",
-                            400,
-                            None,
-                            serde_json::json!({"error": {"message": m}}),
-                            None,
-                        ),
-                    ),
-                    (Ok(l), Err(e)) => {
-                        let d = e.detail();
-                        let body = serde_json::json!({"error": d});
-                        (
-                            false,
-                            line::result_line(&l.custom_id, e.status().as_u16(), None, body, None),
-                        )
-                    }
-                    (Ok(l), Ok(caller)) => {
-                        run_line(batches, permits, &caller, &record.endpoint, l).await
-                    }
-                };
-                (i, ok, text)
-            });
-        }
-        let mut results = Vec::new();
-        let mut check = tokio::time::interval(STOP_CHECK);
-        loop {
-            tokio::select! {
-                next = pending.next() => match next {
-                    Some(result) => results.push(result),
-                    None => break,
-                },
-                _ = check.tick() => {
-                    if self.stopped().await {
-                        // Lines under way are dropped, which cancels their engine work.
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(results)
-    }
-
-    async fn stopped(&self) -> bool {
-        let keys = Keys::new(&self.record);
-        matches!(
-            state::stopping(&*self.batches.store, &self.record, &keys).await,
-            Ok(true)
-        )
-    }
-
-    /// Writes the chunk's results, counts them and marks the chunk done.
-    async fn finish(&self, results: Vec<(usize, bool, Vec<u8>)>) -> Result<(), String> {
-        let record = &*self.record;
-        let mut body = Vec::new();
-        let (mut completed, mut failed) = (0, 0);
-        for (i, ok, text) in &results {
-            body.push(if *ok { b'o' } else { b'e' });
-            body.extend_from_slice(i.to_string().as_bytes());
-            body.push(b'\t');
-            body.extend_from_slice(text);
-            body.push(b'\n');
-            if *ok {
-                completed += 1;
-            } else {
-                failed += 1;
-            }
-        }
-        let files = &self.batches.files;
-        files
-            .put_part(&record.owner.tenant, &record.id, self.k, body.into())
-            .await
-            .map_err(|e| e.to_string())?;
-        let store = &self.batches.store;
-        let keys = Keys::new(record);
-        let tallies = [
-            keys.tally(Counter::Completed, None),
-            keys.tally(Counter::Failed, None),
-        ];
-        // Counts are live progress; the final counts come from the results themselves.
-        let _ = store.charge(&tallies[..1], completed).await;
-        let _ = store.charge(&tallies[1..], failed).await;
-        let summary = serde_json::json!({"completed": completed, "failed": failed}).to_string();
-        store
-            .finish(
-                &self.claim,
-                &self.me,
-                summary.into_bytes(),
-                state::keep_for(record),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        let _ = store.charge(&[keys.tally(Counter::Done, None)], 1).await;
-        self.batches.wake.notify_one();
-        Ok(())
-    }
-}
-
-/// Runs one line when a permit and the engine's room allow, again after a limit's wait.
-async fn run_line(
-    batches: &Batches,
-    permits: &Semaphore,
-    caller: &crate::tenancy::Caller,
-    endpoint: &str,
-    line: crate::files::lines::InputLine,
-) -> (bool, Vec<u8>) {
-    let model = line
-        .body
-        .get("model")
-        .and_then(|m| m.as_str())
-        .unwrap_or("")
-        .to_string();
-    loop {
-        let Ok(_permit) = permits.acquire().await else {
-            return (false, Vec::new());
-        };
-        // A queue as long as this replica's own batch lines is one interactive work made.
-        let short = batches.settings.concurrency as u64;
-        while !batches.generator.has_room(&model, short) {
-            tokio::time::sleep(ROOM_CHECK).await;
-        }
-        let running = Running::start();
-        let answer = line::run(batches, caller, endpoint, line.clone()).await;
-        drop(running);
-        match answer {
-            Answer::Line { ok, text } => {
-                let outcome = if ok { "ok" } else { "failed" };
-                metrics::counter!("turnpike_batch_lines_total", "outcome" => outcome).increment(1);
-                return (ok, text);
-            }
-            Answer::Later(wait) => {
-                drop(_permit);
-                tokio::time::sleep(wait).await;
-            }
-        }
-    }
-}
-
-/// One line under way, counted by the gauge until it ends or is dropped.
-struct Running;
-
-impl Running {
-    fn start() -> Self {
-        metrics::gauge!("turnpike_batch_lines_running").increment(1.0);
-        Self
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        metrics::gauge!("turnpike_batch_lines_running").decrement(1.0);
     }
 }

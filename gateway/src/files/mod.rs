@@ -8,8 +8,10 @@
 //! A batch input file is checked line by line at upload ([`lines`]): a bad file is refused with
 //! its first bad line named, before any batch can read it.
 
+mod catalog;
 pub(crate) mod index;
 pub(crate) mod lines;
+mod parts;
 mod s3;
 pub mod settings;
 mod sweep;
@@ -29,7 +31,6 @@ use serde_json::{Value, json};
 use crate::clock::unix_now;
 use crate::error::ApiError;
 use crate::store::{Store, StoreError};
-use index::{Index, IndexError};
 pub use settings::{FilesSettings, Storage};
 
 /// Purposes a client may upload with.
@@ -169,20 +170,6 @@ impl Files {
         }
     }
 
-    fn index(&self, tenant: &str) -> Index {
-        Index::new(Arc::clone(&self.store), format!("turnpike:files:{tenant}"))
-    }
-
-    fn index_error(&self, e: IndexError) -> ApiError {
-        match e {
-            IndexError::Refused(message) => ApiError::Overloaded {
-                message,
-                retry_after: self.retry_after,
-            },
-            other => self.unavailable(other),
-        }
-    }
-
     /// Uploads a client's file: a batch file is checked line by line first.
     pub(crate) async fn upload(
         &self,
@@ -226,45 +213,6 @@ impl Files {
             purpose: purpose.to_string(),
             lines: 0,
         }
-    }
-
-    /// Records a written file's metadata and lists it, or refuses when the tenant keeps too
-    /// many (files that lapsed are forgotten first).
-    async fn keep(&self, tenant: &str, meta: &FileMeta) -> Result<(), ApiError> {
-        let value = serde_json::to_vec(meta).map_err(|e| self.unavailable(e))?;
-        self.store
-            .put(&meta_key(tenant, &meta.id), value, self.settings.keep)
-            .await
-            .map_err(|e| self.unavailable(e))?;
-        let (_, ids): (u64, Vec<String>) = self
-            .index(tenant)
-            .read()
-            .await
-            .map_err(|e| self.index_error(e))?;
-        let mut lapsed = Vec::new();
-        if ids.len() >= self.settings.max_per_tenant {
-            for id in &ids {
-                if self.find(tenant, id).await?.is_none() {
-                    lapsed.push(id.clone());
-                }
-            }
-        }
-        let max = self.settings.max_per_tenant;
-        let id = meta.id.clone();
-        self.index(tenant)
-            .update(|ids: &mut Vec<String>| {
-                ids.retain(|i| !lapsed.contains(i));
-                if ids.len() >= max {
-                    return Err(format!(
-                        "This tenant keeps {max} files, the most allowed; delete some first."
-                    ));
-                }
-                ids.push(id.clone());
-                Ok(true)
-            })
-            .await
-            .map_err(|e| self.index_error(e))?;
-        Ok(())
     }
 
     /// Writes a result file (a batch's output or errors) from `parts`, streamed to the object
@@ -324,42 +272,6 @@ impl Files {
             .ok_or_else(|| not_found(id, None))
     }
 
-    /// A tenant's files, newest first (or oldest with `ascending`), after the id `after`, at
-    /// most `limit`; and whether more follow.
-    pub(crate) async fn list(
-        &self,
-        tenant: &str,
-        purpose: Option<&str>,
-        after: Option<&str>,
-        limit: usize,
-        ascending: bool,
-    ) -> Result<(Vec<FileMeta>, bool), ApiError> {
-        self.objects()?;
-        let (_, mut ids): (u64, Vec<String>) = self
-            .index(tenant)
-            .read()
-            .await
-            .map_err(|e| self.index_error(e))?;
-        if !ascending {
-            ids.reverse();
-        }
-        let start = index::page_start(&ids, after);
-        let mut out = Vec::new();
-        for id in &ids[start..] {
-            let Some(meta) = self.find(tenant, id).await? else {
-                continue;
-            };
-            if purpose.is_some_and(|p| p != meta.purpose) {
-                continue;
-            }
-            if out.len() == limit {
-                return Ok((out, true));
-            }
-            out.push(meta);
-        }
-        Ok((out, false))
-    }
-
     /// A file's bytes, streamed.
     pub(crate) async fn content(
         &self,
@@ -403,68 +315,4 @@ impl Files {
             .map_err(|e| self.unavailable(e))?;
         got.bytes().await.map_err(|e| self.unavailable(e))
     }
-
-    /// Deletes a file; 404 when this tenant has none by that id.
-    pub(crate) async fn delete(&self, tenant: &str, id: &str) -> Result<(), ApiError> {
-        self.meta(tenant, id).await?;
-        match self.objects()?.delete(&object_path(tenant, id)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(self.unavailable(e)),
-        }
-        self.store
-            .delete(&meta_key(tenant, id))
-            .await
-            .map_err(|e| self.unavailable(e))?;
-        let gone = id.to_string();
-        self.index(tenant)
-            .update(|ids: &mut Vec<String>| {
-                let before = ids.len();
-                ids.retain(|i| *i != gone);
-                Ok(ids.len() != before)
-            })
-            .await
-            .map_err(|e| self.index_error(e))?;
-        Ok(())
-    }
-
-    /// Keeps the results of chunk `k` of batch `batch` (replacing any written before).
-    pub(crate) async fn put_part(
-        &self,
-        tenant: &str,
-        batch: &str,
-        k: usize,
-        bytes: Bytes,
-    ) -> Result<(), ApiError> {
-        self.objects()?
-            .put(&part_path(tenant, batch, k), PutPayload::from(bytes))
-            .await
-            .map(|_| ())
-            .map_err(|e| self.unavailable(e))
-    }
-
-    /// The results of chunk `k` of batch `batch`; empty when none were written.
-    pub(crate) async fn read_part(
-        &self,
-        tenant: &str,
-        batch: &str,
-        k: usize,
-    ) -> Result<Bytes, ApiError> {
-        match self.objects()?.get(&part_path(tenant, batch, k)).await {
-            Ok(got) => got.bytes().await.map_err(|e| self.unavailable(e)),
-            Err(object_store::Error::NotFound { .. }) => Ok(Bytes::new()),
-            Err(e) => Err(self.unavailable(e)),
-        }
-    }
-
-    /// Removes a finished batch's chunk results (best effort: they are not listed anywhere).
-    pub(crate) async fn delete_parts(&self, tenant: &str, batch: &str, chunks: usize) {
-        let Ok(objects) = self.objects() else { return };
-        for k in 0..chunks {
-            let _ = objects.delete(&part_path(tenant, batch, k)).await;
-        }
-    }
-}
-
-fn part_path(tenant: &str, batch: &str, k: usize) -> ObjectPath {
-    ObjectPath::from_iter([tenant, batch, &k.to_string()])
 }
