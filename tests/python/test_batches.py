@@ -152,7 +152,7 @@ def test_every_endpoint_kind_runs_end_to_end_with_the_sdk(started, storage, tmp_
         assert client.files.retrieve(uploaded.id).filename == "input.jsonl"
         batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window="24h",
                                       metadata={"job": "nightly"})
-        assert batch.status == "in_progress" and batch.request_counts.total == 5
+        assert batch.status == "validating" and batch.request_counts.total == 5
         batches[endpoint] = batch.id
     for endpoint, batch_id in batches.items():
         batch = wait_until_ended(client, batch_id)

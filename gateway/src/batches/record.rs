@@ -133,12 +133,15 @@ pub(crate) struct Counts {
     pub completed: u64,
     /// Failed.
     pub failed: u64,
+    /// Whether a replica has taken any of its lines (until then it is `validating`).
+    pub started: bool,
 }
 
 impl BatchRecord {
     /// The batch object as OpenAI returns it.
     pub(crate) fn wire(&self, phase: &Phase, counts: Counts, cancelled_at: Option<u64>) -> Value {
         let (status, counts, ending) = match phase {
+            Phase::InProgress if !counts.started => ("validating", counts, None),
             Phase::InProgress => ("in_progress", counts, None),
             Phase::Cancelling => ("cancelling", counts, None),
             Phase::Finalizing => ("finalizing", counts, None),
@@ -147,6 +150,7 @@ impl BatchRecord {
                 Counts {
                     completed: e.completed,
                     failed: e.failed,
+                    started: true,
                 },
                 Some(e),
             ),
@@ -164,7 +168,7 @@ impl BatchRecord {
             "output_file_id": ending.and_then(|e| e.output_file_id.clone()),
             "error_file_id": ending.and_then(|e| e.error_file_id.clone()),
             "created_at": self.created_at,
-            "in_progress_at": self.created_at,
+            "in_progress_at": (status != "validating").then_some(self.created_at),
             "expires_at": self.expires_at,
             "finalizing_at": finished,
             "completed_at": at("completed"),

@@ -219,11 +219,14 @@ pub(crate) async fn counts(store: &dyn Store, keys: &Keys) -> Result<Counts, Sto
     let tallies = [
         keys.tally(Counter::Completed, None),
         keys.tally(Counter::Failed, None),
+        keys.tally(Counter::Cursor, None),
     ];
     let charge = store.charge(&tallies, 0).await?;
+    let total = |i: usize| charge.totals.get(i).copied().unwrap_or(0);
     Ok(Counts {
-        completed: charge.totals.first().copied().unwrap_or(0),
-        failed: charge.totals.get(1).copied().unwrap_or(0),
+        completed: total(0),
+        failed: total(1),
+        started: total(2) > 0,
     })
 }
 
