@@ -110,8 +110,8 @@ impl Chunk {
             let caller = caller.clone();
             pending.push(async move {
                 let (ok, text) = match (parsed, caller) {
-                    (Err(m), _) => (false, refused_line("", 400, &ApiError::invalid("file", m))),
-                    (Ok(l), Err(e)) => (false, refused_line(&l.custom_id, e.status().as_u16(), &e)),
+                    (Err(m), _) => (false, line::error_line("", &ApiError::invalid("file", m))),
+                    (Ok(l), Err(e)) => (false, line::error_line(&l.custom_id, &e)),
                     (Ok(l), Ok(caller)) => self.run_line(&caller, l).await,
                 };
                 Answered { index: i, ok, text }
@@ -222,14 +222,6 @@ impl Chunk {
         self.batches.wake.notify_one();
         Ok(())
     }
-}
-
-/// The error line of a line that could not run at all.
-fn refused_line(custom_id: &str, status: u16, e: &ApiError) -> Vec<u8> {
-    let detail = e.detail();
-    let error = serde_json::json!({"code": detail.code, "message": detail.message});
-    let body = serde_json::json!({ "error": detail });
-    line::result_line(custom_id, status, None, body, Some(error))
 }
 
 /// One line under way, counted by the gauge until it ends or is dropped.

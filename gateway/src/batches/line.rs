@@ -90,15 +90,21 @@ pub(super) async fn run(
                 return Answer::Later(wait.max(Duration::from_millis(50)));
             }
             e.log();
-            let detail = e.detail();
-            let error = json!({"code": detail.code, "message": detail.message});
-            let body = json!({ "error": detail });
             Answer::Line {
                 ok: false,
-                text: result_line(&custom_id, e.status().as_u16(), None, body, Some(error)),
+                text: error_line(&custom_id, &e),
             }
         }
     }
+}
+
+/// The error-file line of a line that failed with `e`: its status, its error body and the
+/// error's code and message.
+pub(super) fn error_line(custom_id: &str, e: &ApiError) -> Vec<u8> {
+    let detail = e.detail();
+    let error = json!({"code": detail.code, "message": detail.message});
+    let body = json!({ "error": detail });
+    result_line(custom_id, e.status().as_u16(), None, body, Some(error))
 }
 
 /// A result-file line in OpenAI's format.

@@ -104,14 +104,9 @@ impl Batches {
         self.files.unavailable(e)
     }
 
+    /// A batch list's failure; a tenant's full open list frees as its batches end.
     fn index_error(&self, e: IndexError) -> ApiError {
-        match e {
-            IndexError::Refused(message) => ApiError::Overloaded {
-                message,
-                retry_after: std::time::Duration::from_secs(60),
-            },
-            other => self.unavailable(other),
-        }
+        self.files.list_error(e, std::time::Duration::from_secs(60))
     }
 
     fn tenant_index(&self, tenant: &str) -> Index {

@@ -106,18 +106,27 @@ pub(crate) struct Now {
     pub cancelled_at: Option<u64>,
 }
 
+/// The JSON value under `key` (`what`, for errors), if any.
+async fn get_json<T: serde::de::DeserializeOwned>(
+    store: &dyn Store,
+    key: &str,
+    what: &str,
+) -> Result<Option<T>, StoreError> {
+    match store.get(key).await? {
+        None => Ok(None),
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| StoreError(format!("{what} cannot be read: {e}"))),
+    }
+}
+
 /// A tenant's batch record, if kept.
 pub(crate) async fn load_record(
     store: &dyn Store,
     tenant: &str,
     id: &str,
 ) -> Result<Option<BatchRecord>, StoreError> {
-    match store.get(&record_key(tenant, id)).await? {
-        None => Ok(None),
-        Some(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| StoreError(format!("batch {id} cannot be read: {e}"))),
-    }
+    get_json(store, &record_key(tenant, id), &format!("batch {id}")).await
 }
 
 /// The end, if one was written.
@@ -125,12 +134,7 @@ pub(crate) async fn read_end(
     store: &dyn Store,
     keys: &Keys,
 ) -> Result<Option<EndValue>, StoreError> {
-    match store.get(&keys.end).await? {
-        None => Ok(None),
-        Some(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| StoreError(format!("batch end cannot be read: {e}"))),
-    }
+    get_json(store, &keys.end, "a batch's end").await
 }
 
 /// Writes the end.
@@ -197,10 +201,7 @@ pub(crate) async fn failure(
     store: &dyn Store,
     keys: &Keys,
 ) -> Result<Option<serde_json::Value>, StoreError> {
-    Ok(store
-        .get(&keys.failed)
-        .await?
-        .and_then(|b| serde_json::from_slice(&b).ok()))
+    get_json(store, &keys.failed, "a batch's failure").await
 }
 
 /// Whether lines should stop: the batch was cancelled, failed or expired.

@@ -15,10 +15,16 @@ impl Files {
     }
 
     fn index_error(&self, e: IndexError) -> ApiError {
+        self.list_error(e, self.retry_after)
+    }
+
+    /// A list change's failure as the client sees it: a refusal (a list full) is 429 with
+    /// `retry_after`, anything else the store's 503.
+    pub(crate) fn list_error(&self, e: IndexError, retry_after: std::time::Duration) -> ApiError {
         match e {
             IndexError::Refused(message) => ApiError::Overloaded {
                 message,
-                retry_after: self.retry_after,
+                retry_after,
             },
             other => self.unavailable(other),
         }

@@ -17,6 +17,7 @@ pub(crate) mod embeddings;
 pub(crate) mod generate;
 pub(crate) mod messages;
 pub(crate) mod numbers;
+pub(crate) mod paging;
 pub(crate) mod render;
 pub(crate) mod responses;
 pub(crate) mod wire_sampling;

@@ -11,21 +11,11 @@ use super::AppState;
 use super::extract::JsonBody;
 use crate::batches::CreateBatch;
 use crate::error::ApiError;
+use crate::protocols::paging;
 use crate::tenancy::Caller;
 
-/// A list's `limit`: 1 to 10,000, `default` when absent.
-pub(super) fn limit(query: &HashMap<String, String>, default: usize) -> Result<usize, ApiError> {
-    match query.get("limit") {
-        None => Ok(default),
-        Some(text) => match text.parse::<usize>() {
-            Ok(n) if (1..=10_000).contains(&n) => Ok(n),
-            _ => Err(ApiError::invalid(
-                "limit",
-                format!("'limit' must be an integer from 1 to 10000, got {text:?}"),
-            )),
-        },
-    }
-}
+/// Most items one page of files or batches holds.
+pub(super) const LIST_MOST: usize = 10_000;
 
 /// `POST /v1/batches`.
 pub(super) async fn create(
@@ -43,7 +33,7 @@ pub(super) async fn list(
     Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let limit = limit(&query, 20)?;
+    let limit = paging::limit(&query, 20, LIST_MOST)?;
     let tenant = &caller.principal.tenant.name;
     let after = query.get("after").map(String::as_str);
     Ok(Json(state.batches.list(tenant, after, limit).await?).into_response())

@@ -14,7 +14,9 @@ use futures_util::TryStreamExt;
 use serde_json::json;
 
 use super::AppState;
+use super::batches::LIST_MOST;
 use crate::error::ApiError;
+use crate::protocols::paging;
 use crate::tenancy::Caller;
 
 fn tenant(caller: &Caller) -> &str {
@@ -85,17 +87,8 @@ pub(super) async fn list(
     Extension(caller): Extension<Caller>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let limit = super::batches::limit(&query, 10_000)?;
-    let ascending = match query.get("order").map(String::as_str) {
-        None | Some("desc") => false,
-        Some("asc") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "order",
-                format!("'order' must be \"asc\" or \"desc\", got {other:?}"),
-            ));
-        }
-    };
+    let limit = paging::limit(&query, LIST_MOST, LIST_MOST)?;
+    let ascending = paging::ascending(&query)?;
     let (metas, has_more) = state
         .batches
         .files()

@@ -101,26 +101,8 @@ pub(crate) async fn input_items(
     id: &str,
     query: &HashMap<String, String>,
 ) -> Result<Reply, ApiError> {
-    let limit = match query.get("limit") {
-        Some(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=100).contains(n))
-            .ok_or_else(|| {
-                ApiError::invalid("limit", "'limit' must be an integer from 1 to 100")
-            })?,
-        None => 20,
-    };
-    let ascending = match query.get("order").map(String::as_str) {
-        None | Some("desc") => false,
-        Some("asc") => true,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "order",
-                format!("'{other}' is not an order; expected asc or desc"),
-            ));
-        }
-    };
+    let limit = crate::protocols::paging::limit(query, 20, 100)?;
+    let ascending = crate::protocols::paging::ascending(query)?;
     let stored = stored_or_404(&responses.store, tenant, id).await?;
     let mut items = stored.input_items;
     if !ascending {
