@@ -17,7 +17,8 @@
 //! - **grammars** (JSON Schema, regex, Lark) for models with a tokenizer: random output that
 //!   the grammar allows, drawn through the default engine's grammar library;
 //! - **embeddings**: deterministic unit-length vectors;
-//! - `stats` reports queued, running, completed, cancelled and failed counts.
+//! - `stats` reports queued, running, completed, cancelled and failed counts, and under
+//!   `models` each model's running and waiting (the one queue's, shared by every model).
 //!
 //! Its configuration is a JSON document given to `create`; see `README.md` beside this crate.
 
@@ -242,6 +243,15 @@ impl Engine for SimEngine {
             "refused".into(),
             self.refused.load(Ordering::Relaxed).into(),
         );
+        // One queue serves every model, so each model's load is the engine's: what a router
+        // or endpoint picker reads as `vllm:num_requests_running` / `_waiting`.
+        let load = serde_json::json!({"running": stats.running, "waiting": stats.queued});
+        let models: serde_json::Map<String, serde_json::Value> = self
+            .models
+            .iter()
+            .map(|m| (m.id.clone(), load.clone()))
+            .collect();
+        stats.extra.insert("models".into(), models.into());
         stats
     }
 

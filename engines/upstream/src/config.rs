@@ -4,6 +4,7 @@
 use serde::Deserialize;
 use turnpike_engine_api::json::from_json_object;
 
+use crate::discovery::Membership;
 use crate::wire::Protocol;
 
 #[derive(Debug, Deserialize)]
@@ -130,15 +131,8 @@ pub(crate) struct ModelConfig {
     pub upstream_model: Option<String>,
     /// The interface the nodes speak.
     pub protocol: Protocol,
-    /// The nodes' base URLs (`http://host:port`) given in the configuration.
-    pub endpoints: Vec<String>,
-    /// A file of more base URLs (one per line, `#` comments), re-read every `refresh_ms`.
-    pub endpoints_file: Option<String>,
-    /// Each host name stands for every address it resolves to (a Kubernetes headless
-    /// service), re-resolved every `refresh_ms`; otherwise a name is one replica.
-    pub resolve: bool,
-    /// How often the endpoints file is re-read and names re-resolved.
-    pub refresh_ms: u64,
+    /// Where the nodes come from.
+    pub members: Membership,
     pub vocab_size: u32,
     pub eos_token_ids: Vec<u32>,
     pub tokenizer: Option<String>,
@@ -235,14 +229,16 @@ impl Config {
             models.push(ModelConfig {
                 upstream_model: m.upstream_model,
                 protocol: m.protocol,
-                endpoints: m
-                    .endpoints
-                    .iter()
-                    .map(|e| e.trim_end_matches('/').to_string())
-                    .collect(),
-                endpoints_file: m.endpoints_file,
-                resolve: m.resolve,
-                refresh_ms: m.refresh_ms,
+                members: Membership {
+                    endpoints: m
+                        .endpoints
+                        .iter()
+                        .map(|e| e.trim_end_matches('/').to_string())
+                        .collect(),
+                    endpoints_file: m.endpoints_file,
+                    resolve: m.resolve,
+                    refresh_ms: m.refresh_ms,
+                },
                 id: m.id,
                 vocab_size: m.vocab_size,
                 eos_token_ids: m.eos_token_ids,

@@ -14,13 +14,28 @@ use std::time::Duration;
 use turnpike_engine_api::plugin::Host;
 
 use crate::Model;
-use crate::config::{ModelConfig, base_url};
+use crate::config::base_url;
+use crate::pool::Pool;
+
+/// Where a pool's replicas come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Membership {
+    /// Base URLs (`http://host:port`) given in the configuration.
+    pub endpoints: Vec<String>,
+    /// A file of more base URLs (one per line, `#` comments), re-read every `refresh_ms`.
+    pub endpoints_file: Option<String>,
+    /// Each host name stands for every address it resolves to (a Kubernetes headless
+    /// service), re-resolved every `refresh_ms`; otherwise a name is one replica.
+    pub resolve: bool,
+    /// How often the endpoints file is re-read and names re-resolved.
+    pub refresh_ms: u64,
+}
 
 /// How long one name may take to resolve.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The replicas' base URLs now, in order, without repeats.
-pub(crate) async fn targets(c: &ModelConfig) -> Result<Vec<String>, String> {
+pub(crate) async fn targets(c: &Membership) -> Result<Vec<String>, String> {
     let mut out: Vec<String> = Vec::new();
     for url in listed(c)? {
         let expanded = if c.resolve {
@@ -38,7 +53,7 @@ pub(crate) async fn targets(c: &ModelConfig) -> Result<Vec<String>, String> {
 }
 
 /// The configured endpoints and the file's, names unresolved.
-pub(crate) fn listed(c: &ModelConfig) -> Result<Vec<String>, String> {
+pub(crate) fn listed(c: &Membership) -> Result<Vec<String>, String> {
     let mut listed = c.endpoints.clone();
     if let Some(path) = &c.endpoints_file {
         let text = std::fs::read_to_string(path)
@@ -78,33 +93,45 @@ async fn addresses(url: &str) -> Result<Vec<String>, String> {
 
 /// Refreshes `model`'s replicas every `refresh_ms`, until the runtime stops.
 pub(crate) async fn refresh_forever(model: Arc<Model>, host: Host) {
-    let c = &model.config;
-    let mut tick = tokio::time::interval(Duration::from_millis(c.refresh_ms));
+    let what = format!("upstream model `{}`", model.config.id);
+    keep_current(&what, &model.config.members, &model.pool, |warn, line| {
+        if warn {
+            host.warn(line);
+        } else {
+            host.info(line);
+        }
+    })
+    .await;
+}
+
+/// Makes `pool`'s replicas `members`' targets every `refresh_ms`, until the runtime stops;
+/// `log(warn, line)` says what changed (`what` names the pool).
+pub(crate) async fn keep_current(
+    what: &str,
+    members: &Membership,
+    pool: &Pool,
+    log: impl Fn(bool, &str),
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(members.refresh_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_error = String::new();
     loop {
         tick.tick().await;
-        match targets(c).await {
+        match targets(members).await {
             Ok(urls) => {
                 last_error.clear();
-                if model.pool.set_members(&urls) {
-                    host.info(&format!(
-                        "upstream model `{}` replicas now: {}",
-                        c.id,
-                        if urls.is_empty() {
-                            "none".into()
-                        } else {
-                            urls.join(", ")
-                        }
-                    ));
+                if pool.set_members(&urls) {
+                    let now = if urls.is_empty() {
+                        "none".into()
+                    } else {
+                        urls.join(", ")
+                    };
+                    log(false, &format!("{what} replicas now: {now}"));
                 }
             }
             // Said once per distinct error, not every tick.
             Err(why) if why != last_error => {
-                host.warn(&format!(
-                    "upstream model `{}`: replicas unchanged: {why}",
-                    c.id
-                ));
+                log(true, &format!("{what}: replicas unchanged: {why}"));
                 last_error = why;
             }
             Err(_) => {}
@@ -113,6 +140,24 @@ pub(crate) async fn refresh_forever(model: Arc<Model>, host: Host) {
 }
 
 /// Whether `c`'s replicas can change while it serves.
-pub(crate) fn dynamic(c: &ModelConfig) -> bool {
+pub(crate) fn dynamic(c: &Membership) -> bool {
     c.endpoints_file.is_some() || c.resolve
+}
+
+/// The replicas to start with. An endpoints file that cannot be read is a configuration
+/// error; a name that does not resolve yet is one replica until a refresh resolves it (`warn`
+/// says why).
+pub(crate) fn initial(
+    members: &Membership,
+    runtime: &tokio::runtime::Runtime,
+    warn: impl Fn(&str),
+) -> Result<Vec<String>, String> {
+    if !dynamic(members) {
+        return Ok(members.endpoints.clone());
+    }
+    let listed = listed(members)?;
+    Ok(runtime.block_on(targets(members)).unwrap_or_else(|why| {
+        warn(&why);
+        listed
+    }))
 }

@@ -33,7 +33,7 @@ pub(crate) async fn probe_forever(
 }
 
 /// Whether `url/health` answers 2xx in time.
-async fn probe(client: &HttpClient, url: &str, timeout: Duration) -> bool {
+pub(crate) async fn probe(client: &HttpClient, url: &str, timeout: Duration) -> bool {
     let Ok(request) = hyper::Request::get(format!("{url}/health")).body(Full::new(Bytes::new()))
     else {
         return false;

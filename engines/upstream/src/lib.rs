@@ -35,6 +35,7 @@ mod delivered;
 mod discovery;
 mod health;
 mod lines;
+pub mod picker;
 mod pool;
 mod run;
 mod wire;
@@ -104,19 +105,10 @@ impl Engine for Upstream {
         let client = Client::builder(TokioExecutor::new()).build(connector);
         let mut models: Vec<Arc<Model>> = Vec::with_capacity(config.models.len());
         for c in config.models {
-            let urls = if discovery::dynamic(&c) {
-                // An endpoints file that cannot be read is a configuration error; a name that
-                // does not resolve yet is one replica until a refresh resolves it.
-                let listed = discovery::listed(&c).map_err(EngineError::invalid_config)?;
-                runtime
-                    .block_on(discovery::targets(&c))
-                    .unwrap_or_else(|why| {
-                        host.warn(&format!("upstream model `{}`: {why}", c.id));
-                        listed
-                    })
-            } else {
-                c.endpoints.clone()
-            };
+            let urls = discovery::initial(&c.members, &runtime, |why| {
+                host.warn(&format!("upstream model `{}`: {why}", c.id));
+            })
+            .map_err(EngineError::invalid_config)?;
             let pool = Pool::new(&urls, c.affinity_tokens, c.affinity_max_imbalance);
             models.push(Arc::new(Model {
                 config: c,
@@ -128,7 +120,7 @@ impl Engine for Upstream {
         }
         let timeout = Duration::from_millis(config.connect_timeout_ms);
         for m in &models {
-            if discovery::dynamic(&m.config) {
+            if discovery::dynamic(&m.config.members) {
                 runtime.spawn(discovery::refresh_forever(Arc::clone(m), host.clone()));
             }
             let interval = m.config.health_interval_ms;

@@ -78,6 +78,15 @@ impl Replica {
         }
     }
 
+    /// Whether a request could go here now, without taking the half-open probe.
+    fn would_admit(&self, now: Instant) -> bool {
+        match self.breaker() {
+            Breaker::Closed { .. } => true,
+            Breaker::Open { until } => now >= until,
+            Breaker::HalfOpen => false,
+        }
+    }
+
     /// A request here completed well (a request that stalls or breaks after its first token
     /// is a failure, so its first token cannot count as a success).
     pub(crate) fn succeeded(&self) {
@@ -191,16 +200,24 @@ impl Pool {
     /// cooldown over), without taking a probe.
     pub(crate) fn available(&self) -> bool {
         let now = Instant::now();
-        self.replicas().iter().any(|r| match r.breaker() {
-            Breaker::Closed { .. } => true,
-            Breaker::Open { until } => now >= until,
-            Breaker::HalfOpen => false,
-        })
+        self.replicas().iter().any(|r| r.would_admit(now))
     }
 
     /// The replica for a prompt, not one of `tried`; `None` when every other replica's breaker
     /// is open (or there is none).
     pub(crate) fn pick(&self, prompt: &[u32], tried: &[Arc<Replica>]) -> Option<Arc<Replica>> {
+        self.ranked(prompt, tried, 1).into_iter().next()
+    }
+
+    /// Up to `count` replicas for a prompt, not of `tried`, in the order the policy prefers
+    /// them: the one [`Pool::pick`] would take (which may take a half-open probe), then the
+    /// others that would admit a request now, without taking probes (fallbacks).
+    pub(crate) fn ranked(
+        &self,
+        prompt: &[u32],
+        tried: &[Arc<Replica>],
+        count: usize,
+    ) -> Vec<Arc<Replica>> {
         let now = Instant::now();
         let replicas = self.replicas();
         let open: Vec<&Arc<Replica>> = replicas
@@ -208,18 +225,32 @@ impl Pool {
             .filter(|r| !tried.iter().any(|t| Arc::ptr_eq(t, r)))
             .collect();
         let load = |r: &Replica| r.in_flight.load(Ordering::Relaxed);
-        let least = open.iter().map(|r| load(r)).min()?;
+        let Some(least) = open.iter().map(|r| load(r)).min() else {
+            return Vec::new();
+        };
+        let mut chosen: Vec<Arc<Replica>> = Vec::with_capacity(count);
+        let take = |r: &Arc<Replica>, chosen: &mut Vec<Arc<Replica>>| {
+            let admits = if chosen.is_empty() {
+                r.admits(now)
+            } else {
+                r.would_admit(now)
+            };
+            if admits && !chosen.iter().any(|c| Arc::ptr_eq(c, r)) {
+                chosen.push(Arc::clone(r));
+            }
+        };
         if self.affinity_tokens > 0 && prompt.len() >= self.affinity_tokens {
             let key = fnv(prompt[..self.affinity_tokens].iter().copied());
             if let Some(best) = open.iter().max_by_key(|r| mix(key, r.key))
                 && load(best) <= least + self.max_imbalance
-                && best.admits(now)
             {
-                self.affine.fetch_add(1, Ordering::Relaxed);
-                return Some(Arc::clone(best));
+                take(best, &mut chosen);
+                if !chosen.is_empty() {
+                    self.affine.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
-        // Two choices among the replicas that admit a request, the less loaded.
+        // Two choices among the replicas that admit a request, the less loaded, then the rest.
         let n = open.len() as u64;
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let a = (start % n) as usize;
@@ -230,10 +261,13 @@ impl Pool {
             vec![a, b]
         };
         order.extend((0..open.len()).filter(|i| *i != a && *i != b));
-        order
-            .into_iter()
-            .find(|&i| open[i].admits(now))
-            .map(|i| Arc::clone(open[i]))
+        for i in order {
+            if chosen.len() >= count {
+                break;
+            }
+            take(open[i], &mut chosen);
+        }
+        chosen
     }
 }
 
