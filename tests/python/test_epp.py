@@ -13,10 +13,12 @@ import httpx
 import openai
 import pytest
 
-from conftest import config_text
+from tokenizers import Tokenizer
+
+from conftest import FOLDER, TOKENIZER, config_text
 from epp_support import Envoy, Picker
 from tenancy_support import Gateway
-from test_failover import tiny_node
+from test_failover import front_config, front_stat, tiny_node
 
 
 def chat_count(node) -> int:
@@ -197,3 +199,55 @@ def test_a_repeated_long_prompt_returns_to_the_node_holding_it(tmp_path):
         picker.stop()
         for n in nodes:
             n.stop()
+
+
+def test_a_turnpike_front_asks_an_external_picker_and_falls_back_without_it(tmp_path):
+    """A Turnpike gateway whose upstream pool asks a picker (here `turnpike-epp`, configured to
+    know only the first node) which replica takes each request: every request lands there.
+    With the picker killed the gateway chooses itself, over all three, and no client sees an
+    error."""
+    nodes = [Gateway(tmp_path / f"node{i}", config_text(), {}, name=f"node{i}") for i in range(3)]
+    picker = Picker(tmp_path / "epp", [nodes[0].base])
+    vocab = Tokenizer.from_file(str(TOKENIZER)).get_vocab_size(with_added_tokens=True)
+    config = front_config(nodes, ["chat"], vocab, 4, FOLDER).replace(
+        'protocol = "turnpike"', f'protocol = "turnpike"\npicker = "http://127.0.0.1:{picker.port}"\n'
+                                 "picker_timeout_ms = 500")
+    front = Gateway(tmp_path / "front", config, {"RUST_LOG": "info"}, name="front")
+    client = openai.OpenAI(base_url=front.url, api_key="sk-unused", max_retries=0)
+
+    def ask(i):
+        messages = [{"role": "user", "content": f"question {i} " * 10}]
+        if i % 2:
+            stream = client.chat.completions.create(model="chat", messages=messages, max_tokens=6, stream=True)
+            assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        else:
+            assert client.chat.completions.create(model="chat", messages=messages, max_tokens=6).choices
+
+    def landed(before):
+        return [_generate_count(n) - b for n, b in zip(nodes, before)]
+
+    try:
+        before = [_generate_count(n) for n in nodes]
+        for i in range(8):
+            ask(i)
+        assert landed(before) == [8, 0, 0]
+        assert front_stat(front, "picker_chosen", "chat") == 8
+        picker.stop()
+        before = [_generate_count(n) for n in nodes]
+        for i in range(12):
+            ask(i)
+        spread = landed(before)
+        assert sum(spread) == 12 and sum(1 for n in spread if n) >= 2, spread
+        assert front_stat(front, "picker_failed", "chat") == 12
+    finally:
+        front.stop()
+        picker.stop()
+        for n in nodes:
+            n.stop()
+
+
+def _generate_count(node) -> int:
+    """The node's own count of token-level requests (`/generate`) answered."""
+    text = urllib.request.urlopen(f"{node.base}/metrics", timeout=10).read().decode()
+    found = re.findall(r'turnpike_http_requests_total\{[^}]*endpoint="/generate"[^}]*\} (\S+)', text)
+    return int(sum(float(v) for v in found))

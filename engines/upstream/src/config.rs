@@ -61,6 +61,10 @@ struct RawModel {
     mid_stream_failover: bool,
     #[serde(default)]
     api_key_env: Option<String>,
+    #[serde(default)]
+    picker: Option<String>,
+    #[serde(default = "default_picker_timeout_ms")]
+    picker_timeout_ms: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -113,6 +117,9 @@ fn default_stall_ms() -> u64 {
 }
 fn default_failover() -> bool {
     true
+}
+fn default_picker_timeout_ms() -> u64 {
+    100
 }
 fn default_failures() -> u32 {
     3
@@ -167,6 +174,11 @@ pub(crate) struct ModelConfig {
     /// The bearer key sent to the nodes (their `Authorization`), read from the environment
     /// variable `api_key_env` at start: a key whose endpoints name `generate`.
     pub api_key: Option<ApiKey>,
+    /// An external endpoint picker (`http://host:port`, Envoy's `ext_proc`) asked which
+    /// replica takes each request; the plugin chooses itself when it cannot answer.
+    pub picker: Option<String>,
+    /// How long the picker may take to answer before the plugin chooses.
+    pub picker_timeout_ms: u64,
 }
 
 /// A key sent to nodes; its `Debug` does not show it.
@@ -214,6 +226,9 @@ impl Config {
                     m.protocol
                 ));
             }
+            if let Some(url) = &m.picker {
+                base_url(url).map_err(|why| format!("{at}.picker: {why}"))?;
+            }
             if m.breaker.failures == 0 {
                 return Err(format!("{at}.breaker.failures must be at least 1"));
             }
@@ -257,6 +272,8 @@ impl Config {
                 stall_timeout_ms: m.stall_timeout_ms,
                 mid_stream_failover: m.mid_stream_failover,
                 api_key,
+                picker: m.picker.map(|u| u.trim_end_matches('/').to_string()),
+                picker_timeout_ms: m.picker_timeout_ms.max(1),
             });
         }
         Ok(Self {

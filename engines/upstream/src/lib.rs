@@ -31,6 +31,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod attempt;
 mod config;
+mod consult;
 mod delivered;
 mod discovery;
 mod health;
@@ -68,6 +69,8 @@ pub(crate) struct Model {
     pub resumptions: AtomicU64,
     /// Microseconds from those failures to the resumed choices' first tokens, summed.
     pub resume_us: AtomicU64,
+    /// The external endpoint picker asked first, if any.
+    pub picker: Option<consult::Picker>,
 }
 
 struct Upstream {
@@ -110,12 +113,22 @@ impl Engine for Upstream {
             })
             .map_err(EngineError::invalid_config)?;
             let pool = Pool::new(&urls, c.affinity_tokens, c.affinity_max_imbalance);
+            let picker = match &c.picker {
+                Some(url) => {
+                    // The channel's worker runs on the plugin's runtime.
+                    let _inside = runtime.enter();
+                    let timeout = Duration::from_millis(c.picker_timeout_ms);
+                    Some(consult::Picker::new(url, timeout).map_err(EngineError::invalid_config)?)
+                }
+                None => None,
+            };
             models.push(Arc::new(Model {
                 config: c,
                 pool,
                 host: host.clone(),
                 resumptions: AtomicU64::new(0),
                 resume_us: AtomicU64::new(0),
+                picker,
             }));
         }
         let timeout = Duration::from_millis(config.connect_timeout_ms);
@@ -282,6 +295,8 @@ impl Engine for Upstream {
                     "resumptions": resumptions,
                     "resume_ms_mean": m.resume_us.load(Ordering::Relaxed) as f64
                         / 1000.0 / resumptions.max(1) as f64,
+                    "picker_chosen": m.picker.as_ref().map_or(0, |p| p.chosen.load(Ordering::Relaxed)),
+                    "picker_failed": m.picker.as_ref().map_or(0, |p| p.failed.load(Ordering::Relaxed)),
                 }),
             );
         }

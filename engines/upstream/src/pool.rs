@@ -78,6 +78,11 @@ impl Replica {
         }
     }
 
+    /// Whether a request may go here now, taking the half-open probe if it is due.
+    pub(crate) fn admits_now(&self) -> bool {
+        self.admits(Instant::now())
+    }
+
     /// Whether a request could go here now, without taking the half-open probe.
     fn would_admit(&self, now: Instant) -> bool {
         match self.breaker() {
@@ -171,6 +176,11 @@ impl Pool {
     /// The replicas now.
     pub(crate) fn replicas(&self) -> Arc<[Arc<Replica>]> {
         Arc::clone(&self.replicas.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The replica whose base URL is `url`.
+    pub(crate) fn member(&self, url: &str) -> Option<Arc<Replica>> {
+        self.replicas().iter().find(|r| r.url == url).cloned()
     }
 
     /// Makes `urls` the replicas: new ones start closed and idle, ones that stay keep their

@@ -35,6 +35,7 @@ use turnpike_engine_api::resume::continuation;
 
 use crate::Model;
 use crate::attempt::{Attempt, Target, attempt};
+use crate::consult::Advice;
 use crate::delivered::{Delivered, Leg, Resumed};
 use crate::pool::Replica;
 
@@ -56,8 +57,22 @@ pub(crate) async fn run(
     let mut failed: Vec<Arc<Replica>> = Vec::new();
     let mut served: Vec<String> = Vec::new();
     let mut last_error = String::new();
+    let mut advice = match &model.picker {
+        Some(picker) => {
+            let name = c.upstream_model.as_deref().unwrap_or(&c.id);
+            picker
+                .advise(name, &req.prompt, req.params.tenant.as_deref())
+                .await
+        }
+        None => Advice::default(),
+    };
+    if advice.shed {
+        let why = "the endpoint picker shed the request: every replica is busy";
+        return sink.fail(Status::Overloaded, why, delivered.usage);
+    }
     while let Some(leg) = legs.pop_front() {
-        let Some(replica) = model.pool.pick(leg.prompt(&req), &failed) else {
+        let advised = advice.next(&model.pool, &failed);
+        let Some(replica) = advised.or_else(|| model.pool.pick(leg.prompt(&req), &failed)) else {
             return unavailable(&model, &delivered, sink, &last_error);
         };
         replica.in_flight.fetch_add(1, Ordering::Relaxed);

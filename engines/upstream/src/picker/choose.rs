@@ -173,7 +173,7 @@ impl Picker {
 
     /// The replica whose base URL is `url`.
     pub(crate) fn replica(&self, url: &str) -> Option<Arc<Replica>> {
-        self.pool.replicas().iter().find(|r| r.url == url).cloned()
+        self.pool.member(url)
     }
 }
 
