@@ -158,7 +158,8 @@ def test_a_repeated_prompt_hits_the_prefix_cache_and_metrics_show_the_cache(tiny
     import urllib.request
 
     text = urllib.request.urlopen(f"{tiny_gateway}/metrics", timeout=10).read().decode()
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:gpu_cache_usage_perc"):
         assert re.search(rf'^{name}\{{model_name="tiny"\}} \S+$', text, re.M), name
 
 

@@ -30,6 +30,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod attempt;
+mod cached;
 mod config;
 mod consult;
 mod delivered;
@@ -71,6 +72,8 @@ pub(crate) struct Model {
     pub resume_us: AtomicU64,
     /// The external endpoint picker asked first, if any.
     pub picker: Option<consult::Picker>,
+    /// The replicas' caches as their KV events tell, if followed.
+    pub cache_view: Option<Arc<cached::CacheView>>,
 }
 
 struct Upstream {
@@ -113,6 +116,10 @@ impl Engine for Upstream {
             })
             .map_err(EngineError::invalid_config)?;
             let pool = Pool::new(&urls, c.affinity_tokens, c.affinity_max_imbalance);
+            let cache_view = c
+                .kv_events
+                .clone()
+                .map(|k| Arc::new(cached::CacheView::new(k)));
             let picker = match &c.picker {
                 Some(url) => {
                     // The channel's worker runs on the plugin's runtime.
@@ -129,10 +136,23 @@ impl Engine for Upstream {
                 resumptions: AtomicU64::new(0),
                 resume_us: AtomicU64::new(0),
                 picker,
+                cache_view,
             }));
         }
         let timeout = Duration::from_millis(config.connect_timeout_ms);
         for m in &models {
+            if let Some(view) = &m.cache_view {
+                view.follow(&m.pool);
+                let (view, model) = (Arc::clone(view), Arc::clone(m));
+                let every = Duration::from_millis(m.config.members.refresh_ms);
+                runtime.spawn(async move {
+                    let mut tick = tokio::time::interval(every);
+                    loop {
+                        tick.tick().await;
+                        view.follow(&model.pool);
+                    }
+                });
+            }
             if discovery::dynamic(&m.config.members) {
                 runtime.spawn(discovery::refresh_forever(Arc::clone(m), host.clone()));
             }
@@ -283,6 +303,7 @@ impl Engine for Upstream {
                         "first_token_ms_mean": r.first_token_us.load(Ordering::Relaxed) as f64
                             / 1000.0 / requests.max(1) as f64,
                         "breaker": breaker,
+                        "kv_blocks_known": m.cache_view.as_ref().map_or(0, |v| v.known(&r.url)),
                     })
                 })
                 .collect();
@@ -295,6 +316,7 @@ impl Engine for Upstream {
                     "resumptions": resumptions,
                     "resume_ms_mean": m.resume_us.load(Ordering::Relaxed) as f64
                         / 1000.0 / resumptions.max(1) as f64,
+                    "kv_routed": m.cache_view.as_ref().map_or(0, |v| v.routed.load(Ordering::Relaxed)),
                     "picker_chosen": m.picker.as_ref().map_or(0, |p| p.chosen.load(Ordering::Relaxed)),
                     "picker_failed": m.picker.as_ref().map_or(0, |p| p.failed.load(Ordering::Relaxed)),
                 }),

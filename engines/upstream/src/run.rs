@@ -71,8 +71,12 @@ pub(crate) async fn run(
         return sink.fail(Status::Overloaded, why, delivered.usage);
     }
     while let Some(leg) = legs.pop_front() {
-        let advised = advice.next(&model.pool, &failed);
-        let Some(replica) = advised.or_else(|| model.pool.pick(leg.prompt(&req), &failed)) else {
+        let prompt = leg.prompt(&req);
+        let advised = advice.next(&model.pool, &failed).or_else(|| {
+            let view = model.cache_view.as_ref()?;
+            view.best(&model.pool, prompt, &failed)
+        });
+        let Some(replica) = advised.or_else(|| model.pool.pick(prompt, &failed)) else {
             return unavailable(&model, &delivered, sink, &last_error);
         };
         replica.in_flight.fetch_add(1, Ordering::Relaxed);

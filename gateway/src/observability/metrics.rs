@@ -14,7 +14,7 @@
 //! | `turnpike_active_streams` | gauge | |
 //! | `turnpike_engine_queued`, `turnpike_engine_running` | gauge | `engine` |
 //! | `turnpike_engine_requests_total` | counter (the engine's own count) | `engine`, `outcome` |
-//! | `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` | gauge (the load figures routers read, in vLLM's names, from an engine's per-model stats) | `model_name` |
+//! | `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (also as `vllm:gpu_cache_usage_perc`, its older name) | gauge (the load figures routers and endpoint pickers read, in vLLM's names, from an engine's per-model stats) | `model_name` |
 //! | `turnpike_engine_replica_stat`, `turnpike_engine_replica_breaker` | gauge (per replica of an engine that serves from a pool: in flight, requests, errors, mean time to first token; breaker 0 closed, 1 half-open, 2 open) | `engine`, `model`, `replica`, `stat` |
 //! | `turnpike_engine_stat` | gauge (every numeric engine-specific stat: KV blocks, prefix hit rate, preemptions, ...) | `engine`, `model` (empty when engine-wide), `stat` |
 //! | `turnpike_engine_queue_depth`, `turnpike_engine_batch_size`, `turnpike_engine_*_total`, `turnpike_engine_kv_cache_*`, `turnpike_gpu_memory_*` | the engine's well-known stats under their own names (see `engine_metrics`) | `engine`, `model`, `phase` |
@@ -228,6 +228,9 @@ fn load_gauges(model: &str, stats: &serde_json::Value) {
         && total > 0.0
     {
         metrics::gauge!("vllm:kv_cache_usage_perc", "model_name" => model.to_string())
+            .set(used / total);
+        // The name vLLM used before 0.10, which pickers of that time still read.
+        metrics::gauge!("vllm:gpu_cache_usage_perc", "model_name" => model.to_string())
             .set(used / total);
     }
 }

@@ -67,6 +67,8 @@ pub struct ModelSettings {
     pub grammar_fast_forward: bool,
     /// Speculative decoding by prompt lookup; off when absent.
     pub speculative: Option<crate::speculative::SpeculativeSettings>,
+    /// KV-cache events in vLLM's format over ZeroMQ; off when absent.
+    pub kv_events: Option<crate::kv::events::KvEventsSettings>,
 }
 
 /// The whole configuration.
@@ -125,6 +127,8 @@ struct RawModel {
     grammar_fast_forward: Option<bool>,
     #[serde(default)]
     speculative: Option<crate::speculative::SpeculativeSettings>,
+    #[serde(default)]
+    kv_events: Option<crate::kv::events::KvEventsSettings>,
 }
 
 impl EngineSettings {
@@ -211,6 +215,7 @@ impl RawModel {
             cuda_graphs: self.cuda_graphs.unwrap_or(true),
             grammar_fast_forward: self.grammar_fast_forward.unwrap_or(true),
             speculative: self.speculative.filter(|s| s.tokens > 0),
+            kv_events: self.kv_events,
         })
     }
 }

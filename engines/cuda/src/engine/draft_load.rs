@@ -65,6 +65,7 @@ pub(super) fn load_draft(
         max_n: 1,
         max_context: Some(max_context),
         speculative: None,
+        kv_events: None,
         ..settings.clone()
     };
     let device = open_device(&draft_settings, &folder, host)?;

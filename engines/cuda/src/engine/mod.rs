@@ -51,6 +51,8 @@ pub(crate) struct ModelRuntime {
     grammars: Option<Grammars>,
     /// Whether its embeddings are L2-normalised (see [`crate::model::pooling`]).
     normalize: bool,
+    /// Its KV-event publisher's counters (`kv_events`), read live.
+    kv_events: Option<Arc<turnpike_kv_events::PublisherStats>>,
 }
 
 /// The grammar compiler for a model (built on first use), or `None` without the model's
@@ -112,6 +114,24 @@ impl ModelRuntime {
             num_blocks,
             settings.block_size
         ));
+        let mut scheduler = Scheduler::new(scheduler_config);
+        let kv_events = match &settings.kv_events {
+            Some(k) => {
+                let publisher = turnpike_kv_events::Publisher::bind(&k.endpoint, &k.topic, k.queue)
+                    .map_err(|e| fail(format!("kv_events.endpoint `{}`: {e}", k.endpoint)))?;
+                scheduler.enable_kv_events(crate::kv::events::EventLog::new(
+                    &k.hash_seed,
+                    settings.block_size as usize,
+                ));
+                host.info(&format!(
+                    "model `{}`: KV events on tcp://{} (topic `{}`)",
+                    settings.id, publisher.local_addr, k.topic
+                ));
+                Some(publisher)
+            }
+            None => None,
+        };
+        let kv_events_stats = kv_events.as_ref().map(|p| Arc::clone(&p.stats));
         let counters = Arc::new(Counters::default());
         let stats = Arc::new(Mutex::new(None));
         let speculative = settings.speculative.clone();
@@ -131,7 +151,8 @@ impl ModelRuntime {
             speculative,
             drafter,
             draft_cost,
-            scheduler: Scheduler::new(scheduler_config),
+            scheduler,
+            kv_events,
             eos: folder.eos_token_ids.clone(),
             vocab: folder.spec.vocab_size,
             max_context: max_context as u32,
@@ -190,6 +211,7 @@ impl ModelRuntime {
             thread: Mutex::new(Some(thread)),
             grammars,
             normalize: folder.pooling.normalize,
+            kv_events: kv_events_stats,
         })
     }
 
@@ -356,6 +378,11 @@ impl ModelRuntime {
             extra[key] = json!(counter.load(Ordering::Relaxed));
         }
         extra["busy_seconds"] = json!(c.busy_micros.load(Ordering::Relaxed) as f64 / 1e6);
+        if let Some(k) = &self.kv_events {
+            extra["kv_events_published"] = json!(k.published.load(Ordering::Relaxed));
+            extra["kv_events_dropped"] = json!(k.dropped.load(Ordering::Relaxed));
+            extra["kv_events_subscribers"] = json!(k.subscribers.load(Ordering::Relaxed));
+        }
         if let Some(grammars) = &self.grammars {
             let (compiled, hits, cached) = grammars.counts();
             extra["grammars_compiled"] = json!(compiled);

@@ -59,6 +59,8 @@ pub(super) struct Worker {
     /// What a drafted token costs, as a share of a step of the model (0 for prompt lookup).
     pub(super) draft_cost: f32,
     pub(super) scheduler: Scheduler,
+    /// Where the prefix cache's KV events go (`kv_events`).
+    pub(super) kv_events: Option<turnpike_kv_events::Publisher>,
     pub(super) eos: Vec<u32>,
     pub(super) vocab: usize,
     pub(super) max_context: u32,
@@ -279,6 +281,13 @@ impl Worker {
     }
 
     fn step(&mut self) {
+        self.step_once();
+        if let Some(publisher) = &self.kv_events {
+            publisher.publish(self.scheduler.take_kv_events());
+        }
+    }
+
+    fn step_once(&mut self) {
         let plan = self.scheduler.schedule();
         if plan.chunks.is_empty() {
             // Nothing fits this step (every block is held); wait for a cancel or a finish.

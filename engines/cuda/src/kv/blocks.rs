@@ -311,6 +311,16 @@ impl BlockManager {
         Ok(Some(BlockCopy { src: b, dst }))
     }
 
+    /// Reports the prefix cache's stored and removed full blocks into `log` from now on.
+    pub fn enable_events(&mut self, log: super::events::EventLog) {
+        self.index.enable_events(log);
+    }
+
+    /// The KV events since the last call (none when they are off).
+    pub fn take_events(&mut self) -> Vec<turnpike_kv_events::Event> {
+        self.index.take_events()
+    }
+
     /// Block counts and prefix-cache counters.
     pub fn stats(&self) -> KvStats {
         let total = self.meta.len();

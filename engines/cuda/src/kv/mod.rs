@@ -17,6 +17,7 @@
 //!   `O(log n)` per operation). Plain free blocks are always used before a cached one is evicted.
 
 mod blocks;
+pub mod events;
 mod prefix;
 #[cfg(test)]
 mod tests;

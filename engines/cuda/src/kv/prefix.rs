@@ -9,6 +9,9 @@
 
 use std::collections::HashMap;
 
+use turnpike_kv_events::hash::BlockHash;
+
+use super::events::EventLog;
 use super::{BlockId, chain_hash, rehash};
 
 /// What a block carries: the key of its entry and the entry's serial (so a stale tag of a removed
@@ -30,6 +33,8 @@ struct Entry {
     carriers: u32,
     children: Vec<u64>,
     serial: u64,
+    /// Its hash as vLLM computes it (only while KV events are on, and only for full blocks).
+    vllm: Option<BlockHash>,
 }
 
 /// Where `(parent, tokens)` lives or would live.
@@ -59,6 +64,8 @@ pub(super) struct PrefixIndex {
     roots: Vec<u64>,
     next_serial: u64,
     hash: HashFn,
+    /// KV events, when they are on.
+    events: Option<EventLog>,
 }
 
 impl Default for PrefixIndex {
@@ -75,7 +82,18 @@ impl PrefixIndex {
             roots: Vec::new(),
             next_serial: 0,
             hash,
+            events: None,
         }
+    }
+
+    /// Reports stored and removed blocks into `log` from now on.
+    pub(super) fn enable_events(&mut self, log: EventLog) {
+        self.events = Some(log);
+    }
+
+    /// The events since the last call (none when events are off).
+    pub(super) fn take_events(&mut self) -> Vec<turnpike_kv_events::Event> {
+        self.events.as_mut().map(EventLog::take).unwrap_or_default()
     }
 
     /// The unprobed key of `(parent, tokens)`.
@@ -183,6 +201,14 @@ impl PrefixIndex {
             Slot::Vacant(key) => {
                 let serial = self.next_serial;
                 self.next_serial += 1;
+                let vllm = match (&mut self.events, parent) {
+                    (Some(log), None) => log.stored(None, tokens),
+                    (Some(log), Some(p)) => match self.entries.get(&p).and_then(|e| e.vllm) {
+                        Some(parent_hash) => log.stored(Some(&parent_hash), tokens),
+                        None => None,
+                    },
+                    (None, _) => None,
+                };
                 self.entries.insert(
                     key,
                     Entry {
@@ -192,6 +218,7 @@ impl PrefixIndex {
                         carriers: 1,
                         children: Vec::new(),
                         serial,
+                        vllm,
                     },
                 );
                 match parent.and_then(|p| self.entries.get_mut(&p)) {
@@ -241,6 +268,9 @@ impl PrefixIndex {
         let mut stack = vec![tag.key];
         while let Some(key) = stack.pop() {
             if let Some(e) = self.entries.remove(&key) {
+                if let (Some(log), Some(h)) = (&mut self.events, &e.vllm) {
+                    log.removed(h);
+                }
                 dropped.extend(e.holder);
                 stack.extend(e.children);
             }

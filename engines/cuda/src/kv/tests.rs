@@ -317,3 +317,52 @@ fn the_partial_last_block_of_a_finished_sequence_is_reused() {
     assert_eq!(bm.peek_reusable(&[1, 2, 3, 4, 9]).tokens, 4);
     check_counts(&bm);
 }
+
+#[test]
+fn kv_events_name_stored_and_evicted_blocks_with_vllms_hashes() {
+    use turnpike_kv_events::hash::external;
+    use turnpike_kv_events::{BlockHasher, Event};
+
+    let mut bm = BlockManager::new(3, 2);
+    bm.enable_events(events::EventLog::new("vllm-none-hash", 2));
+    let (table, _) = fill(&mut bm, &[1, 2, 3, 4, 5]);
+    // A partial block is not stored; the two full ones are one event, in chain order.
+    let chain: Vec<u64> = BlockHasher::default()
+        .chain(&[1, 2, 3, 4], 2)
+        .iter()
+        .map(external)
+        .collect();
+    assert_eq!(
+        bm.take_events(),
+        [
+            Event::AllBlocksCleared,
+            Event::BlockStored {
+                block_hashes: chain.clone(),
+                parent_block_hash: None,
+                token_ids: vec![1, 2, 3, 4],
+                block_size: 2,
+            }
+        ]
+    );
+    release_all(&mut bm, &table);
+    // Another prefix takes every block: the cached ones are evicted, and said so.
+    let (other, _) = fill(&mut bm, &[9, 9, 8, 8, 7]);
+    let events = bm.take_events();
+    let removed: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::BlockRemoved { block_hashes } => Some(block_hashes.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(removed.len(), 2);
+    assert!(removed.iter().all(|h| chain.contains(h)));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::BlockStored { token_ids, .. } if token_ids[..2] == [9, 9]))
+    );
+    release_all(&mut bm, &other);
+    assert!(bm.take_events().is_empty());
+}

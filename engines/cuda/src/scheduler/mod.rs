@@ -268,6 +268,16 @@ impl Scheduler {
         }
     }
 
+    /// Reports the prefix cache's blocks into `log` from now on (KV events).
+    pub fn enable_kv_events(&mut self, log: crate::kv::events::EventLog) {
+        self.blocks.enable_events(log);
+    }
+
+    /// The KV events since the last call.
+    pub fn take_kv_events(&mut self) -> Vec<turnpike_kv_events::Event> {
+        self.blocks.take_events()
+    }
+
     /// The KV block manager (read-only).
     pub fn block_manager(&self) -> &BlockManager {
         &self.blocks
