@@ -16,7 +16,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from conftest import FOLDER, TOKENIZER, config_text
-from epp_support import Envoy, Picker
+from epp_support import Envoy, Picker, free_port
 from tenancy_support import Gateway
 from test_failover import front_config, front_stat, tiny_node
 
@@ -36,17 +36,21 @@ def endpoint_of(node) -> str:
 def sim_pool(tmp_path):
     """Three simulator nodes, the picker over them, and Envoy asking it."""
     nodes = [Gateway(tmp_path / f"node{i}", config_text(), {}, name=f"node{i}") for i in range(3)]
-    picker = Picker(tmp_path / "epp", [n.base for n in nodes])
+    metrics_port = free_port()
+    picker = Picker(tmp_path / "epp", [n.base for n in nodes], f'metrics_listen = "127.0.0.1:{metrics_port}"')
+    picker.metrics = f"http://127.0.0.1:{metrics_port}/metrics"
     envoy = Envoy(tmp_path / "envoy", [n.base for n in nodes], picker.port)
     yield nodes, picker, envoy
-    envoy.stop()
-    picker.stop()
-    for n in nodes:
-        n.stop()
+    stop_all(envoy, picker, *nodes)
+
+
+def stop_all(*processes):
+    for p in processes:
+        p.stop()
 
 
 def test_requests_land_where_the_picker_says(sim_pool):
-    nodes, _, envoy = sim_pool
+    nodes, picker, envoy = sim_pool
     client = openai.OpenAI(base_url=f"{envoy.base}/v1", api_key="sk-unused", max_retries=0)
     by_endpoint = {endpoint_of(n): n for n in nodes}
     picked = {e: 0 for e in by_endpoint}
@@ -72,6 +76,11 @@ def test_requests_land_where_the_picker_says(sim_pool):
     assert {e: after[e] - before[e] for e in by_endpoint} == picked
     # Different prompts spread over the pool.
     assert sum(1 for v in picked.values() if v) >= 2, picked
+    # The picker's own page counts its decisions and what it knows of each server.
+    page = httpx.get(picker.metrics).text
+    assert 'turnpike_epp_requests_total{outcome="routed"} 12' in page, page
+    for n in nodes:
+        assert f'turnpike_epp_endpoint_breaker{{endpoint="{endpoint_of(n)}"}} 0' in page
     # Envoy health-checks the picker over gRPC health: it is serving.
     assert re.search(r"epp::127\.0\.0\.1:\d+::health_flags::healthy", httpx.get(f"{envoy.admin}/clusters").text)
 
@@ -116,10 +125,7 @@ def test_a_busy_node_stops_receiving(tmp_path):
         stop.set()
         for t in fillers:
             t.join()
-        envoy.stop()
-        picker.stop()
-        for n in nodes:
-            n.stop()
+        stop_all(envoy, picker, *nodes)
 
 
 def test_no_ready_node_is_a_503_in_the_openai_shape(sim_pool):
@@ -169,10 +175,7 @@ def test_the_picker_killed_is_envoys_configured_failure_mode(tmp_path, fail_open
                 client.chat.completions.create(**ask)
             assert refused.value.status_code >= 500
     finally:
-        envoy.stop()
-        picker.stop()
-        for n in nodes:
-            n.stop()
+        stop_all(envoy, picker, *nodes)
 
 
 def test_a_repeated_long_prompt_returns_to_the_node_holding_it(tmp_path):
@@ -195,10 +198,7 @@ def test_a_repeated_long_prompt_returns_to_the_node_holding_it(tmp_path):
         assert len(set(served)) == 1, served
         assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
     finally:
-        envoy.stop()
-        picker.stop()
-        for n in nodes:
-            n.stop()
+        stop_all(envoy, picker, *nodes)
 
 
 def test_a_turnpike_front_asks_an_external_picker_and_falls_back_without_it(tmp_path):
@@ -240,10 +240,7 @@ def test_a_turnpike_front_asks_an_external_picker_and_falls_back_without_it(tmp_
         assert sum(spread) == 12 and sum(1 for n in spread if n) >= 2, spread
         assert front_stat(front, "picker_failed", "chat") == 12
     finally:
-        front.stop()
-        picker.stop()
-        for n in nodes:
-            n.stop()
+        stop_all(front, picker, *nodes)
 
 
 def _generate_count(node) -> int:

@@ -124,10 +124,10 @@ fn default_context() -> u32 {
 fn default_max_n() -> u32 {
     16
 }
-fn default_block() -> usize {
+pub(crate) fn default_block() -> usize {
     64
 }
-fn default_imbalance() -> u32 {
+pub(crate) fn default_imbalance() -> u32 {
     8
 }
 fn default_retries() -> u32 {
@@ -136,7 +136,7 @@ fn default_retries() -> u32 {
 fn default_health_ms() -> u64 {
     5000
 }
-fn default_refresh_ms() -> u64 {
+pub(crate) fn default_refresh_ms() -> u64 {
     5000
 }
 fn default_first_token_ms() -> u64 {
@@ -154,7 +154,7 @@ fn default_picker_timeout_ms() -> u64 {
 fn default_failures() -> u32 {
     3
 }
-fn default_cooldown_ms() -> u64 {
+pub(crate) fn default_cooldown_ms() -> u64 {
     5000
 }
 

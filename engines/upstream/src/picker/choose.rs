@@ -91,6 +91,16 @@ impl Picker {
             .retain(|url, _| replicas.iter().any(|r| r.url == *url));
     }
 
+    /// What `url` last reported (zeros before its first report).
+    pub(crate) fn reported(&self, url: &str) -> Reported {
+        self.reported
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(url)
+            .copied()
+            .unwrap_or_default()
+    }
+
     fn busy(&self, url: &str) -> bool {
         let reported = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
         reported.get(url).is_some_and(|r| {

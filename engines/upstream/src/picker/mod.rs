@@ -18,11 +18,13 @@
 //!
 //! Layout: [`settings`] (the TOML file), [`ask`] (a body as affinity units), [`choose`] (the
 //! policy and the in-flight leases), [`exchange`] (one `ext_proc` stream), [`wire`] (the
-//! protocol's messages), [`scrape`] (probes and load reports).
+//! protocol's messages), [`scrape`] (probes and load reports), [`exposition`] (its own
+//! `/metrics`).
 
 mod ask;
 mod choose;
 mod exchange;
+mod exposition;
 mod scrape;
 mod settings;
 mod wire;
@@ -118,6 +120,12 @@ pub async fn serve(
         .local_addr()
         .map_err(|e| PickerError::Settings(e.to_string()))?;
     let members = settings.members.clone();
+    let metrics_listener = match &settings.metrics_listen {
+        Some(address) => Some(tokio::net::TcpListener::bind(address).await.map_err(|e| {
+            PickerError::Settings(format!("cannot listen on {address} (metrics_listen): {e}"))
+        })?),
+        None => None,
+    };
     let timeout = Duration::from_millis(settings.probe_timeout_ms);
     let picker = Arc::new(Picker::new(settings, &urls));
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -146,6 +154,9 @@ pub async fn serve(
             )
             .await;
         });
+    }
+    if let Some(listener) = metrics_listener {
+        tokio::spawn(exposition::serve(listener, Arc::clone(&picker)));
     }
     ready(bound);
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));

@@ -9,12 +9,14 @@ use crate::discovery::Membership;
 struct RawSettings {
     listen: String,
     #[serde(default)]
+    metrics_listen: Option<String>,
+    #[serde(default)]
     endpoints: Vec<String>,
     #[serde(default)]
     endpoints_file: Option<String>,
     #[serde(default)]
     resolve: bool,
-    #[serde(default = "default_refresh_ms")]
+    #[serde(default = "crate::config::default_refresh_ms")]
     refresh_ms: u64,
     #[serde(default = "default_probe_ms")]
     probe_interval_ms: u64,
@@ -24,9 +26,9 @@ struct RawSettings {
     queue_limit: u32,
     #[serde(default = "default_kv_limit")]
     kv_cache_limit: f64,
-    #[serde(default = "default_affinity")]
+    #[serde(default = "crate::config::default_block")]
     affinity_tokens: usize,
-    #[serde(default = "default_imbalance")]
+    #[serde(default = "crate::config::default_imbalance")]
     affinity_max_imbalance: u32,
     #[serde(default = "default_fallbacks")]
     fallbacks: usize,
@@ -34,13 +36,10 @@ struct RawSettings {
     max_body_bytes: usize,
     #[serde(default = "default_failures")]
     breaker_failures: u32,
-    #[serde(default = "default_cooldown_ms")]
+    #[serde(default = "crate::config::default_cooldown_ms")]
     breaker_cooldown_ms: u64,
 }
 
-fn default_refresh_ms() -> u64 {
-    5000
-}
 fn default_probe_ms() -> u64 {
     1000
 }
@@ -53,12 +52,6 @@ fn default_queue_limit() -> u32 {
 fn default_kv_limit() -> f64 {
     0.95
 }
-fn default_affinity() -> usize {
-    64
-}
-fn default_imbalance() -> u32 {
-    8
-}
 fn default_fallbacks() -> usize {
     2
 }
@@ -68,15 +61,14 @@ fn default_body() -> usize {
 fn default_failures() -> u32 {
     2
 }
-fn default_cooldown_ms() -> u64 {
-    5000
-}
 
 /// The validated settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
     /// The gRPC listener (`ext_proc` and `grpc.health.v1`), `host:port`.
     pub listen: String,
+    /// An HTTP listener for the picker's Prometheus page (`GET /metrics`); none when absent.
+    pub metrics_listen: Option<String>,
     /// Where the model servers come from (base URLs; `ip:port` in the file is taken as one).
     pub(crate) members: Membership,
     /// How often each server's `/health` and `/metrics` are read.
@@ -128,6 +120,7 @@ impl Settings {
         }
         Ok(Self {
             listen: raw.listen,
+            metrics_listen: raw.metrics_listen,
             members: Membership {
                 endpoints,
                 endpoints_file: raw.endpoints_file,
