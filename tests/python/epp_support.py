@@ -38,16 +38,25 @@ def host_port(base: str) -> tuple[str, int]:
 
 
 def envoy_config(port: int, admin: int, nodes: list[str], epp: int | None, fail_open: bool = False,
-                 request_body: str = "FULL_DUPLEX_STREAMED", response_body: str = "NONE") -> str:
+                 request_body: str = "FULL_DUPLEX_STREAMED", response_body: str = "NONE",
+                 subset: list[str] | None = None) -> str:
     """Envoy's bootstrap: one listener, a `pool` cluster of `nodes` (base URLs) balanced by
     `override_host` over round robin, and, with `epp`, the ext_proc filter asking the picker on
     that port: in full-duplex mode (the protocol's own) by default. Envoy cannot fail open in
     full-duplex mode (the body is already with the picker when it fails); `fail_open` wants
-    `request_body = "BUFFERED"`."""
+    `request_body = "BUFFERED"`. With `subset` (base URLs), a `set_metadata` filter before it
+    puts the protocol's subset hint in `envoy.lb.subset_hint`."""
     endpoints = "".join(
         f"""
           - endpoint: {{address: {{socket_address: {{address: {h}, port_value: {p}}}}}}}"""
         for h, p in map(host_port, nodes))
+    hint = "" if subset is None else f"""
+          - name: envoy.filters.http.set_metadata
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config
+              metadata:
+              - metadata_namespace: envoy.lb.subset_hint
+                value: {{x-gateway-destination-endpoint-subset: [{", ".join(repr(n.removeprefix("http://")) for n in subset)}]}}"""
     ext_proc = "" if epp is None else f"""
           - name: envoy.filters.http.ext_proc
             typed_config:
@@ -62,7 +71,7 @@ def envoy_config(port: int, admin: int, nodes: list[str], epp: int | None, fail_
                 request_trailer_mode: {"SEND" if request_body == "FULL_DUPLEX_STREAMED" else "SKIP"}
                 response_body_mode: {response_body}
                 response_trailer_mode: {"SEND" if response_body == "FULL_DUPLEX_STREAMED" else "SKIP"}
-              metadata_options: {{receiving_namespaces: {{untyped: [envoy.lb]}}, forwarding_namespaces: {{untyped: [envoy.lb]}}}}
+              metadata_options: {{receiving_namespaces: {{untyped: [envoy.lb]}}, forwarding_namespaces: {{untyped: [envoy.lb, envoy.lb.subset_hint]}}}}
               response_attributes: [upstream.address]"""
     epp_cluster = "" if epp is None else f"""
   - name: epp
@@ -102,7 +111,7 @@ static_resources:
               routes:
               - match: {{prefix: "/"}}
                 route: {{cluster: pool, timeout: 120s}}
-          http_filters:{ext_proc}
+          http_filters:{hint}{ext_proc}
           - name: envoy.filters.http.router
             typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}
   clusters:

@@ -85,6 +85,29 @@ def test_requests_land_where_the_picker_says(sim_pool):
     assert re.search(r"epp::127\.0\.0\.1:\d+::health_flags::healthy", httpx.get(f"{envoy.admin}/clusters").text)
 
 
+def test_the_proxys_subset_hint_bounds_the_choice(tmp_path):
+    """Envoy (a `set_metadata` filter) hints that only the second node may take requests: every
+    request lands there, and a hint naming no known node is a 503."""
+    nodes = [Gateway(tmp_path / f"node{i}", config_text(), {}, name=f"node{i}") for i in range(3)]
+    picker = Picker(tmp_path / "epp", [n.base for n in nodes])
+    envoy = Envoy(tmp_path / "envoy", [n.base for n in nodes], picker.port, subset=[nodes[1].base])
+    stray = Envoy(tmp_path / "stray", [n.base for n in nodes], picker.port, subset=["http://127.0.0.1:9"])
+    try:
+        client = openai.OpenAI(base_url=f"{envoy.base}/v1", api_key="sk-unused", max_retries=0)
+        before = [chat_count(n) for n in nodes]
+        for i in range(6):
+            raw = client.chat.completions.with_raw_response.create(
+                model="chat", messages=[{"role": "user", "content": f"subset {i} " * 20}], max_tokens=4)
+            assert raw.headers["x-turnpike-endpoint"] == endpoint_of(nodes[1])
+        assert [chat_count(n) - b for n, b in zip(nodes, before)] == [0, 6, 0]
+        with pytest.raises(openai.APIStatusError) as refused:
+            openai.OpenAI(base_url=f"{stray.base}/v1", api_key="sk-unused", max_retries=0).chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert refused.value.status_code == 503 and refused.value.body["code"] == "no_endpoint_ready"
+    finally:
+        stop_all(envoy, stray, picker, *nodes)
+
+
 def test_a_busy_node_stops_receiving(tmp_path):
     """A node whose queue reaches the picker's `queue_limit` (its own `vllm:num_requests_waiting`)
     gets nothing while the others can take requests."""
