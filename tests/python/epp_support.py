@@ -39,7 +39,7 @@ def host_port(base: str) -> tuple[str, int]:
 
 def envoy_config(port: int, admin: int, nodes: list[str], epp: int | None, fail_open: bool = False,
                  request_body: str = "FULL_DUPLEX_STREAMED", response_body: str = "NONE",
-                 subset: list[str] | None = None) -> str:
+                 subset: list[str] | None = None, response_headers: str = "SEND") -> str:
     """Envoy's bootstrap: one listener, a `pool` cluster of `nodes` (base URLs) balanced by
     `override_host` over round robin, and, with `epp`, the ext_proc filter asking the picker on
     that port: in full-duplex mode (the protocol's own) by default. Envoy cannot fail open in
@@ -66,7 +66,7 @@ def envoy_config(port: int, admin: int, nodes: list[str], epp: int | None, fail_
               message_timeout: 2s
               processing_mode:
                 request_header_mode: SEND
-                response_header_mode: SEND
+                response_header_mode: {response_headers}
                 request_body_mode: {request_body}
                 request_trailer_mode: {"SEND" if request_body == "FULL_DUPLEX_STREAMED" else "SKIP"}
                 response_body_mode: {response_body}
@@ -167,12 +167,12 @@ class Process:
 class Picker(Process):
     """`turnpike-epp` over `nodes` (base URLs)."""
 
-    def __init__(self, directory: Path, nodes: list[str], extra: str = "", port: int = 0):
+    def __init__(self, directory: Path, nodes: list[str], extra: str = "", port: int = 0, probe_ms: int = 100):
         listed = ", ".join(f'"{n.removeprefix("http://")}"' for n in nodes)
         settings = directory / "epp.toml"
         directory.mkdir(parents=True, exist_ok=True)
         settings.write_text(f'listen = "127.0.0.1:{port}"\nendpoints = [{listed}]\n'
-                            f"probe_interval_ms = 100\n{extra}\n")
+                            f"probe_interval_ms = {probe_ms}\n{extra}\n")
         assert EPP.exists(), f"{EPP} is missing: build the workspace first"
         super().__init__(directory, "epp", [str(EPP), "--config", str(settings)], {"RUST_LOG": "info"})
         line = self.process.stdout.readline()

@@ -14,21 +14,17 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
-use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
 
 use super::ask::prompt_units;
 use super::choose::{Ask, Choice, Lease, Picker};
 use super::settings::{as_endpoint, as_url};
 use super::wire;
 
-/// Where answers go.
-pub(crate) type Answers = mpsc::Sender<Result<ProcessingResponse, Status>>;
-
 /// One stream's state.
-struct Exchange {
+pub(crate) struct Exchange {
     picker: Arc<Picker>,
-    answers: Answers,
+    /// Answers not yet taken.
+    out: Vec<ProcessingResponse>,
     duplex_request: bool,
     duplex_response: bool,
     ask: Ask,
@@ -37,37 +33,33 @@ struct Exchange {
     lease: Option<Lease>,
 }
 
-/// Serves one stream until the proxy ends it.
-pub(crate) async fn run(
-    picker: Arc<Picker>,
-    mut inbound: Streaming<ProcessingRequest>,
-    answers: Answers,
-) {
-    let mut x = Exchange {
-        picker,
-        answers,
-        duplex_request: false,
-        duplex_response: false,
-        ask: Ask::default(),
-        body: Vec::new(),
-        routed: false,
-        lease: None,
-    };
-    while let Ok(Some(message)) = inbound.message().await {
-        if let Some(modes) = &message.protocol_config {
-            let duplex = BodySendMode::FullDuplexStreamed as i32;
-            x.duplex_request = modes.request_body_mode == duplex;
-            x.duplex_response = modes.response_body_mode == duplex;
-        }
-        if !x.on(message).await {
-            break;
+impl Exchange {
+    /// A stream's state before its first message.
+    pub(crate) fn new(picker: Arc<Picker>) -> Self {
+        Self {
+            picker,
+            out: Vec::new(),
+            duplex_request: false,
+            duplex_response: false,
+            ask: Ask::default(),
+            body: Vec::new(),
+            routed: false,
+            lease: None,
         }
     }
-}
 
-impl Exchange {
-    /// Handles one message; `false` ends the stream.
-    async fn on(&mut self, message: ProcessingRequest) -> bool {
+    /// The answers to the messages so far, in order.
+    pub(crate) fn answers(&mut self) -> std::vec::Drain<'_, ProcessingResponse> {
+        self.out.drain(..)
+    }
+
+    /// Handles one message; `false` ends the stream (after its answers are sent).
+    pub(crate) fn on(&mut self, message: ProcessingRequest) -> bool {
+        if let Some(modes) = &message.protocol_config {
+            let duplex = BodySendMode::FullDuplexStreamed as i32;
+            self.duplex_request = modes.request_body_mode == duplex;
+            self.duplex_response = modes.response_body_mode == duplex;
+        }
         let Some(request) = message.request else {
             return true;
         };
@@ -81,39 +73,37 @@ impl Exchange {
                         .collect::<Vec<String>>()
                 });
                 if h.end_of_stream {
-                    return self.route(None).await;
+                    return self.route(None);
                 }
                 if !self.duplex_request {
-                    return self.send(wire::request_headers_unchanged()).await;
+                    return self.send(wire::request_headers_unchanged());
                 }
                 true
             }
             Request::RequestBody(b) => {
                 if self.routed {
                     // After the choice (a buffered body's later parts): unchanged.
-                    return self.pass_request_body(b.body, b.end_of_stream).await;
+                    return self.pass_request_body(b.body, b.end_of_stream);
                 }
                 if self.body.len() + b.body.len() > self.picker.settings.max_body_bytes {
                     let why = format!(
                         "the request body is over {} bytes",
                         self.picker.settings.max_body_bytes
                     );
-                    let _ = self
-                        .send(wire::refuse(413, "request_too_large", &why))
-                        .await;
+                    self.send(wire::refuse(413, "request_too_large", &why));
                     return false;
                 }
                 self.body.extend_from_slice(&b.body);
                 if b.end_of_stream || !self.duplex_request {
-                    return self.route_with_body().await;
+                    return self.route_with_body();
                 }
                 true
             }
             Request::RequestTrailers(_) => {
-                if !self.routed && !self.route_with_body().await {
+                if !self.routed && !self.route_with_body() {
                     return false;
                 }
-                self.send(wire::trailers_unchanged(true)).await
+                self.send(wire::trailers_unchanged(true))
             }
             Request::ResponseHeaders(h) => {
                 let status = wire::header(h.headers.as_ref(), ":status")
@@ -130,14 +120,14 @@ impl Exchange {
                 if h.end_of_stream {
                     self.lease = None;
                 }
-                self.send(wire::response_headers(endpoint.as_deref())).await
+                self.send(wire::response_headers(endpoint.as_deref()))
             }
             Request::ResponseBody(b) => {
                 let end = b.end_of_stream;
                 let sent = if self.duplex_response {
-                    self.send(wire::streamed(false, b.body, end)).await
+                    self.send(wire::streamed(false, b.body, end))
                 } else {
-                    self.send(wire::body_unchanged(false)).await
+                    self.send(wire::body_unchanged(false))
                 };
                 if end {
                     self.lease = None;
@@ -146,56 +136,52 @@ impl Exchange {
             }
             Request::ResponseTrailers(_) => {
                 self.lease = None;
-                self.send(wire::trailers_unchanged(false)).await
+                self.send(wire::trailers_unchanged(false))
             }
         }
     }
 
-    async fn pass_request_body(&mut self, body: Vec<u8>, end: bool) -> bool {
+    fn pass_request_body(&mut self, body: Vec<u8>, end: bool) -> bool {
         if self.duplex_request {
-            self.send(wire::streamed(true, body, end)).await
+            self.send(wire::streamed(true, body, end))
         } else {
-            self.send(wire::body_unchanged(true)).await
+            self.send(wire::body_unchanged(true))
         }
     }
 
     /// Chooses now that the body is whole, and answers.
-    async fn route_with_body(&mut self) -> bool {
+    fn route_with_body(&mut self) -> bool {
         self.ask.prompt = prompt_units(&self.body);
         let body = std::mem::take(&mut self.body);
-        if !self.route(Some(body.len())).await {
+        if !self.route(Some(body.len())) {
             return false;
         }
         if self.duplex_request {
-            self.send(wire::streamed(true, body, true)).await
+            self.send(wire::streamed(true, body, true))
         } else {
             true
         }
     }
 
     /// Chooses and sends the destination (or the refusal); `body_len` when a body follows.
-    async fn route(&mut self, body_len: Option<usize>) -> bool {
+    fn route(&mut self, body_len: Option<usize>) -> bool {
         self.routed = true;
         let chosen = match self.picker.choose(&self.ask) {
             Choice::Route(chosen) => chosen,
             Choice::Unavailable => {
-                let _ = self
-                    .send(wire::refuse(
-                        503,
-                        "no_endpoint_ready",
-                        "no model server is ready for this request",
-                    ))
-                    .await;
+                let _ = self.send(wire::refuse(
+                    503,
+                    "no_endpoint_ready",
+                    "no model server is ready for this request",
+                ));
                 return false;
             }
             Choice::Shed => {
-                let _ = self
-                    .send(wire::refuse(
-                        429,
-                        "pool_saturated",
-                        "every model server is busy; retry later",
-                    ))
-                    .await;
+                let _ = self.send(wire::refuse(
+                    429,
+                    "pool_saturated",
+                    "every model server is busy; retry later",
+                ));
                 return false;
             }
         };
@@ -215,7 +201,7 @@ impl Exchange {
         } else {
             wire::route_headers(&endpoints, body_len)
         };
-        self.send(answer).await
+        self.send(answer)
     }
 
     /// The response began: the load moves to the server that served it, and its status
@@ -241,7 +227,8 @@ impl Exchange {
         }
     }
 
-    async fn send(&self, answer: ProcessingResponse) -> bool {
-        self.answers.send(Ok(answer)).await.is_ok()
+    fn send(&mut self, answer: ProcessingResponse) -> bool {
+        self.out.push(answer);
+        true
     }
 }

@@ -29,6 +29,7 @@ mod scrape;
 mod settings;
 mod wire;
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -42,7 +43,6 @@ use futures_util::Stream;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 pub use settings::Settings;
@@ -55,9 +55,6 @@ const READY_SERVICES: [&str; 3] = [
     "envoy.service.ext_proc.v3.ExternalProcessor",
     "",
 ];
-
-/// Answers in flight per stream (a stream has at most a few at once).
-const ANSWERS_PER_STREAM: usize = 8;
 
 /// The `ext_proc` service.
 #[derive(Debug, Clone)]
@@ -75,15 +72,34 @@ impl ExternalProcessor for Service {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<AnswerStream>, Status> {
-        let (tx, rx) = mpsc::channel(ANSWERS_PER_STREAM);
-        tokio::spawn(exchange::run(
-            Arc::clone(&self.picker),
+        // The exchange runs inside the answer stream, as tonic polls it: no task and no
+        // channel per request.
+        let state = (
             request.into_inner(),
-            tx,
-        ));
-        let answers = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|answer| (answer, rx))
-        });
+            exchange::Exchange::new(Arc::clone(&self.picker)),
+            VecDeque::new(),
+            false,
+        );
+        let answers = futures_util::stream::unfold(
+            state,
+            |(mut inbound, mut x, mut pending, mut done)| async move {
+                loop {
+                    if let Some(answer) = pending.pop_front() {
+                        return Some((Ok(answer), (inbound, x, pending, done)));
+                    }
+                    if done {
+                        return None;
+                    }
+                    match inbound.message().await {
+                        Ok(Some(message)) => {
+                            done = !x.on(message);
+                            pending.extend(x.answers());
+                        }
+                        Ok(None) | Err(_) => return None,
+                    }
+                }
+            },
+        );
         Ok(Response::new(Box::pin(answers)))
     }
 }
