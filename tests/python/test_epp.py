@@ -230,9 +230,10 @@ def test_a_turnpike_front_asks_an_external_picker_and_falls_back_without_it(tmp_
     With the picker killed the gateway chooses itself, over all three, and no client sees an
     error."""
     nodes = [Gateway(tmp_path / f"node{i}", config_text(), {}, name=f"node{i}") for i in range(3)]
-    picker = Picker(tmp_path / "epp", [nodes[0].base])
+    metrics_port = free_port()
+    picker = Picker(tmp_path / "epp", [nodes[0].base], f'metrics_listen = "127.0.0.1:{metrics_port}"')
     vocab = Tokenizer.from_file(str(TOKENIZER)).get_vocab_size(with_added_tokens=True)
-    config = front_config(nodes, ["chat"], vocab, 4, FOLDER).replace(
+    config = front_config(nodes, ["chat", "slow"], vocab, 4, FOLDER).replace(
         'protocol = "turnpike"', f'protocol = "turnpike"\npicker = "http://127.0.0.1:{picker.port}"\n'
                                  "picker_timeout_ms = 500")
     front = Gateway(tmp_path / "front", config, {"RUST_LOG": "info"}, name="front")
@@ -255,6 +256,19 @@ def test_a_turnpike_front_asks_an_external_picker_and_falls_back_without_it(tmp_
             ask(i)
         assert landed(before) == [8, 0, 0]
         assert front_stat(front, "picker_chosen", "chat") == 8
+        # The front keeps the picker's stream open while a request runs: the picker counts it.
+        slow = threading.Thread(target=lambda: client.chat.completions.create(
+            model="slow", messages=[{"role": "user", "content": "take your time"}], max_tokens=40))
+        slow.start()
+        gauge = f'turnpike_epp_endpoint_in_flight{{endpoint="{endpoint_of(nodes[0])}"}}'
+        seen = set()
+        while slow.is_alive():
+            page = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+            seen.add(re.search(re.escape(gauge) + r" (\d+)", page).group(1))
+            time.sleep(0.05)
+        slow.join()
+        assert "1" in seen, seen
+        assert f"{gauge} 0" in httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
         picker.stop()
         before = [_generate_count(n) for n in nodes]
         for i in range(12):

@@ -60,8 +60,12 @@ const REST: Duration = Duration::from_secs(1);
 pub(crate) struct Advice {
     /// Base URLs, in the picker's order; taken from the front.
     endpoints: Vec<String>,
-    /// The open stream (the picker counts the request in flight until it closes).
-    _stream: Option<mpsc::Sender<ProcessingRequest>>,
+    /// The open call, both ways, held as long as the request runs (the picker counts the
+    /// request in flight until it closes).
+    _stream: Option<(
+        mpsc::Sender<ProcessingRequest>,
+        tonic::Streaming<ProcessingResponse>,
+    )>,
     /// The picker shed the request.
     pub shed: bool,
 }
@@ -163,7 +167,7 @@ impl Picker {
                 Some(Said::Route(endpoints)) => {
                     return Ok(Advice {
                         endpoints,
-                        _stream: Some(tx),
+                        _stream: Some((tx, answers)),
                         shed: false,
                     });
                 }
