@@ -266,3 +266,46 @@ def test_a_front_routes_by_the_blocks_its_replicas_hold(tmp_path, tiny_model):
         front.stop()
         for n in nodes:
             n.stop()
+
+
+def test_the_endpoint_picker_routes_token_prompts_by_the_blocks_nodes_hold(tmp_path, tiny_model):
+    """The same through Turnpike's endpoint picker: it follows the nodes' events (prefix hashing
+    off), and a front that asks it (`picker`) sends each request where the picker says."""
+    import openai
+    from epp_support import Picker
+    from test_failover import UPSTREAM
+
+    ports = [free_port(), free_port()]
+    nodes = [Gateway(tmp_path / f"node{i}", node_config(tiny_model, p).replace("kv@node0", f"kv@node{i}"), {},
+                     name=f"node{i}") for i, p in enumerate(ports)]
+    events = ", ".join(f'"{n.base.removeprefix("http://")}" = "tcp://127.0.0.1:{p}"' for n, p in zip(nodes, ports))
+    picker = Picker(tmp_path / "epp", [n.base for n in nodes],
+                    f"affinity_tokens = 0\nrefresh_ms = 200\nkv_events = {{ endpoints = {{ {events} }} }}")
+    vocab = json.load(open(tiny_model / "config.json"))["vocab_size"]
+    endpoints = ", ".join(f'"{n.base}"' for n in nodes)
+    front = Gateway(tmp_path / "front", "\n".join([
+        "[server]", 'listen = "127.0.0.1:0"', "[auth]", 'mode = "none"',
+        "[[engines]]", 'name = "fleet"', f'plugin = "{UPSTREAM}"', "[engines.config]",
+        "[[engines.config.models]]", 'id = "tiny"', 'upstream_model = "tiny"', 'protocol = "turnpike"',
+        f"endpoints = [{endpoints}]", f"vocab_size = {vocab}", "eos_token_ids = [1, 4]", "affinity_tokens = 0",
+        f'picker = "http://127.0.0.1:{picker.port}"', "picker_timeout_ms = 1000",
+        "[[models]]", 'name = "tiny"', 'engine = "fleet"', f'folder = "{tiny_model}"', "",
+    ]), {}, name="front")
+    client = openai.OpenAI(base_url=front.url, api_key="sk-unused", max_retries=0)
+    shared = [(13 * i + 7) % 200 + 5 for i in range(50)]
+    try:
+        first = [generate_count(n) for n in nodes]
+        client.completions.create(model="tiny", prompt=shared + [9], max_tokens=2, temperature=0)
+        holder = next(i for i, n in enumerate(nodes) if generate_count(n) > first[i])
+        time.sleep(1.0)  # the picker reads the holder's events
+        before = [generate_count(n) for n in nodes]
+        cached = []
+        for k in range(6):
+            r = client.completions.create(model="tiny", prompt=shared + [20 + k], max_tokens=2, temperature=0)
+            cached.append(r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0)
+        landed = [generate_count(n) - b for n, b in zip(nodes, before)]
+        assert landed[holder] == 6 and sum(landed) == 6, landed
+        assert all(c >= 3 * BLOCK for c in cached), cached
+    finally:
+        for p in (front, picker, *nodes):
+            p.stop()

@@ -15,11 +15,65 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use serde::Deserialize;
+
 use turnpike_kv_events::hash::external;
 use turnpike_kv_events::zmtp::{self, Incoming};
 use turnpike_kv_events::{BlockHasher, Event, EventBatch};
 
 use crate::pool::{Pool, Replica};
+
+/// `kv_events` as written (the plugin's JSON and the picker's TOML alike).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawKvEvents {
+    #[serde(default)]
+    endpoints: HashMap<String, String>,
+    #[serde(default)]
+    port: Option<u16>,
+    #[serde(default)]
+    topic: String,
+    #[serde(default = "default_block")]
+    block_size: usize,
+    #[serde(default = "default_seed")]
+    hash_seed: String,
+    #[serde(default = "default_max_blocks")]
+    max_blocks: usize,
+}
+
+fn default_block() -> usize {
+    16
+}
+fn default_seed() -> String {
+    turnpike_kv_events::hash::DEFAULT_SEED.into()
+}
+fn default_max_blocks() -> usize {
+    1 << 20
+}
+
+impl RawKvEvents {
+    /// Checks it; replica URLs lose a trailing `/`.
+    pub(crate) fn validate(self) -> Result<KvEventsConfig, String> {
+        if self.endpoints.is_empty() && self.port.is_none() {
+            return Err("give endpoints or port".into());
+        }
+        if self.block_size == 0 || self.max_blocks == 0 {
+            return Err("block_size and max_blocks must be positive".into());
+        }
+        Ok(KvEventsConfig {
+            endpoints: self
+                .endpoints
+                .into_iter()
+                .map(|(url, e)| (url.trim_end_matches('/').to_string(), e))
+                .collect(),
+            port: self.port,
+            topic: self.topic,
+            block_size: self.block_size,
+            hash_seed: self.hash_seed,
+            max_blocks: self.max_blocks,
+        })
+    }
+}
 
 /// How a pool follows its replicas' KV events.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +144,20 @@ impl CacheView {
             let _ = std::thread::Builder::new()
                 .name("upstream-kv-events".into())
                 .spawn(move || subscribe_forever(&endpoint, &topic, &h, max));
+        }
+    }
+
+    /// [`CacheView::follow`] the pool `pool(owner)` every `every`, until the runtime stops.
+    pub(crate) async fn follow_every<O>(
+        self: Arc<Self>,
+        every: Duration,
+        owner: Arc<O>,
+        pool: fn(&O) -> &Pool,
+    ) {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            self.follow(pool(&owner));
         }
     }
 

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use turnpike_engine_api::json::from_json_object;
 
-use crate::cached::KvEventsConfig;
+use crate::cached::{KvEventsConfig, RawKvEvents};
 use crate::discovery::Membership;
 use crate::wire::Protocol;
 
@@ -68,33 +68,6 @@ struct RawModel {
     picker_timeout_ms: u64,
     #[serde(default)]
     kv_events: Option<RawKvEvents>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawKvEvents {
-    #[serde(default)]
-    endpoints: std::collections::HashMap<String, String>,
-    #[serde(default)]
-    port: Option<u16>,
-    #[serde(default)]
-    topic: String,
-    #[serde(default = "default_kv_block")]
-    block_size: usize,
-    #[serde(default = "default_kv_seed")]
-    hash_seed: String,
-    #[serde(default = "default_kv_max_blocks")]
-    max_blocks: usize,
-}
-
-fn default_kv_block() -> usize {
-    16
-}
-fn default_kv_seed() -> String {
-    turnpike_kv_events::hash::DEFAULT_SEED.into()
-}
-fn default_kv_max_blocks() -> usize {
-    1 << 20
 }
 
 #[derive(Debug, Deserialize)]
@@ -261,31 +234,11 @@ impl Config {
             if let Some(url) = &m.picker {
                 base_url(url).map_err(|why| format!("{at}.picker: {why}"))?;
             }
-            let kv_events = match m.kv_events {
-                None => None,
-                Some(k) => {
-                    if k.endpoints.is_empty() && k.port.is_none() {
-                        return Err(format!("{at}.kv_events: give endpoints or port"));
-                    }
-                    if k.block_size == 0 || k.max_blocks == 0 {
-                        return Err(format!(
-                            "{at}.kv_events: block_size and max_blocks must be positive"
-                        ));
-                    }
-                    Some(KvEventsConfig {
-                        endpoints: k
-                            .endpoints
-                            .into_iter()
-                            .map(|(url, e)| (url.trim_end_matches('/').to_string(), e))
-                            .collect(),
-                        port: k.port,
-                        topic: k.topic,
-                        block_size: k.block_size,
-                        hash_seed: k.hash_seed,
-                        max_blocks: k.max_blocks,
-                    })
-                }
-            };
+            let kv_events = m
+                .kv_events
+                .map(RawKvEvents::validate)
+                .transpose()
+                .map_err(|why| format!("{at}.kv_events: {why}"))?;
             if m.breaker.failures == 0 {
                 return Err(format!("{at}.breaker.failures must be at least 1"));
             }

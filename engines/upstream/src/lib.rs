@@ -142,16 +142,8 @@ impl Engine for Upstream {
         let timeout = Duration::from_millis(config.connect_timeout_ms);
         for m in &models {
             if let Some(view) = &m.cache_view {
-                view.follow(&m.pool);
-                let (view, model) = (Arc::clone(view), Arc::clone(m));
                 let every = Duration::from_millis(m.config.members.refresh_ms);
-                runtime.spawn(async move {
-                    let mut tick = tokio::time::interval(every);
-                    loop {
-                        tick.tick().await;
-                        view.follow(&model.pool);
-                    }
-                });
+                runtime.spawn(Arc::clone(view).follow_every(every, Arc::clone(m), |m| &m.pool));
             }
             if discovery::dynamic(&m.config.members) {
                 runtime.spawn(discovery::refresh_forever(Arc::clone(m), host.clone()));

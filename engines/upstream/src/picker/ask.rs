@@ -6,20 +6,22 @@
 
 use serde_json::Value;
 
-/// The affinity units of a request body (empty when it has no prompt).
-pub(crate) fn prompt_units(body: &[u8]) -> Vec<u32> {
+/// The affinity units of a request body (empty when it has no prompt), and whether they are
+/// token ids.
+pub(crate) fn prompt_units(body: &[u8]) -> (Vec<u32>, bool) {
     let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(body) else {
-        return Vec::new();
+        return (Vec::new(), false);
     };
     if let Some(Value::Array(ids)) = map.get("prompt")
         && !ids.is_empty()
         && ids.iter().all(Value::is_u64)
     {
-        return ids
+        let ids = ids
             .iter()
             .filter_map(Value::as_u64)
             .map(|id| u32::try_from(id).unwrap_or(u32::MAX))
             .collect();
+        return (ids, true);
     }
     let mut text = Vec::new();
     for key in ["messages", "prompt", "input", "system"] {
@@ -27,9 +29,11 @@ pub(crate) fn prompt_units(body: &[u8]) -> Vec<u32> {
             collect_text(v, &mut text);
         }
     }
-    text.chunks(4)
+    let units = text
+        .chunks(4)
         .map(|c| c.iter().fold(0u32, |acc, &b| (acc << 8) | u32::from(b)))
-        .collect()
+        .collect();
+    (units, false)
 }
 
 /// The strings in `v`, in document order (roles and contents alike).
@@ -52,15 +56,19 @@ mod tests {
 
     #[test]
     fn ids_stay_ids_and_text_shares_its_prefix() {
-        assert_eq!(prompt_units(br#"{"prompt": [5, 6, 7]}"#), vec![5, 6, 7]);
-        let a = prompt_units(
+        assert_eq!(
+            prompt_units(br#"{"prompt": [5, 6, 7]}"#),
+            (vec![5, 6, 7], true)
+        );
+        let (a, _) = prompt_units(
             br#"{"model":"m","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"a"}]}"#,
         );
-        let b = prompt_units(
+        let (b, text) = prompt_units(
             br#"{"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"b"}],"model":"m"}"#,
         );
         assert!(a.len() > 4 && a[..4] == b[..4]);
         assert_ne!(a, b);
-        assert!(prompt_units(b"not json").is_empty());
+        assert!(!text);
+        assert!(prompt_units(b"not json").0.is_empty());
     }
 }

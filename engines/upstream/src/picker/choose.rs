@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::cached::CacheView;
 use crate::pool::{Pool, Replica};
 
 use super::settings::Settings;
@@ -28,6 +29,8 @@ pub(crate) struct Reported {
 pub(crate) struct Ask {
     /// The prompt as units for affinity (token ids, or four bytes of text each).
     pub prompt: Vec<u32>,
+    /// Whether `prompt` is token ids (which KV events can be matched against).
+    pub token_ids: bool,
     /// The proxy's subset hint: only these base URLs (`None`: any).
     pub subset: Option<Vec<String>>,
     /// Who asks (`x-gateway-inference-fairness-id`), for fairness when every server is busy.
@@ -50,6 +53,8 @@ pub(crate) enum Choice {
 pub(crate) struct Picker {
     pub settings: Settings,
     pub pool: Pool,
+    /// The servers' caches as their KV events tell (`kv_events`).
+    pub cache_view: Option<Arc<CacheView>>,
     reported: Mutex<HashMap<String, Reported>>,
     tenants: Mutex<HashMap<String, u32>>,
     pub routed: AtomicU64,
@@ -65,6 +70,10 @@ impl Picker {
                 settings.affinity_tokens,
                 settings.affinity_max_imbalance,
             ),
+            cache_view: settings
+                .kv_events
+                .clone()
+                .map(|k| Arc::new(CacheView::new(k))),
             settings,
             reported: Mutex::default(),
             tenants: Mutex::default(),
@@ -131,7 +140,21 @@ impl Picker {
                 .cloned(),
         );
         let wanted = 1 + self.settings.fallbacks;
-        let mut chosen = self.pool.ranked(&ask.prompt, &avoid, wanted);
+        // The server that holds the prompt's first blocks, then the policy's order after it.
+        let holder = match &self.cache_view {
+            Some(view) if ask.token_ids => view.best(&self.pool, &ask.prompt, &avoid),
+            _ => None,
+        };
+        let mut chosen = match holder {
+            Some(first) => {
+                let mut tried = avoid.clone();
+                tried.push(Arc::clone(&first));
+                let mut rest = self.pool.ranked(&ask.prompt, &tried, wanted - 1);
+                rest.insert(0, first);
+                rest
+            }
+            None => self.pool.ranked(&ask.prompt, &avoid, wanted),
+        };
         if chosen.is_empty() {
             // Every eligible server is busy (or none is ready).
             chosen = self.pool.ranked(&ask.prompt, &outside, wanted);
@@ -252,6 +275,7 @@ mod tests {
         let p = picker(3);
         let ask = |subset: Vec<&str>| Ask {
             prompt: vec![1, 2, 3, 4, 5],
+            token_ids: true,
             subset: Some(subset.into_iter().map(String::from).collect()),
             tenant: "t".into(),
         };

@@ -151,7 +151,7 @@ impl Exchange {
 
     /// Chooses now that the body is whole, and answers.
     fn route_with_body(&mut self) -> bool {
-        self.ask.prompt = prompt_units(&self.body);
+        (self.ask.prompt, self.ask.token_ids) = prompt_units(&self.body);
         let body = std::mem::take(&mut self.body);
         if !self.route(Some(body.len())) {
             return false;

@@ -171,6 +171,10 @@ pub async fn serve(
             .await;
         });
     }
+    if let Some(view) = &picker.cache_view {
+        let every = Duration::from_millis(picker.settings.members.refresh_ms);
+        tokio::spawn(Arc::clone(view).follow_every(every, Arc::clone(&picker), |p| &p.pool));
+    }
     if let Some(listener) = metrics_listener {
         tokio::spawn(exposition::serve(listener, Arc::clone(&picker)));
     }

@@ -2,6 +2,7 @@
 
 use serde::Deserialize;
 
+use crate::cached::{KvEventsConfig, RawKvEvents};
 use crate::discovery::Membership;
 
 #[derive(Debug, Deserialize)]
@@ -38,6 +39,8 @@ struct RawSettings {
     breaker_failures: u32,
     #[serde(default = "crate::config::default_cooldown_ms")]
     breaker_cooldown_ms: u64,
+    #[serde(default)]
+    kv_events: Option<RawKvEvents>,
 }
 
 fn default_probe_ms() -> u64 {
@@ -92,6 +95,9 @@ pub struct Settings {
     pub breaker_failures: u32,
     /// How long a server stays out before one request probes it.
     pub breaker_cooldown_ms: u64,
+    /// The servers' KV events, followed to route token-id prompts to the server holding
+    /// their blocks.
+    pub(crate) kv_events: Option<KvEventsConfig>,
 }
 
 impl Settings {
@@ -118,6 +124,20 @@ impl Settings {
         if raw.breaker_failures == 0 {
             return Err("picker settings: breaker_failures must be at least 1".into());
         }
+        let kv_events = match raw.kv_events.map(RawKvEvents::validate).transpose() {
+            Ok(Some(mut k)) => {
+                // Servers are named as in `endpoints` (`ip:port` or a base URL).
+                k.endpoints = k
+                    .endpoints
+                    .into_iter()
+                    .map(|(e, events)| Ok((as_url(&e)?, events)))
+                    .collect::<Result<_, String>>()
+                    .map_err(|why| format!("picker settings: kv_events.endpoints: {why}"))?;
+                Some(k)
+            }
+            Ok(None) => None,
+            Err(why) => return Err(format!("picker settings: kv_events: {why}")),
+        };
         Ok(Self {
             listen: raw.listen,
             metrics_listen: raw.metrics_listen,
@@ -137,6 +157,7 @@ impl Settings {
             max_body_bytes: raw.max_body_bytes,
             breaker_failures: raw.breaker_failures,
             breaker_cooldown_ms: raw.breaker_cooldown_ms,
+            kv_events,
         })
     }
 }
