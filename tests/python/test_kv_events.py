@@ -222,6 +222,19 @@ def generate_count(node) -> int:
                    if line.startswith("turnpike_http_requests_total{") and 'endpoint="/generate"' in line))
 
 
+def assert_returns_to(client, nodes, holder, shared):
+    """Six prompts that begin with `shared` all land on node `holder`, whose cache serves
+    their three shared blocks."""
+    before = [generate_count(n) for n in nodes]
+    cached = []
+    for k in range(6):
+        r = client.completions.create(model="tiny", prompt=shared + [20 + k], max_tokens=2, temperature=0)
+        cached.append(r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0)
+    landed = [generate_count(n) - b for n, b in zip(nodes, before)]
+    assert landed[holder] == 6 and sum(landed) == 6, landed
+    assert all(c >= 3 * BLOCK for c in cached), cached
+
+
 def test_a_front_routes_by_the_blocks_its_replicas_hold(tmp_path, tiny_model):
     """Two default-engine nodes publishing KV events, behind a Turnpike front whose upstream
     pool follows them (and routes by load otherwise, no prefix hashing): a prompt asked again
@@ -254,14 +267,7 @@ def test_a_front_routes_by_the_blocks_its_replicas_hold(tmp_path, tiny_model):
         while replica_stat(front, nodes[holder].base, "kv_blocks_known") < 3:
             assert time.monotonic() < deadline, "the front never learned the holder's blocks"
             time.sleep(0.05)
-        before = [generate_count(n) for n in nodes]
-        cached = []
-        for k in range(6):
-            r = client.completions.create(model="tiny", prompt=shared + [20 + k], max_tokens=2, temperature=0)
-            cached.append(r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0)
-        landed = [generate_count(n) - b for n, b in zip(nodes, before)]
-        assert landed[holder] == 6 and sum(landed) == 6, landed
-        assert all(c >= 3 * BLOCK for c in cached), cached
+        assert_returns_to(client, nodes, holder, shared)
     finally:
         front.stop()
         for n in nodes:
@@ -298,14 +304,7 @@ def test_the_endpoint_picker_routes_token_prompts_by_the_blocks_nodes_hold(tmp_p
         client.completions.create(model="tiny", prompt=shared + [9], max_tokens=2, temperature=0)
         holder = next(i for i, n in enumerate(nodes) if generate_count(n) > first[i])
         time.sleep(1.0)  # the picker reads the holder's events
-        before = [generate_count(n) for n in nodes]
-        cached = []
-        for k in range(6):
-            r = client.completions.create(model="tiny", prompt=shared + [20 + k], max_tokens=2, temperature=0)
-            cached.append(r.usage.prompt_tokens_details.cached_tokens if r.usage.prompt_tokens_details else 0)
-        landed = [generate_count(n) - b for n, b in zip(nodes, before)]
-        assert landed[holder] == 6 and sum(landed) == 6, landed
-        assert all(c >= 3 * BLOCK for c in cached), cached
+        assert_returns_to(client, nodes, holder, shared)
     finally:
         for p in (front, picker, *nodes):
             p.stop()
