@@ -24,6 +24,8 @@
 mod ask;
 mod choose;
 mod exchange;
+#[cfg(test)]
+mod exchange_tests;
 mod exposition;
 mod scrape;
 mod settings;
