@@ -55,8 +55,19 @@ fn main() -> std::process::ExitCode {
                 println!("turnpike-epp listening on {addr}");
             }
         },
+        // SIGTERM (a pod's end) or SIGINT: stop taking streams, finish the open ones.
         async {
-            let _ = tokio::signal::ctrl_c().await;
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut term) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    }
+                }
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
         },
     ));
     match served {
