@@ -181,28 +181,29 @@ impl CacheView {
         prompt: &[u32],
         tried: &[Arc<Replica>],
     ) -> Option<Arc<Replica>> {
-        let chain: Vec<u64> = self
-            .hasher
-            .chain(prompt, self.config.block_size)
-            .iter()
-            .map(external)
-            .collect();
-        if chain.is_empty() {
-            return None;
-        }
+        // Blocks are hashed one at a time, and only while some replica still holds every
+        // block so far: a prompt nobody holds costs one hash, not one per block.
         let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let (url, run) = held
+        let mut holders: Vec<_> = held
             .iter()
-            .map(|(url, h)| {
-                let blocks = h.blocks.lock().unwrap_or_else(PoisonError::into_inner);
-                (url, chain.iter().take_while(|b| blocks.contains(b)).count())
-            })
-            .max_by_key(|&(_, run)| run)?;
-        if run == 0 {
-            return None;
+            .filter(|(url, _)| !tried.iter().any(|t| t.url == **url))
+            .map(|(url, h)| (url, h.blocks.lock().unwrap_or_else(PoisonError::into_inner)))
+            .collect();
+        let mut best: Option<&String> = None;
+        let mut parent = None;
+        for block in prompt.chunks_exact(self.config.block_size) {
+            let full = self.hasher.block(parent.as_ref(), block);
+            let id = external(&full);
+            holders.retain(|(_, blocks)| blocks.contains(&id));
+            match holders.first() {
+                Some((url, _blocks)) => best = Some(*url),
+                None => break,
+            }
+            parent = Some(full);
         }
+        let url = best?;
         let replica = pool.member(url)?;
-        if tried.iter().any(|t| Arc::ptr_eq(t, &replica)) || !replica.admits_now() {
+        if !replica.admits_now() {
             return None;
         }
         self.routed.fetch_add(1, Ordering::Relaxed);
