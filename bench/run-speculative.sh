@@ -64,6 +64,15 @@ lines += ["", "Decode tokens/s: completion tokens after the first over the time 
 for k, v in s.items():
     for w, x in v.items():
         lines.append(f"| {k} | {w} | {x['cpu_s_per_request']:.2f} | {x['ttft_ms']:.0f} | {x['tokens_per_request']:.0f} |")
+if doc.get("paired"):
+    lines += ["", "Paired on one server: Turnpike's drafts over its own plain decoding (`num_assistant_tokens` 0), "
+              "request by request, which goes first alternating, so the host's drift between the rounds above "
+              "weighs on both alike. Speedup: total plain decode time over total drafted; per pair: median "
+              "[min, max].", "", "| workload | requests | speedup | per pair | same answers |", "|---|---:|---:|---|---|"]
+    for w, label in labels.items():
+        p = doc["paired"][w]
+        lines.append(f"| {label} | {p['requests']} | {p['speedup']:.2f}x | {p['pair_median']:.2f}x "
+                     f"[{p['pair_min']:.2f}, {p['pair_max']:.2f}] | {'yes' if p['same_tokens'] else 'no'} |")
 open(f"{out}.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

@@ -110,10 +110,10 @@ def start(kind, tmp):
     return proc, base
 
 
-def chat(base, content):
+def chat(base, content, extra=None):
     """Seconds to the first token and to the end, and completion tokens."""
     body = {"model": "model", "messages": [{"role": "user", "content": content}], "max_tokens": MAX_TOKENS,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     req = urllib.request.Request(f"{base}/v1/chat/completions", json.dumps(body).encode(),
                                  {"content-type": "application/json"})
     start = time.perf_counter()
@@ -168,9 +168,47 @@ def summary(rows):
             "tokens_per_request": statistics.median(r["tokens"] for r in rows)}
 
 
+
+def paired():
+    """Turnpike's drafts over its plain decoding on one server, request by request: each prompt
+    decoded plainly (`num_assistant_tokens` 0) and with drafts back to back, which goes first
+    alternating, so a host whose speed drifts between the rounds above (each server alone for
+    a minute) weighs on both sides alike. Greedy answers are the same either way."""
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, base = start("turnpike-drafts", tmp)
+        try:
+            chat(base, "Hello!")
+            found = {}
+            for workload, prompts in (("edit", EDITS), ("open", OPENS)):
+                pairs = []
+                for i in range(ROUNDS * REPEATS):
+                    for content in prompts:
+                        order = [{"num_assistant_tokens": 0}, {}]
+                        if (i + len(pairs)) % 2:
+                            order.reverse()
+                        runs = {}
+                        for extra in order:
+                            first, end, tokens = chat(base, content, extra)
+                            runs["plain" if extra else "drafts"] = (end - first, tokens)
+                        pairs.append(runs)
+                plain = sum(p["plain"][0] for p in pairs)
+                drafts = sum(p["drafts"][0] for p in pairs)
+                each = [p["plain"][0] / max(p["drafts"][0], 1e-9) for p in pairs]
+                found[workload] = {"requests": len(pairs), "plain_decode_s": plain, "drafts_decode_s": drafts,
+                                   "speedup": plain / drafts, "pair_median": statistics.median(each),
+                                   "pair_min": min(each), "pair_max": max(each),
+                                   "same_tokens": all(p["plain"][1] == p["drafts"][1] for p in pairs)}
+            return found
+        finally:
+            proc.terminate()
+            proc.wait()
+
+
 doc = {"benchmark": "speculative", "model": os.path.basename(gguf), "rounds": ROUNDS, "repeats": REPEATS,
        "draft_tokens": DRAFT, "max_tokens": MAX_TOKENS, "self_layers": SELF_LAYERS,
        "draft_model": os.path.basename(DRAFT_MODEL), "p_min": P_MIN,
        "servers": {k: {w: summary(rows) for w, rows in v.items()} for k, v in results.items()}, "raw": results}
+if "turnpike-drafts" in KINDS and os.environ.get("PAIRED", "1") == "1":
+    doc["paired"] = paired()
 json.dump(doc, open(out, "w"), indent=2)
 print(json.dumps(doc["servers"], indent=2))

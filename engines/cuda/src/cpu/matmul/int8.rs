@@ -432,10 +432,10 @@ fn tile_rows<S: Simd, const R: usize, const Q4: bool, const MIN: bool, const OFF
 }
 
 /// Every row of `x` against tiles `tiles` of `w`, writing `out`: [`ROW_BLOCK`] rows at a time,
-/// tile by tile, and in each tile rows in blocks of `T` (then 4, 3, 2, 1; five at once where
-/// `T` is 4), so a tile's codes are read from memory once for a batch of decoding steps and
-/// stay in cache while every row meets them, and a long prompt's rows stay in cache while
-/// every tile meets them. With `amx` (granted, see [`crate::cpu::simd::amx`]) rows go by
+/// tile by tile, and in each tile rows in blocks of `T` (five at once where `T` is 4), then
+/// what is left in one pass ([`rest`]), so a tile's codes are read from memory once for a
+/// batch of decoding steps and stay in cache while every row meets them, and a long prompt's
+/// rows stay in cache while every tile meets them. With `amx` (granted, see [`crate::cpu::simd::amx`]) rows go by
 /// sixteen through AMX's tiles first, while at least [`amx::ROWS`] are left. Each row's sums
 /// are the same whatever the batch around it, and whichever path took it.
 ///
@@ -476,9 +476,8 @@ pub(super) unsafe fn block<S: Simd, const T: usize>(
                     r0 += valid;
                 }
             }
-            // A pass decodes the tile's codes once for all its rows: five rows (a decoding
-            // step checking four drafts) go in one pass where passes take four, not 4 + 1,
-            // and three in one, not 2 + 1.
+            // Five rows (a decoding step checking four drafts) in one pass where passes take
+            // four, not 4 + 1.
             if T == 4 && end - r0 == 5 {
                 // SAFETY: the rows lie below x.rows and the tile is the caller's.
                 unsafe { run::<S, 5>(s, w, x, r0, t, out) };
@@ -489,27 +488,49 @@ pub(super) unsafe fn block<S: Simd, const T: usize>(
                 unsafe { run::<S, T>(s, w, x, r0, t, out) };
                 r0 += T;
             }
-            while r0 + 4 <= end {
-                // SAFETY: as above.
-                unsafe { run::<S, 4>(s, w, x, r0, t, out) };
-                r0 += 4;
-            }
-            if end - r0 == 3 {
-                // SAFETY: as above.
-                unsafe { run::<S, 3>(s, w, x, r0, t, out) };
-                r0 += 3;
-            }
-            while r0 + 2 <= end {
-                // SAFETY: as above.
-                unsafe { run::<S, 2>(s, w, x, r0, t, out) };
-                r0 += 2;
-            }
-            if r0 < end {
-                // SAFETY: as above.
-                unsafe { run::<S, 1>(s, w, x, r0, t, out) };
-            }
+            // SAFETY: the rows r0..end lie below x.rows and the tile is the caller's.
+            unsafe { rest::<S, T>(s, w, x, r0, end, t, out) };
         }
         first = end;
+    }
+}
+
+/// Rows `r0..end` (fewer than `T`) against tile `t` in one pass where registers hold them: a
+/// pass decodes the tile's codes once for all its rows, so where passes take eight a
+/// decoding step checking four to six drafts takes one pass, not 4 + 1 and so on, whose
+/// second pass cost as much as the first (decoding the codes and the chain of sums bound a
+/// pass, not the weights' read).
+///
+/// # Safety
+/// As [`block`], for rows `r0..end` and tile `t`.
+#[inline(always)]
+unsafe fn rest<S: Simd, const T: usize>(
+    s: S,
+    w: &Tiles,
+    x: &Inputs,
+    mut r0: usize,
+    end: usize,
+    t: usize,
+    out: Out,
+) {
+    // SAFETY: every call takes rows of r0..end, which lie below x.rows, and the caller's tile.
+    unsafe {
+        match end - r0 {
+            5 if T >= 8 => return run::<S, 5>(s, w, x, r0, t, out),
+            6 if T >= 8 => return run::<S, 6>(s, w, x, r0, t, out),
+            7 if T >= 8 => return run::<S, 7>(s, w, x, r0, t, out),
+            _ => {}
+        }
+        while r0 + 4 <= end {
+            run::<S, 4>(s, w, x, r0, t, out);
+            r0 += 4;
+        }
+        match end - r0 {
+            3 => run::<S, 3>(s, w, x, r0, t, out),
+            2 => run::<S, 2>(s, w, x, r0, t, out),
+            1 => run::<S, 1>(s, w, x, r0, t, out),
+            _ => {}
+        }
     }
 }
 
