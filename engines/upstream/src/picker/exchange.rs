@@ -9,6 +9,7 @@
 //! A request without a body is routed on its headers. The request counts as in flight on its
 //! server until the stream ends.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
@@ -24,7 +25,7 @@ use super::wire;
 pub(crate) struct Exchange {
     picker: Arc<Picker>,
     /// Answers not yet taken.
-    out: Vec<ProcessingResponse>,
+    out: VecDeque<ProcessingResponse>,
     duplex_request: bool,
     duplex_response: bool,
     ask: Ask,
@@ -38,7 +39,7 @@ impl Exchange {
     pub(crate) fn new(picker: Arc<Picker>) -> Self {
         Self {
             picker,
-            out: Vec::new(),
+            out: VecDeque::new(),
             duplex_request: false,
             duplex_response: false,
             ask: Ask::default(),
@@ -48,9 +49,9 @@ impl Exchange {
         }
     }
 
-    /// The answers to the messages so far, in order.
-    pub(crate) fn answers(&mut self) -> std::vec::Drain<'_, ProcessingResponse> {
-        self.out.drain(..)
+    /// The answers to the messages so far, in order, each taken as the iterator reaches it.
+    pub(crate) fn answers(&mut self) -> impl Iterator<Item = ProcessingResponse> + '_ {
+        std::iter::from_fn(|| self.out.pop_front())
     }
 
     /// Handles one message; `false` ends the stream (after its answers are sent).
@@ -76,14 +77,15 @@ impl Exchange {
                     return self.route(None);
                 }
                 if !self.duplex_request {
-                    return self.send(wire::request_headers_unchanged());
+                    self.send(wire::request_headers_unchanged());
                 }
                 true
             }
             Request::RequestBody(b) => {
                 if self.routed {
                     // After the choice (a buffered body's later parts): unchanged.
-                    return self.pass_request_body(b.body, b.end_of_stream);
+                    self.pass_request_body(b.body, b.end_of_stream);
+                    return true;
                 }
                 if self.body.len() + b.body.len() > self.picker.settings.max_body_bytes {
                     let why = format!(
@@ -103,7 +105,8 @@ impl Exchange {
                 if !self.routed && !self.route_with_body() {
                     return false;
                 }
-                self.send(wire::trailers_unchanged(true))
+                self.send(wire::trailers_unchanged(true));
+                true
             }
             Request::ResponseHeaders(h) => {
                 let status = wire::header(h.headers.as_ref(), ":status")
@@ -120,32 +123,34 @@ impl Exchange {
                 if h.end_of_stream {
                     self.lease = None;
                 }
-                self.send(wire::response_headers(endpoint.as_deref()))
+                self.send(wire::response_headers(endpoint.as_deref()));
+                true
             }
             Request::ResponseBody(b) => {
                 let end = b.end_of_stream;
-                let sent = if self.duplex_response {
-                    self.send(wire::streamed(false, b.body, end))
+                if self.duplex_response {
+                    self.send(wire::streamed(false, b.body, end));
                 } else {
-                    self.send(wire::body_unchanged(false))
-                };
+                    self.send(wire::body_unchanged(false));
+                }
                 if end {
                     self.lease = None;
                 }
-                sent
+                true
             }
             Request::ResponseTrailers(_) => {
                 self.lease = None;
-                self.send(wire::trailers_unchanged(false))
+                self.send(wire::trailers_unchanged(false));
+                true
             }
         }
     }
 
-    fn pass_request_body(&mut self, body: Vec<u8>, end: bool) -> bool {
+    fn pass_request_body(&mut self, body: Vec<u8>, end: bool) {
         if self.duplex_request {
-            self.send(wire::streamed(true, body, end))
+            self.send(wire::streamed(true, body, end));
         } else {
-            self.send(wire::body_unchanged(true))
+            self.send(wire::body_unchanged(true));
         }
     }
 
@@ -157,10 +162,9 @@ impl Exchange {
             return false;
         }
         if self.duplex_request {
-            self.send(wire::streamed(true, body, true))
-        } else {
-            true
+            self.send(wire::streamed(true, body, true));
         }
+        true
     }
 
     /// Chooses and sends the destination (or the refusal); `body_len` when a body follows.
@@ -169,7 +173,7 @@ impl Exchange {
         let chosen = match self.picker.choose(&self.ask) {
             Choice::Route(chosen) => chosen,
             Choice::Unavailable => {
-                let _ = self.send(wire::refuse(
+                self.send(wire::refuse(
                     503,
                     "no_endpoint_ready",
                     "no model server is ready for this request",
@@ -177,7 +181,7 @@ impl Exchange {
                 return false;
             }
             Choice::Shed => {
-                let _ = self.send(wire::refuse(
+                self.send(wire::refuse(
                     429,
                     "pool_saturated",
                     "every model server is busy; retry later",
@@ -201,7 +205,8 @@ impl Exchange {
         } else {
             wire::route_headers(&endpoints, body_len)
         };
-        self.send(answer)
+        self.send(answer);
+        true
     }
 
     /// The response began: the load moves to the server that served it, and its status
@@ -227,8 +232,7 @@ impl Exchange {
         }
     }
 
-    fn send(&mut self, answer: ProcessingResponse) -> bool {
-        self.out.push(answer);
-        true
+    fn send(&mut self, answer: ProcessingResponse) {
+        self.out.push_back(answer);
     }
 }

@@ -31,7 +31,6 @@ mod scrape;
 mod settings;
 mod wire;
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -79,29 +78,24 @@ impl ExternalProcessor for Service {
         let state = (
             request.into_inner(),
             exchange::Exchange::new(Arc::clone(&self.picker)),
-            VecDeque::new(),
             false,
         );
-        let answers = futures_util::stream::unfold(
-            state,
-            |(mut inbound, mut x, mut pending, mut done)| async move {
+        let answers =
+            futures_util::stream::unfold(state, |(mut inbound, mut x, mut done)| async move {
                 loop {
-                    if let Some(answer) = pending.pop_front() {
-                        return Some((Ok(answer), (inbound, x, pending, done)));
+                    let next = x.answers().next();
+                    if let Some(answer) = next {
+                        return Some((Ok(answer), (inbound, x, done)));
                     }
                     if done {
                         return None;
                     }
                     match inbound.message().await {
-                        Ok(Some(message)) => {
-                            done = !x.on(message);
-                            pending.extend(x.answers());
-                        }
+                        Ok(Some(message)) => done = !x.on(message),
                         Ok(None) | Err(_) => return None,
                     }
                 }
-            },
-        );
+            });
         Ok(Response::new(Box::pin(answers)))
     }
 }

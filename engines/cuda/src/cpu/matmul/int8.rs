@@ -432,10 +432,10 @@ fn tile_rows<S: Simd, const R: usize, const Q4: bool, const MIN: bool, const OFF
 }
 
 /// Every row of `x` against tiles `tiles` of `w`, writing `out`: [`ROW_BLOCK`] rows at a time,
-/// tile by tile, and in each tile rows in blocks of `T` (five at once where `T` is 4), then
-/// what is left in one pass ([`rest`]), so a tile's codes are read from memory once for a
-/// batch of decoding steps and stay in cache while every row meets them, and a long prompt's
-/// rows stay in cache while every tile meets them. With `amx` (granted, see [`crate::cpu::simd::amx`]) rows go by
+/// tile by tile, and in each tile rows in blocks of `T`, then what is left in one pass
+/// ([`last_pass`]), so a tile's codes are read from memory once for a batch of decoding steps
+/// and stay in cache while every row meets them, and a long prompt's rows stay in cache while
+/// every tile meets them. With `amx` (granted, see [`crate::cpu::simd::amx`]) rows go by
 /// sixteen through AMX's tiles first, while at least [`amx::ROWS`] are left. Each row's sums
 /// are the same whatever the batch around it, and whichever path took it.
 ///
@@ -476,59 +476,52 @@ pub(super) unsafe fn block<S: Simd, const T: usize>(
                     r0 += valid;
                 }
             }
-            // Five rows (a decoding step checking four drafts) in one pass where passes take
-            // four, not 4 + 1.
-            if T == 4 && end - r0 == 5 {
-                // SAFETY: the rows lie below x.rows and the tile is the caller's.
-                unsafe { run::<S, 5>(s, w, x, r0, t, out) };
-                r0 += 5;
-            }
-            while r0 + T <= end {
+            while end - r0 > last_pass(T) {
                 // SAFETY: the rows lie below x.rows and the tile is the caller's.
                 unsafe { run::<S, T>(s, w, x, r0, t, out) };
                 r0 += T;
             }
             // SAFETY: the rows r0..end lie below x.rows and the tile is the caller's.
-            unsafe { rest::<S, T>(s, w, x, r0, end, t, out) };
+            unsafe { last::<S, T>(s, w, x, r0, end - r0, t, out) };
         }
         first = end;
     }
 }
 
-/// Rows `r0..end` (fewer than `T`) against tile `t` in one pass where registers hold them: a
-/// pass decodes the tile's codes once for all its rows, so where passes take eight a
-/// decoding step checking four to six drafts takes one pass, not 4 + 1 and so on, whose
-/// second pass cost as much as the first (decoding the codes and the chain of sums bound a
-/// pass, not the weights' read).
+/// The most rows the last pass over a tile takes: what passes of `t` leave, and five where
+/// passes take four. A pass decodes the tile's codes once for all its rows, so a decoding step
+/// checking four drafts (five rows) takes one pass, not 4 + 1, whose second pass cost about as
+/// much as the first (decoding the codes and the chain of sums bound a pass, not the read of
+/// weights the first pass brought into the cache).
+const fn last_pass(t: usize) -> usize {
+    if t == 4 { 5 } else { t - 1 }
+}
+
+/// The last `rows` rows from `r0` (at most [`last_pass`]`(T)`) against tile `t`, in one pass.
 ///
 /// # Safety
-/// As [`block`], for rows `r0..end` and tile `t`.
+/// As [`block`], for rows `r0..r0 + rows` and tile `t`.
 #[inline(always)]
-unsafe fn rest<S: Simd, const T: usize>(
+unsafe fn last<S: Simd, const T: usize>(
     s: S,
     w: &Tiles,
     x: &Inputs,
-    mut r0: usize,
-    end: usize,
+    r0: usize,
+    rows: usize,
     t: usize,
     out: Out,
 ) {
-    // SAFETY: every call takes rows of r0..end, which lie below x.rows, and the caller's tile.
+    const { assert!(last_pass(T) <= 7, "a last pass of more than seven rows") };
+    // SAFETY: the rows lie below x.rows and the tile is the caller's.
     unsafe {
-        match end - r0 {
-            5 if T >= 8 => return run::<S, 5>(s, w, x, r0, t, out),
-            6 if T >= 8 => return run::<S, 6>(s, w, x, r0, t, out),
-            7 if T >= 8 => return run::<S, 7>(s, w, x, r0, t, out),
-            _ => {}
-        }
-        while r0 + 4 <= end {
-            run::<S, 4>(s, w, x, r0, t, out);
-            r0 += 4;
-        }
-        match end - r0 {
-            3 => run::<S, 3>(s, w, x, r0, t, out),
-            2 => run::<S, 2>(s, w, x, r0, t, out),
+        match rows {
             1 => run::<S, 1>(s, w, x, r0, t, out),
+            2 => run::<S, 2>(s, w, x, r0, t, out),
+            3 => run::<S, 3>(s, w, x, r0, t, out),
+            4 => run::<S, 4>(s, w, x, r0, t, out),
+            5 => run::<S, 5>(s, w, x, r0, t, out),
+            6 => run::<S, 6>(s, w, x, r0, t, out),
+            7 => run::<S, 7>(s, w, x, r0, t, out),
             _ => {}
         }
     }
