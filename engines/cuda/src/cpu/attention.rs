@@ -1,15 +1,19 @@
 //! Causal attention on the paged cache, one tile of a sequence's consecutive rows per task.
 //! Prefill tiles transpose each block of sixteen keys once and score every query of the tile
 //! against it sixteen keys at a time (no horizontal sums), then take one softmax per query and
-//! one pass over the values with the sums in registers. Decoding rows (a tile of one) score key
-//! by key instead, every query head that shares a key/value head (grouped-query attention)
-//! against the key as it is read. The loops run on [`super::simd`]'s lanes, compiled per
-//! instruction set; each task keeps its buffers across tiles.
+//! one pass over the values with the sums in registers. Decoding rows (a step's token and the
+//! drafts it checks) score key by key instead ([`rows`]), every query head that shares a
+//! key/value head (grouped-query attention) and every row of a small block against the key
+//! as it is read. The loops run on [`super::simd`]'s lanes, compiled per instruction set;
+//! each task keeps its buffers across tiles.
 
 use rayon::prelude::*;
 
 use super::kv::{Cache, KvValue};
+use super::linalg::exp;
 use super::simd::{Isa, Kernel, Simd};
+
+mod rows;
 
 /// The attention shape of a model.
 #[derive(Clone, Copy, Debug)]
@@ -92,20 +96,38 @@ pub(super) fn attend_tiles<V: KvValue>(
             work.push(Work::Tile(*tile, part));
             continue;
         }
-        // Decoding rows: one task per row and key/value head, so a lone sequence's attention
-        // still spreads over the cores, and each row is scored key by key however many rows
-        // its chunk has (transposing keys for one or two queries costs more than it saves): a
-        // step that checks drafts, or appends a grammar's forced tokens, then gives each row
-        // what a decoding step of that token alone would.
+        // Decoding rows: one task per key/value head and block of at most `ROWS_PER_TASK`
+        // rows (blocks of even size), each scored key by key however many rows its chunk has
+        // (transposing keys for a few queries costs more than it saves): a step that checks
+        // drafts, or appends a grammar's forced tokens, then gives each row what a decoding
+        // step of that token alone would, and reads the keys and values once per block.
+        let count = tile.len.div_ceil(rows::ROWS_PER_TASK);
+        let size = tile.len.div_ceil(count.max(1)).max(1);
+        let mut blocks: Vec<Vec<Vec<rows::Row<'_>>>> = Vec::new();
         for (i, row) in part.chunks_exact_mut(width).enumerate() {
+            if i % size == 0 {
+                blocks.push((0..heads.kv).map(|_| Vec::with_capacity(size)).collect());
+            }
+            let Some(block) = blocks.last_mut() else {
+                continue;
+            };
             let at = (tile.row + i) * stride;
-            let first = heads.first_visible(tile.pos + i);
-            for (group, out) in row.chunks_exact_mut(per_group).enumerate() {
-                work.push(Work::Group {
+            let span = heads.first_visible(tile.pos + i)..tile.pos + i + 1;
+            for ((group, out), rows) in row.chunks_exact_mut(per_group).enumerate().zip(block) {
+                rows.push(rows::Row {
                     q: &queries[at + group * per_group..at + (group + 1) * per_group],
-                    offsets: &tile.offsets[first..=tile.pos + i],
-                    group,
+                    span: span.clone(),
                     out,
+                });
+            }
+        }
+        for block in blocks {
+            for (group, rows) in block.into_iter().enumerate() {
+                let last = rows.last().map_or(0, |r| r.span.end);
+                work.push(Work::Rows {
+                    rows,
+                    offsets: &tile.offsets[..last],
+                    group,
                 });
             }
         }
@@ -123,18 +145,16 @@ pub(super) fn attend_tiles<V: KvValue>(
                 scores,
                 keys,
             }),
-            Work::Group {
-                q,
+            Work::Rows {
+                rows,
                 offsets,
                 group,
-                out,
-            } => isa.run(Row {
+            } => isa.run(rows::Rows {
                 cache,
                 heads,
-                q,
+                rows,
                 offsets,
                 group,
-                out,
                 scores,
             }),
         },
@@ -145,12 +165,11 @@ pub(super) fn attend_tiles<V: KvValue>(
 enum Work<'a> {
     /// A prefill tile and its rows of the output.
     Tile(Tile<'a>, &'a mut [f32]),
-    /// One key/value head of one decoding row: its query heads `q` and their output.
-    Group {
-        q: &'a [f32],
+    /// One key/value head of a block of consecutive decoding rows of one sequence.
+    Rows {
+        rows: Vec<rows::Row<'a>>,
         offsets: &'a [usize],
         group: usize,
-        out: &'a mut [f32],
     },
 }
 
@@ -262,111 +281,16 @@ impl<V: KvValue> Kernel for TileKernel<'_, V> {
     }
 }
 
-/// Softmax in place.
+/// Softmax in place: the powers in lanes ([`exp`]), then their sum in order.
 #[inline(always)]
 fn softmax(p: &mut [f32]) {
     let max = p.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let mut sum = 0.0f32;
     for v in p.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+        *v = exp(*v - max);
     }
+    let sum: f32 = p.iter().sum();
     let inv = 1.0 / sum;
     p.iter_mut().for_each(|v| *v *= inv);
-}
-
-/// The query heads of one key/value head of one row, as a [`Kernel`]: `q` and `out` hold
-/// those heads only.
-struct Row<'a, V> {
-    cache: Cache<'a, V>,
-    heads: Heads,
-    q: &'a [f32],
-    offsets: &'a [usize],
-    group: usize,
-    out: &'a mut [f32],
-    scores: &'a mut Vec<f32>,
-}
-
-impl<V: KvValue> Kernel for Row<'_, V> {
-    type Output = ();
-
-    #[inline(always)]
-    fn run<S: Simd, const T: usize>(self, s: S) {
-        let (heads, hd, g, n) = self.shape();
-        self.scores.clear();
-        self.scores.resize(heads * n, 0.0);
-        if heads > MAX_SHARED || hd % 16 != 0 {
-            self.one_head_at_a_time(s);
-            return;
-        }
-        // Scores of the group's heads, head-major: each key widened once for every head.
-        for (j, &o) in self.offsets.iter().enumerate() {
-            let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
-            let mut acc = [s.zero(); MAX_SHARED];
-            for c in 0..hd / 16 {
-                let k = V::load16(s, lanes(key, 16 * c));
-                for (h, acc) in acc.iter_mut().enumerate().take(heads) {
-                    *acc = s.mul_add(s.load(lanes(self.q, h * hd + 16 * c)), k, *acc);
-                }
-            }
-            for (h, acc) in acc.iter().enumerate().take(heads) {
-                self.scores[h * n + j] = self.heads.score(s.sum(*acc));
-            }
-        }
-        for h in 0..heads {
-            softmax(&mut self.scores[h * n..(h + 1) * n]);
-        }
-        // Sixteen values of every head at a time, summed in registers over the positions.
-        for c in 0..hd / 16 {
-            let mut acc = [s.zero(); MAX_SHARED];
-            for (j, &o) in self.offsets.iter().enumerate() {
-                let v = V::load16(s, lanes(self.cache.values, o + g * hd + 16 * c));
-                for (h, acc) in acc.iter_mut().enumerate().take(heads) {
-                    *acc = s.mul_add(s.splat(self.scores[h * n + j]), v, *acc);
-                }
-            }
-            for (h, acc) in acc.iter().enumerate().take(heads) {
-                s.store(*acc, lanes_mut(self.out, h * hd + 16 * c));
-            }
-        }
-    }
-}
-
-/// Query heads sharing one key/value head that [`Row`] scores together.
-const MAX_SHARED: usize = 8;
-
-impl<V: KvValue> Row<'_, V> {
-    /// Query heads per key/value head, values per head, the key/value head and the positions
-    /// attended.
-    #[inline(always)]
-    fn shape(&self) -> (usize, usize, usize, usize) {
-        let Heads { query, kv, dim, .. } = self.heads;
-        (query / kv, dim, self.group, self.offsets.len())
-    }
-
-    /// [`Row`] for other shapes: one head and one key at a time.
-    #[inline(always)]
-    fn one_head_at_a_time<S: Simd>(self, s: S) {
-        let (heads, hd, g, n) = self.shape();
-        for (j, &o) in self.offsets.iter().enumerate() {
-            let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
-            for h in 0..heads {
-                let q = &self.q[h * hd..(h + 1) * hd];
-                self.scores[h * n + j] = self.heads.score(dot(s, q, key));
-            }
-        }
-        for h in 0..heads {
-            softmax(&mut self.scores[h * n..(h + 1) * n]);
-        }
-        self.out.fill(0.0);
-        for (j, &o) in self.offsets.iter().enumerate() {
-            let value = &self.cache.values[o + g * hd..o + (g + 1) * hd];
-            for h in 0..heads {
-                let p = self.scores[h * n + j];
-                axpy(s, p, value, &mut self.out[h * hd..(h + 1) * hd]);
-            }
-        }
-    }
 }
 
 /// Sixteen items of `v` from `at` as an array.

@@ -183,3 +183,51 @@ fn a_decoding_row_attends_alone_as_it_does_beside_other_decoding_rows() {
         }
     }
 }
+
+#[test]
+fn decoding_rows_in_blocks_match_each_row_alone_with_windows_and_other_shapes() {
+    // Rows are scored in blocks that read each key once for all of them: under a sliding
+    // window (rows see different first positions) and in the shapes taken one head at a
+    // time, each row still gets what it gets alone.
+    let n = 41;
+    for (query, kv, dim, window) in [
+        (6, 2, 64, Some(8)),
+        (6, 2, 64, Some(40)),
+        (18, 2, 64, None),
+        (4, 2, 24, Some(5)),
+    ] {
+        let heads = Heads {
+            query,
+            kv,
+            dim,
+            scale: 1.0 / (dim as f32).sqrt(),
+            softcap: Some(30.0),
+            window,
+        };
+        let width = query * dim;
+        let halves = |v: Vec<f32>| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
+        let keys = halves(values(n * kv * dim, 4));
+        let vals = halves(values(n * kv * dim, 5));
+        let q = values(n * width, 6);
+        for rows in [3, 6, 17] {
+            let together = attend(
+                heads,
+                &q[(n - rows) * width..],
+                &keys,
+                &vals,
+                n,
+                rows,
+                false,
+            );
+            for i in 0..rows {
+                let at = n - rows + i;
+                let alone = attend(heads, &q[at * width..], &keys, &vals, at + 1, 1, false);
+                assert_eq!(
+                    alone[..],
+                    together[i * width..(i + 1) * width],
+                    "{query}/{kv}×{dim} window {window:?}: row {i} of {rows}"
+                );
+            }
+        }
+    }
+}

@@ -6,7 +6,9 @@ use rayon::prelude::*;
 
 use super::attention::{Heads, TILE_ROWS, Tile, attend_tiles};
 use super::kv::{KvStore, LayerCache};
-use super::linalg::{add_into, gelu_gate, head_norm, rms_norm, rope, rotary_angles, silu_gate};
+use super::linalg::{
+    MIN_ROWS_PER_TASK, add_into, gelu_gate, head_norm, rms_norm, rope, rotary_angles, silu_gate,
+};
 use super::matmul::{Matrix, linear};
 use crate::device::{Chunk, DeviceError};
 use crate::model::LayeredWeights;
@@ -149,19 +151,24 @@ pub(super) fn hidden_states(
         linear(&h, rounded, &layer.qkv, qkv_bias, &mut qkv);
         if let Some((q_norm, k_norm)) = &layer.qk_norm {
             let (q_norm, k_norm) = (vector(q_norm)?, vector(k_norm)?);
-            qkv.par_chunks_mut(qkv_w).for_each(|row| {
-                let (q, k) = row[..qw + kvw].split_at_mut(qw);
-                head_norm(q, q_norm, spec.rms_norm_eps);
-                head_norm(k, k_norm, spec.rms_norm_eps);
-            });
+            qkv.par_chunks_mut(qkv_w)
+                .with_min_len(MIN_ROWS_PER_TASK)
+                .for_each(|row| {
+                    let (q, k) = row[..qw + kvw].split_at_mut(qw);
+                    head_norm(q, q_norm, spec.rms_norm_eps);
+                    head_norm(k, k_norm, spec.rms_norm_eps);
+                });
         }
-        qkv.par_chunks_mut(qkv_w).enumerate().for_each(|(r, row)| {
-            let (c, s) = (
-                &cos[r * half..(r + 1) * half],
-                &sin[r * half..(r + 1) * half],
-            );
-            rope(&mut row[..qw + kvw], hd, c, s);
-        });
+        qkv.par_chunks_mut(qkv_w)
+            .enumerate()
+            .with_min_len(MIN_ROWS_PER_TASK)
+            .for_each(|(r, row)| {
+                let (c, s) = (
+                    &cos[r * half..(r + 1) * half],
+                    &sin[r * half..(r + 1) * half],
+                );
+                rope(&mut row[..qw + kvw], hd, c, s);
+            });
         for (r, &slot) in slots.iter().enumerate() {
             let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
             kv.write(l, slot, &row[qw..qw + kvw], &row[qw + kvw..]);
