@@ -35,6 +35,10 @@ pub struct SpeculativeSettings {
     /// Drafted tokens per step at most (`num_assistant_tokens`); 0 turns speculation off.
     #[serde(default = "default_tokens")]
     pub tokens: usize,
+    /// Drafted tokens per step at most while a sequence copies text: after a step whose
+    /// drafts, from a match of the longest n-gram, were all kept.
+    #[serde(default = "default_copy_tokens")]
+    pub copy_tokens: usize,
     /// The longest run of last tokens looked up in the text so far.
     #[serde(default = "default_max_ngram")]
     pub max_ngram: usize,
@@ -63,6 +67,12 @@ fn default_tokens() -> usize {
     4
 }
 
+/// Seven drafts and the last token make eight rows: one pass of the CPU device's widest byte
+/// kernel, and next to nothing more than one row on a GPU.
+fn default_copy_tokens() -> usize {
+    7
+}
+
 fn default_max_ngram() -> usize {
     3
 }
@@ -79,6 +89,7 @@ impl Default for SpeculativeSettings {
     fn default() -> Self {
         Self {
             tokens: default_tokens(),
+            copy_tokens: default_copy_tokens(),
             max_ngram: default_max_ngram(),
             min_ngram: default_min_ngram(),
             max_running: default_max_running(),
@@ -99,11 +110,12 @@ impl SpeculativeSettings {
                 self.min_ngram, self.max_ngram
             ));
         }
-        if self.tokens > MAX_DRAFT {
-            return Err(format!(
-                "speculative.tokens ({}) must be at most {MAX_DRAFT}",
-                self.tokens
-            ));
+        for (name, value) in [("tokens", self.tokens), ("copy_tokens", self.copy_tokens)] {
+            if value > MAX_DRAFT {
+                return Err(format!(
+                    "speculative.{name} ({value}) must be at most {MAX_DRAFT}"
+                ));
+            }
         }
         if self.draft_layers == Some(0) {
             return Err("speculative.draft_layers must be at least 1".into());
@@ -166,10 +178,10 @@ pub fn prompt_lookup(
 
 /// Prompt lookup's drafts for a sequence whose [`DraftLength`] gave `k` this step: a match of
 /// the longest n-gram (`max_ngram`) is text being copied and drafts up to `full` tokens
-/// whatever `k` (even while paused), since such matches are mostly kept (replaying the
-/// speculative bench's rewrites, 88–100% of first drafts after a match of 3 or more tokens,
-/// against 62% after a match of 2) and a step checking a few drafts costs little more than a
-/// plain one; a shorter match drafts `k`.
+/// ([`DraftLength::full`]) whatever `k` (even while paused), since such matches are mostly
+/// kept (replaying the speculative bench's rewrites, 88–100% of first drafts after a match of
+/// 3 or more tokens, against 62% after a match of 2) and a step checking a few drafts costs
+/// little more than a plain one; a shorter match drafts `k`.
 pub fn lookup_drafts(
     tokens: &[u32],
     k: usize,
@@ -201,6 +213,10 @@ const RATE_WEIGHT: f32 = 0.3;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DraftLength {
     most: usize,
+    /// The most while copying (see [`Self::full`]).
+    copy: usize,
+    /// Whether the last check kept every draft of a full-length draft.
+    copying: bool,
     rate: f32,
     paused: u32,
     fixed: bool,
@@ -215,11 +231,23 @@ impl DraftLength {
     pub fn new(most: usize) -> Self {
         Self {
             most: most.min(MAX_DRAFT),
+            copy: most.min(MAX_DRAFT),
+            copying: false,
             rate: 1.0,
             paused: 0,
             fixed: false,
             pause_below: PAUSE_BELOW,
             pauses: 0,
+        }
+    }
+
+    /// Drafts up to `copy` tokens (at least the usual most) at a match of the longest n-gram
+    /// once a full-length draft was kept whole: text being copied goes on being copied, and a
+    /// longer draft there yields more tokens per read of the weights.
+    pub fn copying(self, copy: usize) -> Self {
+        Self {
+            copy: copy.clamp(self.most, MAX_DRAFT),
+            ..self
         }
     }
 
@@ -275,11 +303,18 @@ impl DraftLength {
         self.most
     }
 
+    /// The most tokens a match of the longest n-gram drafts: the copying length after a
+    /// full-length draft was kept whole, else [`Self::most`].
+    pub fn full(&self) -> usize {
+        if self.copying { self.copy } else { self.most }
+    }
+
     /// After a step that checked `drafted` drafts and kept `accepted` of them.
     pub fn record(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 || self.fixed {
             return;
         }
+        self.copying = accepted == drafted && drafted >= self.most;
         let step = accepted as f32 / drafted as f32;
         self.rate = (1.0 - RATE_WEIGHT) * self.rate + RATE_WEIGHT * step;
         if self.rate < self.pause_below {

@@ -32,6 +32,32 @@ fn a_match_of_the_longest_ngram_drafts_in_full() {
 }
 
 #[test]
+fn a_full_draft_kept_whole_drafts_the_copying_length_next() {
+    let mut length = DraftLength::new(4).copying(7);
+    assert_eq!(length.full(), 4, "not copying before a draft was kept");
+    length.record(4, 4);
+    assert_eq!(length.full(), 7, "a full draft kept whole: copying");
+    length.record(7, 7);
+    assert_eq!(length.full(), 7);
+    length.record(7, 5);
+    assert_eq!(length.full(), 4, "a rejection ends the copying");
+    length.record(2, 2);
+    assert_eq!(length.full(), 4, "a short draft kept whole is not copying");
+    // Never under the usual most nor over MAX_DRAFT; a fixed length never copies.
+    assert_eq!(DraftLength::new(4).copying(2).copy, 4);
+    assert_eq!(DraftLength::new(4).copying(99).copy, MAX_DRAFT);
+    let mut fixed = DraftLength::fixed(3);
+    fixed.record(3, 3);
+    assert_eq!(fixed.full(), 3);
+    // The copying length reaches lookup: a longest-n-gram match drafts that many.
+    let copied = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3];
+    assert_eq!(
+        lookup_drafts(&copied, 4, 7, 2, 3),
+        vec![4, 5, 6, 7, 8, 9, 10]
+    );
+}
+
+#[test]
 fn draft_length_follows_acceptance_and_pauses_when_drafts_fail() {
     let mut length = DraftLength::new(4);
     assert_eq!(length.take(), 4);
@@ -119,6 +145,11 @@ fn settings_bound_the_ngrams_and_the_draft() {
         ..SpeculativeSettings::default()
     };
     assert!(bad.validate().is_err());
+    let bad = SpeculativeSettings {
+        copy_tokens: MAX_DRAFT + 1,
+        ..SpeculativeSettings::default()
+    };
+    assert!(bad.validate().unwrap_err().contains("copy_tokens"));
     let bad = SpeculativeSettings {
         draft_layers: Some(0),
         ..SpeculativeSettings::default()

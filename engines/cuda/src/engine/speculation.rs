@@ -131,7 +131,7 @@ impl Worker {
             let Some(length) = choice.drafts.as_mut() else {
                 continue;
             };
-            let (k, most) = (length.take(), length.most());
+            let (k, most) = (length.take(), length.full());
             let Some(tokens) = self.scheduler.tokens(seq) else {
                 continue;
             };

@@ -183,7 +183,9 @@ impl Worker {
                     // The threshold, not the acceptance, says where a draft ends.
                     (None, Some(_)) => Some(DraftLength::fixed(MAX_DRAFT)),
                     (None, None) => {
-                        let length = DraftLength::new(s.tokens).costing(self.draft_cost);
+                        let length = DraftLength::new(s.tokens)
+                            .copying(s.copy_tokens)
+                            .costing(self.draft_cost);
                         Some(if self.drafts_pay() {
                             length
                         } else {
