@@ -157,30 +157,36 @@ fn a_decoding_row_attends_alone_as_it_does_beside_other_decoding_rows() {
     let Rows {
         heads,
         n,
-        width,
         keys,
         vals,
         q,
+        ..
     } = Rows::new();
     for rows in [2, 5, 9] {
-        let together = attend(
-            heads,
-            &q[(n - rows) * width..],
-            &keys,
-            &vals,
-            n,
-            rows,
-            false,
+        assert_each_row_as_alone(heads, &q, &keys, &vals, n, rows);
+    }
+}
+
+/// Each of the last `rows` of `n` positions, attended together as decoding rows, gets what
+/// it gets alone.
+fn assert_each_row_as_alone(
+    heads: Heads,
+    q: &[f32],
+    keys: &[f16],
+    vals: &[f16],
+    n: usize,
+    rows: usize,
+) {
+    let width = heads.query * heads.dim;
+    let together = attend(heads, &q[(n - rows) * width..], keys, vals, n, rows, false);
+    for i in 0..rows {
+        let at = n - rows + i;
+        let alone = attend(heads, &q[at * width..], keys, vals, at + 1, 1, false);
+        assert_eq!(
+            alone[..],
+            together[i * width..(i + 1) * width],
+            "{heads:?}: row {i} of {rows}"
         );
-        for i in 0..rows {
-            let at = n - rows + i;
-            let alone = attend(heads, &q[at * width..], &keys, &vals, at + 1, 1, false);
-            assert_eq!(
-                alone[..],
-                together[i * width..(i + 1) * width],
-                "row {i} of {rows}"
-            );
-        }
     }
 }
 
@@ -204,30 +210,12 @@ fn decoding_rows_in_blocks_match_each_row_alone_with_windows_and_other_shapes() 
             softcap: Some(30.0),
             window,
         };
-        let width = query * dim;
         let halves = |v: Vec<f32>| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
         let keys = halves(values(n * kv * dim, 4));
         let vals = halves(values(n * kv * dim, 5));
-        let q = values(n * width, 6);
+        let q = values(n * query * dim, 6);
         for rows in [3, 6, 17] {
-            let together = attend(
-                heads,
-                &q[(n - rows) * width..],
-                &keys,
-                &vals,
-                n,
-                rows,
-                false,
-            );
-            for i in 0..rows {
-                let at = n - rows + i;
-                let alone = attend(heads, &q[at * width..], &keys, &vals, at + 1, 1, false);
-                assert_eq!(
-                    alone[..],
-                    together[i * width..(i + 1) * width],
-                    "{query}/{kv}×{dim} window {window:?}: row {i} of {rows}"
-                );
-            }
+            assert_each_row_as_alone(heads, &q, &keys, &vals, n, rows);
         }
     }
 }
