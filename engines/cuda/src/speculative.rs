@@ -298,11 +298,6 @@ impl DraftLength {
         ((self.rate * self.most as f32).round() as usize).clamp(1, self.most)
     }
 
-    /// The most tokens a step drafts (the adapted length's ceiling).
-    pub fn most(&self) -> usize {
-        self.most
-    }
-
     /// The most tokens a match of the longest n-gram drafts: the copying length after a
     /// full-length draft was kept whole, else [`Self::most`].
     pub fn full(&self) -> usize {

@@ -103,26 +103,23 @@ pub(super) fn attend_tiles<V: KvValue>(
         // step of that token alone would, and reads the keys and values once per block.
         let count = tile.len.div_ceil(rows::ROWS_PER_TASK);
         let size = tile.len.div_ceil(count.max(1)).max(1);
-        let mut blocks: Vec<Vec<Vec<rows::Row<'_>>>> = Vec::new();
-        for (i, row) in part.chunks_exact_mut(width).enumerate() {
-            if i % size == 0 {
-                blocks.push((0..heads.kv).map(|_| Vec::with_capacity(size)).collect());
+        for (b, block) in part.chunks_mut(size * width).enumerate() {
+            let mut groups: Vec<Vec<rows::Row<'_>>> =
+                (0..heads.kv).map(|_| Vec::with_capacity(size)).collect();
+            for (j, row) in block.chunks_exact_mut(width).enumerate() {
+                let i = b * size + j;
+                let at = (tile.row + i) * stride;
+                let span = heads.first_visible(tile.pos + i)..tile.pos + i + 1;
+                let outs = row.chunks_exact_mut(per_group).enumerate();
+                for ((group, out), rows) in outs.zip(&mut groups) {
+                    rows.push(rows::Row {
+                        q: &queries[at + group * per_group..at + (group + 1) * per_group],
+                        span: span.clone(),
+                        out,
+                    });
+                }
             }
-            let Some(block) = blocks.last_mut() else {
-                continue;
-            };
-            let at = (tile.row + i) * stride;
-            let span = heads.first_visible(tile.pos + i)..tile.pos + i + 1;
-            for ((group, out), rows) in row.chunks_exact_mut(per_group).enumerate().zip(block) {
-                rows.push(rows::Row {
-                    q: &queries[at + group * per_group..at + (group + 1) * per_group],
-                    span: span.clone(),
-                    out,
-                });
-            }
-        }
-        for block in blocks {
-            for (group, rows) in block.into_iter().enumerate() {
+            for (group, rows) in groups.into_iter().enumerate() {
                 let last = rows.last().map_or(0, |r| r.span.end);
                 work.push(Work::Rows {
                     rows,

@@ -6,16 +6,14 @@ use rayon::prelude::*;
 
 use super::attention::{Heads, TILE_ROWS, Tile, attend_tiles};
 use super::kv::{KvStore, LayerCache};
-use super::linalg::{
-    MIN_ROWS_PER_TASK, add_into, gelu_gate, head_norm, rms_norm, rope, rotary_angles, silu_gate,
-};
+use super::linalg::{MIN_ROWS_PER_TASK, add_into, gated, head_norm, rms_norm, rope, rotary_angles};
 use super::matmul::{Matrix, linear};
 use crate::device::{Chunk, DeviceError};
 use crate::model::LayeredWeights;
 
 /// The model's weights as the CPU multiplies them.
 pub(super) type DeviceWeights = LayeredWeights<Matrix>;
-use crate::model::architecture::{Activation, softcap};
+use crate::model::architecture::softcap;
 use crate::model::{ModelSpec, RotaryTables};
 
 /// Where each row of the batch sits, and where every position of each chunk's sequence lives in
@@ -188,10 +186,7 @@ pub(super) fn hidden_states(
         )?;
         rms_norm(&x, vector(&layer.mlp_norm)?, spec.rms_norm_eps, &mut h);
         linear(&h, rounded, &layer.gate_up, None, &mut gate_up);
-        match arch.activation {
-            Activation::Silu => silu_gate(&gate_up, f, &mut act),
-            Activation::GeluTanh => gelu_gate(&gate_up, f, &mut act),
-        }
+        gated(arch.activation, &gate_up, f, &mut act);
         linear(&act, rounded, &layer.down, None, &mut proj);
         joins_residual(
             &mut x,

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::simd::{Isa, Kernel, Simd};
 
-use crate::model::architecture::gelu_tanh;
+use crate::model::architecture::{Activation, gelu_tanh};
 
 /// Rows a task of the row-wise kernels takes at least: a decoding step's few rows run on the
 /// calling thread, where waking the pool's other threads for each of a layer's small
@@ -44,31 +44,40 @@ fn inverse_rms(x: &[f32], eps: f32) -> f32 {
     1.0 / (mean + eps).sqrt()
 }
 
-/// `gate_up` rows hold `[gate | up]` (width 2f); writes `silu(gate) * up` rows of width f,
-/// each row compiled for the CPU's instruction set (a call to `expf` per value was most of
+/// `gate_up` rows hold `[gate | up]` (width 2f); writes `activation(gate) * up` rows of width
+/// f, each row compiled for the CPU's instruction set (a call to `expf` per value was most of
 /// what a decoding step spent between its products).
-pub(super) fn silu_gate(gate_up: &[f32], f: usize, out: &mut [f32]) {
+pub(super) fn gated(activation: Activation, gate_up: &[f32], f: usize, out: &mut [f32]) {
     let isa = Isa::detected();
     out.par_chunks_mut(f)
         .zip(gate_up.par_chunks(2 * f))
         .with_min_len(MIN_ROWS_PER_TASK)
-        .for_each(|(out, gate_up)| isa.run(Silu { gate_up, out }));
+        .for_each(|(out, gate_up)| {
+            isa.run(Gated {
+                activation,
+                gate_up,
+                out,
+            })
+        });
 }
 
-/// One row of [`silu_gate`], as a [`Kernel`] (a plain loop the compiler widens to the lanes).
-struct Silu<'a> {
+/// One row of [`gated`], as a [`Kernel`] (plain loops the compiler widens to the lanes).
+struct Gated<'a> {
+    activation: Activation,
     gate_up: &'a [f32],
     out: &'a mut [f32],
 }
 
-impl Kernel for Silu<'_> {
+impl Kernel for Gated<'_> {
     type Output = ();
 
     #[inline(always)]
     fn run<S: Simd, const T: usize>(self, _: S) {
         let (g, u) = self.gate_up.split_at(self.out.len());
-        for ((o, &g), &u) in self.out.iter_mut().zip(g).zip(u) {
-            *o = g / (1.0 + exp(-g)) * u;
+        let pairs = self.out.iter_mut().zip(g).zip(u);
+        match self.activation {
+            Activation::Silu => pairs.for_each(|((o, &g), &u)| *o = g / (1.0 + exp(-g)) * u),
+            Activation::GeluTanh => pairs.for_each(|((o, &g), &u)| *o = gelu_tanh(g) * u),
         }
     }
 }
@@ -98,19 +107,6 @@ pub(super) fn exp(x: f32) -> f32 {
     // of 2^23, whose shift puts it in the exponent, without a float-to-integer conversion
     // (one that saturates is done a lane at a time). A NaN stays NaN.
     y * f32::from_bits((n + (127.0 + 8_388_608.0)).to_bits() << 23)
-}
-
-/// `gate_up` rows hold `[gate | up]` (width 2f); writes `gelu_tanh(gate) * up` rows of width f.
-pub(super) fn gelu_gate(gate_up: &[f32], f: usize, out: &mut [f32]) {
-    out.par_chunks_mut(f)
-        .zip(gate_up.par_chunks(2 * f))
-        .with_min_len(MIN_ROWS_PER_TASK)
-        .for_each(|(o, gu)| {
-            let (g, u) = gu.split_at(f);
-            for ((o, g), u) in o.iter_mut().zip(g).zip(u) {
-                *o = gelu_tanh(*g) * u;
-            }
-        });
 }
 
 /// `gelu(x)` by the error function, as PyTorch's default `gelu`, element by element into
@@ -246,13 +242,13 @@ mod tests {
     }
 
     #[test]
-    fn silu_gate_in_lanes_matches_the_formula() {
+    fn a_silu_gate_in_lanes_matches_the_formula() {
         let f = 37;
         let gate_up: Vec<f32> = (0..3 * 2 * f)
             .map(|i| ((i as f32) * 0.731).sin() * 12.0)
             .collect();
         let mut out = vec![0.0; 3 * f];
-        super::silu_gate(&gate_up, f, &mut out);
+        super::gated(super::Activation::Silu, &gate_up, f, &mut out);
         for (r, row) in out.chunks_exact(f).enumerate() {
             let (g, u) = gate_up[r * 2 * f..(r + 1) * 2 * f].split_at(f);
             for ((o, g), u) in row.iter().zip(g).zip(u) {
