@@ -3,7 +3,8 @@
 # API key and high request and token limits) and the same oha load as bench/run-tenancy.sh, run
 #   off   prices absent, usage records off (spend.usage_records = false);
 #   on    the model priced, a daily, monthly and total budget on the tenant and on the key (set
-#         high enough never to refuse, so every charge and settle runs), usage records on;
+#         high enough never to refuse, so every charge and settle runs), usage records on
+#         (on Redis through a usage journal, as docs/configuration.md advises there);
 # with the state in memory and in a local redis-server, plain and streamed requests, at 1 and 64
 # concurrent clients. Rounds interleave off and on (ROUNDS times), so a busy host hits both;
 # the report gives the median ratio on/off and its spread. Writes bench/results/spend.json and
@@ -38,6 +39,9 @@ write_config() { # SPEND(off|on) STATE(memory|redis)
       printf '[state]\nbackend = "redis"\nredis_url = "redis://127.0.0.1:4111/0"\n'
     fi
     printf '[spend]\n'
+    if [ "$spend" = on ] && [ "$state" = redis ]; then
+      printf 'usage_journal = "%s"\n' "$PWD/$work/usage.journal"
+    fi
     if [ "$spend" = on ]; then
       printf '[[spend.prices]]\nmodel = "sim"\ninput = 0.15\ncached_input = 0.075\noutput = 0.6\n'
     else

@@ -47,7 +47,7 @@ lines = ["# Cost of spend: prices, budgets and usage records", "",
          f"`bench/run-spend.sh {seconds} {rounds}` on {cpu} (memory read bandwidth {bandwidth} GB/s): "
          f"Turnpike with the simulator engine (zero latency), oha, {seconds} s per run, {rounds} interleaved "
          "rounds of off and on. `on`: the model priced, a daily, monthly and total budget on the tenant and on "
-         "its key (never refusing), a usage record per request. Ratios are on/off per round: median "
+         "its key (never refusing), a usage record per request (on Redis through a usage journal). Ratios are on/off per round: median "
          "(min–max).", "",
          "| state | mode | c | req/s off | req/s on | on/off | p50 off (ms) | p50 on (ms) | p99 off (ms) | p99 on (ms) |",
          "|---|---|---|---|---|---|---|---|---|---|"]

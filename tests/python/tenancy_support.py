@@ -222,6 +222,12 @@ class Redis:
         except OSError:
             return False
 
+    def pause_writes(self, ms: int) -> None:
+        """Holds every client's writes for `ms` (`CLIENT PAUSE ... WRITE`)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+            s.sendall(f"CLIENT PAUSE {ms} WRITE\r\n".encode())
+            assert s.recv(16).startswith(b"+OK")
+
     def stop(self) -> None:
         if self.process is not None:
             self.process.kill()

@@ -203,18 +203,20 @@ def test_bad_prices_stop_the_start_and_name_the_field(tmp_path, spend, named):
 
 
 def test_usage_records_equal_the_responses_when_a_replica_is_killed(tmp_path):
-    """Two replicas on Redis, each exporting to its own JSONL file; one is killed with SIGKILL
-    in the middle of 160 requests. Every completed response has its record with its usage and
-    cost to the nano-dollar (cached tokens priced as cached), the report's sums equal the
-    records', every record reaches an export file, and a usage-scoped key reads its own
-    tenant's report only."""
+    """Two replicas on Redis, each with its usage journal and exporting to its own JSONL file;
+    one is killed with SIGKILL in the middle of 160 requests, while Redis holds writes, so it
+    dies with records only in its journal, and is started again on the same journal. Every
+    completed response has its record, once, with its usage and cost to the nano-dollar (cached
+    tokens priced as cached), the report's sums equal the records', every record reaches an
+    export file, and a usage-scoped key reads its own tenant's report only."""
     redis = Redis(tmp_path / "redis")
     keys = {"OPS_KEY": make_key(), "ACME_KEY": make_key(), "AUDIT_KEY": audit_secret()}
-    gateways = []
+    gateways, texts = [], []
     try:
         for i in range(2):
             input_, cached, output = PRICES["chat"]
-            spend = (f'[spend]\nusage_file = "{tmp_path}/usage{i}.jsonl"\n[[spend.prices]]\nmodel = "chat"\n'
+            spend = (f'[spend]\nusage_file = "{tmp_path}/usage{i}.jsonl"\nusage_journal = "{tmp_path}/usage{i}.journal"\n'
+                     f'[[spend.prices]]\nmodel = "chat"\n'
                      f"input = {input_}\ncached_input = {cached}\noutput = {output}\n")
             text = admin_config(state=state(redis)).replace("[admin]", spend + "\n[admin]", 1)
             text = text.replace('[tenants.acme]\nmodels = ["*"]\nkeys = [{ env = "ACME_KEY" }]',
@@ -222,6 +224,7 @@ def test_usage_records_equal_the_responses_when_a_replica_is_killed(tmp_path):
                                 '{ env = "READER_KEY", endpoints = ["usage"] }]')
             keys["READER_KEY"] = keys.get("READER_KEY") or make_key()
             text = text.replace('output = { mode = "echo" }', 'output = { mode = "random", length = [5, 40] }')
+            texts.append(text)
             gateways.append(Gateway(tmp_path, text, keys, f"usage{i}"))
         key = keys["ACME_KEY"]
 
@@ -246,13 +249,25 @@ def test_usage_records_equal_the_responses_when_a_replica_is_killed(tmp_path):
         with ThreadPoolExecutor(16) as pool:
             futures = [pool.submit(one, i) for i in range(160)]
             time.sleep(0.5)
+            redis.pause_writes(700)
+            time.sleep(0.3)
             gateways[1].process.kill()
             completed = [f.result() for f in futures]
         completed = [c for c in completed if c]
+        # Started again on its journal, the killed replica ships what Redis lacks.
+        gateways.append(Gateway(tmp_path, texts[1], keys, "usage1-again"))
         assert 40 < len(completed) < 160, len(completed)
         admin = Admin(gateways[0], keys["OPS_KEY"])
-        report = admin.ok("GET", "/usage?group_by=tenant,model")
-        [row] = [r for r in report["data"] if r["tenant"] == "acme"]
+
+        def acme_row():
+            report = admin.ok("GET", "/usage?group_by=tenant,model")
+            return next((r for r in report["data"] if r["tenant"] == "acme"), {"requests": 0})
+
+        deadline = time.monotonic() + 15
+        while acme_row()["requests"] < len(completed) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
+        row = acme_row()
         # Every record reaches an export file (the killed replica's unacknowledged ones through
         # the survivor, 10 s later), once each file.
         deadline = time.monotonic() + 25

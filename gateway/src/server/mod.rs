@@ -254,6 +254,14 @@ impl Server {
         for watch in watches.into_iter().flatten() {
             watch.abort();
         }
+        // Usage records still in the local journal go to the shared state before the exit (a
+        // journal left behind ships when the process starts again on it).
+        match self.state.tenancy.store().flush(JOURNAL_FLUSH).await {
+            Ok(true) => {}
+            Ok(false) | Err(_) => tracing::warn!(
+                "usage records are left in the journal; they ship when the gateway starts again on it"
+            ),
+        }
         tracing::info!("stopped");
         Ok(())
     }
@@ -301,6 +309,9 @@ enum Phase {
 
 /// How long cut streams get to send their last event before their connections are dropped.
 const CUT_GRACE: Duration = Duration::from_secs(2);
+
+/// How long a stopping gateway waits for its usage journal to ship.
+const JOURNAL_FLUSH: Duration = Duration::from_secs(5);
 
 /// Waits for `shutdown`, then walks the drain: not ready, closed, cut, abandoned.
 async fn stop_in_phases(

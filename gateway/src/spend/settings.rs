@@ -3,6 +3,7 @@
 //! ```toml
 //! [spend]
 //! currency = "USD"                # a label in messages and headers
+//! usage_journal = "usage.journal" # optional, with Redis: records reach Redis through this file
 //! [[spend.prices]]
 //! model = "llama-3.1-8b"          # a configured id or alias
 //! from = "2027-01-01"             # optional: a date (UTC midnight) or an RFC 3339 time
@@ -39,6 +40,10 @@ pub struct RawSpend {
     usage_records: Option<bool>,
     #[serde(default)]
     usage_file: Option<String>,
+    #[serde(default)]
+    usage_journal: Option<String>,
+    #[serde(default)]
+    usage_journal_max_mb: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -145,6 +150,8 @@ pub struct SpendConfig {
     pub records: bool,
     /// The append-only JSONL file the records are exported to, when set.
     pub export: Option<PathBuf>,
+    /// The local journal records go through on their way to Redis, and its size cap in bytes.
+    pub journal: Option<(PathBuf, u64)>,
 }
 
 impl Default for SpendConfig {
@@ -154,6 +161,7 @@ impl Default for SpendConfig {
             prices: PriceTable::default(),
             records: true,
             export: None,
+            journal: None,
         }
     }
 }
@@ -207,6 +215,18 @@ impl RawSpend {
                 "spend.usage_file: usage records are off (spend.usage_records = false)".into(),
             );
         }
+        if !records && self.usage_journal.is_some() {
+            return Err(
+                "spend.usage_journal: usage records are off (spend.usage_records = false)".into(),
+            );
+        }
+        let max_mb = self.usage_journal_max_mb.unwrap_or(256);
+        if max_mb == 0 || max_mb > 1 << 20 {
+            return Err(format!(
+                "spend.usage_journal_max_mb must be from 1 to 1048576 (got {max_mb})"
+            ));
+        }
+        let journal = self.usage_journal.map(|f| (base.join(f), max_mb << 20));
         let export = self.usage_file.map(|f| base.join(f));
         let currency = self.currency.unwrap_or_else(|| "USD".into());
         let currency_ok = !currency.is_empty()
@@ -231,6 +251,7 @@ impl RawSpend {
             prices,
             records,
             export,
+            journal,
         })
     }
 }

@@ -204,7 +204,13 @@ impl Tenancy {
     /// Builds the services. Needs a Tokio runtime (the Redis connection lives on it).
     pub fn build(config: &TenancyConfig, retry_after: Duration) -> Result<Self, StoreError> {
         let store: Arc<dyn Store> = match &config.redis_url {
-            Some(url) => Arc::new(RedisStore::new(url, config.state_timeout)?),
+            Some(url) => {
+                let store = RedisStore::new(url, config.state_timeout)?;
+                Arc::new(match &config.spend.journal {
+                    Some((path, max_bytes)) => store.with_journal(path, *max_bytes)?,
+                    None => store,
+                })
+            }
             None => Arc::new(MemoryStore::new(config.memory)),
         };
         let mut config_keys = 0;

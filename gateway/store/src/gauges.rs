@@ -30,3 +30,17 @@ pub(crate) fn usage_log(records: usize, dropped: bool) {
 pub(crate) fn batch_queue(kind: &'static str, waiting: usize) {
     metrics::gauge!("turnpike_state_batch_queue", "kind" => kind).set(waiting as f64);
 }
+
+/// The usage journal's size, and records it could not take (written to Redis directly)
+/// (`turnpike_usage_journal_bytes`, `turnpike_usage_journal_full_total`).
+pub(crate) fn usage_journal(bytes: u64, full: bool) {
+    metrics::gauge!("turnpike_usage_journal_bytes").set(bytes as f64);
+    if full {
+        metrics::counter!("turnpike_usage_journal_full_total").increment(1);
+    }
+}
+
+/// Journaled usage records Redis does not have yet (`turnpike_usage_journal_waiting`).
+pub(crate) fn usage_journal_waiting(records: u64) {
+    metrics::gauge!("turnpike_usage_journal_waiting").set(records as f64);
+}

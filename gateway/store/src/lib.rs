@@ -205,6 +205,13 @@ pub trait Store: Send + Sync + Debug {
     /// usage record, whichever of them it has, in one atomic step (see [`settle`]).
     fn settle(&self, settlement: Settlement) -> StoreFuture<'_, ()>;
 
+    /// Waits up to `within` for what this process wrote locally to reach the shared state (a
+    /// usage journal's records); whether it all did. Nothing to wait for by default.
+    fn flush(&self, within: Duration) -> StoreFuture<'_, bool> {
+        let _ = within;
+        Box::pin(std::future::ready(Ok(true)))
+    }
+
     /// A day's usage sums (`day`: `YYYYMMDD`).
     fn usage_sums<'a>(&'a self, day: &'a str) -> StoreFuture<'a, Vec<(String, u64)>>;
 

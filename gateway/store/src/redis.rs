@@ -15,7 +15,9 @@
 
 mod batch;
 mod charge;
+mod journal;
 mod settle;
+mod ship;
 mod take;
 
 use std::time::Duration;
@@ -36,6 +38,8 @@ pub struct RedisStore {
     timeout: Duration,
     scripts: std::sync::Arc<Scripts>,
     batches: std::sync::Arc<Batches>,
+    /// The usage journal records go through, when configured (see [`journal`]).
+    journal: Option<std::sync::Arc<journal::Journal>>,
 }
 
 /// The queues of grouped calls (see [`batch`]).
@@ -158,6 +162,7 @@ impl RedisStore {
                 settle: Script::new(include_str!("scripts/settle.lua")),
             }),
             batches: std::sync::Arc::default(),
+            journal: None,
         })
     }
 
@@ -435,7 +440,16 @@ impl Store for RedisStore {
     }
 
     fn settle(&self, settlement: Settlement) -> StoreFuture<'_, ()> {
-        Box::pin(async move { self.batched::<settle::Settles>(settlement).await })
+        match self.journaled(settlement) {
+            Some(settlement) => {
+                Box::pin(async move { self.batched::<settle::Settles>(settlement).await })
+            }
+            None => Box::pin(std::future::ready(Ok(()))),
+        }
+    }
+
+    fn flush(&self, within: Duration) -> StoreFuture<'_, bool> {
+        Box::pin(async move { Ok(self.flush_journal(within).await) })
     }
 
     fn usage_sums<'a>(&'a self, day: &'a str) -> StoreFuture<'a, Vec<(String, u64)>> {

@@ -432,6 +432,10 @@ impl RawTenancy {
                 ));
             }
         };
+        let spend = self.spend.validate(base)?;
+        if backend.is_none() && spend.journal.is_some() {
+            return Err("spend.usage_journal: a journal ships records to Redis; set state.backend = \"redis\"".into());
+        }
         if state.timeout_ms == 0 || state.lease_ms < 1000 {
             return Err("state: timeout_ms must be > 0 and lease_ms at least 1000".into());
         }
@@ -497,7 +501,7 @@ impl RawTenancy {
                 max_running: self.queue.max_running,
                 max_waiting: self.queue.max_waiting,
             },
-            spend: self.spend.validate(base)?,
+            spend,
         })
     }
 }

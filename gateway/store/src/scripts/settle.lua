@@ -4,12 +4,15 @@
 --   its unused spend is taken back from its tallies that still exist, never below zero (their
 --   time to live stays);
 --   its usage record is added to the day's sums (kept a while) and, when the log keeps it,
---   appended to the usage stream (capped near a length).
--- KEYS, per request: its nb buckets, its nt tallies, then with a record the usage stream and
--- the day's sums.
+--   appended to the usage stream (capped near a length); a record from a usage journal
+--   (journal.rs) has a sequence number, and is skipped when its journal's mark is already at or
+--   past it, else raises the mark to it, so a journal's records count once however often sent.
+-- KEYS, per request: its nb buckets, its nt tallies, then with a record the usage stream, the
+-- day's sums and, for a journal's record, the journal's mark.
 -- ARGV, per request: nb, the units given back, each bucket's capacity and refill period (ms);
 -- nt, the amount refunded; 1 with a record (else 0), then the record, 1 when the log keeps it,
--- the log's cap, the sums' time to live (s), np, and np (sum name, amount) pairs.
+-- the log's cap, the sums' (and mark's) time to live (s), the sequence number (0: none), np,
+-- and np (sum name, amount) pairs.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local a, k = 1, 1
@@ -43,15 +46,25 @@ while a <= #ARGV do
   a = a + 1
   if recorded == '1' then
     local log, day = KEYS[k], KEYS[k + 1]
-    if ARGV[a + 1] == '1' then
-      redis.call('XADD', log, 'MAXLEN', '~', ARGV[a + 2], '*', 'r', ARGV[a])
+    local seq, np, fresh, nk = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), true, 2
+    if seq > 0 then
+      nk = 3
+      if seq <= tonumber(redis.call('GET', KEYS[k + 2]) or '0') then
+        fresh = false
+      else
+        redis.call('SET', KEYS[k + 2], ARGV[a + 4], 'EX', ARGV[a + 3])
+      end
     end
-    local np = tonumber(ARGV[a + 4])
-    for i = 0, np - 1 do
-      redis.call('HINCRBY', day, ARGV[a + 5 + 2 * i], ARGV[a + 6 + 2 * i])
+    if fresh then
+      if ARGV[a + 1] == '1' then
+        redis.call('XADD', log, 'MAXLEN', '~', ARGV[a + 2], '*', 'r', ARGV[a])
+      end
+      for i = 0, np - 1 do
+        redis.call('HINCRBY', day, ARGV[a + 6 + 2 * i], ARGV[a + 7 + 2 * i])
+      end
+      redis.call('EXPIRE', day, ARGV[a + 3])
     end
-    redis.call('EXPIRE', day, ARGV[a + 3])
-    k, a = k + 2, a + 5 + 2 * np
+    k, a = k + nk, a + 6 + 2 * np
   end
 end
 return 0

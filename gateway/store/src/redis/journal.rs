@@ -1,0 +1,437 @@
+//! The usage journal: a local file each usage record is appended to, with one write, before its
+//! request's response completes; a shipper ([`super::ship`]) sends the records on to Redis in
+//! order, many per script call, off the requests' path. A response so waits for a write to the
+//! page cache instead of a Redis round trip, and a replica killed with records not yet shipped
+//! ships them when it starts again on the same file.
+//!
+//! Exactly once: every record has a sequence number, and the script that adds a batch of records
+//! also raises the journal's mark in Redis (`tp:{usage}:j:<id>`) in the same atomic step,
+//! skipping any record at or below it. A batch sent twice (an answer lost on the way) or a
+//! replay after a restart therefore counts each record once.
+//!
+//! The file: a header (magic, the journal's random id, the sequence number before its first
+//! frame), then frames: sequence number, body length, a checksum, the body (the record and its
+//! sums). A frame cut short by a crash fails its length or checksum and is cut off at open. Once
+//! everything is shipped the shipper starts the file again from a new header carrying the last
+//! sequence number, so numbers never repeat. The file has a size cap; a record that would pass it
+//! is written to Redis directly, as without a journal (counted).
+
+use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasher, Hasher};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+
+use crate::{Record, StoreError, UsageEntry};
+
+const MAGIC: &[u8; 4] = b"TPJ1";
+/// Magic, 32 hex digits of id, the base sequence number.
+pub(crate) const HEADER: u64 = 4 + 32 + 8;
+/// Sequence number, body length, checksum.
+const FRAME_HEAD: usize = 8 + 4 + 4;
+
+/// A journal file, shared by the requests appending to it and the shipper.
+#[derive(Debug)]
+pub(crate) struct Journal {
+    path: PathBuf,
+    id: String,
+    max_bytes: u64,
+    writer: Mutex<Writer>,
+    /// The highest sequence number Redis has.
+    pub(crate) shipped: AtomicU64,
+    /// Woken on every append.
+    pub(crate) wake: tokio::sync::Notify,
+}
+
+#[derive(Debug)]
+struct Writer {
+    file: File,
+    len: u64,
+    last: u64,
+}
+
+/// One frame read back: its sequence number and record.
+pub(crate) type Frame = (u64, Record);
+
+impl Journal {
+    /// Opens the journal at `path`, or starts one; cuts off a frame a crash left incomplete.
+    pub(crate) fn open(path: &Path, max_bytes: u64) -> Result<Self, StoreError> {
+        let fail = |e: std::io::Error| StoreError(format!("usage journal {}: {e}", path.display()));
+        let (id, last, len) = if path.exists() {
+            let mut bytes = Vec::new();
+            File::open(path)
+                .and_then(|mut f| f.read_to_end(&mut bytes))
+                .map_err(fail)?;
+            let (id, base) = header(&bytes).ok_or_else(|| {
+                StoreError(format!(
+                    "usage journal {}: not a usage journal (wrong header)",
+                    path.display()
+                ))
+            })?;
+            let (mut at, mut last) = (HEADER as usize, base);
+            while let Some((seq, _, end)) = frame(&bytes, at) {
+                (at, last) = (end, seq);
+            }
+            if at < bytes.len() {
+                tracing::warn!(
+                    journal = %path.display(),
+                    cut = bytes.len() - at,
+                    "the usage journal ended in an incomplete record (a crash while writing); it is cut off"
+                );
+                let file = OpenOptions::new().write(true).open(path).map_err(fail)?;
+                file.set_len(at as u64).map_err(fail)?;
+            }
+            (id, last, at as u64)
+        } else {
+            let id = new_id();
+            start_file(path, &id, 0).map_err(fail)?;
+            (id, 0, HEADER)
+        };
+        let file = OpenOptions::new().append(true).open(path).map_err(fail)?;
+        crate::gauges::usage_journal(len, false);
+        Ok(Self {
+            path: path.to_path_buf(),
+            id,
+            max_bytes,
+            writer: Mutex::new(Writer { file, len, last }),
+            shipped: AtomicU64::new(0),
+            wake: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// The key of its mark in Redis.
+    pub(crate) fn mark_key(&self) -> String {
+        format!("tp:{{usage}}:j:{}", self.id)
+    }
+
+    fn writer(&self) -> std::sync::MutexGuard<'_, Writer> {
+        // The writer's fields change together after a whole write; a poisoned lock is consistent.
+        self.writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Appends `record`; `false` when the file is full or cannot be written (the caller writes
+    /// the record to Redis itself).
+    pub(crate) fn append(&self, record: &Record) -> bool {
+        let mut out = Vec::with_capacity(FRAME_HEAD + 64 + record.entry.record.len());
+        out.extend_from_slice(&[0; FRAME_HEAD]);
+        body(record, &mut out);
+        let mut w = self.writer();
+        if w.len + out.len() as u64 > self.max_bytes {
+            crate::gauges::usage_journal(w.len, true);
+            return false;
+        }
+        let seq = w.last + 1;
+        seal(&mut out, seq);
+        if let Err(e) = w.file.write_all(&out) {
+            tracing::warn!(error = %e, journal = %self.path.display(), "cannot append to the usage journal; the record goes to Redis directly");
+            // A part written stays past the length the next open checks; cut it now.
+            let _ = w.file.set_len(w.len);
+            return false;
+        }
+        w.len += out.len() as u64;
+        w.last = seq;
+        crate::gauges::usage_journal(w.len, false);
+        drop(w);
+        self.wake.notify_one();
+        true
+    }
+
+    /// The last sequence number written.
+    pub(crate) fn last(&self) -> u64 {
+        self.writer().last
+    }
+
+    /// A handle to read the current file from.
+    pub(crate) fn reader(&self) -> std::io::Result<File> {
+        File::open(&self.path)
+    }
+
+    /// Up to `max` frames from `pos` on (a byte offset in the file `reader` reads), and the offset
+    /// after them.
+    pub(crate) fn read(
+        &self,
+        reader: &File,
+        pos: u64,
+        max: usize,
+    ) -> std::io::Result<(Vec<Frame>, u64)> {
+        let end = self.writer().len;
+        let mut frames = Vec::new();
+        let mut pos = pos;
+        while frames.len() < max && pos < end {
+            let want = usize::try_from((end - pos).min(256 * 1024)).unwrap_or(256 * 1024);
+            let mut bytes = vec![0; want];
+            reader.read_exact_at(&mut bytes, pos)?;
+            let mut at = 0;
+            while frames.len() < max {
+                let Some((seq, record, next)) = frame(&bytes, at) else {
+                    break;
+                };
+                frames.push((seq, record));
+                at = next;
+            }
+            if at == 0 {
+                // One frame larger than the window: read it whole.
+                let body = u32::from_le_bytes(read4(&bytes, 8));
+                let whole = FRAME_HEAD + body as usize;
+                let mut bytes = vec![0; whole];
+                reader.read_exact_at(&mut bytes, pos)?;
+                let (seq, record, next) = frame(&bytes, 0)
+                    .ok_or_else(|| std::io::Error::other("a journal frame fails its checksum"))?;
+                frames.push((seq, record));
+                at = next;
+            }
+            pos += at as u64;
+        }
+        Ok((frames, pos))
+    }
+
+    /// Starts the file again from a header carrying the last sequence number when everything up
+    /// to `pos` is shipped, it is all there is, and the file has grown past `at_least` bytes; the
+    /// new file's first frame offset, for the shipper to read on from with a new reader.
+    pub(crate) fn restart_if_shipped(&self, pos: u64, at_least: u64) -> Option<u64> {
+        let mut w = self.writer();
+        if w.len != pos || pos < at_least {
+            return None;
+        }
+        let fresh = self.path.with_extension("restart");
+        let restarted = start_file(&fresh, &self.id, w.last)
+            .and_then(|()| std::fs::rename(&fresh, &self.path))
+            .and_then(|()| OpenOptions::new().append(true).open(&self.path));
+        match restarted {
+            Ok(file) => {
+                (w.file, w.len) = (file, HEADER);
+                crate::gauges::usage_journal(HEADER, false);
+                Some(HEADER)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, journal = %self.path.display(), "cannot start the shipped usage journal again; it keeps growing");
+                None
+            }
+        }
+    }
+}
+
+fn new_id() -> String {
+    let random = std::collections::hash_map::RandomState::new();
+    let mut high = random.build_hasher();
+    high.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    let mut low = random.build_hasher();
+    low.write_u32(std::process::id());
+    format!("{:016x}{:016x}", high.finish(), low.finish())
+}
+
+/// Writes a file holding only a header.
+fn start_file(path: &Path, id: &str, base: u64) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(HEADER as usize);
+    head.extend_from_slice(MAGIC);
+    head.extend_from_slice(id.as_bytes());
+    head.extend_from_slice(&base.to_le_bytes());
+    let mut file = File::create(path)?;
+    file.write_all(&head)?;
+    file.sync_all()
+}
+
+/// The id and base sequence number of a journal's bytes.
+fn header(bytes: &[u8]) -> Option<(String, u64)> {
+    let head = bytes.get(..HEADER as usize)?;
+    if &head[..4] != MAGIC {
+        return None;
+    }
+    let id = std::str::from_utf8(&head[4..36]).ok()?;
+    id.bytes()
+        .all(|b| b.is_ascii_hexdigit())
+        .then(|| (id.to_string(), u64::from_le_bytes(read8(head, 36))))
+}
+
+fn read4(bytes: &[u8], at: usize) -> [u8; 4] {
+    let mut out = [0; 4];
+    out.copy_from_slice(&bytes[at..at + 4]);
+    out
+}
+
+fn read8(bytes: &[u8], at: usize) -> [u8; 8] {
+    let mut out = [0; 8];
+    out.copy_from_slice(&bytes[at..at + 8]);
+    out
+}
+
+/// FNV-1a over a frame's sequence number and body.
+fn checksum(seq: u64, body: &[u8]) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for &b in seq.to_le_bytes().iter().chain(body) {
+        hash = (hash ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    hash
+}
+
+/// Appends a record's body: whether the log keeps it, its day, the record, its sums.
+fn body(record: &Record, out: &mut Vec<u8>) {
+    let entry = &record.entry;
+    out.push(u8::from(record.keep_log));
+    put_bytes(out, entry.day.as_bytes());
+    put_bytes(out, &entry.record);
+    out.extend_from_slice(&(entry.sums.len() as u32).to_le_bytes());
+    for (name, amount) in &entry.sums {
+        put_bytes(out, name.as_bytes());
+        out.extend_from_slice(&amount.to_le_bytes());
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Fills in a frame's head once its body follows it in `out`.
+fn seal(out: &mut [u8], seq: u64) {
+    let body_len = (out.len() - FRAME_HEAD) as u32;
+    let check = checksum(seq, &out[FRAME_HEAD..]);
+    out[..8].copy_from_slice(&seq.to_le_bytes());
+    out[8..12].copy_from_slice(&body_len.to_le_bytes());
+    out[12..16].copy_from_slice(&check.to_le_bytes());
+}
+
+/// The frame at `at`: its sequence number, record and end; none when it is incomplete or fails
+/// its checksum.
+fn frame(bytes: &[u8], at: usize) -> Option<(u64, Record, usize)> {
+    let head = bytes.get(at..at + FRAME_HEAD)?;
+    let seq = u64::from_le_bytes(read8(head, 0));
+    let len = u32::from_le_bytes(read4(head, 8)) as usize;
+    let body = bytes.get(at + FRAME_HEAD..at + FRAME_HEAD + len)?;
+    if checksum(seq, body) != u32::from_le_bytes(read4(head, 12)) {
+        return None;
+    }
+    let mut cursor = Cursor { bytes: body, at: 0 };
+    let keep_log = cursor.take(1)?[0] == 1;
+    let day = String::from_utf8(cursor.field()?.to_vec()).ok()?;
+    let record = cursor.field()?.to_vec();
+    let count = u32::from_le_bytes(cursor.take(4)?.try_into().ok()?) as usize;
+    let mut sums = Vec::with_capacity(count.min(64));
+    for _ in 0..count {
+        let name = String::from_utf8(cursor.field()?.to_vec()).ok()?;
+        let amount = u64::from_le_bytes(cursor.take(8)?.try_into().ok()?);
+        sums.push((name, amount));
+    }
+    let entry = UsageEntry { record, day, sums };
+    Some((seq, Record { entry, keep_log }, at + FRAME_HEAD + len))
+}
+
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let out = self.bytes.get(self.at..self.at + n)?;
+        self.at += n;
+        Some(out)
+    }
+
+    fn field(&mut self) -> Option<&'a [u8]> {
+        let len = u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize;
+        self.take(len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(n: u64) -> Record {
+        Record {
+            entry: UsageEntry {
+                record: format!("{{\"n\":{n}}}").into_bytes(),
+                day: "20261130".into(),
+                sums: vec![
+                    ("acme\tk\tm\trequests".into(), 1),
+                    ("acme\tk\tm\tinput".into(), n),
+                ],
+            },
+            keep_log: n.is_multiple_of(2),
+        }
+    }
+
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tp-journal-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        dir
+    }
+
+    #[test]
+    fn records_read_back_in_order_and_survive_a_reopen() {
+        let path = temp("order");
+        let journal = Journal::open(&path, 1 << 20).unwrap();
+        for n in 1..=5 {
+            assert!(journal.append(&record(n)));
+        }
+        let reader = journal.reader().unwrap();
+        let (frames, pos) = journal.read(&reader, HEADER, 3).unwrap();
+        assert_eq!(frames.iter().map(|f| f.0).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(frames[1].1, record(2));
+        let (rest, end) = journal.read(&reader, pos, 10).unwrap();
+        assert_eq!(rest.len(), 2);
+        assert_eq!(end, std::fs::metadata(&path).unwrap().len());
+        drop(journal);
+        let again = Journal::open(&path, 1 << 20).unwrap();
+        assert_eq!(again.last(), 5);
+        assert!(again.append(&record(6)));
+        assert_eq!(again.last(), 6);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_torn_frame_is_cut_off_and_numbers_go_on_after_a_restart() {
+        let path = temp("torn");
+        let journal = Journal::open(&path, 1 << 20).unwrap();
+        for n in 1..=3 {
+            assert!(journal.append(&record(n)));
+        }
+        let id = journal.mark_key();
+        drop(journal);
+        // A crash in the middle of the third frame.
+        let len = std::fs::metadata(&path).unwrap().len();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 5)
+            .unwrap();
+        let journal = Journal::open(&path, 1 << 20).unwrap();
+        assert_eq!((journal.last(), journal.mark_key()), (2, id));
+        let reader = journal.reader().unwrap();
+        let (frames, pos) = journal.read(&reader, HEADER, 10).unwrap();
+        assert_eq!(frames.len(), 2);
+        // Everything shipped: the file starts again, and the numbers go on from 2.
+        assert_eq!(journal.restart_if_shipped(pos, 0), Some(HEADER));
+        assert!(journal.append(&record(9)));
+        drop(journal);
+        let journal = Journal::open(&path, 1 << 20).unwrap();
+        let (frames, _) = journal
+            .read(&journal.reader().unwrap(), HEADER, 10)
+            .unwrap();
+        assert_eq!(frames.len(), 1);
+        assert_eq!((frames[0].0, journal.last()), (3, 3));
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_full_journal_refuses_and_a_stranger_file_is_not_read() {
+        let path = temp("full");
+        let journal = Journal::open(&path, HEADER + 60).unwrap();
+        assert!(!journal.append(&record(1)));
+        drop(journal);
+        std::fs::write(&path, b"something else entirely, at least forty-four bytes").unwrap();
+        let e = Journal::open(&path, 1 << 20).unwrap_err();
+        assert!(e.0.contains("not a usage journal"), "{e}");
+        let _ = std::fs::remove_file(&path);
+    }
+}

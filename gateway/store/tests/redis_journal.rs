@@ -1,0 +1,168 @@
+//! The usage journal against a real `redis-server` (started here on a free port): records are
+//! settled at once from the local file, shipped in order, and counted exactly once when the
+//! process dies with records unshipped and a batch on its way, and a later process on the same
+//! file ships the rest.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use turnpike_store::redis::RedisStore;
+use turnpike_store::{Record, Settlement, Store, UsageEntry};
+
+struct Redis(Child);
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn redis_server() -> (Redis, String) {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server is needed (tests/setup.sh installs it)");
+    let server = Redis(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "redis-server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (server, format!("redis://127.0.0.1:{port}/0"))
+}
+
+fn settlement(i: u64) -> Settlement {
+    Settlement {
+        record: Some(Record {
+            entry: UsageEntry {
+                record: format!("{{\"n\":{i}}}").into_bytes(),
+                day: "20261130".into(),
+                sums: vec![
+                    ("t\t-\tm\trequests".into(), 1),
+                    ("t\t-\tm\tinput_tokens".into(), i),
+                ],
+            },
+            keep_log: true,
+        }),
+        ..Settlement::default()
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A process's life on the journal at `path`: settles `records`, then waits `flush` for the
+/// shipper; whether everything shipped. The runtime (and with it the shipper) ends abruptly.
+fn life(url: &str, path: &Path, records: std::ops::Range<u64>, flush: Duration) -> bool {
+    life_with(url, path, records, flush, Duration::from_secs(5))
+}
+
+/// [`life`] with the store's call timeout.
+fn life_with(
+    url: &str,
+    path: &Path,
+    records: std::ops::Range<u64>,
+    flush: Duration,
+    timeout: Duration,
+) -> bool {
+    let rt = runtime();
+    let shipped = rt.block_on(async {
+        let store = RedisStore::new(url, timeout)
+            .unwrap()
+            .with_journal(path, 1 << 20)
+            .unwrap();
+        for i in records {
+            let started = Instant::now();
+            store.settle(settlement(i)).await.expect("settled");
+            assert!(
+                started.elapsed() < Duration::from_millis(200),
+                "a journaled settle waits"
+            );
+        }
+        store.flush(flush).await.expect("flush")
+    });
+    rt.shutdown_background();
+    shipped
+}
+
+fn requests_and_input(url: &str) -> (u64, u64) {
+    let rt = runtime();
+    rt.block_on(async {
+        let store = RedisStore::new(url, Duration::from_secs(5)).unwrap();
+        let sums = store.usage_sums("20261130").await.expect("sums");
+        let get = |name: &str| sums.iter().find(|s| s.0 == name).map_or(0, |s| s.1);
+        (get("t\t-\tm\trequests"), get("t\t-\tm\tinput_tokens"))
+    })
+}
+
+#[test]
+fn journaled_records_reach_redis_once_across_a_crash() {
+    let (_server, url) = redis_server();
+    let dir = std::env::temp_dir().join(format!("tp-redis-journal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("usage.journal");
+    let _ = std::fs::remove_file(&path);
+    let sum = |r: std::ops::Range<u64>| r.sum::<u64>();
+
+    // Redis answers: everything ships.
+    assert!(life(&url, &path, 0..100, Duration::from_secs(5)));
+    assert_eq!(requests_and_input(&url), (100, sum(0..100)));
+
+    // Redis holds writes for 1.5 s; calls time out after 0.3 s, so the shipper sends the same
+    // batch again and again, and Redis runs every copy once the pause ends: each counts once.
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut admin = client.get_connection().unwrap();
+    let pause = |admin: &mut redis::Connection| {
+        redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(1500)
+            .arg("WRITE")
+            .query::<()>(admin)
+            .unwrap();
+    };
+    pause(&mut admin);
+    let short = Duration::from_millis(300);
+    assert!(life_with(
+        &url,
+        &path,
+        100..150,
+        Duration::from_secs(6),
+        short
+    ));
+    assert_eq!(requests_and_input(&url), (150, sum(0..150)));
+
+    // Paused again, the process dies with 50 records in the journal and a batch on its way.
+    pause(&mut admin);
+    assert!(!life(&url, &path, 150..200, Duration::from_millis(300)));
+    std::thread::sleep(Duration::from_millis(1600));
+
+    // The next process on the same journal ships what Redis lacks, and nothing twice.
+    assert!(life(&url, &path, 200..210, Duration::from_secs(5)));
+    assert_eq!(requests_and_input(&url), (210, sum(0..210)));
+    assert!(life(&url, &path, 0..0, Duration::from_secs(5)));
+    assert_eq!(requests_and_input(&url), (210, sum(0..210)));
+    let _ = std::fs::remove_dir_all(&dir);
+}
