@@ -1,6 +1,7 @@
-//! The usage journal against a real `redis-server` (started here on a free port): records are
-//! settled at once from the local file, shipped in order, and counted exactly once when the
-//! process dies with records unshipped and a batch on its way, and a later process on the same
+//! The usage journal against a real `redis-server` (started here on a free port): requests'
+//! ends are settled at once into the local file, shipped in order, and applied exactly once
+//! (records counted, refunds given back) when calls time out and are sent again, and when the
+//! process dies with settlements unshipped and a batch on its way: a later process on the same
 //! file ships the rest.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -11,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use turnpike_store::redis::RedisStore;
-use turnpike_store::{Record, Settlement, Store, UsageEntry};
+use turnpike_store::{Record, Refund, Settlement, Store, Tally, UsageEntry};
 
 struct Redis(Child);
 
@@ -49,8 +50,21 @@ fn redis_server() -> (Redis, String) {
     (server, format!("redis://127.0.0.1:{port}/0"))
 }
 
+/// The spend tally every settlement refunds 1 to.
+fn tally() -> Vec<Tally> {
+    vec![Tally {
+        key: "tp:{t}:sp:t".into(),
+        limit: None,
+        lapses_at: None,
+    }]
+}
+
 fn settlement(i: u64) -> Settlement {
     Settlement {
+        refund: Some(Refund {
+            tallies: tally(),
+            amount: 1,
+        }),
         record: Some(Record {
             entry: UsageEntry {
                 record: format!("{{\"n\":{i}}}").into_bytes(),
@@ -94,7 +108,13 @@ fn life_with(
             .unwrap()
             .with_journal(path, 1 << 20)
             .unwrap();
+        let burst = records.start + 20;
         for i in records {
+            // Two bursts: a batch of the first is on its way when the second comes, so a batch
+            // sent again takes in more than the first held.
+            if i == burst {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             let started = Instant::now();
             store.settle(settlement(i)).await.expect("settled");
             assert!(
@@ -108,14 +128,21 @@ fn life_with(
     shipped
 }
 
-fn requests_and_input(url: &str) -> (u64, u64) {
+/// The requests and input tokens summed, and what is left of the spend tally's 1000.
+fn requests_input_and_held(url: &str) -> (u64, u64, u64) {
     let rt = runtime();
     rt.block_on(async {
         let store = RedisStore::new(url, Duration::from_secs(5)).unwrap();
         let sums = store.usage_sums("20261130").await.expect("sums");
         let get = |name: &str| sums.iter().find(|s| s.0 == name).map_or(0, |s| s.1);
-        (get("t\t-\tm\trequests"), get("t\t-\tm\tinput_tokens"))
+        let held = store.charge(&tally(), 0).await.expect("a charge").totals[0];
+        (get("t\t-\tm\trequests"), get("t\t-\tm\tinput_tokens"), held)
     })
+}
+
+/// What the sums and the tally must say after the settlements `0..n`, each once.
+fn once(n: u64) -> (u64, u64, u64) {
+    (n, (0..n).sum(), 1000 - n)
 }
 
 #[test]
@@ -125,14 +152,19 @@ fn journaled_records_reach_redis_once_across_a_crash() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("usage.journal");
     let _ = std::fs::remove_file(&path);
-    let sum = |r: std::ops::Range<u64>| r.sum::<u64>();
+    runtime().block_on(async {
+        let store = RedisStore::new(&url, Duration::from_secs(5)).unwrap();
+        assert!(store.charge(&tally(), 1000).await.unwrap().allowed);
+    });
 
     // Redis answers: everything ships.
     assert!(life(&url, &path, 0..100, Duration::from_secs(5)));
-    assert_eq!(requests_and_input(&url), (100, sum(0..100)));
+    assert_eq!(requests_input_and_held(&url), once(100));
 
-    // Redis holds writes for 1.5 s; calls time out after 0.3 s, so the shipper sends the same
-    // batch again and again, and Redis runs every copy once the pause ends: each counts once.
+    // Redis holds writes for 1.5 s; calls time out after 0.3 s, so the shipper sends the batch
+    // again and again, taking in the second burst, and Redis runs every copy once the pause
+    // ends: the first copy lands, the longer ones find the mark inside them and the shipper
+    // sends only what lies past it. Each counts once.
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut admin = client.get_connection().unwrap();
     let pause = |admin: &mut redis::Connection| {
@@ -152,7 +184,7 @@ fn journaled_records_reach_redis_once_across_a_crash() {
         Duration::from_secs(6),
         short
     ));
-    assert_eq!(requests_and_input(&url), (150, sum(0..150)));
+    assert_eq!(requests_input_and_held(&url), once(150));
 
     // Paused again, the process dies with 50 records in the journal and a batch on its way.
     pause(&mut admin);
@@ -161,8 +193,8 @@ fn journaled_records_reach_redis_once_across_a_crash() {
 
     // The next process on the same journal ships what Redis lacks, and nothing twice.
     assert!(life(&url, &path, 200..210, Duration::from_secs(5)));
-    assert_eq!(requests_and_input(&url), (210, sum(0..210)));
+    assert_eq!(requests_input_and_held(&url), once(210));
     assert!(life(&url, &path, 0..0, Duration::from_secs(5)));
-    assert_eq!(requests_and_input(&url), (210, sum(0..210)));
+    assert_eq!(requests_input_and_held(&url), once(210));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,20 +1,20 @@
-//! The usage journal: a local file each usage record is appended to, with one write, before its
-//! request's response completes; a shipper ([`super::ship`]) sends the records on to Redis in
-//! order, many per script call, off the requests' path. A response so waits for a write to the
-//! page cache instead of a Redis round trip, and a replica killed with records not yet shipped
-//! ships them when it starts again on the same file.
+//! The usage journal: a local file each request's end (its [`Settlement`]: usage record,
+//! unused tokens, unused spend) is appended to, with one write, before its response completes;
+//! a shipper ([`super::ship`]) sends the settlements on to Redis in order, many per script call,
+//! off the requests' path. A response so waits for a write to the page cache instead of a Redis
+//! round trip, and a replica killed with settlements not yet shipped ships them when it starts
+//! again on the same file.
 //!
-//! Exactly once: every record has a sequence number, and the script that adds a batch of records
-//! also raises the journal's mark in Redis (`tp:{usage}:j:<id>`) in the same atomic step,
-//! skipping any record at or below it. A batch sent twice (an answer lost on the way) or a
-//! replay after a restart therefore counts each record once.
+//! Exactly once: every frame has a sequence number, and the script that applies a batch also
+//! raises the journal's mark in Redis (`tp:{usage}:j:<id>`) in the same atomic step, skipping
+//! any frame at or below it. A batch sent twice (an answer lost on the way) or a replay after a
+//! restart therefore counts each record, and gives back each refund, once.
 //!
 //! The file: a header (magic, the journal's random id, the sequence number before its first
-//! frame), then frames: sequence number, body length, a checksum, the body (the record and its
-//! sums). A frame cut short by a crash fails its length or checksum and is cut off at open. Once
-//! everything is shipped the shipper starts the file again from a new header carrying the last
-//! sequence number, so numbers never repeat. The file has a size cap; a record that would pass it
-//! is written to Redis directly, as without a journal (counted).
+//! frame), then frames ([`frame`]). A frame cut short by a crash fails its length or checksum
+//! and is cut off at open. Once everything is shipped the shipper starts the file again from a
+//! new header carrying the last sequence number, so numbers never repeat. The file has a size
+//! cap; a settlement that would pass it goes to Redis directly, as without a journal (counted).
 
 use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasher, Hasher};
@@ -24,13 +24,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 
-use crate::{Record, StoreError, UsageEntry};
+use crate::{Settlement, StoreError};
+
+mod frame;
+pub(crate) mod merge;
+
+use frame::{FRAME_HEAD, decode, encode, read4, read8, seal};
 
 const MAGIC: &[u8; 4] = b"TPJ1";
 /// Magic, 32 hex digits of id, the base sequence number.
 pub(crate) const HEADER: u64 = 4 + 32 + 8;
-/// Sequence number, body length, checksum.
-const FRAME_HEAD: usize = 8 + 4 + 4;
 
 /// A journal file, shared by the requests appending to it and the shipper.
 #[derive(Debug)]
@@ -52,8 +55,8 @@ struct Writer {
     last: u64,
 }
 
-/// One frame read back: its sequence number and record.
-pub(crate) type Frame = (u64, Record);
+/// One frame read back: its sequence number and settlement.
+pub(crate) type Frame = (u64, Settlement);
 
 impl Journal {
     /// Opens the journal at `path`, or starts one; cuts off a frame a crash left incomplete.
@@ -71,7 +74,7 @@ impl Journal {
                 ))
             })?;
             let (mut at, mut last) = (HEADER as usize, base);
-            while let Some((seq, _, end)) = frame(&bytes, at) {
+            while let Some((seq, _, end)) = decode(&bytes, at) {
                 (at, last) = (end, seq);
             }
             if at < bytes.len() {
@@ -113,12 +116,10 @@ impl Journal {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Appends `record`; `false` when the file is full or cannot be written (the caller writes
-    /// the record to Redis itself).
-    pub(crate) fn append(&self, record: &Record) -> bool {
-        let mut out = Vec::with_capacity(FRAME_HEAD + 64 + record.entry.record.len());
-        out.extend_from_slice(&[0; FRAME_HEAD]);
-        body(record, &mut out);
+    /// Appends `settlement`; `false` when the file is full or cannot be written (the caller
+    /// sends it to Redis itself).
+    pub(crate) fn append(&self, settlement: &Settlement) -> bool {
+        let mut out = encode(settlement);
         let mut w = self.writer();
         if w.len + out.len() as u64 > self.max_bytes {
             crate::gauges::usage_journal(w.len, true);
@@ -127,7 +128,7 @@ impl Journal {
         let seq = w.last + 1;
         seal(&mut out, seq);
         if let Err(e) = w.file.write_all(&out) {
-            tracing::warn!(error = %e, journal = %self.path.display(), "cannot append to the usage journal; the record goes to Redis directly");
+            tracing::warn!(error = %e, journal = %self.path.display(), "cannot append to the usage journal; the settlement goes to Redis directly");
             // A part written stays past the length the next open checks; cut it now.
             let _ = w.file.set_len(w.len);
             return false;
@@ -167,10 +168,10 @@ impl Journal {
             reader.read_exact_at(&mut bytes, pos)?;
             let mut at = 0;
             while frames.len() < max {
-                let Some((seq, record, next)) = frame(&bytes, at) else {
+                let Some((seq, settlement, next)) = decode(&bytes, at) else {
                     break;
                 };
-                frames.push((seq, record));
+                frames.push((seq, settlement));
                 at = next;
             }
             if at == 0 {
@@ -179,9 +180,9 @@ impl Journal {
                 let whole = FRAME_HEAD + body as usize;
                 let mut bytes = vec![0; whole];
                 reader.read_exact_at(&mut bytes, pos)?;
-                let (seq, record, next) = frame(&bytes, 0)
+                let (seq, settlement, next) = decode(&bytes, 0)
                     .ok_or_else(|| std::io::Error::other("a journal frame fails its checksum"))?;
-                frames.push((seq, record));
+                frames.push((seq, settlement));
                 at = next;
             }
             pos += at as u64;
@@ -251,112 +252,25 @@ fn header(bytes: &[u8]) -> Option<(String, u64)> {
         .then(|| (id.to_string(), u64::from_le_bytes(read8(head, 36))))
 }
 
-fn read4(bytes: &[u8], at: usize) -> [u8; 4] {
-    let mut out = [0; 4];
-    out.copy_from_slice(&bytes[at..at + 4]);
-    out
-}
-
-fn read8(bytes: &[u8], at: usize) -> [u8; 8] {
-    let mut out = [0; 8];
-    out.copy_from_slice(&bytes[at..at + 8]);
-    out
-}
-
-/// FNV-1a over a frame's sequence number and body.
-fn checksum(seq: u64, body: &[u8]) -> u32 {
-    let mut hash: u32 = 0x811c_9dc5;
-    for &b in seq.to_le_bytes().iter().chain(body) {
-        hash = (hash ^ u32::from(b)).wrapping_mul(0x0100_0193);
-    }
-    hash
-}
-
-/// Appends a record's body: whether the log keeps it, its day, the record, its sums.
-fn body(record: &Record, out: &mut Vec<u8>) {
-    let entry = &record.entry;
-    out.push(u8::from(record.keep_log));
-    put_bytes(out, entry.day.as_bytes());
-    put_bytes(out, &entry.record);
-    out.extend_from_slice(&(entry.sums.len() as u32).to_le_bytes());
-    for (name, amount) in &entry.sums {
-        put_bytes(out, name.as_bytes());
-        out.extend_from_slice(&amount.to_le_bytes());
-    }
-}
-
-fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-    out.extend_from_slice(bytes);
-}
-
-/// Fills in a frame's head once its body follows it in `out`.
-fn seal(out: &mut [u8], seq: u64) {
-    let body_len = (out.len() - FRAME_HEAD) as u32;
-    let check = checksum(seq, &out[FRAME_HEAD..]);
-    out[..8].copy_from_slice(&seq.to_le_bytes());
-    out[8..12].copy_from_slice(&body_len.to_le_bytes());
-    out[12..16].copy_from_slice(&check.to_le_bytes());
-}
-
-/// The frame at `at`: its sequence number, record and end; none when it is incomplete or fails
-/// its checksum.
-fn frame(bytes: &[u8], at: usize) -> Option<(u64, Record, usize)> {
-    let head = bytes.get(at..at + FRAME_HEAD)?;
-    let seq = u64::from_le_bytes(read8(head, 0));
-    let len = u32::from_le_bytes(read4(head, 8)) as usize;
-    let body = bytes.get(at + FRAME_HEAD..at + FRAME_HEAD + len)?;
-    if checksum(seq, body) != u32::from_le_bytes(read4(head, 12)) {
-        return None;
-    }
-    let mut cursor = Cursor { bytes: body, at: 0 };
-    let keep_log = cursor.take(1)?[0] == 1;
-    let day = String::from_utf8(cursor.field()?.to_vec()).ok()?;
-    let record = cursor.field()?.to_vec();
-    let count = u32::from_le_bytes(cursor.take(4)?.try_into().ok()?) as usize;
-    let mut sums = Vec::with_capacity(count.min(64));
-    for _ in 0..count {
-        let name = String::from_utf8(cursor.field()?.to_vec()).ok()?;
-        let amount = u64::from_le_bytes(cursor.take(8)?.try_into().ok()?);
-        sums.push((name, amount));
-    }
-    let entry = UsageEntry { record, day, sums };
-    Some((seq, Record { entry, keep_log }, at + FRAME_HEAD + len))
-}
-
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let out = self.bytes.get(self.at..self.at + n)?;
-        self.at += n;
-        Some(out)
-    }
-
-    fn field(&mut self) -> Option<&'a [u8]> {
-        let len = u32::from_le_bytes(self.take(4)?.try_into().ok()?) as usize;
-        self.take(len)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn record(n: u64) -> Record {
-        Record {
-            entry: UsageEntry {
-                record: format!("{{\"n\":{n}}}").into_bytes(),
-                day: "20261130".into(),
-                sums: vec![
-                    ("acme\tk\tm\trequests".into(), 1),
-                    ("acme\tk\tm\tinput".into(), n),
-                ],
-            },
-            keep_log: n.is_multiple_of(2),
+    fn record(n: u64) -> Settlement {
+        let entry = crate::UsageEntry {
+            record: format!("{{\"n\":{n}}}").into_bytes(),
+            day: "20261130".into(),
+            sums: vec![
+                ("acme\tk\tm\trequests".into(), 1),
+                ("acme\tk\tm\tinput".into(), n),
+            ],
+        };
+        Settlement {
+            record: Some(crate::Record {
+                entry,
+                keep_log: n.is_multiple_of(2),
+            }),
+            ..Settlement::default()
         }
     }
 

@@ -1,5 +1,5 @@
 //! Settlements on Redis: `settle.lua`, grouped (see [`super::batch`]), and the usage journal's
-//! batches of records (see [`super::journal`]), each with the journal's mark.
+//! merged batches (see [`super::journal`]), guarded by the journal's mark.
 
 use super::batch::{Batch, Queue};
 use super::{RedisStore, USAGE_LOG, bucket_args, bucket_keys};
@@ -20,22 +20,36 @@ impl Batch for Settles {
 
     async fn run(store: &RedisStore, items: Vec<Settlement>) -> Result<Vec<()>, StoreError> {
         let count = items.len();
-        let (keys, args) = invocation(items.into_iter().map(|s| (s, None)));
+        let (keys, args) = invocation(items, None);
         store.run(&store.scripts.settle, &keys, args).await?;
         Ok(vec![(); count])
     }
 }
 
-/// A journaled record's place: the journal's mark key and the record's sequence number.
-pub(crate) type Mark = Option<(String, u64)>;
+/// A journal's batch: its mark's key and the batch's first and last sequence numbers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Guard {
+    pub(crate) mark: String,
+    pub(crate) first: u64,
+    pub(crate) last: u64,
+}
 
-/// The keys and arguments of `settle.lua` for `settlements` (see its header).
+/// The keys and arguments of `settle.lua` for `settlements` (see its header), applied only
+/// past `guard`'s mark when there is one.
 pub(crate) fn invocation(
-    settlements: impl IntoIterator<Item = (Settlement, Mark)>,
+    settlements: Vec<Settlement>,
+    guard: Option<Guard>,
 ) -> (Vec<String>, Vec<Vec<u8>>) {
     let number = |n: u64| n.to_string().into_bytes();
     let (mut keys, mut args) = (Vec::new(), Vec::new());
-    for (s, mark) in settlements {
+    match guard {
+        Some(g) => {
+            keys.push(g.mark);
+            args.extend([number(g.first), number(g.last), number(KEEP_DAYS * 86_400)]);
+        }
+        None => args.push(number(0)),
+    }
+    for s in settlements {
         match s.give_back {
             Some(g) => {
                 keys.extend(bucket_keys(&g.key, &g.windows));
@@ -57,20 +71,12 @@ pub(crate) fn invocation(
         };
         keys.push(USAGE_LOG.to_string());
         keys.push(format!("tp:{{usage}}:d:{}", r.entry.day));
-        let seq = match mark {
-            Some((key, seq)) => {
-                keys.push(key);
-                seq
-            }
-            None => 0,
-        };
         args.extend([
             number(1),
             r.entry.record,
             number(u64::from(r.keep_log)),
             number(MAX_LOG as u64),
             number(KEEP_DAYS * 86_400),
-            number(seq),
             number(r.entry.sums.len() as u64),
         ]);
         for (name, amount) in r.entry.sums {

@@ -1,39 +1,48 @@
 //! The usage journal's shipper: one task per journal reads its frames in order and sends them to
-//! Redis, up to [`MAX_BATCH`] records per `settle.lua` call, each with the journal's mark (see
-//! [`super::journal`]). It starts from the mark Redis holds, so a restart sends only what Redis
-//! lacks; a call that fails is sent again after a pause, and the records wait in the file.
+//! Redis, up to [`MOST_FRAMES`] requests' ends per `settle.lua` call, merged ([`merge`]) and
+//! guarded by the journal's mark (see [`super::journal`]). It starts from the mark Redis holds,
+//! so a restart sends only what Redis lacks; a call that fails is sent again after a pause, and
+//! the frames wait in the file. Woken by an append, it lingers a moment so that a burst ships
+//! in one call.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::RedisStore;
-use super::batch::MAX_BATCH;
+use super::journal::merge::merge;
 use super::journal::{HEADER, Journal};
-use super::settle::invocation;
+use super::settle::{Guard, invocation};
+use super::{RedisStore, integer};
 use crate::{Settlement, StoreError};
 
+/// Most frames in one call.
+const MOST_FRAMES: usize = 512;
 /// A shipped file starts again once it is this large.
 const RESTART_AT: u64 = 4 << 20;
 /// Longest pause after a failure.
 const MOST_BACKOFF: Duration = Duration::from_secs(5);
 /// Longest sleep without an append (a safety net; appends wake the shipper).
 const IDLE: Duration = Duration::from_secs(1);
+/// The wait after a wake-up, for the appends that follow it.
+const LINGER: Duration = Duration::from_millis(2);
+
+/// The mark Redis holds for `key` (0: none), read until Redis answers.
+async fn mark(store: &RedisStore, key: &str, backoff: &mut Backoff) -> u64 {
+    loop {
+        let command = redis::cmd("GET").arg(key).to_owned();
+        match store.query::<Option<u64>>(command, "journal mark").await {
+            Ok(mark) => return mark.unwrap_or(0),
+            Err(e) => backoff.wait("read the usage journal's mark", &e).await,
+        }
+    }
+}
 
 /// Ships `journal` to `store` for the life of the process.
 pub(crate) async fn ship(store: RedisStore, journal: Arc<Journal>) {
     let key = journal.mark_key();
     let mut backoff = Backoff::default();
-    let mut shipped = loop {
-        match store
-            .query::<Option<u64>>(redis::cmd("GET").arg(&key).clone(), "journal mark")
-            .await
-        {
-            Ok(mark) => break mark.unwrap_or(0),
-            Err(e) => backoff.wait("read the usage journal's mark", &e).await,
-        }
-    };
+    let mut shipped = mark(&store, &key, &mut backoff).await;
     journal.shipped.store(shipped, Ordering::Relaxed);
     let mut pos = HEADER;
     let mut reader = None;
@@ -50,7 +59,7 @@ pub(crate) async fn ship(store: RedisStore, journal: Arc<Journal>) {
             }
         }
         let Some(file) = &reader else { continue };
-        let (frames, next) = match journal.read(file, pos, MAX_BATCH) {
+        let (frames, next) = match journal.read(file, pos, MOST_FRAMES) {
             Ok(read) => read,
             Err(e) => {
                 backoff
@@ -60,7 +69,8 @@ pub(crate) async fn ship(store: RedisStore, journal: Arc<Journal>) {
             }
         };
         let frames: Vec<_> = frames.into_iter().filter(|f| f.0 > shipped).collect();
-        if frames.is_empty() {
+        let (Some(first), Some(last)) = (frames.first().map(|f| f.0), frames.last().map(|f| f.0))
+        else {
             if next != pos {
                 pos = next;
                 continue;
@@ -69,19 +79,25 @@ pub(crate) async fn ship(store: RedisStore, journal: Arc<Journal>) {
                 (pos, reader) = (start, None);
                 continue;
             }
-            let _ = tokio::time::timeout(IDLE, journal.wake.notified()).await;
+            if tokio::time::timeout(IDLE, journal.wake.notified())
+                .await
+                .is_ok()
+            {
+                tokio::time::sleep(LINGER).await;
+            }
             continue;
-        }
-        let last = frames.last().map_or(shipped, |f| f.0);
-        let batch = frames.into_iter().map(|(seq, record)| {
-            let settlement = Settlement {
-                record: Some(record),
-                ..Settlement::default()
-            };
-            (settlement, Some((key.clone(), seq)))
-        });
-        let (keys, args) = invocation(batch);
-        match store.run(&store.scripts.settle, &keys, args).await {
+        };
+        let guard = Guard {
+            mark: key.clone(),
+            first,
+            last,
+        };
+        let batch: Vec<Settlement> = frames.into_iter().map(|f| f.1).collect();
+        let (keys, args) = invocation(merge(batch), Some(guard));
+        let sent = store.run(&store.scripts.settle, &keys, args).await;
+        match sent.and_then(|reply| integer(&reply)) {
+            // The mark lies inside the batch (an earlier send of part of it landed late).
+            Ok(-1) => shipped = mark(&store, &key, &mut backoff).await,
             Ok(_) => {
                 (pos, shipped) = (next, last);
                 journal.shipped.store(shipped, Ordering::Relaxed);
@@ -137,26 +153,14 @@ impl RedisStore {
         Ok(self)
     }
 
-    /// A settlement with its record appended to the journal: the rest (unused tokens and spend)
-    /// goes to Redis in the background, since nothing waits on it. The settlement back when
-    /// there is no journal, no record or the journal cannot take it.
-    pub(super) fn journaled(&self, mut settlement: Settlement) -> Option<Settlement> {
-        let (Some(journal), Some(record)) = (&self.journal, &settlement.record) else {
-            return Some(settlement);
-        };
-        if !journal.append(record) {
-            return Some(settlement);
+    /// Appends a settlement with a usage record to the journal, whole (its unused tokens and
+    /// spend ship with its record); the settlement back when there is no journal, no record
+    /// (nothing waits on it: it goes to Redis at once) or the journal cannot take it.
+    pub(super) fn journaled(&self, settlement: Settlement) -> Option<Settlement> {
+        match &self.journal {
+            Some(journal) if settlement.record.is_some() && journal.append(&settlement) => None,
+            _ => Some(settlement),
         }
-        settlement.record = None;
-        if !settlement.is_empty() {
-            let store = self.clone();
-            tokio::spawn(async move {
-                if let Err(e) = store.batched::<super::settle::Settles>(settlement).await {
-                    tracing::warn!(error = %e, "cannot give back a request's unused tokens or spend");
-                }
-            });
-        }
-        None
     }
 
     /// Waits up to `within` for the journal, if any, to ship what it holds; whether it did.
