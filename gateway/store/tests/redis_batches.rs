@@ -4,48 +4,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
+
+use std::time::Duration;
+
+use support::{Redis, redis_server};
 
 use turnpike_store::redis::RedisStore;
 use turnpike_store::{GiveBack, Record, Refund, Settlement, Store, Tally, UsageEntry, Window};
 
-struct Redis(Child);
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A fresh redis-server and a store on it.
 fn redis() -> (Redis, RedisStore) {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server is needed (tests/setup.sh installs it)");
-    let server = Redis(child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let url = format!("redis://127.0.0.1:{port}/0");
+    let (server, url) = redis_server();
     let store = RedisStore::new(&url, Duration::from_secs(5)).expect("a store");
     (server, store)
 }
