@@ -46,6 +46,9 @@ pub(crate) struct Journal {
     pub(crate) shipped: AtomicU64,
     /// Woken on every append.
     pub(crate) wake: tokio::sync::Notify,
+    /// `<file>.lock`, locked while this process holds the journal: two processes appending to
+    /// one file would interleave their frames.
+    _lock: File,
 }
 
 #[derive(Debug)]
@@ -62,6 +65,13 @@ impl Journal {
     /// Opens the journal at `path`, or starts one; cuts off a frame a crash left incomplete.
     pub(crate) fn open(path: &Path, max_bytes: u64) -> Result<Self, StoreError> {
         let fail = |e: std::io::Error| StoreError(format!("usage journal {}: {e}", path.display()));
+        let lock = File::create(path.with_extension("lock")).map_err(fail)?;
+        if let Err(e) = lock.try_lock() {
+            return Err(StoreError(format!(
+                "usage journal {}: in use by another process ({e}); give each replica its own file",
+                path.display()
+            )));
+        }
         let (id, last, len) = if path.exists() {
             let mut bytes = Vec::new();
             File::open(path)
@@ -101,6 +111,7 @@ impl Journal {
             writer: Mutex::new(Writer { file, len, last }),
             shipped: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
+            _lock: lock,
         })
     }
 
@@ -274,6 +285,11 @@ mod tests {
         }
     }
 
+    fn remove(path: &Path) {
+        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(path.with_extension("lock"));
+    }
+
     fn temp(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("tp-journal-{}-{name}", std::process::id()));
         let _ = std::fs::remove_file(&dir);
@@ -284,6 +300,8 @@ mod tests {
     fn records_read_back_in_order_and_survive_a_reopen() {
         let path = temp("order");
         let journal = Journal::open(&path, 1 << 20).unwrap();
+        let e = Journal::open(&path, 1 << 20).unwrap_err();
+        assert!(e.0.contains("in use by another process"), "{e}");
         for n in 1..=5 {
             assert!(journal.append(&record(n)));
         }
@@ -299,7 +317,7 @@ mod tests {
         assert_eq!(again.last(), 5);
         assert!(again.append(&record(6)));
         assert_eq!(again.last(), 6);
-        let _ = std::fs::remove_file(&path);
+        remove(&path);
     }
 
     #[test]
@@ -334,7 +352,7 @@ mod tests {
             .unwrap();
         assert_eq!(frames.len(), 1);
         assert_eq!((frames[0].0, journal.last()), (3, 3));
-        let _ = std::fs::remove_file(&path);
+        remove(&path);
     }
 
     #[test]
@@ -346,6 +364,6 @@ mod tests {
         std::fs::write(&path, b"something else entirely, at least forty-four bytes").unwrap();
         let e = Journal::open(&path, 1 << 20).unwrap_err();
         assert!(e.0.contains("not a usage journal"), "{e}");
-        let _ = std::fs::remove_file(&path);
+        remove(&path);
     }
 }
