@@ -8,10 +8,10 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Redis, redis_server};
+use support::{Redis, redis_server, usage_record};
 
 use turnpike_store::redis::RedisStore;
-use turnpike_store::{GiveBack, Record, Refund, Settlement, Store, Tally, UsageEntry, Window};
+use turnpike_store::{GiveBack, Refund, Settlement, Store, Tally, Window};
 
 /// A fresh redis-server and a store on it.
 fn redis() -> (Redis, RedisStore) {
@@ -88,17 +88,7 @@ async fn concurrent_settlements_each_give_back_refund_and_record_once() {
             tallies: tallies.clone(),
             amount: 30,
         }),
-        record: Some(Record {
-            entry: UsageEntry {
-                record: format!("{{\"n\":{i}}}").into_bytes(),
-                day: "20261130".into(),
-                sums: vec![
-                    ("t\t-\tm\trequests".into(), 1),
-                    ("t\t-\tm\tinput_tokens".into(), i),
-                ],
-            },
-            keep_log: true,
-        }),
+        record: Some(usage_record(i)),
     });
     let settled = futures_util::future::join_all(settlements.map(|s| store.settle(s))).await;
     assert!(settled.iter().all(Result::is_ok));

@@ -11,10 +11,10 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::redis_server;
+use support::{redis_server, usage_record};
 
 use turnpike_store::redis::RedisStore;
-use turnpike_store::{Record, Refund, Settlement, Store, Tally, UsageEntry};
+use turnpike_store::{Refund, Settlement, Store, Tally};
 
 /// The spend tally every settlement refunds 1 to.
 fn tally() -> Vec<Tally> {
@@ -31,17 +31,7 @@ fn settlement(i: u64) -> Settlement {
             tallies: tally(),
             amount: 1,
         }),
-        record: Some(Record {
-            entry: UsageEntry {
-                record: format!("{{\"n\":{i}}}").into_bytes(),
-                day: "20261130".into(),
-                sums: vec![
-                    ("t\t-\tm\trequests".into(), 1),
-                    ("t\t-\tm\tinput_tokens".into(), i),
-                ],
-            },
-            keep_log: true,
-        }),
+        record: Some(usage_record(i)),
         ..Settlement::default()
     }
 }

@@ -1,8 +1,11 @@
-//! A real `redis-server` for the store's tests, on a free loopback port, stopped when dropped.
+//! A real `redis-server` for the store's tests, on a free loopback port, stopped when dropped,
+//! and the usage record they settle.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use turnpike_store::{Record, UsageEntry};
 
 /// A running `redis-server`, killed when dropped.
 pub(crate) struct Redis(Child);
@@ -40,4 +43,19 @@ pub(crate) fn redis_server() -> (Redis, String) {
         std::thread::sleep(Duration::from_millis(20));
     }
     (server, format!("redis://127.0.0.1:{port}/0"))
+}
+
+/// Request `i`'s usage record: one request and `i` input tokens on day 20261130, kept for export.
+pub(crate) fn usage_record(i: u64) -> Record {
+    Record {
+        entry: UsageEntry {
+            record: format!("{{\"n\":{i}}}").into_bytes(),
+            day: "20261130".into(),
+            sums: vec![
+                ("t\t-\tm\trequests".into(), 1),
+                ("t\t-\tm\tinput_tokens".into(), i),
+            ],
+        },
+        keep_log: true,
+    }
 }
