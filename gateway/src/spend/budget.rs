@@ -58,22 +58,35 @@ pub struct Line {
     pub soft: Option<Money>,
 }
 
-/// Day and month bounds of `now` (Unix seconds): the next midnight and the next first of a
-/// month, both UTC, and the labels of the current day and month.
-fn calendar(now: i64) -> (i64, i64, String, String) {
-    let today = OffsetDateTime::from_unix_timestamp(now)
-        .unwrap_or(OffsetDateTime::UNIX_EPOCH)
-        .date();
-    let midnight = |d: Date| d.with_time(Time::MIDNIGHT).assume_utc().unix_timestamp();
-    let next_day = today.next_day().map_or(i64::MAX, midnight);
-    let (year, month) = match today.month() {
-        Month::December => (today.year() + 1, Month::January),
-        m => (today.year(), m.next()),
-    };
-    let next_month = Date::from_calendar_date(year, month, 1).map_or(i64::MAX, midnight);
-    let day = super::day_key(today);
-    let month = format!("{:04}{:02}", today.year(), u8::from(today.month()));
-    (next_day, next_month, day, month)
+/// The periods in force at one moment: the next midnight and the next first of a month (Unix
+/// seconds, UTC), and the labels of the current day and month. A request computes it once for
+/// all of its budgets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Calendar {
+    next_day: i64,
+    next_month: i64,
+    day: String,
+    month: String,
+}
+
+impl Calendar {
+    /// The calendar at `now` (Unix seconds).
+    pub fn at(now: i64) -> Self {
+        let today = OffsetDateTime::from_unix_timestamp(now)
+            .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+            .date();
+        let midnight = |d: Date| d.with_time(Time::MIDNIGHT).assume_utc().unix_timestamp();
+        let (year, month) = match today.month() {
+            Month::December => (today.year() + 1, Month::January),
+            m => (today.year(), m.next()),
+        };
+        Self {
+            next_day: today.next_day().map_or(i64::MAX, midnight),
+            next_month: Date::from_calendar_date(year, month, 1).map_or(i64::MAX, midnight),
+            day: super::day_key(today),
+            month: format!("{:04}{:02}", today.year(), u8::from(today.month())),
+        }
+    }
 }
 
 /// A counter outlives its period by a day, so a request admitted just before a period ends
@@ -81,35 +94,36 @@ fn calendar(now: i64) -> (i64, i64, String, String) {
 const GRACE: i64 = 86_400;
 
 /// Appends the tallies and lines of `budget`, whose counters live under `prefix` (a state key
-/// in the tenant's hash slot), at `now`.
+/// in the tenant's hash slot), in the periods of `calendar`.
 pub fn charge_lines(
     prefix: &str,
     owner: &str,
     budget: &Budget,
-    now: i64,
+    calendar: &Calendar,
     tallies: &mut Vec<Tally>,
     lines: &mut Vec<Line>,
 ) {
-    let (next_day, next_month, day, month) = calendar(now);
     let periods = [
         (
             budget.per_day,
             Period::Day,
-            format!("d:{day}"),
-            Some(next_day),
+            "d:",
+            calendar.day.as_str(),
+            Some(calendar.next_day),
         ),
         (
             budget.per_month,
             Period::Month,
-            format!("m:{month}"),
-            Some(next_month),
+            "m:",
+            calendar.month.as_str(),
+            Some(calendar.next_month),
         ),
-        (budget.total, Period::Total, "t".to_string(), None),
+        (budget.total, Period::Total, "t", "", None),
     ];
-    for (limit, period, label, resets_at) in periods {
+    for (limit, period, label, label_date, resets_at) in periods {
         let Some(limit) = limit else { continue };
         tallies.push(Tally {
-            key: format!("{prefix}:{label}"),
+            key: format!("{prefix}:{label}{label_date}"),
             limit: Some(limit.0),
             lapses_at: resets_at.map(|at| u64::try_from(at.saturating_add(GRACE)).unwrap_or(0)),
         });
@@ -136,11 +150,11 @@ mod tests {
     fn periods_end_at_utc_midnight_and_the_first_of_the_month() {
         // 2026-12-31T23:00:00Z
         let now = 1_798_758_000;
-        let (next_day, next_month, day, month) = calendar(now);
-        assert_eq!(day, "20261231");
-        assert_eq!(month, "202612");
-        assert_eq!(next_day, 1_798_761_600); // 2027-01-01T00:00:00Z
-        assert_eq!(next_month, next_day);
+        let calendar = Calendar::at(now);
+        assert_eq!(calendar.day, "20261231");
+        assert_eq!(calendar.month, "202612");
+        assert_eq!(calendar.next_day, 1_798_761_600); // 2027-01-01T00:00:00Z
+        assert_eq!(calendar.next_month, calendar.next_day);
         let budget = Budget {
             per_day: Some(Money(5)),
             total: Some(Money(50)),
@@ -152,7 +166,7 @@ mod tests {
             "tp:{acme}:sp",
             "tenant `acme`",
             &budget,
-            now,
+            &calendar,
             &mut tallies,
             &mut lines,
         );

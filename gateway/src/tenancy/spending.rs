@@ -4,14 +4,15 @@
 
 use std::sync::Arc;
 
-use super::Caller;
 use super::service::Tenancy;
+use super::{Caller, Principal};
 use crate::error::ApiError;
-use crate::spend::budget::charge_lines;
+use crate::spend::budget::{Calendar, Line, charge_lines};
 use crate::spend::hold::{ChargeRequest, SpendHold, charge};
 use crate::spend::prices::Price;
 use crate::spend::settings::SpendConfig;
 use crate::spend::usage::RecordContext;
+use crate::store::Tally;
 
 impl Tenancy {
     /// Prices and the currency in force.
@@ -71,16 +72,7 @@ impl Tenancy {
         let p = &caller.principal;
         let tenant = &p.tenant.name;
         let now = now();
-        let (mut tallies, mut lines) = (Vec::new(), Vec::new());
-        let prefix = format!("tp:{{{tenant}}}:sp");
-        if let Some(budget) = &p.tenant.plan.budget {
-            let owner = format!("tenant `{tenant}`");
-            charge_lines(&prefix, &owner, budget, now, &mut tallies, &mut lines);
-        }
-        if let (Some(budget), Some(key)) = (&p.scopes.budget, &p.key_id) {
-            let (prefix, owner) = (format!("{prefix}:k:{key}"), format!("key `{key}`"));
-            charge_lines(&prefix, &owner, budget, now, &mut tallies, &mut lines);
-        }
+        let (tallies, lines) = budget_lines(p, now);
         let ask = ChargeRequest {
             tenant: tenant.clone(),
             tallies,
@@ -105,6 +97,40 @@ impl Tenancy {
             }
         }
     }
+}
+
+/// The counters a request of `p` is charged to and what each is, at `now`: its tenant's budget
+/// and its key's.
+fn budget_lines(p: &Principal, now: i64) -> (Vec<Tally>, Vec<Line>) {
+    let tenant = &p.tenant.name;
+    let (mut tallies, mut lines) = (Vec::new(), Vec::new());
+    let prefix = format!("tp:{{{tenant}}}:sp");
+    // Worked out once, for the first budget that needs it.
+    let periods = std::cell::OnceCell::new();
+    let calendar = || periods.get_or_init(|| Calendar::at(now));
+    if let Some(budget) = &p.tenant.plan.budget {
+        let owner = format!("tenant `{tenant}`");
+        charge_lines(
+            &prefix,
+            &owner,
+            budget,
+            calendar(),
+            &mut tallies,
+            &mut lines,
+        );
+    }
+    if let (Some(budget), Some(key)) = (&p.scopes.budget, &p.key_id) {
+        let (prefix, owner) = (format!("{prefix}:k:{key}"), format!("key `{key}`"));
+        charge_lines(
+            &prefix,
+            &owner,
+            budget,
+            calendar(),
+            &mut tallies,
+            &mut lines,
+        );
+    }
+    (tallies, lines)
 }
 
 fn now() -> i64 {

@@ -56,6 +56,65 @@ async fn concurrent_charges_are_each_all_or_none() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_charged_by_many_requests_at_once_counts_each_and_lapses_from_its_first() {
+    let (_server, url) = redis_server();
+    let store = RedisStore::new(&url, Duration::from_secs(5)).expect("a store");
+    let mut redis = redis::Client::open(url.as_str())
+        .expect("a client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection");
+    let in_an_hour = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock")
+        .as_secs()
+        + 3600;
+    let day = Tally {
+        lapses_at: Some(in_an_hour),
+        ..tally("tp:{t}:sp:d", 1000)
+    };
+    let total = Tally {
+        limit: None,
+        ..tally("tp:{t}:sp:t", 0)
+    };
+    let tallies = vec![day, total];
+    let charges = (0..200).map(|_| store.charge(&tallies, 7));
+    let answers = futures_util::future::join_all(charges).await;
+    let allowed = answers.iter().flatten().filter(|a| a.allowed).count();
+    assert_eq!(allowed, 1000 / 7);
+    let counts: Vec<u64> = redis::cmd("MGET")
+        .arg("tp:{t}:sp:d")
+        .arg("tp:{t}:sp:t")
+        .query_async(&mut redis)
+        .await
+        .expect("the counts");
+    assert_eq!(counts, vec![994, 994]);
+    let lapse = |key: &'static str| redis::cmd("PTTL").arg(key).to_owned();
+    let day_ttl: i64 = lapse("tp:{t}:sp:d").query_async(&mut redis).await.unwrap();
+    assert!(day_ttl > 3_500_000 && day_ttl <= 3_600_000, "{day_ttl}");
+    let total_ttl: i64 = lapse("tp:{t}:sp:t").query_async(&mut redis).await.unwrap();
+    assert_eq!(total_ttl, -1);
+    // A counter that already holds something keeps its time to live.
+    let _: () = redis::cmd("PEXPIRE")
+        .arg("tp:{t}:sp:d")
+        .arg(5000)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(store.charge(&tallies, 6).await.unwrap().allowed);
+    let day_ttl: i64 = lapse("tp:{t}:sp:d").query_async(&mut redis).await.unwrap();
+    assert!(day_ttl > 0 && day_ttl <= 5000, "{day_ttl}");
+    // One charge of nothing on a fresh counter still starts its period.
+    let fresh = vec![Tally {
+        lapses_at: Some(in_an_hour),
+        ..tally("tp:{u}:sp:d", 10)
+    }];
+    assert_eq!(store.charge(&fresh, 0).await.unwrap().totals, vec![0]);
+    let fresh_ttl: i64 = lapse("tp:{u}:sp:d").query_async(&mut redis).await.unwrap();
+    assert!(fresh_ttl > 3_500_000, "{fresh_ttl}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_settlements_each_give_back_refund_and_record_once() {
     let (_server, store) = redis();
     let windows = vec![Window {

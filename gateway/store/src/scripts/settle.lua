@@ -1,4 +1,4 @@
--- Ends requests, each in one step, several per call (see settle.rs and redis_settle.rs). Per
+-- Ends requests, each in one step, several per call (see redis/settle.rs and settle.rs). Per
 -- request, each part optional:
 --   its unused tokens go back to its buckets that still exist, never above capacity;
 --   its unused spend is taken back from its tallies that still exist, never below zero (their
