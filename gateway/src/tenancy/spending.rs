@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::service::Tenancy;
 use super::{Caller, Principal};
 use crate::error::ApiError;
-use crate::spend::budget::{Calendar, Line, charge_lines};
+use crate::spend::budget::{Budget, Calendar, Line, charge_lines};
 use crate::spend::hold::{ChargeRequest, SpendHold, charge};
 use crate::spend::prices::Price;
 use crate::spend::settings::SpendConfig;
@@ -107,27 +107,18 @@ fn budget_lines(p: &Principal, now: i64) -> (Vec<Tally>, Vec<Line>) {
     let prefix = format!("tp:{{{tenant}}}:sp");
     // Worked out once, for the first budget that needs it.
     let periods = std::cell::OnceCell::new();
-    let calendar = || periods.get_or_init(|| Calendar::at(now));
+    let mut add = |prefix: &str, owner: &str, budget: &Budget| {
+        let calendar = periods.get_or_init(|| Calendar::at(now));
+        charge_lines(prefix, owner, budget, calendar, &mut tallies, &mut lines);
+    };
     if let Some(budget) = &p.tenant.plan.budget {
-        let owner = format!("tenant `{tenant}`");
-        charge_lines(
-            &prefix,
-            &owner,
-            budget,
-            calendar(),
-            &mut tallies,
-            &mut lines,
-        );
+        add(&prefix, &format!("tenant `{tenant}`"), budget);
     }
     if let (Some(budget), Some(key)) = (&p.scopes.budget, &p.key_id) {
-        let (prefix, owner) = (format!("{prefix}:k:{key}"), format!("key `{key}`"));
-        charge_lines(
-            &prefix,
-            &owner,
+        add(
+            &format!("{prefix}:k:{key}"),
+            &format!("key `{key}`"),
             budget,
-            calendar(),
-            &mut tallies,
-            &mut lines,
         );
     }
     (tallies, lines)
