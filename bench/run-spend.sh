@@ -6,9 +6,11 @@
 #         high enough never to refuse, so every charge and settle runs), usage records on
 #         (on Redis through a usage journal, as docs/configuration.md advises there);
 # with the state in memory and in a local redis-server, plain and streamed requests, at 1 and 64
-# concurrent clients. Rounds interleave off and on (ROUNDS times), so a busy host hits both;
-# the report gives the median ratio on/off and its spread. Writes bench/results/spend.json and
-# bench/results/spend.md.
+# concurrent clients. The four gateways run side by side for the whole bench; each cell (state,
+# mode, concurrency) of a round runs off and on back to back, in the order off-on in odd rounds
+# and on-off in even ones (ROUNDS times), so a busy host hits both and neither always goes
+# first; the report gives the median ratio on/off and its spread. Writes
+# bench/results/spend.json and bench/results/spend.md.
 #
 #   bench/run-spend.sh [SECONDS_PER_RUN] [ROUNDS]
 set -euo pipefail
@@ -26,10 +28,17 @@ key=$(target/release/turnpike keys generate)
 export BENCH_KEY="$key"
 id=$(echo "$key" | cut -d- -f2)
 
+port() { # SPEND STATE: the gateway's port
+  local p=4112
+  [ "$1" = on ] && p=$((p + 1))
+  [ "$2" = redis ] && p=$((p + 2))
+  echo "$p"
+}
+
 write_config() { # SPEND(off|on) STATE(memory|redis)
   local spend="$1" state="$2"
   {
-    printf '[server]\nlisten = "127.0.0.1:4110"\n'
+    printf '[server]\nlisten = "127.0.0.1:%s"\n' "$(port "$spend" "$state")"
     printf '[tenants.bench]\nrequests_per_second = 100000000\ntokens_per_minute = 100000000000\n'
     if [ "$spend" = on ]; then
       printf '[tenants.bench.budget]\nper_day = 1000000\nper_month = 10000000\ntotal = 100000000\nsoft = 0.9\n'
@@ -65,21 +74,14 @@ per_day = 1000000
 total = 100000000
 KEYS
 
-load() { # RUN-NAME ROUND
-  local name="$1" round="$2"
-  for mode in plain stream; do
-    local stream=false
-    [ "$mode" = stream ] && stream=true
-    local body="{\"model\":\"sim\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello, how are you today? Tell me about the weather.\"}],\"max_tokens\":20,\"stream\":$stream,\"stream_options\":{\"include_usage\":$stream}}"
-    [ "$mode" = plain ] && body="{\"model\":\"sim\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello, how are you today? Tell me about the weather.\"}],\"max_tokens\":20}"
-    local args=(--no-tui --output-format json -m POST -H "content-type: application/json" -H "authorization: Bearer $key" -d "$body")
-    "$oha" "${args[@]}" -c 16 -z 1s http://127.0.0.1:4110/v1/chat/completions > /dev/null
-    for c in 1 64; do
-      echo "  round $round $name $mode c=$c"
-      "$oha" "${args[@]}" -c "$c" -z "${seconds}s" http://127.0.0.1:4110/v1/chat/completions \
-        > "$work/runs/$name-$mode-c$c-r$round.json"
-    done
-  done
+body() { # MODE
+  local stream=false
+  [ "$1" = stream ] && stream=true
+  if [ "$1" = plain ]; then
+    echo '{"model":"sim","messages":[{"role":"user","content":"Hello, how are you today? Tell me about the weather."}],"max_tokens":20}'
+  else
+    echo "{\"model\":\"sim\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello, how are you today? Tell me about the weather.\"}],\"max_tokens\":20,\"stream\":$stream,\"stream_options\":{\"include_usage\":$stream}}"
+  fi
 }
 
 redis_cpu() { # Redis' user and system CPU seconds so far
@@ -88,27 +90,51 @@ redis_cpu() { # Redis' user and system CPU seconds so far
 
 redis-server --port 4111 --save "" --appendonly no > "$work/redis.log" 2>&1 &
 pids+=($!)
+declare -A gateways
+for state in memory redis; do
+  for spend in off on; do
+    write_config "$spend" "$state"
+    RUST_LOG=warn target/release/turnpike --log-format json serve --config "$work/$spend-$state.toml" \
+      > /dev/null 2> "$work/$spend-$state.log" &
+    gateways[$spend-$state]=$!
+    pids+=($!)
+    wait_ready "http://127.0.0.1:$(port "$spend" "$state")/health"
+    for mode in plain stream; do # warm-up
+      "$oha" --no-tui -m POST -H "content-type: application/json" -H "authorization: Bearer $key" \
+        -d "$(body "$mode")" -c 16 -z 1s "http://127.0.0.1:$(port "$spend" "$state")/v1/chat/completions" > /dev/null
+    done
+  done
+done
+
+run_cell() { # SPEND STATE MODE C ROUND: one run, with the gateway's (and Redis') CPU time
+  local spend="$1" state="$2" mode="$3" c="$4" round="$5"
+  local name="$spend-$state-$mode-c$c-r$round" gateway=${gateways[$spend-$state]}
+  echo "  round $round $spend $state $mode c=$c"
+  local before calls
+  before=$(awk '{print $14 + $15}' "/proc/$gateway/stat")
+  redis-cli -p 4111 config resetstat > /dev/null
+  local redis_before
+  redis_before=$(redis_cpu)
+  "$oha" --no-tui --output-format json -m POST -H "content-type: application/json" \
+    -H "authorization: Bearer $key" -d "$(body "$mode")" -c "$c" -z "${seconds}s" \
+    "http://127.0.0.1:$(port "$spend" "$state")/v1/chat/completions" > "$work/runs/$name.json"
+  echo "$(( $(awk '{print $14 + $15}' "/proc/$gateway/stat") - before ))" > "$work/runs/$name.ticks"
+  if [ "$state" = redis ]; then
+    calls=$(redis-cli -p 4111 info commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
+    echo "$(redis_cpu) $redis_before ${calls:-0}" > "$work/runs/$name.redis"
+  fi
+}
+
 for round in $(seq 1 "$rounds"); do
+  order="off on"
+  [ $((round % 2)) = 0 ] && order="on off"
   for state in memory redis; do
-    for spend in off on; do
-      write_config "$spend" "$state"
-      RUST_LOG=warn target/release/turnpike --log-format json serve --config "$work/$spend-$state.toml" \
-        > /dev/null 2> "$work/$spend-$state.log" &
-      gateway=$!
-      wait_ready http://127.0.0.1:4110/health
-      # CPU seconds the gateway used during the runs, beside the rate.
-      before=$(awk '{print $14 + $15}' "/proc/$gateway/stat")
-      redis-cli -p 4111 config resetstat > /dev/null
-      redis_before=$(redis_cpu)
-      load "$spend-$state" "$round"
-      after=$(awk '{print $14 + $15}' "/proc/$gateway/stat")
-      echo "$((after - before))" > "$work/runs/$spend-$state-r$round.ticks"
-      # Redis' CPU seconds and script calls over the same runs (the warm-ups included).
-      if [ "$state" = redis ]; then
-        calls=$(redis-cli -p 4111 info commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
-        echo "$(redis_cpu) $redis_before ${calls:-0}" > "$work/runs/$spend-$state-r$round.redis"
-      fi
-      kill "$gateway"; wait "$gateway" 2>/dev/null || true
+    for mode in plain stream; do
+      for c in 1 64; do
+        for spend in $order; do
+          run_cell "$spend" "$state" "$mode" "$c" "$round"
+        done
+      done
     done
   done
 done

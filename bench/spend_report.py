@@ -21,24 +21,26 @@ for f in sorted(runs.glob("*.json")):
         "status": d.get("statusCodeDistribution", {}),
         "requests": sum(d.get("statusCodeDistribution", {}).values()),
     })
-cpu_ms = {}
-for f in sorted(runs.glob("*.ticks")):
-    name, _, round_ = f.stem.rpartition("-r")
-    requests = sum(r["requests"] for key, rs in rows.items() if key.startswith(name + "-") for r in rs
-                   if r["round"] == int(round_))
-    if requests:
-        cpu_ms.setdefault(name, []).append(int(f.read_text()) / int(ticks_per_s) * 1e3 / requests)
 
-# Redis' CPU and script calls per request, over every run of a round (warm-ups included, so
-# both are slightly low; the same for off and on).
-redis_load = {}
-for f in sorted(runs.glob("*.redis")):
-    name, _, round_ = f.stem.rpartition("-r")
-    after, before, calls = (float(x) for x in f.read_text().split())
-    requests = sum(r["requests"] for key, rs in rows.items() if key.startswith(name + "-") for r in rs
-                   if r["round"] == int(round_))
-    if requests:
-        redis_load.setdefault(name, []).append(((after - before) * 1e3 / requests, calls / requests))
+
+def per_request(suffix):
+    """Each run's file with `suffix`, per request of that run: run name -> [(round, values)]."""
+    out = {}
+    for f in sorted(runs.glob("*" + suffix)):
+        name, _, round_ = f.stem.rpartition("-r")
+        run = next((r for r in rows.get(name, []) if r["round"] == int(round_)), None)
+        if run and run["requests"]:
+            values = [float(x) for x in f.read_text().split()]
+            out.setdefault(name, []).append((int(round_), values, run["requests"]))
+    return out
+
+
+# The gateway's CPU time per request of each run.
+cpu_ms = {name: [v[0] / int(ticks_per_s) * 1e3 / n for _, v, n in values]
+          for name, values in per_request(".ticks").items()}
+# Redis' CPU time and script calls per request of each run.
+redis_load = {name: [((v[0] - v[1]) * 1e3 / n, v[2] / n) for _, v, n in values]
+              for name, values in per_request(".redis").items()}
 
 result = {"seconds_per_run": int(seconds), "rounds": int(rounds), "cpu": cpu, "memory_bandwidth_gb_s": bandwidth,
           "runs": rows, "cpu_ms_per_request": cpu_ms, "redis_ms_and_calls_per_request": redis_load,
@@ -46,7 +48,8 @@ result = {"seconds_per_run": int(seconds), "rounds": int(rounds), "cpu": cpu, "m
 lines = ["# Cost of spend: prices, budgets and usage records", "",
          f"`bench/run-spend.sh {seconds} {rounds}` on {cpu} (memory read bandwidth {bandwidth} GB/s): "
          f"Turnpike with the simulator engine (zero latency), oha, {seconds} s per run, {rounds} interleaved "
-         "rounds of off and on. `on`: the model priced, a daily, monthly and total budget on the tenant and on "
+         "rounds; the four gateways run side by side, and each cell runs off and on back to back, off first "
+         "in odd rounds and on first in even ones. `on`: the model priced, a daily, monthly and total budget on the tenant and on "
          "its key (never refusing), a usage record per request (on Redis through a usage journal). Ratios are on/off per round: median "
          "(min–max).", "",
          "| state | mode | c | req/s off | req/s on | on/off | p50 off (ms) | p50 on (ms) | p99 off (ms) | p99 on (ms) |",
@@ -65,14 +68,25 @@ for state in ["memory", "redis"]:
             lines.append(f"| {state} | {mode} | {c} | {med(off, 'rps'):.0f} | {med(on, 'rps'):.0f} | "
                          f"{ratio:.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | {med(off, 'p50_ms'):.2f} | "
                          f"{med(on, 'p50_ms'):.2f} | {med(off, 'p99_ms'):.2f} | {med(on, 'p99_ms'):.2f} |")
-lines += ["", "Gateway CPU time per request (ms, median over rounds, all modes and concurrencies of a round):", ""]
-for name, values in sorted(cpu_ms.items()):
-    lines.append(f"- {name}: {statistics.median(values):.3f}")
-if redis_load:
-    lines += ["", "Redis (the same host) per request: CPU time (ms) and script calls, median over rounds:", ""]
-    for name, values in sorted(redis_load.items()):
-        ms, calls = statistics.median(v[0] for v in values), statistics.median(v[1] for v in values)
-        lines.append(f"- {name}: {ms:.3f} ms, {calls:.2f} calls")
+lines += ["", "Gateway CPU time per request (ms) and, on Redis, Redis' CPU time per request (ms) and "
+          "script calls per request, median over rounds:", "",
+          "| state | mode | c | gateway off | gateway on | Redis off | Redis on | calls off | calls on |",
+          "|---|---|---|---|---|---|---|---|---|"]
+for state in ["memory", "redis"]:
+    for mode in ["plain", "stream"]:
+        for c in [1, 64]:
+            cell = f"{state}-{mode}-c{c}"
+            gw = [cpu_ms.get(f"{spend}-{cell}") for spend in ("off", "on")]
+            if not all(gw):
+                continue
+            row = f"| {state} | {mode} | {c} | {statistics.median(gw[0]):.3f} | {statistics.median(gw[1]):.3f}"
+            rl = [redis_load.get(f"{spend}-{cell}") for spend in ("off", "on")]
+            if all(rl):
+                row += "".join(f" | {statistics.median(v[0] for v in values):.3f}" for values in rl)
+                row += "".join(f" | {statistics.median(v[1] for v in values):.2f}" for values in rl)
+            else:
+                row += " | – | – | – | –"
+            lines.append(row + " |")
 bad = {name: r["status"] for name, rs in rows.items() for r in rs if set(r["status"]) - {"200"}}
 lines += ["", "Every run answered 200 only." if not bad else f"Non-200 answers: {bad}"]
 (out / "spend.json").write_text(json.dumps(result, indent=2) + "\n")
