@@ -23,7 +23,7 @@
 //! | `turnpike_budget_refusals_total` | counter | `period` (`daily`, `monthly`, `total`); `tenant` with `tenant_label` |
 //! | `turnpike_usage_log_records`, `turnpike_usage_log_dropped_total` | gauge, counter (in-memory store: usage records waiting for export; the oldest dropped at the cap) | |
 //! | `turnpike_usage_journal_bytes`, `turnpike_usage_journal_waiting`, `turnpike_usage_journal_full_total` | gauge, gauge, counter (the usage journal's size, its records Redis does not have yet, records written to Redis directly because the journal was full) | |
-//! | `turnpike_state_batch_queue` | gauge (requests waiting for the next grouped Redis call) | `kind` (`settle`, `charge`, `take`) |
+//! | `turnpike_state_batch_queue` | gauge (requests waiting for the next grouped Redis call) | `kind` (`settle`, `admit`) |
 //! | `turnpike_batches_created_total`, `turnpike_batches_ended_total` | counter (batches created here; batches this replica finished) | `status` (`completed`, `cancelled`, `expired`) on the second |
 //! | `turnpike_batch_lines_running` | gauge (batch lines this replica runs now; at most `batches.concurrency`) | |
 //! | `turnpike_batch_lines_total` | counter (batch lines this replica answered) | `outcome` (`ok`, `failed`) |

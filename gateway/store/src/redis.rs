@@ -2,7 +2,9 @@
 //! by the server (`EVALSHA`, loaded again after a Redis restart), so a check and its update are
 //! atomic across replicas. Scripts read the clock with `TIME` on the Redis server, so replicas
 //! with skewed clocks still agree. Bucket takes, budget charges and requests' ends are grouped:
-//! the calls that arrive while one is on its way go together in the next ([`batch`]).
+//! the calls that arrive while one is on its way go together in the next ([`batch`]); takes and
+//! charges share one script, so a request's token reservation and budget charge go in one call
+//! ([`admit`]).
 //!
 //! The connection manager reconnects by itself; every call is bounded by the configured
 //! timeout, so a Redis that vanishes costs a request at most that long before the caller's
@@ -13,12 +15,11 @@
 //! not the same as once. The health probe (see [`super::health`]) keeps the connection re-made
 //! while Redis is away, so the first script after Redis returns finds a live connection.
 
+mod admit;
 mod batch;
-mod charge;
 mod journal;
 mod settle;
 mod ship;
-mod take;
 
 use std::time::Duration;
 
@@ -46,8 +47,7 @@ pub struct RedisStore {
 #[derive(Debug, Default)]
 struct Batches {
     settles: batch::Queue<settle::Settles>,
-    charges: batch::Queue<charge::Charges>,
-    takes: batch::Queue<take::Takes>,
+    admits: batch::Queue<admit::Admits>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -59,14 +59,13 @@ impl std::fmt::Debug for RedisStore {
 }
 
 struct Scripts {
-    take: Script,
+    admit: Script,
     acquire: Script,
     renew: Script,
     begin: Script,
     owned: Script,
     commit: Script,
     raise: Script,
-    charge: Script,
     settle: Script,
 }
 
@@ -151,14 +150,13 @@ impl RedisStore {
             connection,
             timeout,
             scripts: std::sync::Arc::new(Scripts {
-                take: Script::new(include_str!("scripts/take.lua")),
+                admit: Script::new(include_str!("scripts/admit.lua")),
                 acquire: Script::new(include_str!("scripts/acquire.lua")),
                 renew: Script::new(include_str!("scripts/renew.lua")),
                 begin: Script::new(include_str!("scripts/begin.lua")),
                 owned: Script::new(include_str!("scripts/owned.lua")),
                 commit: Script::new(include_str!("scripts/commit.lua")),
                 raise: Script::new(include_str!("scripts/raise.lua")),
-                charge: Script::new(include_str!("scripts/charge.lua")),
                 settle: Script::new(include_str!("scripts/settle.lua")),
             }),
             batches: std::sync::Arc::default(),
@@ -224,8 +222,12 @@ impl RedisStore {
         windows: &[Window],
         amount: u64,
     ) -> Result<Take, StoreError> {
-        self.batched::<take::Takes>((key.to_string(), windows.to_vec(), amount))
-            .await
+        let take = admit::Admit::Take {
+            key: key.to_string(),
+            windows: windows.to_vec(),
+            amount,
+        };
+        self.batched::<admit::Admits>(take).await?.take()
     }
 
     async fn owned(
@@ -436,7 +438,11 @@ impl Store for RedisStore {
     }
 
     fn charge<'a>(&'a self, tallies: &'a [Tally], amount: u64) -> StoreFuture<'a, Charge> {
-        Box::pin(self.batched::<charge::Charges>((tallies.to_vec(), amount)))
+        let charge = admit::Admit::Charge {
+            tallies: tallies.to_vec(),
+            amount,
+        };
+        Box::pin(async move { self.batched::<admit::Admits>(charge).await?.charge() })
     }
 
     fn settle(&self, settlement: Settlement) -> StoreFuture<'_, ()> {

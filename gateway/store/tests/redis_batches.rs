@@ -20,6 +20,15 @@ fn redis() -> (Redis, RedisStore) {
     (server, store)
 }
 
+/// A plain client connection to the server at `url`, to look at what the store wrote.
+async fn connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("a client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection")
+}
+
 fn tally(key: &str, limit: u64) -> Tally {
     Tally {
         key: key.into(),
@@ -59,11 +68,7 @@ async fn concurrent_charges_are_each_all_or_none() {
 async fn a_counter_charged_by_many_requests_at_once_counts_each_and_lapses_from_its_first() {
     let (_server, url) = redis_server();
     let store = RedisStore::new(&url, Duration::from_secs(5)).expect("a store");
-    let mut redis = redis::Client::open(url.as_str())
-        .expect("a client")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("a connection");
+    let mut redis = connection(&url).await;
     let in_an_hour = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("a clock")
@@ -212,4 +217,65 @@ async fn concurrent_takes_are_each_all_or_none() {
     // More than a window holds is never allowed.
     let never = store.take("tp:{t}:other", &windows, 501).await.unwrap();
     assert!(!never.allowed && never.never);
+}
+
+/// Script calls Redis has run since its counters were reset.
+async fn script_calls(redis: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(redis)
+        .await
+        .expect("the command stats");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_s_take_and_charge_go_in_one_call_and_each_is_answered_for_itself() {
+    let (_server, url) = redis_server();
+    let store = RedisStore::new(&url, Duration::from_secs(5)).expect("a store");
+    let mut redis = connection(&url).await;
+    let windows = vec![Window {
+        capacity: 1000,
+        period: Duration::from_secs(3600),
+    }];
+    let tallies = vec![tally("tp:{t}:sp:d", 100)];
+    // The script is loaded by a first call.
+    assert!(store.take("tp:{w}:tk", &windows, 1).await.unwrap().allowed);
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let (take, charge) = tokio::join!(
+        store.take("tp:{t}:tk", &windows, 30),
+        store.charge(&tallies, 7)
+    );
+    let (take, charge) = (take.unwrap(), charge.unwrap());
+    assert!(take.allowed && charge.allowed);
+    assert_eq!(take.levels.len(), 1);
+    assert_eq!(charge.totals, vec![7]);
+    assert_eq!(script_calls(&mut redis).await, 1);
+    // Many requests at once, each a take and a charge: every answer is its own. The bucket
+    // holds 1000 - 30 = 970 (32 takes of 30), the counter 100 - 7 = 93 (13 charges of 7).
+    let pairs = (0..64).map(|_| async {
+        tokio::join!(
+            store.take("tp:{t}:tk", &windows, 30),
+            store.charge(&tallies, 7)
+        )
+    });
+    let answers = futures_util::future::join_all(pairs).await;
+    let takes = answers.iter().filter(|(t, _)| t.as_ref().unwrap().allowed);
+    let charges = answers.iter().filter(|(_, c)| c.as_ref().unwrap().allowed);
+    assert_eq!(takes.count(), 32);
+    assert_eq!(charges.count(), 13);
+    let count: u64 = redis::cmd("GET")
+        .arg("tp:{t}:sp:d")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(count, 7 + 13 * 7);
+    assert!(script_calls(&mut redis).await < 1 + 64 * 2);
 }

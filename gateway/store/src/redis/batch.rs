@@ -10,9 +10,16 @@
 //! call ends, whatever arrived meanwhile is left to a drain, which runs calls until the queue is
 //! empty. A queue holds at most [`MAX_QUEUED`] items (one per request
 //! in flight); past it an item runs on a call of its own instead of waiting.
+//!
+//! A kind whose items come in pairs from one request (a take and a charge, asked for at once)
+//! gathers ([`Batch::GATHER`]): the caller that finds the queue idle lets the request's other
+//! futures run once before it sends, and takes what they queued into its own call. The call
+//! then carries other callers' items, so it is finished even when its caller goes away.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
+use std::task::{Context, Poll};
 
 use tokio::sync::oneshot;
 
@@ -33,6 +40,8 @@ pub(crate) trait Batch: Send + Sync + Sized + 'static {
     type Answer: Send + 'static;
     /// The queue's name in metrics.
     const NAME: &'static str;
+    /// Whether a leading caller gathers what its request queues right after it.
+    const GATHER: bool = false;
     /// Its queue in the store.
     fn queue(store: &RedisStore) -> &Queue<Self>;
     /// Runs `items` in one call; an answer per item, in order.
@@ -122,6 +131,15 @@ impl<B: Batch> Queue<B> {
         }
     }
 
+    /// Up to `most` waiting items, for a leading call (the queue stays draining).
+    fn gather(&self, most: usize) -> Vec<(B::Item, Reply<B>)> {
+        let mut waiting = self.lock();
+        let take = waiting.items.len().min(most);
+        let gathered: Vec<_> = waiting.items.drain(..take).collect();
+        crate::gauges::batch_queue(B::NAME, waiting.items.len());
+        gathered
+    }
+
     /// The next call's items; none (and the drain ends) when nothing waits.
     fn next_batch(&self) -> Vec<(B::Item, Reply<B>)> {
         let mut waiting = self.lock();
@@ -142,6 +160,9 @@ impl RedisStore {
                     store: self,
                     batch: std::marker::PhantomData,
                 };
+                if B::GATHER {
+                    return self.gathered::<B>(item).await;
+                }
                 return self.alone::<B>(item).await;
             }
             Queued::Wait(answer) => answer,
@@ -153,6 +174,84 @@ impl RedisStore {
     async fn alone<B: Batch>(&self, item: B::Item) -> Result<B::Answer, StoreError> {
         let mut answers = B::run(self, vec![item]).await?;
         answers.pop().ok_or_else(no_answer::<B>)
+    }
+
+    /// Leads a call with `item` and what the same request queues right after it.
+    async fn gathered<B: Batch>(&self, item: B::Item) -> Result<B::Answer, StoreError> {
+        YieldOnce(false).await;
+        let others = B::queue(self).gather(MAX_BATCH - 1);
+        if others.is_empty() {
+            return self.alone::<B>(item).await;
+        }
+        let (own, answer) = oneshot::channel();
+        let (mut items, mut replies): (Vec<_>, Vec<_>) = others.into_iter().unzip();
+        items.insert(0, item);
+        replies.insert(0, own);
+        let store = self.clone();
+        Finish(Some(Box::pin(async move {
+            answer_all::<B>(replies, B::run(&store, items).await);
+        })))
+        .await;
+        answer.await.unwrap_or_else(|_| Err(no_answer::<B>()))
+    }
+}
+
+/// Pending once, woken at once: the other futures of the caller's task (a `join!`) run before
+/// it goes on. The task stays on its worker; nothing else is scheduled.
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// A call that answers other callers too: when its caller goes away before it ends, it runs to
+/// the end on its own task.
+struct Finish(Option<Pin<Box<dyn Future<Output = ()> + Send>>>);
+
+impl Future for Finish {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(call) = self.0.as_mut() else {
+            return Poll::Ready(());
+        };
+        std::task::ready!(call.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(())
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        if let (Some(call), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            runtime.spawn(call);
+        }
+    }
+}
+
+/// Sends each caller its answer, or the call's error. A caller that stopped waiting has nothing
+/// to hear; one left without an answer (a short reply) hears that its call gave none.
+fn answer_all<B: Batch>(replies: Vec<Reply<B>>, answers: Result<Vec<B::Answer>, StoreError>) {
+    match answers {
+        Ok(answers) => {
+            for (reply, answer) in replies.into_iter().zip(answers) {
+                let _ = reply.send(Ok(answer));
+            }
+        }
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
     }
 }
 
@@ -179,19 +278,6 @@ async fn drain<B: Batch>(store: RedisStore) {
             return;
         }
         let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-        // A caller that stopped waiting has nothing to hear; one left without an answer (a
-        // short reply) hears that its call gave none.
-        match B::run(&store, items).await {
-            Ok(answers) => {
-                for (reply, answer) in replies.into_iter().zip(answers) {
-                    let _ = reply.send(Ok(answer));
-                }
-            }
-            Err(e) => {
-                for reply in replies {
-                    let _ = reply.send(Err(e.clone()));
-                }
-            }
-        }
+        answer_all::<B>(replies, B::run(&store, items).await);
     }
 }
