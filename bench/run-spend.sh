@@ -74,14 +74,20 @@ per_day = 1000000
 total = 100000000
 KEYS
 
-body() { # MODE
-  local stream=false
-  [ "$1" = stream ] && stream=true
-  if [ "$1" = plain ]; then
-    echo '{"model":"sim","messages":[{"role":"user","content":"Hello, how are you today? Tell me about the weather."}],"max_tokens":20}'
+body() { # MODE: the request (streamed with its usage, or plain)
+  local start='{"model":"sim","messages":[{"role":"user","content":"Hello, how are you today? Tell me about the weather."}],"max_tokens":20'
+  if [ "$1" = stream ]; then
+    echo "$start"',"stream":true,"stream_options":{"include_usage":true}}'
   else
-    echo "{\"model\":\"sim\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello, how are you today? Tell me about the weather.\"}],\"max_tokens\":20,\"stream\":$stream,\"stream_options\":{\"include_usage\":$stream}}"
+    echo "$start}"
   fi
+}
+
+load() { # SPEND STATE MODE OHA-FLAGS...: oha with MODE's request against that gateway
+  local spend="$1" state="$2" mode="$3"
+  shift 3
+  "$oha" --no-tui -m POST -H "content-type: application/json" -H "authorization: Bearer $key" \
+    -d "$(body "$mode")" "$@" "http://127.0.0.1:$(port "$spend" "$state")/v1/chat/completions"
 }
 
 redis_cpu() { # Redis' user and system CPU seconds so far
@@ -100,8 +106,7 @@ for state in memory redis; do
     pids+=($!)
     wait_ready "http://127.0.0.1:$(port "$spend" "$state")/health"
     for mode in plain stream; do # warm-up
-      "$oha" --no-tui -m POST -H "content-type: application/json" -H "authorization: Bearer $key" \
-        -d "$(body "$mode")" -c 16 -z 1s "http://127.0.0.1:$(port "$spend" "$state")/v1/chat/completions" > /dev/null
+      load "$spend" "$state" "$mode" -c 16 -z 1s > /dev/null
     done
   done
 done
@@ -110,14 +115,11 @@ run_cell() { # SPEND STATE MODE C ROUND: one run, with the gateway's (and Redis'
   local spend="$1" state="$2" mode="$3" c="$4" round="$5"
   local name="$spend-$state-$mode-c$c-r$round" gateway=${gateways[$spend-$state]}
   echo "  round $round $spend $state $mode c=$c"
-  local before calls
+  local before redis_before calls
   before=$(awk '{print $14 + $15}' "/proc/$gateway/stat")
   redis-cli -p 4111 config resetstat > /dev/null
-  local redis_before
   redis_before=$(redis_cpu)
-  "$oha" --no-tui --output-format json -m POST -H "content-type: application/json" \
-    -H "authorization: Bearer $key" -d "$(body "$mode")" -c "$c" -z "${seconds}s" \
-    "http://127.0.0.1:$(port "$spend" "$state")/v1/chat/completions" > "$work/runs/$name.json"
+  load "$spend" "$state" "$mode" --output-format json -c "$c" -z "${seconds}s" > "$work/runs/$name.json"
   echo "$(( $(awk '{print $14 + $15}' "/proc/$gateway/stat") - before ))" > "$work/runs/$name.ticks"
   if [ "$state" = redis ]; then
     calls=$(redis-cli -p 4111 info commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')

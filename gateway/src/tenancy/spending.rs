@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::service::Tenancy;
 use super::{Caller, Principal};
 use crate::error::ApiError;
-use crate::spend::budget::{Budget, Calendar, Line, charge_lines};
+use crate::spend::budget::{Calendar, Line, charge_lines};
 use crate::spend::hold::{ChargeRequest, SpendHold, charge};
 use crate::spend::prices::Price;
 use crate::spend::settings::SpendConfig;
@@ -102,24 +102,22 @@ impl Tenancy {
 /// The counters a request of `p` is charged to and what each is, at `now`: its tenant's budget
 /// and its key's.
 fn budget_lines(p: &Principal, now: i64) -> (Vec<Tally>, Vec<Line>) {
-    let tenant = &p.tenant.name;
     let (mut tallies, mut lines) = (Vec::new(), Vec::new());
-    let prefix = format!("tp:{{{tenant}}}:sp");
-    // Worked out once, for the first budget that needs it.
-    let periods = std::cell::OnceCell::new();
-    let mut add = |prefix: &str, owner: &str, budget: &Budget| {
-        let calendar = periods.get_or_init(|| Calendar::at(now));
-        charge_lines(prefix, owner, budget, calendar, &mut tallies, &mut lines);
-    };
-    if let Some(budget) = &p.tenant.plan.budget {
-        add(&prefix, &format!("tenant `{tenant}`"), budget);
+    let tenant_budget = p.tenant.plan.budget.as_ref();
+    let key_budget = p.scopes.budget.as_ref().zip(p.key_id.as_ref());
+    if tenant_budget.is_none() && key_budget.is_none() {
+        return (tallies, lines);
     }
-    if let (Some(budget), Some(key)) = (&p.scopes.budget, &p.key_id) {
-        add(
-            &format!("{prefix}:k:{key}"),
-            &format!("key `{key}`"),
-            budget,
-        );
+    let calendar = Calendar::at(now);
+    let tenant = &p.tenant.name;
+    let prefix = format!("tp:{{{tenant}}}:sp");
+    if let Some(budget) = tenant_budget {
+        let owner = format!("tenant `{tenant}`");
+        charge_lines(&prefix, &owner, budget, &calendar, &mut tallies, &mut lines);
+    }
+    if let Some((budget, key)) = key_budget {
+        let (prefix, owner) = (format!("{prefix}:k:{key}"), format!("key `{key}`"));
+        charge_lines(&prefix, &owner, budget, &calendar, &mut tallies, &mut lines);
     }
     (tallies, lines)
 }

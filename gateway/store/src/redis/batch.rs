@@ -133,21 +133,24 @@ impl<B: Batch> Queue<B> {
 
     /// Up to `most` waiting items, for a leading call (the queue stays draining).
     fn gather(&self, most: usize) -> Vec<(B::Item, Reply<B>)> {
-        let mut waiting = self.lock();
-        let take = waiting.items.len().min(most);
-        let gathered: Vec<_> = waiting.items.drain(..take).collect();
-        crate::gauges::batch_queue(B::NAME, waiting.items.len());
-        gathered
+        self.lock().take(most)
     }
 
     /// The next call's items; none (and the drain ends) when nothing waits.
     fn next_batch(&self) -> Vec<(B::Item, Reply<B>)> {
         let mut waiting = self.lock();
-        let take = waiting.items.len().min(MAX_BATCH);
-        let batch: Vec<_> = waiting.items.drain(..take).collect();
+        let batch = waiting.take(MAX_BATCH);
         waiting.draining = !batch.is_empty();
-        crate::gauges::batch_queue(B::NAME, waiting.items.len());
         batch
+    }
+}
+
+impl<B: Batch> Waiting<B> {
+    /// The first `most` items (all, when fewer wait).
+    fn take(&mut self, most: usize) -> Vec<(B::Item, Reply<B>)> {
+        let taken: Vec<_> = self.items.drain(..self.items.len().min(most)).collect();
+        crate::gauges::batch_queue(B::NAME, self.items.len());
+        taken
     }
 }
 
