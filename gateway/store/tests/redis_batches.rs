@@ -20,13 +20,20 @@ fn redis() -> (Redis, RedisStore) {
     (server, store)
 }
 
-/// A plain client connection to the server at `url`, to look at what the store wrote.
+/// A plain client connection to the server at `url`, to look at what the store wrote; tried
+/// again for a few seconds while a server that just started is not answering yet.
 async fn connection(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .expect("a client")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("a connection")
+    let client = redis::Client::open(url).expect("a client");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match client.get_multiplexed_async_connection().await {
+            Ok(connection) => return connection,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("no connection to {url}: {e}"),
+        }
+    }
 }
 
 fn tally(key: &str, limit: u64) -> Tally {
