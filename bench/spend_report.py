@@ -48,7 +48,8 @@ result = {"seconds_per_run": int(seconds), "rounds": int(rounds), "cpu": cpu, "m
 lines = ["# Cost of spend: prices, budgets and usage records", "",
          f"`bench/run-spend.sh {seconds} {rounds}` on {cpu} (memory read bandwidth {bandwidth} GB/s): "
          f"Turnpike with the simulator engine (zero latency), oha, {seconds} s per run, {rounds} interleaved "
-         "rounds; the four gateways run side by side, and each cell runs off and on back to back, off first "
+         "rounds; one gateway per state, switched between off and on by a configuration reload, so both are "
+         "measured on the same process; each cell runs off and on back to back, off first "
          "in odd rounds and on first in even ones. `on`: the model priced, a daily, monthly and total budget on the tenant and on "
          "its key (never refusing), a usage record per request (on Redis through a usage journal). Ratios are on/off per round: median "
          "(min–max).", "",

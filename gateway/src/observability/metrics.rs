@@ -20,6 +20,7 @@
 //! | `turnpike_engine_queue_depth`, `turnpike_engine_batch_size`, `turnpike_engine_*_total`, `turnpike_engine_kv_cache_*`, `turnpike_gpu_memory_*` | the engine's well-known stats under their own names (see `engine_metrics`) | `engine`, `model`, `phase` |
 //! | `turnpike_rate_limit_dropped_total` | counter | `limit` (`requests`, `tokens`, `concurrency`, `websockets`); `tenant` with `[metrics] tenant_label = true` |
 //! | `turnpike_spend_nanounits_total` | counter (settled cost, 1e-9 of the currency) | `tenant` with `tenant_label` |
+//! | `turnpike_spend_charge_plans` | gauge (callers whose budget counters are kept built for the day; at most 4096) | |
 //! | `turnpike_budget_refusals_total` | counter | `period` (`daily`, `monthly`, `total`); `tenant` with `tenant_label` |
 //! | `turnpike_usage_log_records`, `turnpike_usage_log_dropped_total` | gauge, counter (in-memory store: usage records waiting for export; the oldest dropped at the cap) | |
 //! | `turnpike_usage_journal_bytes`, `turnpike_usage_journal_waiting`, `turnpike_usage_journal_full_total` | gauge, gauge, counter (the usage journal's size, its records Redis does not have yet, records written to Redis directly because the journal was full) | |
@@ -473,8 +474,21 @@ pub fn spent(tenant: &str, nanos: u64) {
         metrics::counter!("turnpike_spend_nanounits_total", "tenant" => tenant.to_string())
             .increment(nanos);
     } else {
-        metrics::counter!("turnpike_spend_nanounits_total").increment(nanos);
+        // Every priced request adds to it: its handle is looked up once, with the recorder
+        // in place.
+        static SPENT: OnceLock<metrics::Counter> = OnceLock::new();
+        SPENT
+            .get_or_init(|| {
+                handle();
+                metrics::counter!("turnpike_spend_nanounits_total")
+            })
+            .increment(nanos);
     }
+}
+
+/// Callers whose budget counters are kept built (`turnpike_spend_charge_plans`).
+pub fn charge_plans(count: usize) {
+    metrics::gauge!("turnpike_spend_charge_plans").set(count as f64);
 }
 
 /// A spend budget refused a request (`turnpike_budget_refusals_total` by `period`).

@@ -87,6 +87,11 @@ impl Calendar {
             month: format!("{:04}{:02}", today.year(), u8::from(today.month())),
         }
     }
+
+    /// The day it is at: from its midnight to the next (Unix seconds, UTC).
+    pub fn day_span(&self) -> (i64, i64) {
+        (self.next_day.saturating_sub(86_400), self.next_day)
+    }
 }
 
 /// A counter outlives its period by a day, so a request admitted just before a period ends

@@ -25,7 +25,8 @@ use crate::store::{GiveBack, Record, Refund, Settlement, Store, StoreError, Tall
 #[derive(Debug)]
 pub struct SpendHold {
     store: Arc<dyn Store>,
-    tallies: Vec<Tally>,
+    /// The counters it is held on (none: it holds nothing).
+    tallies: Option<Arc<[Tally]>>,
     tenant: String,
     price: Option<Price>,
     held: Money,
@@ -46,9 +47,9 @@ pub struct ChargeRequest {
     /// The tenant (metrics and logs).
     pub tenant: String,
     /// The counters, each with its limit.
-    pub tallies: Vec<Tally>,
+    pub tallies: Arc<[Tally]>,
     /// What each counter is, in the same order.
-    pub lines: Vec<Line>,
+    pub lines: Arc<[Line]>,
     /// The request's price.
     pub price: Price,
     /// Its most possible cost.
@@ -120,7 +121,7 @@ pub async fn charge(
     }
     let mut hold = SpendHold::unbudgeted(store, &tenant, Some(price));
     if charged.is_some() {
-        (hold.tallies, hold.held, hold.warning) = (tallies, most, warning);
+        (hold.tallies, hold.held, hold.warning) = (Some(tallies), most, warning);
     }
     Ok(Ok(hold))
 }
@@ -131,7 +132,7 @@ impl SpendHold {
     pub fn unbudgeted(store: &Arc<dyn Store>, tenant: &str, price: Option<Price>) -> Self {
         Self {
             store: Arc::clone(store),
-            tallies: Vec::new(),
+            tallies: None,
             tenant: tenant.to_string(),
             price,
             held: Money(0),
@@ -235,19 +236,23 @@ impl SpendHold {
         if cost.0 > 0 {
             metrics::spent(&self.tenant, cost.0);
         }
-        if self.tallies.is_empty() || cost == self.held {
+        if cost == self.held {
             return None;
         }
-        let (mut tallies, held) = (std::mem::take(&mut self.tallies), self.held);
+        let (tallies, held) = (self.tallies.take()?, self.held);
         if cost < held {
             return Some(Refund {
                 tallies,
                 amount: held.0 - cost.0,
             });
         }
-        for t in &mut tallies {
-            t.limit = None;
-        }
+        let tallies: Vec<Tally> = tallies
+            .iter()
+            .map(|t| Tally {
+                limit: None,
+                ..t.clone()
+            })
+            .collect();
         let store = Arc::clone(&self.store);
         spawn(async move {
             if let Err(e) = store.charge(&tallies, cost.0 - held.0).await {

@@ -65,14 +65,18 @@ impl Money {
 impl fmt::Display for Money {
     /// Exact decimal, trailing zeros dropped, at least two decimals (`0.000123`, `5.00`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (whole, frac) = (self.0 / NANOS, self.0 % NANOS);
-        let digits = format!("{frac:09}");
-        let trimmed = digits.trim_end_matches('0');
-        let shown = if trimmed.len() < 2 {
-            &digits[..2]
-        } else {
-            trimmed
-        };
+        // Every priced response prints one (`x-turnpike-cost`): digits on the stack.
+        let (whole, mut frac) = (self.0 / NANOS, self.0 % NANOS);
+        let mut digits = [b'0'; 9];
+        for d in digits.iter_mut().rev() {
+            *d = b'0' + (frac % 10) as u8;
+            frac /= 10;
+        }
+        let shown = 2 + digits[2..]
+            .iter()
+            .rposition(|&d| d != b'0')
+            .map_or(0, |i| i + 1);
+        let shown = std::str::from_utf8(&digits[..shown]).map_err(|_| fmt::Error)?;
         write!(f, "{whole}.{shown}")
     }
 }

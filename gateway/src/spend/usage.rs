@@ -90,7 +90,11 @@ pub const METRICS: [&str; 10] = [
 
 /// A sum's name: tenant, key, model and metric, tab-separated (none of them holds a tab).
 pub fn sum_name(tenant: &str, key: &str, model: &str, metric: &str) -> String {
-    format!("{tenant}\t{key}\t{model}\t{metric}")
+    // Every request writes several of these: joined by hand, in one allocation.
+    let parts = [tenant, "\t", key, "\t", model, "\t", metric];
+    let mut name = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    parts.iter().for_each(|p| name.push_str(p));
+    name
 }
 
 impl RecordContext {

@@ -9,6 +9,7 @@
 //! consistent directory from start to end.
 
 pub mod auth;
+mod charge_plans;
 pub mod jwt;
 pub mod keys;
 pub mod keys_file;

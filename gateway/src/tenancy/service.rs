@@ -43,6 +43,8 @@ pub struct Tenancy {
     layers: std::sync::Mutex<Layers>,
     /// Prices and the currency, swapped whole on reload.
     spend: std::sync::RwLock<Arc<SpendConfig>>,
+    /// The budget counters callers are charged to, by caller and day.
+    charge_plans: super::charge_plans::ChargePlans,
 }
 
 /// The layers of the tenant directory: the configuration (with its keys file) and the admin
@@ -253,11 +255,16 @@ impl Tenancy {
                 config_keys,
             }),
             spend: std::sync::RwLock::new(Arc::new(config.spend.clone())),
+            charge_plans: Default::default(),
         })
     }
 
     pub(super) fn spend_config(&self) -> &std::sync::RwLock<Arc<SpendConfig>> {
         &self.spend
+    }
+
+    pub(super) fn charge_plans(&self) -> &super::charge_plans::ChargePlans {
+        &self.charge_plans
     }
 
     fn layers(&self) -> std::sync::MutexGuard<'_, Layers> {

@@ -4,15 +4,13 @@
 
 use std::sync::Arc;
 
+use super::Caller;
 use super::service::Tenancy;
-use super::{Caller, Principal};
 use crate::error::ApiError;
-use crate::spend::budget::{Calendar, Line, charge_lines};
 use crate::spend::hold::{ChargeRequest, SpendHold, charge};
 use crate::spend::prices::Price;
 use crate::spend::settings::SpendConfig;
 use crate::spend::usage::RecordContext;
-use crate::store::Tally;
 
 impl Tenancy {
     /// Prices and the currency in force.
@@ -72,16 +70,18 @@ impl Tenancy {
         let p = &caller.principal;
         let tenant = &p.tenant.name;
         let now = now();
-        let (tallies, lines) = budget_lines(p, now);
+        let store = self.store();
+        let Some(plan) = self.charge_plans().of(p, now) else {
+            return Ok(SpendHold::unbudgeted(store, tenant, Some(price)));
+        };
         let ask = ChargeRequest {
             tenant: tenant.clone(),
-            tallies,
-            lines,
+            tallies: Arc::clone(&plan.tallies),
+            lines: Arc::clone(&plan.lines),
             price,
             most: price.most(prompt, most_new),
             currency: self.spend().currency.clone(),
         };
-        let store = self.store();
         match charge(store, ask, now).await {
             Ok(Ok(hold)) => {
                 if let Some(warning) = &hold.warning {
@@ -97,29 +97,6 @@ impl Tenancy {
             }
         }
     }
-}
-
-/// The counters a request of `p` is charged to and what each is, at `now`: its tenant's budget
-/// and its key's.
-fn budget_lines(p: &Principal, now: i64) -> (Vec<Tally>, Vec<Line>) {
-    let (mut tallies, mut lines) = (Vec::new(), Vec::new());
-    let tenant_budget = p.tenant.plan.budget.as_ref();
-    let key_budget = p.scopes.budget.as_ref().zip(p.key_id.as_ref());
-    if tenant_budget.is_none() && key_budget.is_none() {
-        return (tallies, lines);
-    }
-    let calendar = Calendar::at(now);
-    let tenant = &p.tenant.name;
-    let prefix = format!("tp:{{{tenant}}}:sp");
-    if let Some(budget) = tenant_budget {
-        let owner = format!("tenant `{tenant}`");
-        charge_lines(&prefix, &owner, budget, &calendar, &mut tallies, &mut lines);
-    }
-    if let Some((budget, key)) = key_budget {
-        let (prefix, owner) = (format!("{prefix}:k:{key}"), format!("key `{key}`"));
-        charge_lines(&prefix, &owner, budget, &calendar, &mut tallies, &mut lines);
-    }
-    (tallies, lines)
 }
 
 fn now() -> i64 {

@@ -4,6 +4,8 @@
 //! request's end costs one round trip however many of them it has; the gateway awaits it only
 //! when it carries a record (a response is complete once its record is durable).
 
+use std::sync::Arc;
+
 use crate::{Tally, UsageEntry, Window};
 
 /// Unused reserved tokens going back to a bucket's windows (never above capacity; a bucket
@@ -22,8 +24,9 @@ pub struct GiveBack {
 /// (never below zero).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refund {
-    /// The tallies.
-    pub tallies: Vec<Tally>,
+    /// The tallies (shared with the hold that charged them: a caller's tallies are built once
+    /// a day, not per request).
+    pub tallies: Arc<[Tally]>,
     /// The amount taken back from each.
     pub amount: u64,
 }
@@ -103,7 +106,7 @@ mod tests {
                 amount: 700,
             }),
             refund: Some(Refund {
-                tallies: tallies.clone(),
+                tallies: tallies.clone().into(),
                 amount: 300,
             }),
             record: Some(Record {

@@ -108,7 +108,13 @@ impl Tallies {
         let totals = tallies
             .iter()
             .map(|t| {
-                let entry = self.counts.entry(t.key.clone()).or_insert((0, t.lapses_at));
+                // A live counter is found by reference; only a new one copies its key.
+                if !self.counts.contains_key(&t.key) {
+                    self.counts.insert(t.key.clone(), (0, t.lapses_at));
+                }
+                let Some(entry) = self.counts.get_mut(&t.key) else {
+                    return 0;
+                };
                 if entry.1.is_some_and(|at| at <= now) {
                     *entry = (0, t.lapses_at);
                 }

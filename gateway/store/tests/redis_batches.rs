@@ -156,7 +156,7 @@ async fn concurrent_settlements_each_give_back_refund_and_record_once() {
             amount: 100,
         }),
         refund: Some(Refund {
-            tallies: tallies.clone(),
+            tallies: tallies.clone().into(),
             amount: 30,
         }),
         record: Some(usage_record(i)),

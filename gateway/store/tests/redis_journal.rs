@@ -28,7 +28,7 @@ fn tally() -> Vec<Tally> {
 fn settlement(i: u64) -> Settlement {
     Settlement {
         refund: Some(Refund {
-            tallies: tally(),
+            tallies: tally().into(),
             amount: 1,
         }),
         record: Some(usage_record(i)),

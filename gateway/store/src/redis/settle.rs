@@ -61,7 +61,7 @@ pub(crate) fn invocation(
         match s.refund {
             Some(r) => {
                 args.extend([number(r.tallies.len() as u64), number(r.amount)]);
-                keys.extend(r.tallies.into_iter().map(|t| t.key));
+                keys.extend(r.tallies.iter().map(|t| t.key.clone()));
             }
             None => args.extend([number(0), number(0)]),
         }

@@ -3,6 +3,7 @@
 //! spend and its usage record, each optional. Numbers are little-endian; strings and byte
 //! fields carry a 4-byte length.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::{GiveBack, Record, Refund, Settlement, Tally, UsageEntry, Window};
@@ -66,7 +67,7 @@ pub(super) fn encode(settlement: &Settlement) -> Vec<u8> {
     }
     if let Some(r) = &settlement.refund {
         put_u32(&mut out, r.tallies.len());
-        for t in &r.tallies {
+        for t in r.tallies.iter() {
             put_bytes(&mut out, t.key.as_bytes());
         }
         out.extend_from_slice(&r.amount.to_le_bytes());
@@ -141,7 +142,7 @@ pub(super) fn decode(bytes: &[u8], at: usize) -> Option<(u64, Settlement, usize)
                     lapses_at: None,
                 })
             })
-            .collect::<Option<Vec<_>>>()?;
+            .collect::<Option<Arc<[_]>>>()?;
         let amount = c.u64()?;
         settlement.refund = Some(Refund { tallies, amount });
     }
@@ -204,11 +205,11 @@ mod tests {
                 amount: 7,
             }),
             refund: Some(Refund {
-                tallies: vec![Tally {
+                tallies: Arc::from([Tally {
                     key: "tp:{acme}:sp:t".into(),
                     limit: None,
                     lapses_at: None,
-                }],
+                }]),
                 amount: 300,
             }),
             record: Some(Record {

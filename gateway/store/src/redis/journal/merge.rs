@@ -9,6 +9,7 @@
 //! appended each in order.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::{GiveBack, Record, Refund, Settlement, Tally, UsageEntry, Window};
 
@@ -23,8 +24,8 @@ pub(crate) fn merge(batch: Vec<Settlement>) -> Vec<Settlement> {
             *give_backs.entry((g.key, g.windows)).or_default() += g.amount;
         }
         if let Some(r) = s.refund {
-            for t in r.tallies {
-                *refunds.entry(t.key).or_default() += r.amount;
+            for t in r.tallies.iter() {
+                *refunds.entry(t.key.clone()).or_default() += r.amount;
             }
         }
         if let Some(r) = s.record {
@@ -50,11 +51,11 @@ pub(crate) fn merge(batch: Vec<Settlement>) -> Vec<Settlement> {
         Settlement::from(give_back)
     }));
     out.extend(refunds.into_iter().map(|(key, amount)| {
-        let tallies = vec![Tally {
+        let tallies = Arc::from([Tally {
             key,
             limit: None,
             lapses_at: None,
-        }];
+        }]);
         Settlement {
             refund: Some(Refund { tallies, amount }),
             ..Settlement::default()
@@ -95,11 +96,11 @@ mod tests {
                 amount: n,
             }),
             refund: Some(Refund {
-                tallies: vec![Tally {
+                tallies: Arc::from([Tally {
                     key: "tp:{a}:sp:t".into(),
                     limit: Some(9),
                     lapses_at: None,
-                }],
+                }]),
                 amount: 2 * n,
             }),
             record: Some(Record {
