@@ -44,7 +44,10 @@ impl Tenancy {
     ) -> Result<Option<SpendHold>, ApiError> {
         let spend = self.spend();
         let hold = match price {
-            Some(price) => self.charge_budgets(caller, price, prompt, most_new).await?,
+            Some(price) => {
+                self.charge_budgets(caller, price, prompt, most_new, &spend.currency)
+                    .await?
+            }
             None if spend.records => {
                 SpendHold::unbudgeted(self.store(), &caller.principal.tenant.name, None)
             }
@@ -66,6 +69,7 @@ impl Tenancy {
         price: Price,
         prompt: u64,
         most_new: u64,
+        currency: &str,
     ) -> Result<SpendHold, ApiError> {
         let p = &caller.principal;
         let tenant = &p.tenant.name;
@@ -80,7 +84,7 @@ impl Tenancy {
             lines: Arc::clone(&plan.lines),
             price,
             most: price.most(prompt, most_new),
-            currency: self.spend().currency.clone(),
+            currency: currency.to_string(),
         };
         match charge(store, ask, now).await {
             Ok(Ok(hold)) => {

@@ -107,19 +107,19 @@ impl Tallies {
         }
         let totals = tallies
             .iter()
-            .map(|t| {
-                // A live counter is found by reference; only a new one copies its key.
-                if !self.counts.contains_key(&t.key) {
-                    self.counts.insert(t.key.clone(), (0, t.lapses_at));
+            // A live counter is found by reference; only a new one copies its key.
+            .map(|t| match self.counts.get_mut(&t.key) {
+                Some(entry) => {
+                    if entry.1.is_some_and(|at| at <= now) {
+                        *entry = (0, t.lapses_at);
+                    }
+                    entry.0 = entry.0.saturating_add(amount);
+                    entry.0
                 }
-                let Some(entry) = self.counts.get_mut(&t.key) else {
-                    return 0;
-                };
-                if entry.1.is_some_and(|at| at <= now) {
-                    *entry = (0, t.lapses_at);
+                None => {
+                    self.counts.insert(t.key.clone(), (amount, t.lapses_at));
+                    amount
                 }
-                entry.0 = entry.0.saturating_add(amount);
-                entry.0
             })
             .collect();
         Some(Charge {
