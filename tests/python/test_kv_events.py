@@ -216,6 +216,16 @@ def replica_stat(front, replica, stat):
     return 0.0
 
 
+def wait_subscribed(nodes):
+    """Until a subscriber is connected to every node's events: a node's PUB socket drops what it
+    publishes before then, so a front that has not joined yet would never hear of those blocks."""
+    deadline = time.monotonic() + 10
+    while any(engine_stat(n, "kv_events_subscribers") < 1.0 for n in nodes):
+        assert time.monotonic() < deadline, "no subscriber joined every node's events"
+        time.sleep(0.05)
+    time.sleep(0.3)
+
+
 def generate_count(node) -> int:
     text = urllib.request.urlopen(f"{node.base}/metrics", timeout=10).read().decode()
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -260,6 +270,7 @@ def test_a_front_routes_by_the_blocks_its_replicas_hold(tmp_path, tiny_model):
     client = openai.OpenAI(base_url=front.url, api_key="sk-unused", max_retries=0)
     shared = [(11 * i + 5) % 200 + 5 for i in range(50)]  # three full blocks and two tokens
     try:
+        wait_subscribed(nodes)
         first = [generate_count(n) for n in nodes]
         client.completions.create(model="tiny", prompt=shared + [9], max_tokens=2, temperature=0)
         holder = next(i for i, n in enumerate(nodes) if generate_count(n) > first[i])
@@ -300,6 +311,7 @@ def test_the_endpoint_picker_routes_token_prompts_by_the_blocks_nodes_hold(tmp_p
     client = openai.OpenAI(base_url=front.url, api_key="sk-unused", max_retries=0)
     shared = [(13 * i + 7) % 200 + 5 for i in range(50)]
     try:
+        wait_subscribed(nodes)
         first = [generate_count(n) for n in nodes]
         client.completions.create(model="tiny", prompt=shared + [9], max_tokens=2, temperature=0)
         holder = next(i for i, n in enumerate(nodes) if generate_count(n) > first[i])
