@@ -223,7 +223,8 @@ def test_usage_records_equal_the_responses_when_a_replica_is_killed(tmp_path):
                                 '[tenants.acme]\nmodels = ["*"]\nkeys = [{ env = "ACME_KEY" }, '
                                 '{ env = "READER_KEY", endpoints = ["usage"] }]')
             keys["READER_KEY"] = keys.get("READER_KEY") or make_key()
-            text = text.replace('output = { mode = "echo" }', 'output = { mode = "random", length = [5, 40] }')
+            text = text.replace('output = { mode = "echo" }', 'latency = { ttft_ms = 10, itl_ms = 2 }\n'
+                                'output = { mode = "random", length = [5, 40] }')
             texts.append(text)
             gateways.append(Gateway(tmp_path, text, keys, f"usage{i}"))
         key = keys["ACME_KEY"]
@@ -248,7 +249,10 @@ def test_usage_records_equal_the_responses_when_a_replica_is_killed(tmp_path):
 
         with ThreadPoolExecutor(16) as pool:
             futures = [pool.submit(one, i) for i in range(160)]
-            time.sleep(0.5)
+            # The kill lands mid-load on any host: after a third of the answers, not after a time.
+            deadline = time.monotonic() + 30
+            while sum(f.done() for f in futures) < 50 and time.monotonic() < deadline:
+                time.sleep(0.01)
             redis.pause_writes(700)
             time.sleep(0.3)
             gateways[1].process.kill()
