@@ -26,18 +26,22 @@ pub(crate) fn usage_log(records: usize, dropped: bool) {
     }
 }
 
-/// Requests waiting for a grouped Redis call of one kind (`turnpike_state_batch_queue`).
-pub(crate) fn batch_queue(kind: &'static str, waiting: usize) {
-    metrics::gauge!("turnpike_state_batch_queue", "kind" => kind).set(waiting as f64);
+/// Requests waiting for a grouped Redis call of one kind (`turnpike_state_batch_queue`): the
+/// handle, which a queue keeps (it changes on every request's call).
+pub(crate) fn batch_queue(kind: &'static str) -> metrics::Gauge {
+    metrics::gauge!("turnpike_state_batch_queue", "kind" => kind)
 }
 
-/// The usage journal's size, and records it could not take (written to Redis directly)
-/// (`turnpike_usage_journal_bytes`, `turnpike_usage_journal_full_total`).
-pub(crate) fn usage_journal(bytes: u64, full: bool) {
-    metrics::gauge!("turnpike_usage_journal_bytes").set(bytes as f64);
-    if full {
-        metrics::counter!("turnpike_usage_journal_full_total").increment(1);
-    }
+/// The usage journal's size (`turnpike_usage_journal_bytes`): the handle, which the journal
+/// keeps (it changes on every append).
+pub(crate) fn usage_journal_bytes() -> metrics::Gauge {
+    metrics::gauge!("turnpike_usage_journal_bytes")
+}
+
+/// A record the usage journal could not take (written to Redis directly)
+/// (`turnpike_usage_journal_full_total`).
+pub(crate) fn usage_journal_full() {
+    metrics::counter!("turnpike_usage_journal_full_total").increment(1);
 }
 
 /// Journaled usage records Redis does not have yet (`turnpike_usage_journal_waiting`).

@@ -61,6 +61,8 @@ pub(crate) struct Queue<B: Batch> {
 struct Waiting<B: Batch> {
     items: Vec<(B::Item, Reply<B>)>,
     draining: bool,
+    /// `turnpike_state_batch_queue{kind}`, taken from the recorder at first use.
+    gauge: Option<metrics::Gauge>,
 }
 
 impl<B: Batch> Default for Queue<B> {
@@ -69,6 +71,7 @@ impl<B: Batch> Default for Queue<B> {
             state: Mutex::new(Waiting {
                 items: Vec::new(),
                 draining: false,
+                gauge: None,
             }),
         }
     }
@@ -108,7 +111,7 @@ impl<B: Batch> Queue<B> {
         }
         let (tx, rx) = oneshot::channel();
         waiting.items.push((item, tx));
-        crate::gauges::batch_queue(B::NAME, waiting.items.len());
+        waiting.show();
         Queued::Wait(rx)
     }
 
@@ -149,8 +152,16 @@ impl<B: Batch> Waiting<B> {
     /// The first `most` items (all, when fewer wait).
     fn take(&mut self, most: usize) -> Vec<(B::Item, Reply<B>)> {
         let taken: Vec<_> = self.items.drain(..self.items.len().min(most)).collect();
-        crate::gauges::batch_queue(B::NAME, self.items.len());
+        self.show();
         taken
+    }
+
+    /// Sets the queue's gauge to its length.
+    fn show(&mut self) {
+        let waiting = self.items.len() as f64;
+        self.gauge
+            .get_or_insert_with(|| crate::gauges::batch_queue(B::NAME))
+            .set(waiting);
     }
 }
 

@@ -1,8 +1,8 @@
 //! The usage journal: a local file each request's end (its [`Settlement`]: usage record,
-//! unused tokens, unused spend) is appended to, with one write, before its response completes;
-//! a shipper ([`super::ship`]) sends the settlements on to Redis in order, many per script call,
-//! off the requests' path. A response so waits for a write to the page cache instead of a Redis
-//! round trip, and a replica killed with settlements not yet shipped ships them when it starts
+//! unused tokens, unused spend) is appended to before its response completes, copied into the
+//! file's end mapped in memory ([`tail`]); a shipper ([`super::ship`]) sends the settlements on
+//! to Redis in order, many per script call, off the requests' path. A response so waits for a
+//! copy into the page cache instead of a Redis round trip, and a replica killed with settlements not yet shipped ships them when it starts
 //! again on the same file.
 //!
 //! Exactly once: every frame has a sequence number, and the script that applies a batch also
@@ -12,13 +12,14 @@
 //!
 //! The file: a header (magic, the journal's random id, the sequence number before its first
 //! frame), then frames ([`frame`]). A frame cut short by a crash fails its length or checksum
-//! and is cut off at open. Once everything is shipped the shipper starts the file again from a
+//! and is cut off at open (as is anything else past the last whole frame; space reserved
+//! ahead reads as zeros). Once everything is shipped the shipper starts the file again from a
 //! new header carrying the last sequence number, so numbers never repeat. The file has a size
 //! cap; a settlement that would pass it goes to Redis directly, as without a journal (counted).
 
 use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasher, Hasher};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -28,8 +29,10 @@ use crate::{Settlement, StoreError};
 
 mod frame;
 pub(crate) mod merge;
+mod tail;
 
 use frame::{FRAME_HEAD, decode, encode, read4, read8, seal};
+use tail::Tail;
 
 const MAGIC: &[u8; 4] = b"TPJ1";
 /// Magic, 32 hex digits of id, the base sequence number.
@@ -46,6 +49,8 @@ pub(crate) struct Journal {
     pub(crate) shipped: AtomicU64,
     /// Woken on every append.
     pub(crate) wake: tokio::sync::Notify,
+    /// `turnpike_usage_journal_bytes`.
+    bytes: metrics::Gauge,
     /// `<file>.lock`, locked while this process holds the journal: two processes appending to
     /// one file would interleave their frames.
     _lock: File,
@@ -53,7 +58,8 @@ pub(crate) struct Journal {
 
 #[derive(Debug)]
 struct Writer {
-    file: File,
+    tail: Tail,
+    /// Where the last whole frame ends.
     len: u64,
     last: u64,
 }
@@ -73,10 +79,7 @@ impl Journal {
             )));
         }
         let (id, last, len) = if path.exists() {
-            let mut bytes = Vec::new();
-            File::open(path)
-                .and_then(|mut f| f.read_to_end(&mut bytes))
-                .map_err(fail)?;
+            let bytes = std::fs::read(path).map_err(fail)?;
             let (id, base) = header(&bytes).ok_or_else(|| {
                 StoreError(format!(
                     "usage journal {}: not a usage journal (wrong header)",
@@ -88,11 +91,14 @@ impl Journal {
                 (at, last) = (end, seq);
             }
             if at < bytes.len() {
-                tracing::warn!(
-                    journal = %path.display(),
-                    cut = bytes.len() - at,
-                    "the usage journal ended in an incomplete record (a crash while writing); it is cut off"
-                );
+                // Zeros are space reserved ahead; anything else is a frame a crash cut short.
+                if bytes[at..].iter().any(|&b| b != 0) {
+                    tracing::warn!(
+                        journal = %path.display(),
+                        cut = bytes.len() - at,
+                        "the usage journal ended in an incomplete record (a crash while writing); it is cut off"
+                    );
+                }
                 let file = OpenOptions::new().write(true).open(path).map_err(fail)?;
                 file.set_len(at as u64).map_err(fail)?;
             }
@@ -102,15 +108,17 @@ impl Journal {
             start_file(path, &id, 0).map_err(fail)?;
             (id, 0, HEADER)
         };
-        let file = OpenOptions::new().append(true).open(path).map_err(fail)?;
-        crate::gauges::usage_journal(len, false);
+        let tail = Tail::new(open_tail(path).map_err(fail)?).map_err(fail)?;
+        let bytes = crate::gauges::usage_journal_bytes();
+        bytes.set(len as f64);
         Ok(Self {
             path: path.to_path_buf(),
             id,
             max_bytes,
-            writer: Mutex::new(Writer { file, len, last }),
+            writer: Mutex::new(Writer { tail, len, last }),
             shipped: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
+            bytes,
             _lock: lock,
         })
     }
@@ -133,20 +141,20 @@ impl Journal {
         let mut out = encode(settlement);
         let mut w = self.writer();
         if w.len + out.len() as u64 > self.max_bytes {
-            crate::gauges::usage_journal(w.len, true);
+            crate::gauges::usage_journal_full();
             return false;
         }
         let seq = w.last + 1;
         seal(&mut out, seq);
-        if let Err(e) = w.file.write_all(&out) {
+        let at = w.len;
+        if let Err(e) = w.tail.put(at, &out) {
+            // A part copied stays past the last whole frame, for the next frame to overwrite.
             tracing::warn!(error = %e, journal = %self.path.display(), "cannot append to the usage journal; the settlement goes to Redis directly");
-            // A part written stays past the length the next open checks; cut it now.
-            let _ = w.file.set_len(w.len);
             return false;
         }
         w.len += out.len() as u64;
         w.last = seq;
-        crate::gauges::usage_journal(w.len, false);
+        self.bytes.set(w.len as f64);
         drop(w);
         self.wake.notify_one();
         true
@@ -212,11 +220,12 @@ impl Journal {
         let fresh = self.path.with_extension("restart");
         let restarted = start_file(&fresh, &self.id, w.last)
             .and_then(|()| std::fs::rename(&fresh, &self.path))
-            .and_then(|()| OpenOptions::new().append(true).open(&self.path));
+            .and_then(|()| open_tail(&self.path))
+            .and_then(Tail::new);
         match restarted {
-            Ok(file) => {
-                (w.file, w.len) = (file, HEADER);
-                crate::gauges::usage_journal(HEADER, false);
+            Ok(tail) => {
+                (w.tail, w.len) = (tail, HEADER);
+                self.bytes.set(HEADER as f64);
                 Some(HEADER)
             }
             Err(e) => {
@@ -238,6 +247,11 @@ fn new_id() -> String {
     let mut low = random.build_hasher();
     low.write_u32(std::process::id());
     format!("{:016x}{:016x}", high.finish(), low.finish())
+}
+
+/// The file at `path`, opened to map its end.
+fn open_tail(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().read(true).write(true).open(path)
 }
 
 /// Writes a file holding only a header.
@@ -311,7 +325,9 @@ mod tests {
         assert_eq!(frames[1].1, record(2));
         let (rest, end) = journal.read(&reader, pos, 10).unwrap();
         assert_eq!(rest.len(), 2);
-        assert_eq!(end, std::fs::metadata(&path).unwrap().len());
+        assert_eq!(end, journal.writer().len);
+        // Past the frames, space reserved ahead: zeros, which a reopen does not read as frames.
+        assert!(std::fs::metadata(&path).unwrap().len() > end);
         drop(journal);
         let again = Journal::open(&path, 1 << 20).unwrap();
         assert_eq!(again.last(), 5);
@@ -327,10 +343,9 @@ mod tests {
         for n in 1..=3 {
             assert!(journal.append(&record(n)));
         }
-        let id = journal.mark_key();
+        let (id, len) = (journal.mark_key(), journal.writer().len);
         drop(journal);
         // A crash in the middle of the third frame.
-        let len = std::fs::metadata(&path).unwrap().len();
         OpenOptions::new()
             .write(true)
             .open(&path)
