@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use serde_json::Value;
 use tokio::sync::Notify;
 use turnpike_engine_api::Status;
 use turnpike_engine_api::plugin::{Request, Sink};
@@ -167,13 +166,8 @@ pub(crate) async fn attempt(
             if payload == b"[DONE]" {
                 return done(leg, &p, delivered, sink);
             }
-            let value: Value = match serde_json::from_slice(payload) {
-                Ok(v) => v,
-                Err(e) => return failed(format!("a chunk is not JSON: {e}"), sink, p.tokens),
-            };
-            let index = value["index"].as_u64().unwrap_or(0) as usize;
-            let seen = p.seen.get(index).copied().unwrap_or(0);
-            let chunk = match c.protocol.chunk(&value, seen) {
+            let seen = |index: usize| p.seen.get(index).copied().unwrap_or(0);
+            let chunk = match c.protocol.chunk(payload, seen) {
                 Ok(c) => c,
                 Err(why) => {
                     return Attempt::Failed {

@@ -245,7 +245,7 @@ impl Engine for Upstream {
                 &format!("tp-{}", request.id),
             )
             .map_err(EngineError::invalid_request)?;
-        let body = Bytes::from(body.to_string());
+        let body = Bytes::from(body);
         let cancel = Arc::new(Notify::new());
         let id = request.id;
         self.running

@@ -217,7 +217,7 @@ fn resumption(
         .map_err(|why| format!("cannot resume choice {choice}: {why}"))?;
     Ok(Some(Leg {
         choices: vec![choice],
-        body: Bytes::from(body.to_string()),
+        body: Bytes::from(body),
         resumed: Some(Resumed {
             prompt: resumed.prompt,
             at,

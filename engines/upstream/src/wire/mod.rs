@@ -78,23 +78,28 @@ impl Protocol {
         model: Option<&str>,
         req: &Request,
         rid: &str,
-    ) -> Result<Value, String> {
-        match self {
-            Self::Sglang => Ok(sglang::body(model, req, rid)),
-            Self::Turnpike => {
-                let mut body = sglang::body(model, req, rid);
-                if let Some(resume) = req.params.resume {
-                    body["resume"] = serde_json::json!(resume);
-                }
-                Ok(body)
-            }
-            Self::LlamaCpp => llama_cpp::body(model, req),
-            Self::Vllm => vllm::body(model, req, rid),
-        }
+    ) -> Result<Vec<u8>, String> {
+        let value = match self {
+            Self::Sglang => return Ok(sglang::body(model, req, rid, false)),
+            Self::Turnpike => return Ok(sglang::body(model, req, rid, true)),
+            Self::LlamaCpp => llama_cpp::body(model, req)?,
+            Self::Vllm => vllm::body(model, req, rid)?,
+        };
+        Ok(value.to_string().into_bytes())
     }
 
-    /// Reads one streamed chunk; `seen` is how many tokens of its choice came before.
-    pub(crate) fn chunk(self, value: &Value, seen: usize) -> Result<Chunk, String> {
+    /// Reads one streamed chunk (a `data:` line's JSON); `seen(index)` is how many tokens of
+    /// choice `index` came before.
+    pub(crate) fn chunk(
+        self,
+        payload: &[u8],
+        seen: impl Fn(usize) -> usize,
+    ) -> Result<Chunk, String> {
+        if let Self::Sglang | Self::Turnpike = self {
+            return sglang::chunk(payload, seen);
+        }
+        let value: Value =
+            serde_json::from_slice(payload).map_err(|e| format!("a chunk is not JSON: {e}"))?;
         if let Some(error) = value.get("error") {
             return Err(error
                 .get("message")
@@ -102,9 +107,9 @@ impl Protocol {
                 .map_or_else(|| error.to_string(), str::to_string));
         }
         match self {
-            Self::Sglang | Self::Turnpike => sglang::chunk(value, seen),
-            Self::LlamaCpp => llama_cpp::chunk(value),
-            Self::Vllm => vllm::chunk(value),
+            Self::LlamaCpp => llama_cpp::chunk(&value),
+            Self::Vllm => vllm::chunk(&value),
+            Self::Sglang | Self::Turnpike => sglang::chunk(payload, seen),
         }
     }
 }
