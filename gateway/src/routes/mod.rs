@@ -48,9 +48,22 @@ use crate::protocols::{Call, StreamSettings};
 use crate::tenancy::{Caller, Tenancy};
 pub use settings::{CorsOrigins, ServerConfig};
 
-/// What every handler can reach.
+/// What every handler can reach: one shared [`Shared`], so the clone each handler and
+/// middleware takes per request is one reference count, not one per part.
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The parts of [`AppState`].
+#[derive(Debug, Clone)]
+pub struct Shared {
     /// Served models and their engines.
     pub registry: Arc<ModelRegistry>,
     /// Server limits and timings.
@@ -103,7 +116,7 @@ impl AppState {
             &responses,
             stream_settings(&server),
         ));
-        Self {
+        Self(Arc::new(Shared {
             websockets,
             registry,
             server,
@@ -112,7 +125,14 @@ impl AppState {
             responses,
             admin: None,
             batches,
-        }
+        }))
+    }
+
+    /// The same state with `change` made to its parts (while a server is set up).
+    fn changed(self, change: impl FnOnce(&mut Shared)) -> Self {
+        let mut shared = Arc::unwrap_or_clone(self.0);
+        change(&mut shared);
+        Self(Arc::new(shared))
     }
 
     /// The same state, keeping files as `files` says and running batches as `settings` say
@@ -132,23 +152,18 @@ impl AppState {
             &self.responses,
             self.streams(),
         ));
-        Ok(Self { batches, ..self })
+        Ok(self.changed(|s| s.batches = batches))
     }
 
     /// The same state, running gateway plugins.
     pub fn with_plugins(self, plugins: Arc<crate::plugins::PluginHost>) -> Self {
-        Self {
-            generator: self.generator.with_plugins(plugins),
-            ..self
-        }
+        let generator = self.generator.clone().with_plugins(plugins);
+        self.changed(|s| s.generator = generator)
     }
 
     /// The same state, serving the admin API.
     pub fn with_admin(self, admin: Arc<crate::admin::Admin>) -> Self {
-        Self {
-            admin: Some(admin),
-            ..self
-        }
+        self.changed(|s| s.admin = Some(admin))
     }
 
     /// How streamed answers are timed.
