@@ -521,10 +521,12 @@ pub fn active_leases(delta: f64) {
     metrics::gauge!("turnpike_concurrency_leases").increment(delta);
 }
 
-/// A model's queue.
-pub fn queue_depth(model: &str, running: usize, waiting: usize) {
-    metrics::gauge!("turnpike_queue_running", "model" => model.to_string()).set(running as f64);
-    metrics::gauge!("turnpike_queue_waiting", "model" => model.to_string()).set(waiting as f64);
+/// A model's queue: its running and waiting gauges, for the queue to keep and set.
+pub fn queue_gauges(model: &str) -> (metrics::Gauge, metrics::Gauge) {
+    (
+        metrics::gauge!("turnpike_queue_running", "model" => model.to_string()),
+        metrics::gauge!("turnpike_queue_waiting", "model" => model.to_string()),
+    )
 }
 
 /// A model's queue refused a request.

@@ -51,17 +51,21 @@ impl Queues {
 
     /// The queue of a served model (its id: the set is bounded by the registry).
     pub fn of(&self, model: &str) -> Arc<ModelQueue> {
-        Arc::clone(
-            lock(&self.models)
-                .entry(model.to_string())
-                .or_insert_with(|| {
-                    Arc::new(ModelQueue {
-                        model: model.to_string(),
-                        limits: self.limits,
-                        state: Mutex::default(),
-                    })
-                }),
-        )
+        let mut models = lock(&self.models);
+        // Looked up before the entry API, which would copy the id on every request.
+        if let Some(queue) = models.get(model) {
+            return Arc::clone(queue);
+        }
+        let (running, waiting) = metrics::queue_gauges(model);
+        let queue = Arc::new(ModelQueue {
+            model: model.to_string(),
+            limits: self.limits,
+            state: Mutex::default(),
+            running,
+            waiting,
+        });
+        models.insert(model.to_string(), Arc::clone(&queue));
+        queue
     }
 }
 
@@ -105,6 +109,10 @@ pub struct ModelQueue {
     model: String,
     limits: QueueLimits,
     state: Mutex<State>,
+    /// `turnpike_queue_running` and `turnpike_queue_waiting` of this model (set on every
+    /// join and leave, so the handles are kept).
+    running: ::metrics::Gauge,
+    waiting: ::metrics::Gauge,
 }
 
 /// A place among the running; dropping it hands the place to the next waiter.
@@ -159,7 +167,8 @@ impl ModelQueue {
     }
 
     fn gauges(&self, state: &State) {
-        metrics::queue_depth(&self.model, state.running, state.waiting.len());
+        self.running.set(state.running as f64);
+        self.waiting.set(state.waiting.len() as f64);
     }
 
     fn leave(self: &Arc<Self>) {
