@@ -215,19 +215,24 @@ mod tests {
         serde_json::from_slice(&body(None, req, "r", true)).unwrap()
     }
 
+    /// A request for prompt 1, 2, 3 with default parameters.
+    fn request() -> Request {
+        Request {
+            id: 1,
+            model: "m".into(),
+            prompt: vec![1, 2, 3],
+            trace_context: String::new(),
+            params: GenerationParams::default(),
+        }
+    }
+
     fn read(chunk_json: &Value, seen: usize) -> Result<Chunk, String> {
         chunk(chunk_json.to_string().as_bytes(), |_| seen)
     }
 
     #[test]
     fn speculation_settings_are_sent_only_when_asked_for() {
-        let mut req = Request {
-            id: 1,
-            model: "m".into(),
-            prompt: vec![1, 2, 3],
-            trace_context: String::new(),
-            params: GenerationParams::default(),
-        };
+        let mut req = request();
         let plain = sent(&req);
         assert!(
             plain["sampling_params"]
@@ -254,13 +259,7 @@ mod tests {
 
     #[test]
     fn the_body_carries_the_prompt_sampling_and_grammar() {
-        let mut req = Request {
-            id: 1,
-            model: "m".into(),
-            prompt: vec![1, 2, 3],
-            trace_context: String::new(),
-            params: GenerationParams::default(),
-        };
+        let mut req = request();
         req.params.max_tokens = 9;
         req.params.seed = Some(5);
         req.params.stop_token_ids = vec![4];

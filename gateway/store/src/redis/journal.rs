@@ -2,8 +2,8 @@
 //! unused tokens, unused spend) is appended to before its response completes, copied into the
 //! file's end mapped in memory ([`tail`]); a shipper ([`super::ship`]) sends the settlements on
 //! to Redis in order, many per script call, off the requests' path. A response so waits for a
-//! copy into the page cache instead of a Redis round trip, and a replica killed with settlements not yet shipped ships them when it starts
-//! again on the same file.
+//! copy into the page cache instead of a Redis round trip, and a replica killed with
+//! settlements not yet shipped ships them when it starts again on the same file.
 //!
 //! Exactly once: every frame has a sequence number, and the script that applies a batch also
 //! raises the journal's mark in Redis (`tp:{usage}:j:<id>`) in the same atomic step, skipping
