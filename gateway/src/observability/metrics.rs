@@ -108,10 +108,7 @@ pub fn upkeep() {
 
 /// One HTTP request finished its response head.
 pub fn http_request(endpoint: &str, status: u16, elapsed: Duration) {
-    metrics::counter!("turnpike_http_requests_total", "endpoint" => endpoint.to_string(), "status" => status.to_string())
-        .increment(1);
-    metrics::histogram!("turnpike_http_request_duration_seconds", "endpoint" => endpoint.to_string())
-        .record(elapsed.as_secs_f64());
+    super::metric_handles::http_request(endpoint, status, elapsed.as_secs_f64());
 }
 
 /// An error answered to a client (also mid-stream).
@@ -121,10 +118,9 @@ pub fn error(code: &str) {
 
 /// Tokens of a finished generation.
 pub fn tokens(model: &str, prompt: u64, completion: u64) {
-    metrics::counter!("turnpike_tokens_total", "model" => model.to_string(), "kind" => "prompt")
-        .increment(prompt);
-    metrics::counter!("turnpike_tokens_total", "model" => model.to_string(), "kind" => "completion")
-        .increment(completion);
+    let handles = super::metric_handles::model(model);
+    handles.prompt_tokens.increment(prompt);
+    handles.completion_tokens.increment(completion);
     let mut decoded = DECODED.lock().unwrap_or_else(PoisonError::into_inner);
     match decoded.totals.get_mut(model) {
         Some(total) => *total += completion,
@@ -169,13 +165,15 @@ fn decode_rates() {
 
 /// Time from arrival to the first generated text.
 pub fn time_to_first_token(model: &str, elapsed: Duration) {
-    metrics::histogram!("turnpike_time_to_first_token_seconds", "model" => model.to_string())
+    super::metric_handles::model(model)
+        .time_to_first_token
         .record(elapsed.as_secs_f64());
 }
 
 /// A request's time per output token after the first (decode latency per token).
 pub fn time_per_output_token(model: &str, seconds: f64) {
-    metrics::histogram!("turnpike_time_per_output_token_seconds", "model" => model.to_string())
+    super::metric_handles::model(model)
+        .time_per_output_token
         .record(seconds);
 }
 
@@ -523,6 +521,8 @@ pub fn active_leases(delta: f64) {
 
 /// A model's queue: its running and waiting gauges, for the queue to keep and set.
 pub fn queue_gauges(model: &str) -> (metrics::Gauge, metrics::Gauge) {
+    // The recorder first: a handle taken before it is installed would count nowhere.
+    handle();
     (
         metrics::gauge!("turnpike_queue_running", "model" => model.to_string()),
         metrics::gauge!("turnpike_queue_waiting", "model" => model.to_string()),

@@ -2,6 +2,7 @@
 
 mod engine_metrics;
 mod logging;
+mod metric_handles;
 pub mod metrics;
 mod trace_batch;
 pub mod traces;

@@ -340,12 +340,11 @@ pub fn health_router(state: AppState) -> Router {
 
 async fn count_requests(request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let endpoint = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    // The matched route is shared (a reference count), not copied.
+    let route = request.extensions().get::<MatchedPath>().cloned();
     let response = next.run(request).await;
-    record::http_request(&endpoint, response.status().as_u16(), started.elapsed());
+    let endpoint = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    record::http_request(endpoint, response.status().as_u16(), started.elapsed());
     response
 }
 
