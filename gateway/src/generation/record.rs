@@ -18,6 +18,8 @@ pub(crate) struct RequestRecord {
     pub endpoint: &'static str,
     /// The model id.
     pub model: String,
+    /// The model's request metrics, found once for the request.
+    model_metrics: std::sync::Arc<metrics::ModelMetrics>,
     /// The client's `user` field (opaque).
     pub user: Option<String>,
     /// Whether the response is streamed.
@@ -47,6 +49,7 @@ impl RequestRecord {
         Self {
             id,
             endpoint,
+            model_metrics: metrics::model_metrics(&model),
             model,
             user,
             stream,
@@ -68,7 +71,8 @@ impl RequestRecord {
     /// token.
     pub(crate) fn first_output(&self, at: Instant) {
         if self.first_output.set(at).is_ok() {
-            metrics::time_to_first_token(&self.model, at.saturating_duration_since(self.started));
+            self.model_metrics
+                .first_token(at.saturating_duration_since(self.started));
         }
     }
 
@@ -76,12 +80,13 @@ impl RequestRecord {
     /// after the first.
     pub(crate) fn ended(&self, prompt_tokens: u64, completion_tokens: u64) {
         self.settled.store(true, Ordering::Relaxed);
-        metrics::tokens(&self.model, prompt_tokens, completion_tokens);
+        self.model_metrics.tokens(prompt_tokens, completion_tokens);
         if let Some(first) = self.first_output.get()
             && completion_tokens > 1
         {
             let decoding = first.elapsed().as_secs_f64();
-            metrics::time_per_output_token(&self.model, decoding / (completion_tokens - 1) as f64);
+            self.model_metrics
+                .per_output_token(decoding / (completion_tokens - 1) as f64);
         }
         tracing::info!(
             target: "turnpike::request",

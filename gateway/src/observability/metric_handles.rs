@@ -2,7 +2,7 @@
 //! metric up by name and labels, which allocates the label strings and hashes them on every
 //! call, and a request records several (its HTTP status and duration, its model's tokens, time
 //! to first token and time per output token). A kept handle costs one map lookup by a borrowed
-//! key instead.
+//! key instead, and a request's model handles are found once (`RequestRecord` keeps them).
 //!
 //! Each table is bounded: label values come from the router's routes, HTTP statuses and the
 //! served models, and a table that still passes [`MOST`] entries (models reloaded many times)
@@ -18,11 +18,31 @@ const MOST: usize = 4096;
 
 /// What a model's generations record.
 #[derive(Debug)]
-pub(super) struct ModelHandles {
-    pub(super) prompt_tokens: Counter,
-    pub(super) completion_tokens: Counter,
-    pub(super) time_to_first_token: Histogram,
-    pub(super) time_per_output_token: Histogram,
+pub(crate) struct ModelHandles {
+    model: String,
+    prompt_tokens: Counter,
+    completion_tokens: Counter,
+    time_to_first_token: Histogram,
+    time_per_output_token: Histogram,
+}
+
+impl ModelHandles {
+    /// A request's first text or tool call came `elapsed` after it arrived.
+    pub(crate) fn first_token(&self, elapsed: std::time::Duration) {
+        self.time_to_first_token.record(elapsed.as_secs_f64());
+    }
+
+    /// A request ended with these token counts.
+    pub(crate) fn tokens(&self, prompt: u64, completion: u64) {
+        self.prompt_tokens.increment(prompt);
+        self.completion_tokens.increment(completion);
+        super::metrics::decoded(&self.model, completion);
+    }
+
+    /// A request's time per output token after the first (decode latency per token).
+    pub(crate) fn per_output_token(&self, seconds: f64) {
+        self.time_per_output_token.record(seconds);
+    }
 }
 
 /// What a route records: its duration, and its count per status.
@@ -51,6 +71,7 @@ pub(super) fn model(model: &str) -> Arc<ModelHandles> {
     super::metrics::handle();
     let name = || model.to_string();
     let handles = Arc::new(ModelHandles {
+        model: name(),
         prompt_tokens: metrics::counter!("turnpike_tokens_total", "model" => name(), "kind" => "prompt"),
         completion_tokens: metrics::counter!("turnpike_tokens_total", "model" => name(), "kind" => "completion"),
         time_to_first_token: metrics::histogram!("turnpike_time_to_first_token_seconds", "model" => name()),
@@ -96,7 +117,7 @@ pub(super) fn http_request(endpoint: &str, status: u16, seconds: f64) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::metrics::{render, time_to_first_token, tokens};
+    use super::super::metrics::render;
     use super::*;
 
     #[test]
@@ -104,9 +125,9 @@ mod tests {
         http_request("/kept/route", 200, 0.01);
         http_request("/kept/route", 200, 0.02);
         http_request("/kept/route", 404, 0.01);
-        tokens("kept-model", 5, 7);
-        tokens("kept-model", 1, 2);
-        time_to_first_token("kept-model", std::time::Duration::from_millis(3));
+        model("kept-model").tokens(5, 7);
+        model("kept-model").tokens(1, 2);
+        model("kept-model").first_token(std::time::Duration::from_millis(3));
         let text = render();
         for line in [
             r#"turnpike_http_requests_total{endpoint="/kept/route",status="200"} 2"#,
