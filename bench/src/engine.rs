@@ -23,6 +23,8 @@
 //!
 //! `ENGINE_BENCH_QUICK=1` runs the first group alone (prefill, decode, time to first token,
 //! memory), three times, and prints it without writing `OUT_JSON`: for trying a change.
+//! `ENGINE_BENCH_PREFILL=N` runs the prefill workload alone, N times, and prints each rate: a
+//! steady prompt load to profile (`perf record -p`), with no decoding steps mixed in.
 
 #![allow(clippy::print_stdout, clippy::expect_used, clippy::unwrap_used)]
 
@@ -77,6 +79,16 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(512);
+    if let Some(times) = std::env::var("ENGINE_BENCH_PREFILL")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        for _ in 0..times {
+            let t = rt.block_on(run(&engine, "bench", vec![prompts.next(prompt_len)], 1));
+            println!("prefill_tokens_per_s {}", prompt_len as f64 / t.end);
+        }
+        return;
+    }
     let quick = std::env::var_os("ENGINE_BENCH_QUICK").is_some();
     for _ in 0..if quick { 3 } else { RUNS } {
         let t = rt.block_on(run(&engine, "bench", vec![prompts.next(prompt_len)], 1));
