@@ -46,9 +46,10 @@ impl CpuDevice {
     ) -> Result<Self, ModelError> {
         let spec = folder.spec.clone();
         let opened = Weights::open(&folder.path)?;
-        let mut weights = LayeredWeights::load_with(&spec, &opened, &PackedReader(&opened), |p| {
-            Ok(Matrix::new(p))
-        })?;
+        let mut weights =
+            LayeredWeights::load_with(&spec, &opened, &PackedReader(&opened), |parts| {
+                Ok(Matrix::stacked(parts))
+            })?;
         drop(opened);
         // Under `Int8` every product with 4- and 8-bit layer weights rounds its inputs to
         // bytes, so the layers are held once, in the byte kernels' layout. Prompt rows of the

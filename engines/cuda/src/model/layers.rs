@@ -81,23 +81,25 @@ impl TensorReader for F32Reader<'_> {
     }
 }
 
-/// Reads matrices in their own precision (quantized GGUF types stay quantized).
+/// Reads matrices in their own precision (quantized GGUF types stay quantized), each as the
+/// parts it is stacked from: neighbours in one layout joined, the others kept apart
+/// ([`Packed::stack_runs`]) for a device that multiplies each part in its own layout.
 #[derive(Debug)]
 pub struct PackedReader<'a>(pub &'a Weights);
 
 impl TensorReader for PackedReader<'_> {
-    type Tensor = Packed;
+    type Tensor = Vec<Packed>;
 
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Packed, ModelError> {
-        self.0.packed(name, &[rows, cols])
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<Packed>, ModelError> {
+        Ok(vec![self.0.packed(name, &[rows, cols])?])
     }
 
-    fn vector(&self, values: Vec<f32>) -> Packed {
-        Packed::f32(1, values.len(), values)
+    fn vector(&self, values: Vec<f32>) -> Vec<Packed> {
+        vec![Packed::f32(1, values.len(), values)]
     }
 
-    fn stack(&self, parts: Vec<Packed>) -> Packed {
-        Packed::stack(parts)
+    fn stack(&self, parts: Vec<Vec<Packed>>) -> Vec<Packed> {
+        Packed::stack_runs(parts.into_iter().flatten().collect())
     }
 }
 

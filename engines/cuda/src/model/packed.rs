@@ -286,6 +286,34 @@ impl Packed {
         acc
     }
 
+    /// Stacks matrices of equal width row-wise as [`Self::stack`] does, joining only
+    /// neighbours in one layout: the others stay apart, each in its own, where `stack` would
+    /// widen them all (a Q4_K_M file's Q4_K queries and keys beside Q6_K values would take
+    /// twice their bytes as 8-bit codes in groups of 16).
+    pub fn stack_runs(parts: Vec<Packed>) -> Vec<Packed> {
+        let mut runs: Vec<Packed> = Vec::new();
+        for next in parts {
+            match runs.pop() {
+                Some(last) if last.same_layout(&next) => runs.push(join(last, next)),
+                Some(last) => runs.extend([last, next]),
+                None => runs.push(next),
+            }
+        }
+        runs
+    }
+
+    /// Whether `other`'s values join this matrix's without widening either.
+    fn same_layout(&self, other: &Packed) -> bool {
+        match (&self.codes, &other.codes) {
+            (Codes::F32(_), Codes::F32(_))
+            | (Codes::Bf16(_), Codes::Bf16(_))
+            | (Codes::F16(_), Codes::F16(_)) => true,
+            (Codes::Q4 { offset, .. }, Codes::Q4 { offset: o, .. }) => offset == o,
+            (Codes::Q8 { group, .. }, Codes::Q8 { group: g, .. }) => group == g,
+            _ => false,
+        }
+    }
+
     /// The same values as 8-bit codes in groups of `group`, where that holds them exactly.
     fn widen_to_q8(&self, group: usize) -> Option<Groups<i8>> {
         let (from, groups) = match &self.codes {
@@ -432,6 +460,18 @@ mod tests {
         let mixed = Packed::stack(vec![q4(1, 0, true), f.clone()]);
         assert_eq!(mixed.kind(), "f32");
         assert_eq!(mixed.to_f32()[64..], f.to_f32()[..]);
+    }
+
+    #[test]
+    fn stacking_runs_joins_one_layout_and_keeps_the_others_apart() {
+        let runs = Packed::stack_runs(vec![q4(2, 0, true), q4(3, 0, false), q4(1, 8, false)]);
+        let shapes: Vec<_> = runs.iter().map(|p| (p.kind(), p.rows)).collect();
+        assert_eq!(shapes, [("q4", 5), ("q4", 1)]);
+        let want: Vec<f32> = [q4(2, 0, true), q4(3, 0, false)]
+            .iter()
+            .flat_map(Packed::to_f32)
+            .collect();
+        assert_eq!(runs[0].to_f32(), want);
     }
 
     #[test]

@@ -88,6 +88,9 @@ pub(super) struct Matrix {
     tiles: Option<int8::Tiles>,
     /// Which rows' byte products take a second pass ([`Self::second_pass`]).
     second_pass: SecondPass,
+    /// Where the matrix is stacked from parts in different layouts ([`Self::stacked`]): the
+    /// parts, each multiplied in its own, and `packed` holds the shape only.
+    parts: Vec<Matrix>,
 }
 
 impl Matrix {
@@ -97,18 +100,35 @@ impl Matrix {
             packed,
             tiles: None,
             second_pass: SecondPass::Never,
+            parts: Vec::new(),
         }
+    }
+
+    /// The parts of a stacked matrix (q, k and v), one under another, each kept in its own
+    /// layout ([`crate::model::PackedReader`]): a product multiplies each and places its
+    /// columns, so no part is widened to another's layout.
+    pub(super) fn stacked(mut parts: Vec<Packed>) -> Self {
+        if parts.len() < 2 {
+            return Self::new(parts.pop().unwrap_or_else(|| Packed::f32(0, 0, Vec::new())));
+        }
+        let rows = parts.iter().map(|p| p.rows).sum();
+        let cols = parts.first().map_or(0, |p| p.cols);
+        let mut whole = Self::new(Packed::f32(rows, cols, Vec::new()));
+        whole.parts = parts.into_iter().map(Self::new).collect();
+        whole
     }
 
     /// Which rows of this matrix's byte products take a second pass.
     pub(super) fn second_pass(&mut self, rows: SecondPass) {
         self.second_pass = rows;
+        self.parts.iter_mut().for_each(|p| p.second_pass(rows));
     }
 
     /// For a matrix laid out for the byte kernels (whose products never read the shipped
     /// codes): drops those codes, so the matrix is held once (its shape stays readable).
     /// Nothing changes for a matrix with float inputs.
     pub(super) fn tiles_only(&mut self) {
+        self.parts.iter_mut().for_each(Self::tiles_only);
         if self.tiles.is_some() {
             self.packed.codes = crate::model::packed::Codes::F32(Vec::new());
         }
@@ -116,13 +136,16 @@ impl Matrix {
 
     /// Bytes the matrix takes in memory.
     pub(super) fn bytes(&self) -> usize {
-        self.packed.bytes() + self.tiles.as_ref().map_or(0, int8::Tiles::bytes)
+        self.packed.bytes()
+            + self.tiles.as_ref().map_or(0, int8::Tiles::bytes)
+            + self.parts.iter().map(Self::bytes).sum::<usize>()
     }
 
     /// Lays 4- and 8-bit codes out for the byte kernels where `inputs` asks for it, so
     /// products round their inputs to bytes.
     pub(super) fn round_inputs(&mut self, inputs: Activations) {
-        if inputs == Activations::Int8 {
+        self.parts.iter_mut().for_each(|p| p.round_inputs(inputs));
+        if inputs == Activations::Int8 && self.parts.is_empty() {
             self.tiles = int8::Tiles::new(&self.packed);
         }
     }
@@ -139,7 +162,8 @@ pub(super) fn linear(x: &[f32], rounded: usize, w: &Matrix, bias: Option<&[f32]>
     linear_with(Isa::detected(), x, rounded, w, bias, out);
 }
 
-/// [`linear`] compiled for `isa` (the portable loop where this CPU does not run it).
+/// [`linear`] compiled for `isa` (the portable loop where this CPU does not run it); a
+/// matrix stacked from parts takes each part's product in turn.
 pub(super) fn linear_with(
     isa: Isa,
     x: &[f32],
@@ -152,6 +176,39 @@ pub(super) fn linear_with(
     let m = x.len().checked_div(k).unwrap_or(0);
     assert_eq!(x.len(), m * k, "input shape");
     assert_eq!(out.len(), m * n, "output shape");
+    if !w.parts.is_empty() {
+        parts(isa, x, rounded, &w.parts, out);
+    } else {
+        whole(isa, x, rounded, w, out);
+    }
+    if let Some(bias) = bias {
+        out.par_chunks_mut(n).for_each(|o| {
+            for (v, b) in o.iter_mut().zip(bias) {
+                *v += b;
+            }
+        });
+    }
+}
+
+/// Each part's product, its columns placed beside the others'.
+fn parts(isa: Isa, x: &[f32], rounded: usize, parts: &[Matrix], out: &mut [f32]) {
+    let n: usize = parts.iter().map(|p| p.packed.rows).sum();
+    let mut first = 0;
+    for part in parts {
+        let width = part.packed.rows;
+        let mut sums = vec![0.0f32; out.len() / n.max(1) * width];
+        linear_with(isa, x, rounded, part, None, &mut sums);
+        out.par_chunks_mut(n)
+            .zip(sums.par_chunks(width.max(1)))
+            .for_each(|(row, sums)| row[first..first + width].copy_from_slice(sums));
+        first += width;
+    }
+}
+
+/// The product of a matrix held whole.
+fn whole(isa: Isa, x: &[f32], rounded: usize, w: &Matrix, out: &mut [f32]) {
+    let (n, k) = (w.packed.rows, w.packed.cols);
+    let m = x.len().checked_div(k).unwrap_or(0);
     match &w.tiles {
         Some(tiles) => {
             let once = match w.second_pass {
@@ -167,13 +224,6 @@ pub(super) fn linear_with(
             View::Q4(r) => split(isa, &r, x, k, n, out),
             View::Q8(r) => split(isa, &r, x, k, n, out),
         },
-    }
-    if let Some(bias) = bias {
-        out.par_chunks_mut(n).for_each(|o| {
-            for (v, b) in o.iter_mut().zip(bias) {
-                *v += b;
-            }
-        });
     }
 }
 

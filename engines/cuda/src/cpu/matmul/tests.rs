@@ -401,3 +401,63 @@ fn four_bit_sums_at_their_largest_stay_exact_on_every_instruction_set() {
         }
     }
 }
+
+#[test]
+fn a_matrix_stacked_from_parts_in_different_layouts_places_each_parts_sums() {
+    let k = 64;
+    let pick = |rows: usize, kind: &str| {
+        matrices(rows, k)
+            .into_iter()
+            .find(|m| m.kind() == kind && m.cols == k)
+            .unwrap_or_else(|| panic!("a {kind} matrix"))
+    };
+    let parts = vec![pick(24, "q4"), pick(8, "q8")];
+    let n = 32;
+    let bias = values(n, 6);
+    for inputs in [Activations::Exact, Activations::Int8] {
+        let prepare = |mut m: Matrix| {
+            m.round_inputs(inputs);
+            m.second_pass(SecondPass::Prompts);
+            m.tiles_only();
+            m
+        };
+        let whole = prepare(Matrix::stacked(parts.clone()));
+        let alone: Vec<Matrix> = parts
+            .iter()
+            .cloned()
+            .map(Matrix::new)
+            .map(prepare)
+            .collect();
+        assert_eq!(
+            whole.bytes(),
+            alone.iter().map(Matrix::bytes).sum::<usize>()
+        );
+        for m in [1, 5, 17] {
+            for rounded in [m, 0] {
+                let x = values(m * k, m);
+                let mut out = vec![0.0; m * n];
+                linear(&x, rounded, &whole, Some(&bias), &mut out);
+                let mut first = 0;
+                for part in &alone {
+                    let width = part.packed.rows;
+                    let mut sums = vec![0.0; m * width];
+                    linear(
+                        &x,
+                        rounded,
+                        part,
+                        Some(&bias[first..first + width]),
+                        &mut sums,
+                    );
+                    for r in 0..m {
+                        assert_eq!(
+                            out[r * n + first..r * n + first + width],
+                            sums[r * width..(r + 1) * width],
+                            "{inputs:?} m={m} rounded={rounded} row {r}"
+                        );
+                    }
+                    first += width;
+                }
+            }
+        }
+    }
+}
