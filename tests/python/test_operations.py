@@ -222,8 +222,11 @@ def start_streams(base: str, body: dict, count: int) -> tuple[list, list]:
 
 def test_sigterm_during_fifty_streams_ends_every_one_cleanly(tmp_path):
     server = 'drain_delay_ms = 1000\ndrain_timeout_ms = 1000\nhealth_listen = "127.0.0.1:0"'
-    gateway = Gateway(tmp_path, config_text('[auth]\nmode = "none"', LONG_MODEL, server=server), {})
-    body = {"model": "long", "messages": HELLO, "max_tokens": 200, "stream": True}
+    # 250 tokens at 50 ms (12.5 s): no stream can end on its own before the cut 2 s after
+    # SIGTERM, however long the fifty take to start on a loaded machine.
+    endless = {"long": 'latency = { ttft_ms = 50, itl_ms = 50 }\noutput = { mode = "random", length = [250, 250] }'}
+    gateway = Gateway(tmp_path, config_text('[auth]\nmode = "none"', endless, server=server), {})
+    body = {"model": "long", "messages": HELLO, "max_tokens": 250, "stream": True}
     try:
         threads, results = start_streams(gateway.base, body, 50)
         gateway.process.send_signal(signal.SIGTERM)
@@ -239,7 +242,7 @@ def test_sigterm_during_fifty_streams_ends_every_one_cleanly(tmp_path):
     for status, raw in results:
         assert status == 200, raw[-300:]
         last = events_of(raw)[-1]
-        # 200 tokens at 20 ms outlast the 1 s deadline: each ends with the protocol's error event.
+        # Each outlasts the deadline, so each ends with the protocol's error event.
         assert last.startswith("data: {\"error\""), last
         assert "server_shutting_down" in last, last
     assert "drain deadline reached" in gateway.log.read_text()
