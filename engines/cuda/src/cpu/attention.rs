@@ -1,4 +1,5 @@
-//! Causal attention on the paged cache, one tile of a sequence's consecutive rows per task.
+//! Causal attention on the paged cache, one key/value head of a tile of a sequence's consecutive
+//! rows per task (so a prompt of one tile, a prefix hit's last position, uses every thread).
 //! Prefill tiles transpose each block of sixteen keys once and score every query of the tile
 //! against it sixteen keys at a time (no horizontal sums), then take one softmax per query and
 //! one pass over the values with the sums in registers. Decoding rows (a step's token and the
@@ -93,7 +94,23 @@ pub(super) fn attend_tiles<V: KvValue>(
         let (part, tail) = rest.split_at_mut(tile.len * width);
         rest = tail;
         if tile.prompt {
-            work.push(Work::Tile(*tile, part));
+            // One task per key/value head: a tile's groups are independent, and a prompt of
+            // one tile (a prefix hit's last position) would otherwise run on one thread.
+            let mut groups: Vec<Vec<&mut [f32]>> = (0..heads.kv)
+                .map(|_| Vec::with_capacity(tile.len))
+                .collect();
+            for row in part.chunks_exact_mut(width) {
+                for (out, rows) in row.chunks_exact_mut(per_group).zip(&mut groups) {
+                    rows.push(out);
+                }
+            }
+            for (group, out) in groups.into_iter().enumerate() {
+                work.push(Work::Tile {
+                    tile: *tile,
+                    group,
+                    out,
+                });
+            }
             continue;
         }
         // Decoding rows: one task per key/value head and block of at most `ROWS_PER_TASK`
@@ -132,10 +149,11 @@ pub(super) fn attend_tiles<V: KvValue>(
     work.into_par_iter().for_each_init(
         || (Vec::new(), Vec::new()),
         |(scores, keys), work| match work {
-            Work::Tile(tile, out) => isa.run(TileKernel {
+            Work::Tile { tile, group, out } => isa.run(TileKernel {
                 cache,
                 heads,
                 tile,
+                group,
                 queries: &queries[tile.row * stride..],
                 stride,
                 out,
@@ -160,8 +178,13 @@ pub(super) fn attend_tiles<V: KvValue>(
 
 /// A task of [`attend_tiles`].
 enum Work<'a> {
-    /// A prefill tile and its rows of the output.
-    Tile(Tile<'a>, &'a mut [f32]),
+    /// One key/value head of a prefill tile, and that head's part of each of the tile's
+    /// rows of the output.
+    Tile {
+        tile: Tile<'a>,
+        group: usize,
+        out: Vec<&'a mut [f32]>,
+    },
     /// One key/value head of a block of consecutive decoding rows of one sequence.
     Rows {
         rows: Vec<rows::Row<'a>>,
@@ -175,9 +198,12 @@ struct TileKernel<'a, V> {
     cache: Cache<'a, V>,
     heads: Heads,
     tile: Tile<'a>,
+    /// The key/value head.
+    group: usize,
     queries: &'a [f32],
     stride: usize,
-    out: &'a mut [f32],
+    /// Per row, the outputs of the query heads that share that key/value head.
+    out: Vec<&'a mut [f32]>,
     scores: &'a mut Vec<f32>,
     keys: &'a mut Vec<f32>,
 }
@@ -186,7 +212,7 @@ impl<V: KvValue> Kernel for TileKernel<'_, V> {
     type Output = ();
 
     #[inline(always)]
-    fn run<S: Simd, const T: usize>(self, s: S) {
+    fn run<S: Simd, const T: usize>(mut self, s: S) {
         let Heads {
             query: nh,
             kv: nkv,
@@ -203,76 +229,73 @@ impl<V: KvValue> Kernel for TileKernel<'_, V> {
         self.scores.resize(vectors * n, 0.0);
         self.keys.clear();
         self.keys.resize(hd * 16, 0.0);
-        let width = nh * hd;
-        for g in 0..nkv {
-            for kb in (0..n).step_by(16) {
-                let count = 16.min(n - kb);
-                for (j, &o) in offsets[kb..kb + count].iter().enumerate() {
-                    let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
-                    let mut wide = [0f32; 16];
-                    for c in 0..hd / 16 {
-                        s.store(V::load16(s, lanes(key, 16 * c)), &mut wide);
-                        for (i, &v) in wide.iter().enumerate() {
-                            self.keys[(16 * c + i) * 16 + j] = v;
-                        }
-                    }
-                    for (d, v) in key.iter().enumerate().skip(hd / 16 * 16) {
-                        self.keys[d * 16 + j] = v.get();
+        let g = self.group;
+        for kb in (0..n).step_by(16) {
+            let count = 16.min(n - kb);
+            for (j, &o) in offsets[kb..kb + count].iter().enumerate() {
+                let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
+                let mut wide = [0f32; 16];
+                for c in 0..hd / 16 {
+                    s.store(V::load16(s, lanes(key, 16 * c)), &mut wide);
+                    for (i, &v) in wide.iter().enumerate() {
+                        self.keys[(16 * c + i) * 16 + j] = v;
                     }
                 }
-                for v in 0..vectors {
-                    let (i, h) = (v / group, v % group);
-                    let at = i * self.stride + (g * group + h) * hd;
-                    let q = &self.queries[at..at + hd];
-                    let mut acc = [s.zero(); 4];
-                    for (d, &qd) in q.iter().enumerate() {
-                        let kt = lanes(self.keys, d * 16);
-                        acc[d % 4] = s.mul_add(s.splat(qd), s.load(kt), acc[d % 4]);
-                    }
-                    let mut sums = [0f32; 16];
-                    let total = s.add(s.add(acc[0], acc[1]), s.add(acc[2], acc[3]));
-                    s.store(total, &mut sums);
-                    let row = &mut self.scores[v * n + kb..v * n + kb + count];
-                    for (r, v) in row.iter_mut().zip(sums) {
-                        *r = self.heads.score(v);
-                    }
+                for (d, v) in key.iter().enumerate().skip(hd / 16 * 16) {
+                    self.keys[d * 16 + j] = v.get();
                 }
             }
             for v in 0..vectors {
                 let (i, h) = (v / group, v % group);
-                let visible = pos + i + 1;
-                let first = self.heads.first_visible(pos + i);
-                let p = &mut self.scores[v * n + first..v * n + visible];
-                let offsets = &offsets[first..];
-                softmax(p);
-                let head = g * group + h;
-                let o = &mut self.out[i * width + head * hd..i * width + (head + 1) * hd];
-                let whole = hd / 16;
-                for c0 in (0..whole).step_by(4) {
-                    let w = 4.min(whole - c0);
-                    let mut acc = [s.zero(); 4];
-                    for (&pj, &off) in p.iter().zip(offsets) {
-                        let pv = s.splat(pj);
-                        let base = off + g * hd + c0 * 16;
-                        for (c, acc) in acc.iter_mut().enumerate().take(w) {
-                            *acc = s.mul_add(
-                                pv,
-                                V::load16(s, lanes(self.cache.values, base + c * 16)),
-                                *acc,
-                            );
-                        }
-                    }
-                    for (c, acc) in acc.iter().enumerate().take(w) {
-                        s.store(*acc, lanes_mut(o, (c0 + c) * 16));
+                let at = i * self.stride + (g * group + h) * hd;
+                let q = &self.queries[at..at + hd];
+                let mut acc = [s.zero(); 4];
+                for (d, &qd) in q.iter().enumerate() {
+                    let kt = lanes(self.keys, d * 16);
+                    acc[d % 4] = s.mul_add(s.splat(qd), s.load(kt), acc[d % 4]);
+                }
+                let mut sums = [0f32; 16];
+                let total = s.add(s.add(acc[0], acc[1]), s.add(acc[2], acc[3]));
+                s.store(total, &mut sums);
+                let row = &mut self.scores[v * n + kb..v * n + kb + count];
+                for (r, v) in row.iter_mut().zip(sums) {
+                    *r = self.heads.score(v);
+                }
+            }
+        }
+        for v in 0..vectors {
+            let (i, h) = (v / group, v % group);
+            let visible = pos + i + 1;
+            let first = self.heads.first_visible(pos + i);
+            let p = &mut self.scores[v * n + first..v * n + visible];
+            let offsets = &offsets[first..];
+            softmax(p);
+            let o = &mut self.out[i][h * hd..(h + 1) * hd];
+            let whole = hd / 16;
+            for c0 in (0..whole).step_by(4) {
+                let w = 4.min(whole - c0);
+                let mut acc = [s.zero(); 4];
+                for (&pj, &off) in p.iter().zip(offsets) {
+                    let pv = s.splat(pj);
+                    let base = off + g * hd + c0 * 16;
+                    for (c, acc) in acc.iter_mut().enumerate().take(w) {
+                        *acc = s.mul_add(
+                            pv,
+                            V::load16(s, lanes(self.cache.values, base + c * 16)),
+                            *acc,
+                        );
                     }
                 }
-                for (d, o) in o.iter_mut().enumerate().skip(16 * whole) {
-                    *o = p
-                        .iter()
-                        .zip(offsets)
-                        .map(|(&pj, &off)| pj * self.cache.values[off + g * hd + d].get())
-                        .sum();
+                for (c, acc) in acc.iter().enumerate().take(w) {
+                    s.store(*acc, lanes_mut(o, (c0 + c) * 16));
                 }
+            }
+            for (d, o) in o.iter_mut().enumerate().skip(16 * whole) {
+                *o = p
+                    .iter()
+                    .zip(offsets)
+                    .map(|(&pj, &off)| pj * self.cache.values[off + g * hd + d].get())
+                    .sum();
             }
         }
     }
