@@ -25,6 +25,8 @@
 //! memory), three times, and prints it without writing `OUT_JSON`: for trying a change.
 //! `ENGINE_BENCH_PREFILL=N` runs the prefill workload alone, N times, and prints each rate: a
 //! steady prompt load to profile (`perf record -p`), with no decoding steps mixed in.
+//! `ENGINE_BENCH_WARM=N` prints a decoding step's time, then runs one prompt N times more and
+//! prints each time to first token: a steady load of prefix hits, to compare with the step.
 
 #![allow(clippy::print_stdout, clippy::expect_used, clippy::unwrap_used)]
 
@@ -86,6 +88,20 @@ fn main() {
         for _ in 0..times {
             let t = rt.block_on(run(&engine, "bench", vec![prompts.next(prompt_len)], 1));
             println!("prefill_tokens_per_s {}", prompt_len as f64 / t.end);
+        }
+        return;
+    }
+    if let Some(times) = std::env::var("ENGINE_BENCH_WARM")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        let prompt = prompts.next(prompt_len);
+        rt.block_on(run(&engine, "bench", vec![prompt.clone()], 1));
+        let t = rt.block_on(run(&engine, "bench", vec![prompts.next(16)], 64));
+        println!("decode_1 step ms {}", t.end * 1000.0 / t.tokens as f64);
+        for _ in 0..times {
+            let t = rt.block_on(run(&engine, "bench", vec![prompt.clone()], 1));
+            println!("warm ttft ms {}", t.earliest_first_token() * 1000.0);
         }
         return;
     }
