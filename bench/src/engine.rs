@@ -81,20 +81,14 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(512);
-    if let Some(times) = std::env::var("ENGINE_BENCH_PREFILL")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
+    if let Some(times) = count_from("ENGINE_BENCH_PREFILL") {
         for _ in 0..times {
             let t = rt.block_on(run(&engine, "bench", vec![prompts.next(prompt_len)], 1));
             println!("prefill_tokens_per_s {}", prompt_len as f64 / t.end);
         }
         return;
     }
-    if let Some(times) = std::env::var("ENGINE_BENCH_WARM")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
+    if let Some(times) = count_from("ENGINE_BENCH_WARM") {
         let prompt = prompts.next(prompt_len);
         rt.block_on(run(&engine, "bench", vec![prompt.clone()], 1));
         let t = rt.block_on(run(&engine, "bench", vec![prompts.next(16)], 64));
@@ -243,4 +237,9 @@ fn read_bandwidth_gb_per_s() -> f64 {
         best = best.max((words * 8) as f64 / start.elapsed().as_secs_f64() / 1e9);
     }
     best
+}
+
+/// The count an environment variable sets, if it sets one.
+fn count_from(var: &str) -> Option<usize> {
+    std::env::var(var).ok().and_then(|v| v.parse().ok())
 }

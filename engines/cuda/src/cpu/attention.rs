@@ -96,15 +96,7 @@ pub(super) fn attend_tiles<V: KvValue>(
         if tile.prompt {
             // One task per key/value head: a tile's groups are independent, and a prompt of
             // one tile (a prefix hit's last position) would otherwise run on one thread.
-            let mut groups: Vec<Vec<&mut [f32]>> = (0..heads.kv)
-                .map(|_| Vec::with_capacity(tile.len))
-                .collect();
-            for row in part.chunks_exact_mut(width) {
-                for (out, rows) in row.chunks_exact_mut(per_group).zip(&mut groups) {
-                    rows.push(out);
-                }
-            }
-            for (group, out) in groups.into_iter().enumerate() {
+            for (group, out) in by_kv_head(part, width, heads.kv).into_iter().enumerate() {
                 work.push(Work::Tile {
                     tile: *tile,
                     group,
@@ -121,22 +113,20 @@ pub(super) fn attend_tiles<V: KvValue>(
         let count = tile.len.div_ceil(rows::ROWS_PER_TASK);
         let size = tile.len.div_ceil(count.max(1)).max(1);
         for (b, block) in part.chunks_mut(size * width).enumerate() {
-            let mut groups: Vec<Vec<rows::Row<'_>>> =
-                (0..heads.kv).map(|_| Vec::with_capacity(size)).collect();
-            for (j, row) in block.chunks_exact_mut(width).enumerate() {
-                let i = b * size + j;
-                let at = (tile.row + i) * stride;
-                let span = heads.first_visible(tile.pos + i)..tile.pos + i + 1;
-                let outs = row.chunks_exact_mut(per_group).enumerate();
-                for ((group, out), rows) in outs.zip(&mut groups) {
-                    rows.push(rows::Row {
-                        q: &queries[at + group * per_group..at + (group + 1) * per_group],
-                        span: span.clone(),
-                        out,
-                    });
-                }
-            }
-            for (group, rows) in groups.into_iter().enumerate() {
+            for (group, outs) in by_kv_head(block, width, heads.kv).into_iter().enumerate() {
+                let rows: Vec<rows::Row<'_>> = outs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, out)| {
+                        let i = b * size + j;
+                        let at = (tile.row + i) * stride + group * per_group;
+                        rows::Row {
+                            q: &queries[at..at + per_group],
+                            span: heads.first_visible(tile.pos + i)..tile.pos + i + 1,
+                            out,
+                        }
+                    })
+                    .collect();
                 let last = rows.last().map_or(0, |r| r.span.end);
                 work.push(Work::Rows {
                     rows,
@@ -174,6 +164,21 @@ pub(super) fn attend_tiles<V: KvValue>(
             }),
         },
     );
+}
+
+/// `rows` (consecutive rows of `width` floats) split by key/value head: for each of the `kv`
+/// heads, its part of every row, in row order.
+fn by_kv_head(rows: &mut [f32], width: usize, kv: usize) -> Vec<Vec<&mut [f32]>> {
+    let per_head = width / kv.max(1);
+    let mut heads: Vec<Vec<&mut [f32]>> = (0..kv)
+        .map(|_| Vec::with_capacity(rows.len() / width.max(1)))
+        .collect();
+    for row in rows.chunks_exact_mut(width) {
+        for (out, head) in row.chunks_exact_mut(per_head).zip(&mut heads) {
+            head.push(out);
+        }
+    }
+    heads
 }
 
 /// A task of [`attend_tiles`].
