@@ -37,7 +37,8 @@ fn matrices(rows: usize, k: usize) -> Vec<Packed> {
             },
         },
     };
-    let q8 = |group: usize, with_min: bool| Packed {
+    // `six`: codes within -32..=31, which the byte kernels hold in 6 bits.
+    let q8 = |group: usize, with_min: bool, six: bool| Packed {
         rows,
         cols: k,
         codes: Codes::Q8 {
@@ -49,7 +50,12 @@ fn matrices(rows: usize, k: usize) -> Vec<Packed> {
                 } else {
                     Vec::new()
                 },
-                codes: (0..rows * k).map(|i| (i * 97 % 256) as u8 as i8).collect(),
+                codes: (0..rows * k)
+                    .map(|i| match six {
+                        true => (i * 97 % 64) as i8 - 32,
+                        false => (i * 97 % 256) as u8 as i8,
+                    })
+                    .collect(),
             },
         },
     };
@@ -67,8 +73,10 @@ fn matrices(rows: usize, k: usize) -> Vec<Packed> {
         },
         q4(8, false),
         q4(0, true),
-        q8(32, false),
-        q8(16, true),
+        q8(32, false, false),
+        q8(16, true, false),
+        q8(16, false, true),
+        q8(32, true, true),
     ]
 }
 
@@ -360,6 +368,47 @@ fn tiles_and_lanes_give_the_same_sums_bit_for_bit() {
             linear_with(Isa::Amx, &x, m, &matrix, None, &mut tiles);
             linear_with(Isa::Avx512, &x, m, &matrix, None, &mut lanes);
             assert_eq!(tiles, lanes, "{} m={m}", w.kind());
+        }
+    }
+}
+
+#[test]
+fn six_bit_codes_give_the_eight_bit_layouts_sums_bit_for_bit() {
+    // The 6-bit layout holds the same codes in fewer bytes and adds the same integers, so a
+    // model's logits do not change with it, on any instruction set or count of rows.
+    for w in [64, 288].into_iter().flat_map(|k| matrices(37, k)) {
+        let Codes::Q8 { group, groups } = &w.codes else {
+            continue;
+        };
+        if groups.codes.iter().any(|c| !(-32..32).contains(c)) {
+            continue;
+        }
+        let k = w.cols;
+        let mut six = Matrix::new(w.clone());
+        six.round_inputs(Activations::Int8);
+        let mut eight = Matrix::new(w.clone());
+        eight.tiles = int8::Tiles::eight_bit(&w);
+        let (six_bytes, eight_bytes) = (six.bytes(), eight.bytes());
+        // Codes in 3/4 of the bytes, the halves as they were (for tiles of 16 columns).
+        let columns = 37usize.next_multiple_of(16);
+        let halves = (1 + usize::from(!groups.min.is_empty())) * 2 * columns * k / group;
+        assert_eq!(
+            (six_bytes - w.bytes() - halves) * 4,
+            (eight_bytes - w.bytes() - halves) * 3
+        );
+        for m in [1, 2, 5, 8, 9, 15, 16, 17, 33, 70] {
+            let x = values(m * k, m + 1);
+            for isa in [Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Portable] {
+                if !isa.supported() {
+                    continue;
+                }
+                for rounded in [m, 0] {
+                    let (mut got, mut want) = (vec![0.0; m * 37], vec![0.0; m * 37]);
+                    linear_with(isa, &x, rounded, &six, None, &mut got);
+                    linear_with(isa, &x, rounded, &eight, None, &mut want);
+                    assert_eq!(got, want, "group {group} k={k} m={m} {isa:?} {rounded}");
+                }
+            }
         }
     }
 }

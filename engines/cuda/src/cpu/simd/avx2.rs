@@ -178,6 +178,34 @@ impl Simd for Avx2 {
         }
     }
 
+    #[inline(always)]
+    fn six_bits<const SHIFT: u32>(self, nibbles: [__m256i; 2], high: [__m256i; 2]) -> [__m256i; 2] {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            let m = _mm256_set1_epi8(0x30);
+            // Shifts of 16-bit lanes: bits 4 and 5 of a byte come from the same byte.
+            let moved = match SHIFT {
+                0 => [
+                    _mm256_slli_epi16::<4>(high[0]),
+                    _mm256_slli_epi16::<4>(high[1]),
+                ],
+                2 => [
+                    _mm256_slli_epi16::<2>(high[0]),
+                    _mm256_slli_epi16::<2>(high[1]),
+                ],
+                4 => high,
+                _ => [
+                    _mm256_srli_epi16::<2>(high[0]),
+                    _mm256_srli_epi16::<2>(high[1]),
+                ],
+            };
+            [
+                _mm256_or_si256(nibbles[0], _mm256_and_si256(moved[0], m)),
+                _mm256_or_si256(nibbles[1], _mm256_and_si256(moved[1], m)),
+            ]
+        }
+    }
+
     // vpmaddubsw saturates pairs of products at i16.
     const WIDE_UNSIGNED: bool = false;
 

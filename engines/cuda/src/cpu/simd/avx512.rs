@@ -124,6 +124,22 @@ impl Simd for Avx512 {
         unsafe { _mm512_and_si512(_mm512_srli_epi16::<4>(b), _mm512_set1_epi8(15)) }
     }
 
+    #[inline(always)]
+    fn six_bits<const SHIFT: u32>(self, nibbles: __m512i, high: __m512i) -> __m512i {
+        // SAFETY: see above (the token proves the features; arrays bound the pointers).
+        unsafe {
+            // Shifts of 16-bit lanes: bits 4 and 5 of a byte come from the same byte.
+            let moved = match SHIFT {
+                0 => _mm512_slli_epi16::<4>(high),
+                2 => _mm512_slli_epi16::<2>(high),
+                4 => high,
+                _ => _mm512_srli_epi16::<2>(high),
+            };
+            // nibbles | (moved & 0x30) in one instruction (0xF8: a | (b & c)).
+            _mm512_ternarylogic_epi32::<0xF8>(nibbles, moved, _mm512_set1_epi8(0x30))
+        }
+    }
+
     // vpdpbusd widens each product to 32 bits before adding.
     const WIDE_UNSIGNED: bool = true;
 

@@ -64,6 +64,10 @@ pub(super) trait Simd: Copy {
     fn low_nibbles(self, b: Self::B) -> Self::B;
     /// Each byte's high nibble.
     fn high_nibbles(self, b: Self::B) -> Self::B;
+    /// Six-bit codes: each byte of `nibbles` (at most 15) with bits `SHIFT..SHIFT + 2` of the
+    /// same byte of `high` above it, `nibbles | ((high >> SHIFT) & 3) << 4`; `SHIFT` is 0, 2,
+    /// 4 or 6.
+    fn six_bits<const SHIFT: u32>(self, nibbles: Self::B, high: Self::B) -> Self::B;
     /// Whether [`Simd::dot_unsigned`] is exact for every unsigned byte, not only for those
     /// at most 127.
     const WIDE_UNSIGNED: bool;

@@ -91,6 +91,11 @@ impl Simd for Portable {
         b.map(|b| b >> 4)
     }
 
+    #[inline(always)]
+    fn six_bits<const SHIFT: u32>(self, nibbles: [u8; 64], high: [u8; 64]) -> [u8; 64] {
+        std::array::from_fn(|i| nibbles[i] | ((high[i] >> SHIFT) & 3) << 4)
+    }
+
     const WIDE_UNSIGNED: bool = true;
 
     #[inline(always)]

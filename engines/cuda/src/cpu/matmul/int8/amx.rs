@@ -8,15 +8,15 @@
 //!
 //! The weights need no second layout: the tiles' blocks of 64 bytes (four codes of each of
 //! 16 columns) are the rows of AMX's code operand as they are for 8-bit codes, and a block of
-//! 4-bit codes is split into two such rows (low and high nibbles) each time a tile of rows
-//! meets it. What is left to the lanes is the float work per group (a conversion and two
+//! 4-bit codes is split into two such rows (low and high nibbles), one of 6-bit codes joined
+//! with its top bits into two, each time a tile of rows meets it. What is left to the lanes is the float work per group (a conversion and two
 //! multiply-adds per row), which bounds the loop: four groups' tile instructions are issued
 //! before the previous four groups' sums are read back and scaled, so the tiles' stores have
 //! landed by then.
 
 use super::super::rows::array;
 use super::super::tile::Out;
-use super::{AHEAD, Inputs, Kind, Tiles, WIDTH, prefetch, store};
+use super::{AHEAD, Inputs, Kind, Tiles, WIDTH, prefetch, six_bit_block, store};
 use crate::cpu::simd::Simd;
 use crate::cpu::simd::amx::{Configured, Operands, Shapes};
 
@@ -79,19 +79,20 @@ pub(super) unsafe fn run<S: Simd>(
     let acc = unsafe {
         match (w.kind, min) {
             (Kind::Q4 { offset: 0 }, false) => {
-                rows::<S, true, false, false>(s, tiles, scratch, w, x, r0, t)
+                rows::<S, 4, false, false>(s, tiles, scratch, w, x, r0, t)
             }
             (Kind::Q4 { offset: 0 }, true) => {
-                rows::<S, true, true, false>(s, tiles, scratch, w, x, r0, t)
+                rows::<S, 4, true, false>(s, tiles, scratch, w, x, r0, t)
             }
-            (Kind::Q4 { .. }, false) => {
-                rows::<S, true, false, true>(s, tiles, scratch, w, x, r0, t)
-            }
-            (Kind::Q4 { .. }, true) => rows::<S, true, true, true>(s, tiles, scratch, w, x, r0, t),
-            // Codes held as `code + 128`: the inputs' sums times 128 taken off, as the lanes'
-            // kernel does where its byte products are unsigned × signed.
-            (Kind::Q8, false) => rows::<S, false, false, true>(s, tiles, scratch, w, x, r0, t),
-            (Kind::Q8, true) => rows::<S, false, true, true>(s, tiles, scratch, w, x, r0, t),
+            (Kind::Q4 { .. }, false) => rows::<S, 4, false, true>(s, tiles, scratch, w, x, r0, t),
+            (Kind::Q4 { .. }, true) => rows::<S, 4, true, true>(s, tiles, scratch, w, x, r0, t),
+            // Codes held as `code + 32` and `code + 128`: the inputs' sums times 32 or 128
+            // taken off, as the lanes' kernel does where its byte products are unsigned ×
+            // signed.
+            (Kind::Q6, false) => rows::<S, 6, false, true>(s, tiles, scratch, w, x, r0, t),
+            (Kind::Q6, true) => rows::<S, 6, true, true>(s, tiles, scratch, w, x, r0, t),
+            (Kind::Q8, false) => rows::<S, 8, false, true>(s, tiles, scratch, w, x, r0, t),
+            (Kind::Q8, true) => rows::<S, 8, true, true>(s, tiles, scratch, w, x, r0, t),
         }
     };
     // SAFETY: as the caller's.
@@ -122,7 +123,7 @@ struct Tile<'a> {
 /// # Safety
 /// As [`run`].
 #[inline(always)]
-unsafe fn rows<S: Simd, const Q4: bool, const MIN: bool, const OFFSET: bool>(
+unsafe fn rows<S: Simd, const BITS: u32, const MIN: bool, const OFFSET: bool>(
     s: S,
     tiles: &Configured,
     scratch: &mut Scratch,
@@ -156,10 +157,10 @@ unsafe fn rows<S: Simd, const Q4: bool, const MIN: bool, const OFFSET: bool>(
     // reach a tile load late).
     let mut groups = [[Operands::EMPTY; BATCH]; 2];
     if whole > 0 {
-        groups[0] = split::<S, Q4>(s, &o, 0, &mut codes0.0);
+        groups[0] = split::<S, BITS>(s, &o, 0, &mut codes0.0);
     }
     if whole > 1 {
-        groups[1] = split::<S, Q4>(s, &o, BATCH, &mut codes1.0);
+        groups[1] = split::<S, BITS>(s, &o, BATCH, &mut codes1.0);
     }
     if whole > 0 {
         // SAFETY: as the caller's; the batch's groups are below `count`.
@@ -182,14 +183,14 @@ unsafe fn rows<S: Simd, const Q4: bool, const MIN: bool, const OFFSET: bool>(
             } else {
                 &mut codes1.0
             };
-            groups[now] = split::<S, Q4>(s, &o, (b + 2) * BATCH, codes);
+            groups[now] = split::<S, BITS>(s, &o, (b + 2) * BATCH, codes);
         }
         for (i, sums) in sums[now].0.iter().enumerate() {
             scale_in::<S, MIN, OFFSET>(s, &o, b * BATCH + i, sums, &mut acc);
         }
     }
     for g in whole * BATCH..count {
-        let operands = operands::<S, Q4>(s, &o, g, &mut codes0.0[0]);
+        let operands = operands::<S, BITS>(s, &o, g, &mut codes0.0[0]);
         // SAFETY: as the caller's; g < count.
         unsafe { tiles.sums1(operands, k, &mut sums[0].0[0]) };
         scale_in::<S, MIN, OFFSET>(s, &o, g, &sums[0].0[0], &mut acc);
@@ -197,9 +198,9 @@ unsafe fn rows<S: Simd, const Q4: bool, const MIN: bool, const OFFSET: bool>(
     acc
 }
 
-/// Groups `g..g + BATCH`'s operands, their 4-bit codes split into `codes`.
+/// Groups `g..g + BATCH`'s operands, their 4- and 6-bit codes split into `codes`.
 #[inline(always)]
-fn split<S: Simd, const Q4: bool>(
+fn split<S: Simd, const BITS: u32>(
     s: S,
     o: &Tile,
     g: usize,
@@ -207,23 +208,32 @@ fn split<S: Simd, const Q4: bool>(
 ) -> [Operands; BATCH] {
     let [c0, c1, c2, c3] = codes;
     [
-        operands::<S, Q4>(s, o, g, c0),
-        operands::<S, Q4>(s, o, g + 1, c1),
-        operands::<S, Q4>(s, o, g + 2, c2),
-        operands::<S, Q4>(s, o, g + 3, c3),
+        operands::<S, BITS>(s, o, g, c0),
+        operands::<S, BITS>(s, o, g + 1, c1),
+        operands::<S, BITS>(s, o, g + 2, c2),
+        operands::<S, BITS>(s, o, g + 3, c3),
     ]
 }
 
-/// Group `g`'s operands, its 4-bit codes split into `split`.
+/// Group `g`'s operands, its 4- and 6-bit codes split into bytes in `split`.
 #[inline(always)]
-fn operands<S: Simd, const Q4: bool>(
+fn operands<S: Simd, const BITS: u32>(
     s: S,
     o: &Tile,
     g: usize,
     split: &mut [[u8; 64]; 8],
 ) -> Operands {
     let size = o.group * WIDTH;
-    let codes = if Q4 {
+    let codes = if BITS == 6 {
+        let codes = &o.codes[g * size / 4 * 3..(g + 1) * size / 4 * 3];
+        // As for 4-bit codes, rows q and group / 8 + q.
+        for q in 0..o.group / 8 {
+            let (low, high) = six_bit_block(s, codes, o.group, q);
+            s.store_bytes(low, &mut split[q]);
+            s.store_bytes(high, &mut split[o.group / 8 + q]);
+        }
+        split.as_ptr().cast::<u8>()
+    } else if BITS == 4 {
         let codes = &o.codes[g * size / 2..(g + 1) * size / 2];
         // Block q's low nibbles are values 4q..4q + 4 of each column, its high ones
         // 16 + 4q..: rows q and 4 + q of the code operand.
