@@ -237,15 +237,18 @@ impl<V: KvValue> Kernel for TileKernel<'_, V> {
         let g = self.group;
         for kb in (0..n).step_by(16) {
             let count = 16.min(n - kb);
-            for (j, &o) in offsets[kb..kb + count].iter().enumerate() {
-                let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
-                let mut wide = [0f32; 16];
-                for c in 0..hd / 16 {
-                    s.store(V::load16(s, lanes(key, 16 * c)), &mut wide);
-                    for (i, &v) in wide.iter().enumerate() {
-                        self.keys[(16 * c + i) * 16 + j] = v;
-                    }
+            let block = &offsets[kb..kb + count];
+            for c in 0..hd / 16 {
+                let mut rows = [s.zero(); 16];
+                for (row, &o) in rows.iter_mut().zip(block) {
+                    *row = V::load16(s, lanes(self.cache.keys, o + g * hd + 16 * c));
                 }
+                for (i, column) in s.transpose16(rows).into_iter().enumerate() {
+                    s.store(column, lanes_mut(self.keys, (16 * c + i) * 16));
+                }
+            }
+            for (j, &o) in block.iter().enumerate() {
+                let key = &self.cache.keys[o + g * hd..o + (g + 1) * hd];
                 for (d, v) in key.iter().enumerate().skip(hd / 16 * 16) {
                     self.keys[d * 16 + j] = v.get();
                 }

@@ -16,6 +16,34 @@ impl Avx512 {
     }
 }
 
+/// [`Simd::transpose16`]'s permutes, round by round: lane `l` of the row with bit `b` clear
+/// takes its own lane where `l` has bit `b` clear, else lane `l ^ 2^b` of the row with it set
+/// (16 + that lane, the permute's second source)...
+const TRANSPOSE_LOW: [[i32; 16]; 4] = permutes(false);
+/// ... and the row with bit `b` set takes lane `l ^ 2^b` of the first where `l` has it clear,
+/// else its own lane.
+const TRANSPOSE_HIGH: [[i32; 16]; 4] = permutes(true);
+
+const fn permutes(high: bool) -> [[i32; 16]; 4] {
+    let mut out = [[0; 16]; 4];
+    let mut b = 0;
+    while b < 4 {
+        let bit = 1 << b;
+        let mut l = 0;
+        while l < 16 {
+            out[b][l] = match (high, l & bit == 0) {
+                (false, true) => l,
+                (false, false) => 16 + (l ^ bit),
+                (true, true) => l ^ bit,
+                (true, false) => 16 + l,
+            } as i32;
+            l += 1;
+        }
+        b += 1;
+    }
+    out
+}
+
 // SAFETY (every `unsafe` block below): a value of `Avx512` exists only where the CPU has the
 // features its intrinsics need (see `Avx512::new`), and every pointer comes from a reference to
 // an array of exactly the width the intrinsic reads or writes.
@@ -101,6 +129,34 @@ impl Simd for Avx512 {
     fn f16(self, bits: &[u16; 16]) -> __m512 {
         // SAFETY: see above (the token proves the features; arrays bound the pointers).
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(bits.as_ptr().cast())) }
+    }
+
+    #[inline(always)]
+    fn transpose16(self, rows: [__m512; 16]) -> [__m512; 16] {
+        // Four rounds, round b swapping bit b of the row index with bit b of the lane index:
+        // rows r and r | 2^b (bit b clear in r) exchange the lanes with bit b set in the
+        // first and clear in the second, two two-source permutes per pair, 64 in all where
+        // through memory it was 256 scalar stores.
+        let mut m = rows;
+        for (b, (low, high)) in TRANSPOSE_LOW.iter().zip(&TRANSPOSE_HIGH).enumerate() {
+            let bit = 1 << b;
+            // SAFETY: see above (the token proves the features; arrays bound the pointers).
+            let (low, high) = unsafe {
+                (
+                    _mm512_loadu_si512(low.as_ptr().cast()),
+                    _mm512_loadu_si512(high.as_ptr().cast()),
+                )
+            };
+            for r in (0..16).filter(|r| r & bit == 0) {
+                let (a, c) = (m[r], m[r | bit]);
+                // SAFETY: see above.
+                unsafe {
+                    m[r] = _mm512_permutex2var_ps(a, low, c);
+                    m[r | bit] = _mm512_permutex2var_ps(a, high, c);
+                }
+            }
+        }
+        m
     }
 
     type B = __m512i;

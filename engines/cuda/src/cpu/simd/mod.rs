@@ -53,6 +53,16 @@ pub(super) trait Simd: Copy {
     fn bf16(self, bits: &[u16; 16]) -> Self::V;
     /// Sixteen IEEE half bit patterns as floats.
     fn f16(self, bits: &[u16; 16]) -> Self::V;
+    /// The 16 × 16 matrix whose rows are `rows`, transposed: lane `i` of row `j` is lane `j`
+    /// of row `i`. Through memory by default.
+    fn transpose16(self, rows: [Self::V; 16]) -> [Self::V; 16] {
+        let mut m = [[0f32; 16]; 16];
+        for (row, v) in m.iter_mut().zip(rows) {
+            self.store(v, row);
+        }
+        let t: [[f32; 16]; 16] = std::array::from_fn(|i| std::array::from_fn(|j| m[j][i]));
+        t.map(|row| self.load(&row))
+    }
 
     /// Sixty-four bytes.
     type B: Copy;
@@ -230,5 +240,39 @@ mod x86 {
     pub(super) unsafe fn avx2<K: Kernel>(kernel: K) -> K::Output {
         // SAFETY: the caller checked the CPU has AVX2, FMA and F16C.
         kernel.run::<Avx2, 4>(unsafe { Avx2::new() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Isa, Kernel, Simd};
+
+    /// A matrix through [`Simd::transpose16`].
+    struct Transpose([[f32; 16]; 16]);
+
+    impl Kernel for Transpose {
+        type Output = [[f32; 16]; 16];
+
+        #[inline(always)]
+        fn run<S: Simd, const T: usize>(self, s: S) -> [[f32; 16]; 16] {
+            let rows = self.0.map(|row| s.load(&row));
+            let mut out = [[0f32; 16]; 16];
+            for (row, v) in out.iter_mut().zip(s.transpose16(rows)) {
+                s.store(v, row);
+            }
+            out
+        }
+    }
+
+    #[test]
+    fn every_instruction_set_transposes_sixteen_rows() {
+        let m: [[f32; 16]; 16] =
+            std::array::from_fn(|i| std::array::from_fn(|j| (16 * i + j) as f32));
+        let want: [[f32; 16]; 16] = std::array::from_fn(|i| std::array::from_fn(|j| m[j][i]));
+        for isa in [Isa::Amx, Isa::Avx512, Isa::Avx2, Isa::Portable] {
+            if isa.supported() {
+                assert_eq!(isa.run(Transpose(m)), want, "{isa:?}");
+            }
+        }
     }
 }
