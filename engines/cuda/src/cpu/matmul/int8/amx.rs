@@ -106,6 +106,8 @@ struct Tile<'a> {
     count: usize,
     /// Input bytes per group.
     group: usize,
+    /// Code bytes per group of the tile's 16 columns.
+    size: usize,
     /// Tile `t`'s codes, scales and minimums (the minimums empty unless `MIN`).
     codes: &'a [u8],
     scale: &'a [u16],
@@ -140,6 +142,7 @@ unsafe fn rows<S: Simd, const BITS: u32, const MIN: bool, const OFFSET: bool>(
     let o = Tile {
         count,
         group,
+        size: per * WIDTH,
         codes: &w.codes[first * per..last * per],
         scale: &w.scale[first..last],
         min: if MIN { &w.min[first..last] } else { &[] },
@@ -223,9 +226,8 @@ fn operands<S: Simd, const BITS: u32>(
     g: usize,
     split: &mut [[u8; 64]; 8],
 ) -> Operands {
-    let size = o.group * WIDTH;
+    let codes = &o.codes[g * o.size..(g + 1) * o.size];
     let codes = if BITS == 6 {
-        let codes = &o.codes[g * size / 4 * 3..(g + 1) * size / 4 * 3];
         // As for 4-bit codes, rows q and group / 8 + q.
         for q in 0..o.group / 8 {
             let (low, high) = six_bit_block(s, codes, o.group, q);
@@ -234,7 +236,6 @@ fn operands<S: Simd, const BITS: u32>(
         }
         split.as_ptr().cast::<u8>()
     } else if BITS == 4 {
-        let codes = &o.codes[g * size / 2..(g + 1) * size / 2];
         // Block q's low nibbles are values 4q..4q + 4 of each column, its high ones
         // 16 + 4q..: rows q and 4 + q of the code operand.
         for q in 0..4 {
@@ -244,7 +245,7 @@ fn operands<S: Simd, const BITS: u32>(
         }
         split.as_ptr().cast::<u8>()
     } else {
-        o.codes[g * size..(g + 1) * size].as_ptr()
+        codes.as_ptr()
     };
     Operands {
         inputs: o.inputs[g * o.group..].as_ptr(),

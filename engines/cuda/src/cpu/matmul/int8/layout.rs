@@ -161,17 +161,24 @@ impl Tiles {
     pub(in crate::cpu::matmul) fn inputs(&self, x: &[f32]) -> Inputs {
         let offset = match self.kind {
             Kind::Q4 { offset } => offset,
-            Kind::Q6 => 32,
+            Kind::Q6 => i32::from(SIX_BIT_OFFSET),
             Kind::Q8 => 128,
         };
         Inputs::quantize(x, self.cols, self.group, offset, !self.min.is_empty())
     }
 }
 
+/// What [`Kind::Q6`] adds to a code to hold it unsigned (and what its inputs' sums are
+/// multiplied by to take it off).
+const SIX_BIT_OFFSET: i8 = 32;
+
 /// Whether 8-bit codes in groups of `group` take the 6-bit layout ([`Kind::Q6`]): every code
 /// within -32..=31, and groups of 16 or 32 (AMX takes a group's codes in at most 8 rows).
 fn six_bits_hold(group: usize, codes: &[i8]) -> bool {
-    matches!(group, 16 | 32) && codes.iter().all(|c| (-32..32).contains(c))
+    matches!(group, 16 | 32)
+        && codes
+            .iter()
+            .all(|c| (-SIX_BIT_OFFSET..SIX_BIT_OFFSET).contains(c))
 }
 
 /// Codes in -32..=31 as [`Kind::Q6`] holds them, group by group, before tiling.
@@ -179,7 +186,7 @@ fn six_bit_codes(group: usize, codes: &[i8]) -> Vec<u8> {
     let (half, quarter) = (group / 2, group / 4);
     let mut out = Vec::with_capacity(codes.len() / 4 * 3);
     for g in codes.chunks_exact(group) {
-        let code = |j: usize| (g[j] + 32) as u8;
+        let code = |j: usize| (g[j] + SIX_BIT_OFFSET) as u8;
         out.extend((0..half).map(|j| code(j) & 15 | (code(j + half) & 15) << 4));
         out.extend(
             (0..quarter)
