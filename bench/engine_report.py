@@ -47,16 +47,16 @@ for label, key, higher in rows:
     table.append(row)
 
 # Bytes one decode step reads: every weight as the CPU device keeps it (4-bit codes; 6-bit codes
-# for Q6_K, Q5_0, Q5_1, Q5_K, Q2_K and Q3_K; 8-bit codes for the others; with a half scale, and
-# a half minimum where the type has one, per 32 values, or per 16 for Q6_K, Q2_K and Q3_K; f32
-# as is).
+# for Q6_K, Q5_0, Q5_1, Q5_K, Q2_K and Q3_K; 8-bit codes for the others; with a scale, and a
+# minimum where the type has one, per 32 values, or per 16 for Q6_K, Q2_K and Q3_K: for the
+# K-quants and IQ4_XS a byte each and a half per 256 values, for the others a half; f32 as is).
 packed_bytes = None
 if gguf:
     tool = os.path.join(os.path.dirname(sys.argv[0]), "..", "target", "release", "turnpike-gguf")
     info = json.loads(subprocess.run([tool, "info", gguf], capture_output=True, text=True, check=True).stdout)
-    per_value = {"F32": 4, "F16": 2, "BF16": 2, "Q4_0": 18 / 32, "Q4_1": 20 / 32, "Q4_K": 20 / 32,
-                 "Q8_0": 34 / 32, "Q5_K": 28 / 32, "Q6_K": 14 / 16, "Q5_0": 26 / 32, "Q5_1": 28 / 32,
-                 "Q2_K": 16 / 16, "Q3_K": 14 / 16, "IQ4_NL": 34 / 32, "IQ4_XS": 34 / 32}
+    per_value = {"F32": 4, "F16": 2, "BF16": 2, "Q4_0": 18 / 32, "Q4_1": 20 / 32, "Q4_K": 18.5 / 32,
+                 "Q8_0": 34 / 32, "Q5_K": 26.5 / 32, "Q6_K": 13.125 / 16, "Q5_0": 26 / 32, "Q5_1": 28 / 32,
+                 "Q2_K": 14.25 / 16, "Q3_K": 13.125 / 16, "IQ4_NL": 34 / 32, "IQ4_XS": 33.25 / 32}
     packed_bytes = 0
     for t in info["tensors"]:
         n = 1

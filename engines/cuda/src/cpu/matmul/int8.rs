@@ -14,11 +14,12 @@
 //!
 //! The cost is the inputs' rounding: each input moves by at most half a step of its group
 //! (the group's largest magnitude / 254), well under the weights' own quantization error.
-//! Scales and minimums are held as IEEE halves: exactly the file's where it ships halves
-//! (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), and for the K-quants, whose group scales are a half
-//! times a small integer, within 1/2048 of it, an eighth of the inputs' rounding (a matrix
-//! with a scale outside the halves' normal range keeps f32 inputs instead). A decoding step
-//! reads them beside the codes, so at 4 bits they were a third of its bytes as f32.
+//! Scales and minimums are held as the file holds them ([`scales`]): the K-quants' as a byte
+//! per group times a half per 256 values, exactly, and the others' as IEEE halves, exactly
+//! the file's where it ships halves (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and otherwise
+//! within 1/2048 of them, an eighth of the inputs' rounding (a matrix with a scale outside the
+//! halves' normal range keeps f32 inputs instead). A decoding step reads them beside the
+//! codes, so at 4 bits they were a third of its bytes as f32, and a tenth as halves.
 //! [`super::Activations::Exact`] keeps f32 inputs where bit-for-bit agreement with a reference
 //! matters.
 
@@ -30,6 +31,7 @@ use crate::cpu::simd::{NIBBLE_PRODUCTS, Simd};
 mod amx;
 mod inputs;
 mod layout;
+mod scales;
 
 pub(super) use inputs::Inputs;
 use layout::Kind;
@@ -78,6 +80,8 @@ fn tile_rows<S: Simd, const R: usize, const BITS: u32, const MIN: bool, const OF
     let xs = &x.codes[r0 * k..(r0 + R) * k];
     let xp = xs.as_ptr();
     let scales = &x.scale[r0 * count..(r0 + R) * count];
+    let weight_scales = w.scale.tile(t, count);
+    let weight_mins = w.min.as_ref().filter(|_| MIN).map(|m| m.tile(t, count));
     let mut acc = [s.zero(); R];
     for g in 0..count {
         let at = t * count + g;
@@ -147,11 +151,11 @@ fn tile_rows<S: Simd, const R: usize, const BITS: u32, const MIN: bool, const OF
                 }
             }
         }
-        let scale = s.f16(array(&w.scale, at * WIDTH));
-        let min = if MIN {
-            s.f16(array(&w.min, at * WIDTH))
-        } else {
-            s.zero()
+        let scale = weight_scales.get(s, g);
+        // A match, not a closure: closures do not take the instruction set's features.
+        let min = match weight_mins {
+            Some(m) => m.get(s, g),
+            None => s.zero(),
         };
         for (r, (acc, ints)) in acc.iter_mut().zip(ints).enumerate() {
             let step = s.mul(scale, s.splat(scales[r * count + g]));
@@ -278,7 +282,7 @@ unsafe fn last<S: Simd, const T: usize>(
 /// As [`block`], for rows `r0..r0 + R` and tile `t`.
 #[inline(always)]
 unsafe fn run<S: Simd, const R: usize>(s: S, w: &Tiles, x: &Inputs, r0: usize, t: usize, out: Out) {
-    let min = !w.min.is_empty();
+    let min = w.min.is_some();
     let acc = match (w.kind, min) {
         (Kind::Q4 { offset: 0 }, false) => tile_rows::<S, R, 4, false, false>(s, w, x, r0, t),
         (Kind::Q4 { offset: 0 }, true) => tile_rows::<S, R, 4, true, false>(s, w, x, r0, t),

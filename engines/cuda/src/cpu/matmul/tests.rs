@@ -59,6 +59,47 @@ fn matrices(rows: usize, k: usize) -> Vec<Packed> {
             },
         },
     };
+    // As the K-quants hold scales and minimums: a half per 256 values times a byte per group
+    // (63 the largest in Q4_K, -128 in Q6_K); with 4 significant bits in each half, every
+    // product is a half too, so either form of the tiles holds them exactly.
+    let spans = |group: usize, largest: i32, seed: usize| -> Vec<f32> {
+        let per = 256 / group;
+        (0..rows * k / group)
+            .map(|i| {
+                let d = (1.0 + ((i / per + seed) % 8) as f32 / 8.0) / 64.0;
+                let n = if i % per == seed % per {
+                    largest
+                } else {
+                    (i * 37 + seed) as i32 % 120 - 60
+                };
+                d * n as f32
+            })
+            .collect()
+    };
+    let q4_k = Packed {
+        rows,
+        cols: k,
+        codes: Codes::Q4 {
+            offset: 0,
+            groups: Groups {
+                scale: spans(32, 63, 1).into_iter().map(f32::abs).collect(),
+                min: spans(32, -63, 2),
+                codes: (0..groups * 16).map(|i| (i * 61 % 256) as u8).collect(),
+            },
+        },
+    };
+    let q6_k = Packed {
+        rows,
+        cols: k,
+        codes: Codes::Q8 {
+            group: 16,
+            groups: Groups {
+                scale: spans(16, -128, 3),
+                min: Vec::new(),
+                codes: (0..rows * k).map(|i| (i * 89 % 64) as i8 - 32).collect(),
+            },
+        },
+    };
     vec![
         Packed::f32(rows, tail, float.clone()),
         Packed {
@@ -77,6 +118,8 @@ fn matrices(rows: usize, k: usize) -> Vec<Packed> {
         q8(16, true, false),
         q8(16, false, true),
         q8(32, true, true),
+        q4_k,
+        q6_k,
     ]
 }
 
@@ -131,7 +174,8 @@ fn naive(x: &[f32], w: &Packed, bias: &[f32], bytes: bool) -> Vec<(f32, f32)> {
 fn every_layout_and_instruction_set_matches_a_naive_product() {
     let n = 29;
     let bias = values(n, 6);
-    for k in [64, 288] {
+    // 512: two K-quant spans of 256 values a row.
+    for k in [64, 288, 512] {
         for w in matrices(n, k) {
             let k = w.cols;
             let quantized = quantized(&w);
@@ -191,7 +235,7 @@ fn a_row_gets_the_same_sums_alone_as_in_any_batch() {
     // same logits as the whole prompt did, under byte products. Float products of
     // `panel::MIN_ROWS` rows and more go through decoded panels, which add in another order.
     let n = 37;
-    for w in matrices(n, 288) {
+    for w in [288, 512].into_iter().flat_map(|k| matrices(n, k)) {
         let k = w.cols;
         let quantized = quantized(&w);
         for inputs in [Activations::Exact, Activations::Int8] {
@@ -351,8 +395,9 @@ fn tiles_and_lanes_give_the_same_sums_bit_for_bit() {
         eprintln!("AMX tiles not granted on this machine: nothing to compare");
         return;
     }
-    // 288 columns: 9 or 18 groups, batches of four and a tail; 64: a tail alone.
-    for w in [64, 288]
+    // 288 columns: 9 or 18 groups, batches of four and a tail; 64: a tail alone; 512: scales
+    // in K-quant spans.
+    for w in [64, 288, 512]
         .into_iter()
         .flat_map(|k| matrices(37, k))
         .filter(quantized)

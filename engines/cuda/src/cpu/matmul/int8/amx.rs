@@ -16,6 +16,7 @@
 
 use super::super::rows::array;
 use super::super::tile::Out;
+use super::scales::TileScales;
 use super::{AHEAD, Inputs, Kind, Tiles, WIDTH, prefetch, six_bit_block, store};
 use crate::cpu::simd::Simd;
 use crate::cpu::simd::amx::{Configured, Operands, Shapes};
@@ -74,7 +75,7 @@ pub(super) unsafe fn run<S: Simd>(
     t: usize,
     out: Out,
 ) {
-    let min = !w.min.is_empty();
+    let min = w.min.is_some();
     // SAFETY: as the caller's.
     let acc = unsafe {
         match (w.kind, min) {
@@ -108,10 +109,10 @@ struct Tile<'a> {
     group: usize,
     /// Code bytes per group of the tile's 16 columns.
     size: usize,
-    /// Tile `t`'s codes, scales and minimums (the minimums empty unless `MIN`).
+    /// Tile `t`'s codes, scales and minimums (no minimums unless `MIN`).
     codes: &'a [u8],
-    scale: &'a [u16],
-    min: &'a [u16],
+    scale: TileScales<'a>,
+    min: Option<TileScales<'a>>,
     /// Rows r0..r0 + 16's inputs, steps, offset sums (empty unless `OFFSET`) and sums
     /// (empty unless `MIN`).
     inputs: &'a [i8],
@@ -144,8 +145,8 @@ unsafe fn rows<S: Simd, const BITS: u32, const MIN: bool, const OFFSET: bool>(
         group,
         size: per * WIDTH,
         codes: &w.codes[first * per..last * per],
-        scale: &w.scale[first..last],
-        min: if MIN { &w.min[first..last] } else { &[] },
+        scale: w.scale.tile(t, count),
+        min: w.min.as_ref().filter(|_| MIN).map(|m| m.tile(t, count)),
         inputs: &x.codes[r0 * k..(r0 + 16) * k],
         step: &x.scale[from..to],
         start: if OFFSET { &x.start[from..to] } else { &[] },
@@ -262,11 +263,11 @@ fn scale_in<S: Simd, const MIN: bool, const OFFSET: bool>(
     sums: &[[i32; 16]; 16],
     acc: &mut [S::V; 16],
 ) {
-    let scale = s.f16(array(o.scale, g * WIDTH));
-    let min = if MIN {
-        s.f16(array(o.min, g * WIDTH))
-    } else {
-        s.zero()
+    let scale = o.scale.get(s, g);
+    // A match, not a closure: closures do not take the instruction set's features.
+    let min = match o.min {
+        Some(m) => m.get(s, g),
+        None => s.zero(),
     };
     for (r, acc) in acc.iter_mut().enumerate() {
         let at = r * o.count + g;

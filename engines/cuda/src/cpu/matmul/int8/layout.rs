@@ -1,8 +1,9 @@
 //! The byte kernels' layout of a weight matrix ([`Tiles`]): codes of 16 output columns side
-//! by side, group by group, with their scales and minimums as halves, made once at load.
+//! by side, group by group, with their scales and minimums ([`Scales`]), made once at load.
 
 use super::WIDTH;
 use super::inputs::Inputs;
+use super::scales::Scales;
 use crate::model::packed::{Codes, Groups, Packed};
 
 /// What the codes stand for.
@@ -30,7 +31,7 @@ pub(super) enum Kind {
 /// A 4-, 6- or 8-bit matrix laid out for the byte kernels: tiles of 16 rows (output columns),
 /// and in each tile, group by group, blocks of 64 bytes holding four code bytes of each of the
 /// 16 rows (block `q`: bytes `4q..4q + 4` of each row's group, row after row); beside them
-/// each group's 16 scales and minimums, as halves.
+/// each group's 16 scales and minimums.
 #[derive(Debug)]
 pub(in crate::cpu::matmul) struct Tiles {
     pub(super) rows: usize,
@@ -38,10 +39,9 @@ pub(in crate::cpu::matmul) struct Tiles {
     pub(super) group: usize,
     pub(super) kind: Kind,
     pub(super) codes: Vec<u8>,
-    /// IEEE half bit patterns.
-    pub(super) scale: Vec<u16>,
-    /// IEEE half bit patterns; empty where the weights have no minimum.
-    pub(super) min: Vec<u16>,
+    pub(super) scale: Scales,
+    /// `None` where the weights have no minimum.
+    pub(super) min: Option<Scales>,
 }
 
 impl Tiles {
@@ -86,22 +86,18 @@ impl Tiles {
     ) -> Option<Self> {
         let per = Self::bytes_per(kind, group);
         let count = w.cols / group;
-        let tiles = w.rows.div_ceil(WIDTH);
+        let min = match groups.min.is_empty() {
+            true => None,
+            false => Some(Scales::new(&groups.min, w.rows, count, group)?),
+        };
         let mut out = Self {
             rows: w.rows,
             cols: w.cols,
             group,
             kind,
-            codes: vec![0; tiles * count * WIDTH * per],
-            scale: vec![0; tiles * count * WIDTH],
-            min: vec![
-                0;
-                if groups.min.is_empty() {
-                    0
-                } else {
-                    tiles * count * WIDTH
-                }
-            ],
+            codes: vec![0; w.rows.div_ceil(WIDTH) * count * WIDTH * per],
+            scale: Scales::new(&groups.scale, w.rows, count, group)?,
+            min,
         };
         for row in 0..w.rows {
             let (t, lane) = (row / WIDTH, row % WIDTH);
@@ -111,10 +107,6 @@ impl Tiles {
                 for (q, four) in src.chunks_exact(4).enumerate() {
                     let dst = (at * per / 4 + q) * 4 * WIDTH + 4 * lane;
                     out.codes[dst..dst + 4].copy_from_slice(four);
-                }
-                out.scale[at * WIDTH + lane] = half(groups.scale[row * count + g])?;
-                if !out.min.is_empty() {
-                    out.min[at * WIDTH + lane] = half(groups.min_at(row * count + g))?;
                 }
             }
         }
@@ -154,7 +146,7 @@ impl Tiles {
 
     /// Bytes the tiles take in memory.
     pub(in crate::cpu::matmul) fn bytes(&self) -> usize {
-        self.codes.len() + (self.scale.len() + self.min.len()) * 2
+        self.codes.len() + self.scale.bytes() + self.min.as_ref().map_or(0, Scales::bytes)
     }
 
     /// Input rows rounded for these weights.
@@ -164,7 +156,7 @@ impl Tiles {
             Kind::Q6 => i32::from(SIX_BIT_OFFSET),
             Kind::Q8 => 128,
         };
-        Inputs::quantize(x, self.cols, self.group, offset, !self.min.is_empty())
+        Inputs::quantize(x, self.cols, self.group, offset, self.min.is_some())
     }
 }
 
@@ -194,11 +186,4 @@ fn six_bit_codes(group: usize, codes: &[i8]) -> Vec<u8> {
         );
     }
     out
-}
-
-/// `v` as the bit pattern of the nearest IEEE half, where that is within 1/2048 of it (zero or
-/// in the halves' normal range).
-fn half(v: f32) -> Option<u16> {
-    let h = half::f16::from_f32(v);
-    (v == 0.0 || (h.is_normal() && v.is_finite())).then_some(h.to_bits())
 }
