@@ -44,8 +44,8 @@ pub(super) enum TileScales<'a> {
 
 impl Scales {
     /// `values` (row by row, `count` groups of `group` values each) for `rows` rows, as
-    /// spans where every span factors exactly, else as halves; `None` where a value is no
-    /// normal half (nor zero).
+    /// spans where every span factors exactly, else as halves (rounded); `None` where a value
+    /// rounds to no normal half and is not zero.
     pub(super) fn new(values: &[f32], rows: usize, count: usize, group: usize) -> Option<Self> {
         Self::spans(values, rows, count, group).or_else(|| Self::halves(values, rows, count))
     }
@@ -53,17 +53,19 @@ impl Scales {
     fn halves(values: &[f32], rows: usize, count: usize) -> Option<Self> {
         let mut out = vec![0; rows.div_ceil(WIDTH) * count * WIDTH];
         for row in 0..rows {
-            let (t, lane) = (row / WIDTH, row % WIDTH);
             for g in 0..count {
-                out[(t * count + g) * WIDTH + lane] = half(values[row * count + g])?;
+                out[slot(row, g, count)] = half(values[row * count + g])?;
             }
         }
         Some(Self::Halves(out))
     }
 
     fn spans(values: &[f32], rows: usize, count: usize, group: usize) -> Option<Self> {
-        let span = SPAN_VALUES.checked_div(group)?;
-        if span == 0 || !SPAN_VALUES.is_multiple_of(group) || !count.is_multiple_of(span) {
+        if group == 0 || !SPAN_VALUES.is_multiple_of(group) {
+            return None;
+        }
+        let span = SPAN_VALUES / group;
+        if !count.is_multiple_of(span) {
             return None;
         }
         let spans = count / span;
@@ -74,12 +76,11 @@ impl Scales {
         );
         let mut factors = vec![0i8; span];
         for row in 0..rows {
-            let (t, lane) = (row / WIDTH, row % WIDTH);
             let row_values = &values[row * count..(row + 1) * count];
             for (s, chunk) in row_values.chunks_exact(span).enumerate() {
-                base[(t * spans + s) * WIDTH + lane] = factor(chunk, &mut factors)?;
+                base[slot(row, s, spans)] = factor(chunk, &mut factors)?;
                 for (i, &n) in factors.iter().enumerate() {
-                    steps[(t * count + s * span + i) * WIDTH + lane] = n;
+                    steps[slot(row, s * span + i, count)] = n;
                 }
             }
         }
@@ -124,6 +125,12 @@ impl TileScales<'_> {
             ),
         }
     }
+}
+
+/// Where group `g` of row `row` (of `count` a row) lies in a tiled layout: tile by tile, group
+/// by group, 16 rows side by side.
+fn slot(row: usize, g: usize, count: usize) -> usize {
+    ((row / WIDTH) * count + g) * WIDTH + row % WIDTH
 }
 
 /// `values` as one half `d` times a signed byte each, exactly (`values[i] = d · steps[i]` in
