@@ -117,19 +117,25 @@ fn tile_rows<S: Simd, const R: usize, const BITS: u32, const MIN: bool, const OF
             }
         } else if BITS == 6 {
             // Nibble block q holds values 4q.. (low) and group / 2 + 4q.. (high) of each
-            // column; their top bits are in block group / 8 + q % (group / 16).
-            let half = group / 2;
-            for q in 0..group / 8 {
-                let (low, high) = six_bit_block(s, codes, group, q);
-                for (r, ints) in ints.iter_mut().enumerate() {
-                    // SAFETY: r < R and g·group + group / 2 + 4q + 4 <= (g + 1)·group
-                    // (q < group / 8), inside the R rows of `xs`; `[i8; 4]` has i8's alignment.
-                    let (lo, hi) = unsafe {
-                        let at = xp.add(r * k + g * group + 4 * q);
-                        (&*at.cast::<[i8; 4]>(), &*at.add(half).cast::<[i8; 4]>())
-                    };
-                    *ints = s.dot_unsigned(*ints, low, s.broadcast4(lo));
-                    *ints = s.dot_unsigned(*ints, high, s.broadcast4(hi));
+            // column; their top bits are in block group / 8 + q % (group / 16), walked as
+            // two rounds of group / 16 blocks: a `%` by a number known only at run time was
+            // a division per block.
+            let (half, blocks) = (group / 2, group / 16);
+            for round in 0..2 {
+                for top in 0..blocks {
+                    let q = round * blocks + top;
+                    let (low, high) = six_bit_block(s, codes, group, q, top);
+                    for (r, ints) in ints.iter_mut().enumerate() {
+                        // SAFETY: r < R and g·group + group / 2 + 4q + 4 <= (g + 1)·group
+                        // (q < group / 8), inside the R rows of `xs`; `[i8; 4]` has i8's
+                        // alignment.
+                        let (lo, hi) = unsafe {
+                            let at = xp.add(r * k + g * group + 4 * q);
+                            (&*at.cast::<[i8; 4]>(), &*at.add(half).cast::<[i8; 4]>())
+                        };
+                        *ints = s.dot_unsigned(*ints, low, s.broadcast4(lo));
+                        *ints = s.dot_unsigned(*ints, high, s.broadcast4(hi));
+                    }
                 }
             }
         } else {
@@ -169,12 +175,13 @@ fn tile_rows<S: Simd, const R: usize, const BITS: u32, const MIN: bool, const OF
 }
 
 /// Nibble block `q` of a [`Kind::Q6`] group's codes (`codes`, its 16 columns) as two blocks
-/// of 6-bit codes: values `4q..4q + 4` and `group / 2 + 4q..` of each column.
+/// of 6-bit codes: values `4q..4q + 4` and `group / 2 + 4q..` of each column; `top` is
+/// `q % (group / 16)`, which block of top bits holds theirs.
 #[inline(always)]
-fn six_bit_block<S: Simd>(s: S, codes: &[u8], group: usize, q: usize) -> (S::B, S::B) {
+fn six_bit_block<S: Simd>(s: S, codes: &[u8], group: usize, q: usize, top: usize) -> (S::B, S::B) {
     let bytes = s.bytes64(array(codes, 64 * q));
     let (low, high) = (s.low_nibbles(bytes), s.high_nibbles(bytes));
-    let top = s.bytes64(array(codes, 64 * (group / 8 + q % (group / 16))));
+    let top = s.bytes64(array(codes, 64 * (group / 8 + top)));
     if 4 * q < group / 4 {
         (s.six_bits::<0>(low, top), s.six_bits::<4>(high, top))
     } else {

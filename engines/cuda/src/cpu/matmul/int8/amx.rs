@@ -230,10 +230,14 @@ fn operands<S: Simd, const BITS: u32>(
     let codes = &o.codes[g * o.size..(g + 1) * o.size];
     let codes = if BITS == 6 {
         // As for 4-bit codes, rows q and group / 8 + q.
-        for q in 0..o.group / 8 {
-            let (low, high) = six_bit_block(s, codes, o.group, q);
-            s.store_bytes(low, &mut split[q]);
-            s.store_bytes(high, &mut split[o.group / 8 + q]);
+        let blocks = o.group / 16;
+        for round in 0..2 {
+            for top in 0..blocks {
+                let q = round * blocks + top;
+                let (low, high) = six_bit_block(s, codes, o.group, q, top);
+                s.store_bytes(low, &mut split[q]);
+                s.store_bytes(high, &mut split[o.group / 8 + q]);
+            }
         }
         split.as_ptr().cast::<u8>()
     } else if BITS == 4 {

@@ -92,6 +92,7 @@ impl Scales {
     }
 
     /// Tile `t`'s scales, its groups `count`.
+    #[inline(always)]
     pub(super) fn tile(&self, t: usize, count: usize) -> TileScales<'_> {
         let (first, last) = (t * count * WIDTH, (t + 1) * count * WIDTH);
         match self {
