@@ -51,18 +51,28 @@ const AHEAD: usize = 8;
 /// read again for every tile.
 const ROW_BLOCK: usize = 64;
 
-/// Asks for `len` bytes of `codes` from `at` (those in it) to be brought into the cache.
+/// Asks for `len` bytes of `codes` from `at` to be brought into the cache. Lines past the
+/// end are asked for too: a prefetch never faults, and bounding the range cost more than the
+/// lines (a few of the last tile's) it spared.
 #[inline(always)]
 fn prefetch(codes: &[u8], at: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    for line in (at..(at + len).min(codes.len())).step_by(64) {
-        // SAFETY: a prefetch of an address inside the slice reads nothing and cannot fault.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                codes.as_ptr().add(line).cast(),
-            )
-        };
+    {
+        let first = codes.as_ptr().wrapping_add(at);
+        let mut line = 0;
+        while line < len {
+            // SAFETY: a prefetch reads nothing and cannot fault, whatever the address; the
+            // address is made without `add`'s promise to stay inside the slice.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    first.wrapping_add(line).cast(),
+                )
+            };
+            line += 64;
+        }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (codes, at, len);
 }
 
 /// Rows `r0..r0 + R` of `x` against tile `t` of `w`: sixteen columns per row.
@@ -79,18 +89,18 @@ fn tile_rows<S: Simd, const R: usize, const BITS: u32, const MIN: bool, const OF
     let per = Tiles::bytes_per(w.kind, group);
     let xs = &x.codes[r0 * k..(r0 + R) * k];
     let xp = xs.as_ptr();
-    let scales = &x.scale[r0 * count..(r0 + R) * count];
     let weight_scales = w.scale.tile(t, count);
     let weight_mins = w.min.as_ref().filter(|_| MIN).map(|m| m.tile(t, count));
+    let size = WIDTH * per;
+    let tile_codes = &w.codes[t * count * size..(t + 1) * count * size];
     let mut acc = [s.zero(); R];
-    for g in 0..count {
-        let at = t * count + g;
-        let codes = &w.codes[at * WIDTH * per..(at + 1) * WIDTH * per];
-        prefetch(&w.codes, (at + AHEAD) * WIDTH * per, WIDTH * per);
+    for (g, codes) in tile_codes.chunks_exact(size).enumerate() {
+        prefetch(&w.codes, (t * count + g + AHEAD) * size, size);
         let mut ints = [s.int_zero(); R];
         if OFFSET {
-            for (r, ints) in ints.iter_mut().enumerate() {
-                *ints = s.int_splat(x.start[(r0 + r) * count + g]);
+            let starts = x.group::<i32, R>(&x.start, g, r0);
+            for (ints, &start) in ints.iter_mut().zip(starts) {
+                *ints = s.int_splat(start);
             }
         }
         if BITS == 4 {
@@ -163,11 +173,13 @@ fn tile_rows<S: Simd, const R: usize, const BITS: u32, const MIN: bool, const OF
             Some(m) => m.get(s, g),
             None => s.zero(),
         };
+        let steps = x.group::<f32, R>(&x.scale, g, r0);
         for (r, (acc, ints)) in acc.iter_mut().zip(ints).enumerate() {
-            let step = s.mul(scale, s.splat(scales[r * count + g]));
+            let step = s.mul(scale, s.splat(steps[r]));
             *acc = s.mul_add(s.int_to_float(ints), step, *acc);
             if MIN {
-                *acc = s.mul_add(min, s.splat(x.sum[(r0 + r) * count + g]), *acc);
+                let sums = x.group::<f32, R>(&x.sum, g, r0);
+                *acc = s.mul_add(min, s.splat(sums[r]), *acc);
             }
         }
     }

@@ -103,8 +103,6 @@ pub(super) unsafe fn run<S: Simd>(
 /// What one tile of rows reads, fetched once (after each tile instruction, assembly the
 /// compiler must assume writes anywhere, fields behind references would be read again).
 struct Tile<'a> {
-    /// Groups per row.
-    count: usize,
     /// Input bytes per group.
     group: usize,
     /// Code bytes per group of the tile's 16 columns.
@@ -113,9 +111,10 @@ struct Tile<'a> {
     codes: &'a [u8],
     scale: TileScales<'a>,
     min: Option<TileScales<'a>>,
-    /// Rows r0..r0 + 16's inputs, steps, offset sums (empty unless `OFFSET`) and sums
-    /// (empty unless `MIN`).
+    /// Rows r0..r0 + 16's inputs; steps, offset sums (empty unless `OFFSET`) and sums
+    /// (empty unless `MIN`) from row r0's, group `g`'s `stride` entries later than group 0's.
     inputs: &'a [i8],
+    stride: usize,
     step: &'a [f32],
     start: &'a [i32],
     sum: &'a [f32],
@@ -139,18 +138,17 @@ unsafe fn rows<S: Simd, const BITS: u32, const MIN: bool, const OFFSET: bool>(
     let count = k / group;
     let per = Tiles::bytes_per(w.kind, group);
     let (first, last) = (t * count * WIDTH, (t + 1) * count * WIDTH);
-    let (from, to) = (r0 * count, (r0 + 16) * count);
     let o = Tile {
-        count,
         group,
         size: per * WIDTH,
         codes: &w.codes[first * per..last * per],
         scale: w.scale.tile(t, count),
         min: w.min.as_ref().filter(|_| MIN).map(|m| m.tile(t, count)),
         inputs: &x.codes[r0 * k..(r0 + 16) * k],
-        step: &x.scale[from..to],
-        start: if OFFSET { &x.start[from..to] } else { &[] },
-        sum: if MIN { &x.sum[from..to] } else { &[] },
+        stride: x.stride,
+        step: &x.scale[r0..],
+        start: if OFFSET { &x.start[r0..] } else { &[] },
+        sum: if MIN { &x.sum[r0..] } else { &[] },
     };
     let mut acc = [s.zero(); 16];
     let whole = count / BATCH;
@@ -274,7 +272,7 @@ fn scale_in<S: Simd, const MIN: bool, const OFFSET: bool>(
         None => s.zero(),
     };
     for (r, acc) in acc.iter_mut().enumerate() {
-        let at = r * o.count + g;
+        let at = g * o.stride + r;
         let mut ints = s.int_load(&sums[r]);
         if OFFSET {
             ints = s.int_add(ints, s.int_splat(o.start[at]));

@@ -8,14 +8,19 @@ use crate::cpu::simd::{Isa, Kernel, Simd};
 /// Input rows rounded to bytes in groups.
 pub(in crate::cpu::matmul) struct Inputs {
     pub(super) rows: usize,
-    /// `rows × k` codes. This and the three below go on with zeros to a multiple of 16 rows.
+    /// `rows × k` codes, going on with zeros to [`Inputs::stride`] rows, which AMX takes
+    /// sixteen at a time.
     pub(super) codes: Vec<i8>,
-    /// `rows × groups`: each group's step.
+    /// Rows in each group's entries below: `rows` to a multiple of 16.
+    pub(super) stride: usize,
+    /// Each group's step, group by group: entry `g · stride + row`. A pass over a tile reads
+    /// its rows' entries of one group side by side, at fixed offsets from one address, where
+    /// row by row each was an index to work out and check.
     pub(super) scale: Vec<f32>,
-    /// `rows × groups`: `-offset ×` the group's codes summed; empty for no offset.
+    /// As `scale`: `-offset ×` the group's codes summed; empty for no offset.
     pub(super) start: Vec<i32>,
-    /// `rows × groups`: the group's rounded inputs summed (step × codes summed, for the
-    /// weights' minimum); empty unless asked for.
+    /// As `scale`: the group's rounded inputs summed (step × codes summed, for the weights'
+    /// minimum); empty unless asked for.
     pub(super) sum: Vec<f32>,
 }
 
@@ -28,23 +33,22 @@ impl Inputs {
     pub(super) fn quantize(x: &[f32], k: usize, group: usize, offset: i32, sums: bool) -> Self {
         let rows = x.len().checked_div(k).unwrap_or(0);
         let count = k / group;
-        // Whole tiles of 16 rows (zeros past the last), which AMX takes at once.
-        let padded = rows.next_multiple_of(16);
-        let mut inputs = Self {
-            rows,
-            codes: vec![0; padded * k],
-            scale: vec![0.0; padded * count],
-            start: vec![0; padded * count],
-            sum: vec![0.0; padded * count],
-        };
+        let stride = rows.next_multiple_of(16);
+        let mut codes = vec![0; stride * k];
+        // Row by row first, where each row is one task's, then group by group.
+        let (mut scale, mut start, mut sum) = (
+            vec![0.0; rows * count],
+            vec![0; rows * count],
+            vec![0.0; rows * count],
+        );
         // Rows are rounded on the pool, each compiled for the CPU's instruction set: a
         // prompt's rows are many, and one core rounding them left the others waiting.
         let isa = Isa::detected();
         x.par_chunks(k)
-            .zip(inputs.codes[..rows * k].par_chunks_mut(k))
-            .zip(inputs.scale[..rows * count].par_chunks_mut(count))
-            .zip(inputs.start[..rows * count].par_chunks_mut(count))
-            .zip(inputs.sum[..rows * count].par_chunks_mut(count))
+            .zip(codes[..rows * k].par_chunks_mut(k))
+            .zip(scale.par_chunks_mut(count))
+            .zip(start.par_chunks_mut(count))
+            .zip(sum.par_chunks_mut(count))
             .with_min_len(4)
             .for_each(|((((values, codes), scale), start), sum)| {
                 isa.run(RoundRow {
@@ -57,14 +61,50 @@ impl Inputs {
                     sum,
                 })
             });
-        if offset == 0 {
-            inputs.start = Vec::new();
+        Self {
+            rows,
+            codes,
+            stride,
+            scale: by_group(&scale, count, stride),
+            start: if offset == 0 {
+                Vec::new()
+            } else {
+                by_group(&start, count, stride)
+            },
+            sum: if sums {
+                by_group(&sum, count, stride)
+            } else {
+                Vec::new()
+            },
         }
-        if !sums {
-            inputs.sum = Vec::new();
-        }
-        inputs
     }
+
+    /// Where row `row`'s entry of group `g` lies in `scale`, `start` and `sum`.
+    pub(super) fn slot(&self, row: usize, g: usize) -> usize {
+        g * self.stride + row
+    }
+
+    /// Group `g`'s entries in `v` (`scale`, `start` or `sum`) of rows `r0..r0 + R`.
+    #[inline(always)]
+    pub(super) fn group<'a, T, const R: usize>(
+        &self,
+        v: &'a [T],
+        g: usize,
+        r0: usize,
+    ) -> &'a [T; R] {
+        array(v, self.slot(r0, g))
+    }
+}
+
+/// `values` (`count` a row) group by group, `stride` rows each (zeros past the last row).
+fn by_group<T: Copy + Default>(values: &[T], count: usize, stride: usize) -> Vec<T> {
+    let mut out = vec![T::default(); count * stride];
+    for (row, entries) in values.chunks_exact(count).enumerate() {
+        for (g, &v) in entries.iter().enumerate() {
+            out[g * stride + row] = v;
+        }
+    }
+    out
 }
 
 /// One row's groups rounded to bytes, as a [`Kernel`]: each group's codes, step,

@@ -132,10 +132,12 @@ impl Tiles {
     /// [`crate::cpu::matmul::SecondPass`]).
     pub(in crate::cpu::matmul) fn residual(&self, x: &[f32]) -> Vec<f32> {
         let inputs = Inputs::quantize(x, self.cols, self.group, 0, false);
+        let count = self.cols / self.group;
         x.chunks_exact(self.group)
             .zip(inputs.codes.chunks_exact(self.group))
-            .zip(&inputs.scale)
-            .flat_map(|((values, codes), &step)| {
+            .enumerate()
+            .flat_map(|(at, (values, codes))| {
+                let step = inputs.scale[inputs.slot(at / count, at % count)];
                 values
                     .iter()
                     .zip(codes)
