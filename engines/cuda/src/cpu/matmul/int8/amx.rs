@@ -145,7 +145,7 @@ unsafe fn rows<S: Simd, const BITS: u32, const MIN: bool, const OFFSET: bool>(
         scale: w.scale.tile(t, count),
         min: w.min.as_ref().filter(|_| MIN).map(|m| m.tile(t, count)),
         inputs: &x.codes[r0 * k..(r0 + 16) * k],
-        stride: x.stride,
+        stride: x.stride(),
         step: &x.scale[r0..],
         start: if OFFSET { &x.start[r0..] } else { &[] },
         sum: if MIN { &x.sum[r0..] } else { &[] },

@@ -11,11 +11,9 @@ pub(in crate::cpu::matmul) struct Inputs {
     /// `rows × k` codes, going on with zeros to [`Inputs::stride`] rows, which AMX takes
     /// sixteen at a time.
     pub(super) codes: Vec<i8>,
-    /// Rows in each group's entries below: `rows` to a multiple of 16.
-    pub(super) stride: usize,
-    /// Each group's step, group by group: entry `g · stride + row`. A pass over a tile reads
-    /// its rows' entries of one group side by side, at fixed offsets from one address, where
-    /// row by row each was an index to work out and check.
+    /// Each group's step, group by group: entry `g · stride + row` ([`Inputs::slot`]). A
+    /// pass over a tile reads its rows' entries of one group side by side, at fixed offsets
+    /// from one address, where row by row each was an index to work out and check.
     pub(super) scale: Vec<f32>,
     /// As `scale`: `-offset ×` the group's codes summed; empty for no offset.
     pub(super) start: Vec<i32>,
@@ -64,7 +62,6 @@ impl Inputs {
         Self {
             rows,
             codes,
-            stride,
             scale: by_group(&scale, count, stride),
             start: if offset == 0 {
                 Vec::new()
@@ -79,9 +76,14 @@ impl Inputs {
         }
     }
 
+    /// Rows in each group's entries of `scale`, `start` and `sum`: `rows` to a multiple of 16.
+    pub(super) fn stride(&self) -> usize {
+        self.rows.next_multiple_of(16)
+    }
+
     /// Where row `row`'s entry of group `g` lies in `scale`, `start` and `sum`.
     pub(super) fn slot(&self, row: usize, g: usize) -> usize {
-        g * self.stride + row
+        g * self.stride() + row
     }
 
     /// Group `g`'s entries in `v` (`scale`, `start` or `sum`) of rows `r0..r0 + R`.
