@@ -12,7 +12,7 @@
 #define TURNPIKE_ENGINE_H
 
 /* Generated from engine-api/src/abi.rs by cbindgen. Do not edit; regenerate with:
-   TURNPIKE_BLESS=1 cargo test -p turnpike-engine-api --test header */
+   cargo run -p turnpike-c-headers */
 
 #include <stddef.h>
 #include <stdint.h>

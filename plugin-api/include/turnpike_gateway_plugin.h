@@ -12,7 +12,7 @@
 #define TURNPIKE_GATEWAY_PLUGIN_H
 
 /* Generated from plugin-api/src/abi.rs by cbindgen. Do not edit; regenerate with:
-   TURNPIKE_BLESS=1 cargo test -p turnpike-plugin-api --test header */
+   cargo run -p turnpike-c-headers */
 
 #include <stddef.h>
 #include <stdint.h>
