@@ -33,7 +33,9 @@ export TURNPIKE_SMOLLM2_GGUF="$PWD/$SMOLLM2_GGUF" TURNPIKE_LLAMA_SERVER="$PWD/$L
 export TURNPIKE_GROUP_BEAMS_REFERENCE="$PWD/$GROUP_BEAMS" TURNPIKE_JS="$PWD/$JS"
 
 pytest() { # pytest VENV ARGS...: run pytest from target/py/VENV
-  "target/py/$1/bin/python" -m pytest -q -p no:cacheprovider "${@:2}"
+  # A test that hangs fails after 15 minutes with every thread's stack, instead of holding the
+  # run until CI's own limit kills it with nothing said.
+  "target/py/$1/bin/python" -m pytest -q -p no:cacheprovider --timeout=900 "${@:2}"
 }
 
 stage_rust() ( # a subshell: NVRTC's library path stays with this stage
@@ -78,12 +80,18 @@ stage_kernels() {
   pytest numerics tests/kernels
 }
 
+timed() { # timed STAGE: run the stage and say how long it took
+  local start=$SECONDS
+  "stage_$1"
+  echo "tests/run.sh: $1 passed in $((SECONDS - start)) s" >&2
+}
+
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(all)
 for stage in "${stages[@]}"; do
   case "$stage" in
-    all) stage_rust; stage_python; stage_js; stage_numerics; stage_kernels ;;
-    rust | python | js | numerics | kernels) "stage_$stage" ;;
+    all) for each in rust python js numerics kernels; do timed "$each"; done ;;
+    rust | python | js | numerics | kernels) timed "$stage" ;;
     *) echo "usage: tests/run.sh [rust|python|js|numerics|kernels|all]..." >&2; exit 2 ;;
   esac
 done
