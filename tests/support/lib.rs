@@ -55,6 +55,14 @@ fn cargo_artifact(package: &str, file_name: &str) -> PathBuf {
         .arg("--target-dir")
         .arg(target_dir())
         .current_dir(workspace_root());
+        // Cargo gives a test process its package's variables (`CARGO_MANIFEST_DIR`, `OUT_DIR`,
+        // ...). Build scripts that watch one (ring's does) would rerun here and again in the
+        // next plain `cargo build`, rebuilding the gateway both times: build as a shell would.
+        for (name, _) in std::env::vars_os() {
+            if name.to_str().is_some_and(is_package_variable) {
+                cmd.env_remove(name);
+            }
+        }
         if profile_dir().file_name().is_some_and(|n| n == "release") {
             cmd.arg("--release");
         }
@@ -86,6 +94,22 @@ fn cargo_artifact(package: &str, file_name: &str) -> PathBuf {
         .find(|f| f.file_name().is_some_and(|n| n == file_name))
         .cloned()
         .unwrap_or_else(|| panic!("cargo built no `{file_name}` for {package}"))
+}
+
+/// A variable cargo sets for one package's build or test process, not a setting of cargo.
+fn is_package_variable(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || matches!(
+            name,
+            "OUT_DIR"
+                | "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+        )
 }
 
 fn cdylib(package: &str, lib_name: &str) -> PathBuf {
