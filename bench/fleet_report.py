@@ -1,10 +1,15 @@
 """Turns the oha runs of bench/run-fleet.sh into bench/results/fleet.json and fleet.md.
 
-    python3 bench/fleet_report.py RUNS_DIR RESULTS_DIR SECONDS
+    python3 bench/fleet_report.py RUNS_DIR RESULTS_DIR SECONDS ROUNDS
+
+Each front ran ROUNDS times, the fronts taking turns: a figure is the median of its rounds, a
+rate carries its spread (lowest-highest). CPU time per request is what the front (and the two
+nodes behind it) spent over the run at 64, divided by the requests it completed.
 """
 
 import datetime
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -14,35 +19,70 @@ FRONTS = ["turnpike", "sglang-router", "vllm-router"]
 ROUTERS = ["sglang-router", "vllm-router"]
 
 
-def main(runs: Path, results: Path, seconds: str) -> None:
-    doc = {"date": datetime.date.today().isoformat(), "cpu": cpu(), "seconds_per_run": int(seconds), "modes": {}}
+def cpu_us_per_request(runs: Path, name: str, mode: str) -> dict:
+    """Microseconds of CPU per request at 64 for the front and the nodes, or {} if not recorded."""
+    path = runs / f"{name}-{mode}-c64.cpu.json"
+    if not path.exists():
+        return {}
+    ticks = json.loads(path.read_text())
+    data = json.loads((runs / f"{name}-{mode}-c64.json").read_text())["summary"]
+    requests = data["requestsPerSec"] * data["total"] * data["successRate"]
+    per = 1e6 / ticks["hz"] / max(requests, 1)
+    return {"front_cpu_us": ticks["front_ticks"] * per, "nodes_cpu_us": ticks["nodes_ticks"] * per}
+
+
+def one_round(runs: Path, name: str, mode: str, direct: dict) -> dict:
+    one, many = load(runs, name, mode, 1), load(runs, name, mode, 64)
+    return {
+        "added_p50_ms": one["p50_ms"] - direct[1]["p50_ms"],
+        "added_p99_ms": one["p99_ms"] - direct[1]["p99_ms"],
+        "requests_per_s_64": many["requests_per_s"],
+        "success_rate_64": many["success_rate"],
+        **cpu_us_per_request(runs, name, mode),
+    }
+
+
+def median_of(rounds: list) -> dict:
+    row = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    rates = [r["requests_per_s_64"] for r in rounds]
+    row["requests_per_s_64_spread"] = [min(rates), max(rates)]
+    row["rounds"] = rounds
+    return row
+
+
+def main(runs: Path, results: Path, seconds: str, rounds: int) -> None:
+    doc = {"date": datetime.date.today().isoformat(), "cpu": cpu(), "seconds_per_run": int(seconds),
+           "rounds": rounds, "modes": {}}
     lines = ["# A fleet behind a front: Turnpike's upstream plugin vs the field's routers", "",
              f"Two Turnpike nodes (simulator, zero latency) behind each front; {doc['cpu']}, one machine, "
-             f"{seconds} s per run, oha, with `bench/run-fleet.sh`. Added latency is the front's p50/p99 at "
-             "concurrency 1 minus a node's own; rate is requests/s at concurrency 64.", ""]
+             f"{seconds} s per run, oha, `bench/run-fleet.sh {seconds} {rounds}`: the fronts took turns, "
+             f"{rounds} rounds, each figure the median of its rounds (rates with their lowest-highest). "
+             "Added latency is the front's p50/p99 at concurrency 1 minus a node's own; rate is "
+             "requests/s at concurrency 64; CPU is the microseconds of CPU time per request at 64 of "
+             "the front and of the two nodes behind it (the nodes serve the routers' chat requests and "
+             "Turnpike's token-level `/generate`; on one machine all of them share the cores).", ""]
     for mode in ("plain", "stream"):
         direct = {c: load(runs, "fleet-direct", mode, c) for c in (1, 64)}
-        rows = {}
-        for front in FRONTS:
-            one, many = load(runs, f"fleet-{front}", mode, 1), load(runs, f"fleet-{front}", mode, 64)
-            rows[front] = {
-                "added_p50_ms": one["p50_ms"] - direct[1]["p50_ms"],
-                "added_p99_ms": one["p99_ms"] - direct[1]["p99_ms"],
-                "requests_per_s_64": many["requests_per_s"],
-                "success_rate_64": many["success_rate"],
-            }
+        direct_cpu = cpu_us_per_request(runs, "fleet-direct", mode)
+        rows = {front: median_of([one_round(runs, f"fleet-{front}-r{r}", mode, direct)
+                                  for r in range(1, rounds + 1)])
+                for front in FRONTS}
         best_p99 = min(rows[r]["added_p99_ms"] for r in ROUTERS)
         best_rate = max(rows[r]["requests_per_s_64"] for r in ROUTERS)
-        doc["modes"][mode] = {"direct": direct, "fronts": rows,
+        doc["modes"][mode] = {"direct": direct, "direct_cpu": direct_cpu, "fronts": rows,
                               "turnpike_rate_vs_best_router": rows["turnpike"]["requests_per_s_64"] / best_rate,
                               "turnpike_added_p99_minus_best_router_ms": rows["turnpike"]["added_p99_ms"] - best_p99}
         lines += [f"## {'non-streamed' if mode == 'plain' else 'streamed'}", "",
-                  "| front | added p50 (ms) | added p99 (ms) | requests/s at 64 | success at 64 |",
-                  "|---|---:|---:|---:|---:|",
-                  f"| (a node directly) | 0 | 0 | {direct[64]['requests_per_s']:.0f} | {direct[64]['success_rate']:.3f} |"]
+                  "| front | added p50 (ms) | added p99 (ms) | requests/s at 64 (spread) | success at 64 "
+                  "| front CPU µs/request | nodes CPU µs/request |",
+                  "|---|---:|---:|---:|---:|---:|---:|",
+                  f"| (a node directly) | 0 | 0 | {direct[64]['requests_per_s']:.0f} | "
+                  f"{direct[64]['success_rate']:.3f} | – | {direct_cpu.get('nodes_cpu_us', 0):.0f} |"]
         for front, r in rows.items():
+            low, high = r["requests_per_s_64_spread"]
             lines.append(f"| {front} | {r['added_p50_ms']:.2f} | {r['added_p99_ms']:.2f} | "
-                         f"{r['requests_per_s_64']:.0f} | {r['success_rate_64']:.3f} |")
+                         f"{r['requests_per_s_64']:.0f} ({low:.0f}–{high:.0f}) | {r['success_rate_64']:.3f} | "
+                         f"{r.get('front_cpu_us', 0):.0f} | {r.get('nodes_cpu_us', 0):.0f} |")
         m = doc["modes"][mode]
         lines += ["", f"Turnpike's rate is {m['turnpike_rate_vs_best_router']:.2f}x the best router's; its added "
                   f"p99 is {m['turnpike_added_p99_minus_best_router_ms']:+.2f} ms against the best router's.", ""]
@@ -52,4 +92,4 @@ def main(runs: Path, results: Path, seconds: str) -> None:
     print("\n".join(lines))
 
 
-main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
+main(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 1)

@@ -107,6 +107,10 @@ start_litellm() { # on port 4102
 # $work/runs/NAME-MODE-cC.json; the array oha_flags adds flags (`--insecure` for a test
 # certificate).
 oha_flags=()
+# Processes whose CPU time run_load records over each run at 64 (space-separated PIDs; empty for
+# none), into $work/runs/NAME-MODE-c64.cpu.json: the front's and the nodes' behind it.
+cpu_front=""
+cpu_nodes=""
 run_load() { # NAME URL BODY_WITHOUT_CLOSING_BRACE
   local name="$1" url="$2" body="$3"
   for mode in plain stream; do
@@ -116,7 +120,24 @@ run_load() { # NAME URL BODY_WITHOUT_CLOSING_BRACE
     "$work/tools/bin/oha" "${args[@]}" -c 16 -z 2s "$url" > /dev/null # warm-up
     for c in 1 64; do
       echo "  $name $mode c=$c"
+      local front0 nodes0
+      front0=$(cpu_ticks $cpu_front) nodes0=$(cpu_ticks $cpu_nodes)
       "$work/tools/bin/oha" "${args[@]}" -c "$c" -z "${seconds}s" "$url" > "$work/runs/$name-$mode-c$c.json"
+      if [ "$c" = 64 ] && [ -n "$cpu_front$cpu_nodes" ]; then
+        printf '{"hz": %s, "front_ticks": %s, "nodes_ticks": %s}\n' "$(getconf CLK_TCK)" \
+          "$(($(cpu_ticks $cpu_front) - front0))" "$(($(cpu_ticks $cpu_nodes) - nodes0))" \
+          > "$work/runs/$name-$mode-c$c.cpu.json"
+      fi
     done
   done
+}
+
+# The CPU time (user and system, in clock ticks) the processes PIDS and their children have
+# used so far (a router started by a Python launcher may run in a child).
+cpu_ticks() { # PID...
+  local total=0 p
+  for p in "$@" $(for p in "$@"; do pgrep -P "$p"; done); do
+    total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
 }

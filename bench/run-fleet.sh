@@ -4,11 +4,14 @@
 # (b) sglang-router (sgl-model-gateway) and (c) vllm-router, from their PyPI wheels; the same chat
 # request (about 20 output tokens) driven by oha at 1 and 64 concurrent requests, non-streamed and
 # streamed, and the same against one node directly. Writes bench/results/fleet.{json,md}: the
-# latency each front adds over a node at concurrency 1 (p50, p99) and requests/s at 64.
-#   bench/run-fleet.sh [SECONDS_PER_RUN]
+# latency each front adds over a node at concurrency 1 (p50, p99), requests/s at 64, and the CPU
+# time per request at 64 of the front and of the nodes behind it (on a small host they share the
+# cores, so the rate follows the sum). The fronts take turns, ROUNDS rounds (median and spread).
+#   bench/run-fleet.sh [SECONDS_PER_RUN [ROUNDS]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-5}"
+rounds="${2:-3}"
 source bench/lib.sh
 install_turnpike
 cargo build --release --quiet -p turnpike-upstream
@@ -59,28 +62,36 @@ chat='{"model":"sim","messages":[{"role":"user","content":"Hello, how are you to
 
 start_node node0 4110
 start_node node1 4111
+nodes="${pids[*]}"
 echo "direct"
+cpu_front="" cpu_nodes="$nodes"
 run_load fleet-direct http://127.0.0.1:4110/v1/chat/completions "$chat"
 
-echo "turnpike"
-start_node front 4112
-run_load fleet-turnpike http://127.0.0.1:4112/v1/chat/completions "$chat"
-kill "${pids[-1]}"; unset 'pids[-1]'
+for round in $(seq 1 "$rounds"); do
+  echo "turnpike (round $round)"
+  start_node front 4112
+  cpu_front="${pids[-1]}"
+  run_load "fleet-turnpike-r$round" http://127.0.0.1:4112/v1/chat/completions "$chat"
+  kill "${pids[-1]}"; unset 'pids[-1]'
 
-echo "sglang-router"
-"$routers/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port 4113 --policy cache_aware \
-  --log-level warn --worker-urls http://127.0.0.1:4110 http://127.0.0.1:4111 > "$work/sglang-router.log" 2>&1 &
-pids+=($!)
-wait_ready http://127.0.0.1:4113/health
-run_load fleet-sglang-router http://127.0.0.1:4113/v1/chat/completions "$chat"
-kill "${pids[-1]}"; unset 'pids[-1]'
+  echo "sglang-router (round $round)"
+  "$routers/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port 4113 --policy cache_aware \
+    --log-level warn --worker-urls http://127.0.0.1:4110 http://127.0.0.1:4111 > "$work/sglang-router.log" 2>&1 &
+  pids+=($!)
+  wait_ready http://127.0.0.1:4113/health
+  cpu_front="${pids[-1]}"
+  run_load "fleet-sglang-router-r$round" http://127.0.0.1:4113/v1/chat/completions "$chat"
+  kill "${pids[-1]}"; unset 'pids[-1]'
 
-echo "vllm-router"
-"$routers/bin/vllm-router" --host 127.0.0.1 --port 4114 --policy power_of_two \
-  --worker-urls http://127.0.0.1:4110 http://127.0.0.1:4111 > "$work/vllm-router.log" 2>&1 &
-pids+=($!)
-wait_ready http://127.0.0.1:4114/health
-run_load fleet-vllm-router http://127.0.0.1:4114/v1/chat/completions "$chat"
+  echo "vllm-router (round $round)"
+  "$routers/bin/vllm-router" --host 127.0.0.1 --port 4114 --policy power_of_two \
+    --worker-urls http://127.0.0.1:4110 http://127.0.0.1:4111 > "$work/vllm-router.log" 2>&1 &
+  pids+=($!)
+  wait_ready http://127.0.0.1:4114/health
+  cpu_front="${pids[-1]}"
+  run_load "fleet-vllm-router-r$round" http://127.0.0.1:4114/v1/chat/completions "$chat"
+  kill "${pids[-1]}"; unset 'pids[-1]'
+done
 stop_all
 
-python3 bench/fleet_report.py "$work/runs" bench/results "$seconds"
+python3 bench/fleet_report.py "$work/runs" bench/results "$seconds" "$rounds"
