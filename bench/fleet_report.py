@@ -2,7 +2,8 @@
 
     python3 bench/fleet_report.py RUNS_DIR RESULTS_DIR SECONDS ROUNDS
 
-Each front ran ROUNDS times, the fronts taking turns: a figure is the median of its rounds, a
+Each front ran ROUNDS times, the fronts (and a node alone, the baseline of that round's added
+latency) taking turns in an order rotated each round: a figure is the median of its rounds, a
 rate carries its spread (lowest-highest). CPU time per request is what the front (and the two
 nodes behind it) spent over the run at 64, divided by the requests it completed.
 """
@@ -25,25 +26,28 @@ def cpu_us_per_request(runs: Path, name: str, mode: str) -> dict:
     if not path.exists():
         return {}
     ticks = json.loads(path.read_text())
-    data = json.loads((runs / f"{name}-{mode}-c64.json").read_text())["summary"]
-    requests = data["requestsPerSec"] * data["total"] * data["successRate"]
+    data = json.loads((runs / f"{name}-{mode}-c64.json").read_text())
+    # Answered requests: oha's rate also counts those the deadline cut off.
+    requests = sum(n for code, n in data.get("statusCodeDistribution", {}).items() if code.startswith("2"))
     per = 1e6 / ticks["hz"] / max(requests, 1)
     return {"front_cpu_us": ticks["front_ticks"] * per, "nodes_cpu_us": ticks["nodes_ticks"] * per}
 
 
 def one_round(runs: Path, name: str, mode: str, direct: dict) -> dict:
+    """A front's figures in one round, its latency over the node's own in the same round."""
     one, many = load(runs, name, mode, 1), load(runs, name, mode, 64)
     return {
-        "added_p50_ms": one["p50_ms"] - direct[1]["p50_ms"],
-        "added_p99_ms": one["p99_ms"] - direct[1]["p99_ms"],
+        "added_p50_ms": one["p50_ms"] - direct["p50_ms"],
+        "added_p99_ms": one["p99_ms"] - direct["p99_ms"],
         "requests_per_s_64": many["requests_per_s"],
         "success_rate_64": many["success_rate"],
+        "status_codes_64": many["status_codes"],
         **cpu_us_per_request(runs, name, mode),
     }
 
 
 def median_of(rounds: list) -> dict:
-    row = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    row = {k: statistics.median(r[k] for r in rounds) for k in rounds[0] if k != "status_codes_64"}
     rates = [r["requests_per_s_64"] for r in rounds]
     row["requests_per_s_64_spread"] = [min(rates), max(rates)]
     row["rounds"] = rounds
@@ -55,16 +59,23 @@ def main(runs: Path, results: Path, seconds: str, rounds: int) -> None:
            "rounds": rounds, "modes": {}}
     lines = ["# A fleet behind a front: Turnpike's upstream plugin vs the field's routers", "",
              f"Two Turnpike nodes (simulator, zero latency) behind each front; {doc['cpu']}, one machine, "
-             f"{seconds} s per run, oha, `bench/run-fleet.sh {seconds} {rounds}`: the fronts took turns, "
-             f"{rounds} rounds, each figure the median of its rounds (rates with their lowest-highest). "
-             "Added latency is the front's p50/p99 at concurrency 1 minus a node's own; rate is "
+             f"{seconds} s per run, oha, `bench/run-fleet.sh {seconds} {rounds}`: the fronts and a node alone "
+             f"took turns, {rounds} rounds in a rotated order, each figure the median of its rounds (rates "
+             "with their lowest-highest). Added latency is the front's p50/p99 at concurrency 1 minus a "
+             "node's own in the same round; rate is "
              "requests/s at concurrency 64; CPU is the microseconds of CPU time per request at 64 of "
              "the front and of the two nodes behind it (the nodes serve the routers' chat requests and "
              "Turnpike's token-level `/generate`; on one machine all of them share the cores).", ""]
     for mode in ("plain", "stream"):
-        direct = {c: load(runs, "fleet-direct", mode, c) for c in (1, 64)}
-        direct_cpu = cpu_us_per_request(runs, "fleet-direct", mode)
-        rows = {front: median_of([one_round(runs, f"fleet-{front}-r{r}", mode, direct)
+        # A node alone, measured in every round: the baseline each front's round is set against.
+        direct_rounds = [{c: load(runs, f"fleet-direct-r{r}", mode, c) for c in (1, 64)}
+                         for r in range(1, rounds + 1)]
+        direct = {c: {k: statistics.median(d[c][k] for d in direct_rounds)
+                      for k in ("requests_per_s", "success_rate", "p50_ms", "p99_ms")} for c in (1, 64)}
+        direct_cpu = median_of([cpu_us_per_request(runs, f"fleet-direct-r{r}", mode)
+                                | {"requests_per_s_64": d[64]["requests_per_s"]}
+                                for r, d in enumerate(direct_rounds, 1)])
+        rows = {front: median_of([one_round(runs, f"fleet-{front}-r{r}", mode, direct_rounds[r - 1][1])
                                   for r in range(1, rounds + 1)])
                 for front in FRONTS}
         best_p99 = min(rows[r]["added_p99_ms"] for r in ROUTERS)
@@ -76,7 +87,8 @@ def main(runs: Path, results: Path, seconds: str, rounds: int) -> None:
                   "| front | added p50 (ms) | added p99 (ms) | requests/s at 64 (spread) | success at 64 "
                   "| front CPU µs/request | nodes CPU µs/request |",
                   "|---|---:|---:|---:|---:|---:|---:|",
-                  f"| (a node directly) | 0 | 0 | {direct[64]['requests_per_s']:.0f} | "
+                  f"| (a node directly) | 0 | 0 | {direct[64]['requests_per_s']:.0f} "
+                  f"({direct_cpu['requests_per_s_64_spread'][0]:.0f}–{direct_cpu['requests_per_s_64_spread'][1]:.0f}) | "
                   f"{direct[64]['success_rate']:.3f} | – | {direct_cpu.get('nodes_cpu_us', 0):.0f} |"]
         for front, r in rows.items():
             low, high = r["requests_per_s_64_spread"]

@@ -136,8 +136,10 @@ run_load() { # NAME URL BODY_WITHOUT_CLOSING_BRACE
 # used so far (a router started by a Python launcher may run in a child).
 cpu_ticks() { # PID...
   local total=0 p
-  for p in "$@" $(for p in "$@"; do pgrep -P "$p"; done); do
-    total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+  for p in "$@" $(for p in "$@"; do pgrep -P "$p" || true; done); do
+    # utime and stime: fields 14 and 15, counted after the name's closing parenthesis (a
+    # name may hold spaces).
+    total=$((total + $({ sed 's/.*) //' "/proc/$p/stat" 2>/dev/null || true; } | awk '{t = $12 + $13} END {print t + 0}')))
   done
   echo "$total"
 }

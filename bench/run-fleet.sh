@@ -6,7 +6,8 @@
 # streamed, and the same against one node directly. Writes bench/results/fleet.{json,md}: the
 # latency each front adds over a node at concurrency 1 (p50, p99), requests/s at 64, and the CPU
 # time per request at 64 of the front and of the nodes behind it (on a small host they share the
-# cores, so the rate follows the sum). The fronts take turns, ROUNDS rounds (median and spread).
+# cores, so the rate follows the sum). The fronts and a node alone take turns in an order rotated
+# each round, ROUNDS rounds (median and spread).
 #   bench/run-fleet.sh [SECONDS_PER_RUN [ROUNDS]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,34 +64,46 @@ chat='{"model":"sim","messages":[{"role":"user","content":"Hello, how are you to
 start_node node0 4110
 start_node node1 4111
 nodes="${pids[*]}"
-echo "direct"
-cpu_front="" cpu_nodes="$nodes"
-run_load fleet-direct http://127.0.0.1:4110/v1/chat/completions "$chat"
+cpu_nodes="$nodes"
 
-for round in $(seq 1 "$rounds"); do
-  echo "turnpike (round $round)"
+# Each side: start the front (none for a node alone), load it, stop it.
+run_direct() {
+  cpu_front=""
+  run_load "fleet-direct-r$1" http://127.0.0.1:4110/v1/chat/completions "$chat"
+}
+run_turnpike() {
   start_node front 4112
   cpu_front="${pids[-1]}"
-  run_load "fleet-turnpike-r$round" http://127.0.0.1:4112/v1/chat/completions "$chat"
+  run_load "fleet-turnpike-r$1" http://127.0.0.1:4112/v1/chat/completions "$chat"
   kill "${pids[-1]}"; unset 'pids[-1]'
-
-  echo "sglang-router (round $round)"
+}
+run_sglang() {
   "$routers/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port 4113 --policy cache_aware \
     --log-level warn --worker-urls http://127.0.0.1:4110 http://127.0.0.1:4111 > "$work/sglang-router.log" 2>&1 &
   pids+=($!)
   wait_ready http://127.0.0.1:4113/health
   cpu_front="${pids[-1]}"
-  run_load "fleet-sglang-router-r$round" http://127.0.0.1:4113/v1/chat/completions "$chat"
+  run_load "fleet-sglang-router-r$1" http://127.0.0.1:4113/v1/chat/completions "$chat"
   kill "${pids[-1]}"; unset 'pids[-1]'
-
-  echo "vllm-router (round $round)"
+}
+run_vllm() {
   "$routers/bin/vllm-router" --host 127.0.0.1 --port 4114 --policy power_of_two \
     --worker-urls http://127.0.0.1:4110 http://127.0.0.1:4111 > "$work/vllm-router.log" 2>&1 &
   pids+=($!)
   wait_ready http://127.0.0.1:4114/health
   cpu_front="${pids[-1]}"
-  run_load "fleet-vllm-router-r$round" http://127.0.0.1:4114/v1/chat/completions "$chat"
+  run_load "fleet-vllm-router-r$1" http://127.0.0.1:4114/v1/chat/completions "$chat"
   kill "${pids[-1]}"; unset 'pids[-1]'
+}
+
+# The order rotates each round, so no side always runs first (or right after another).
+sides=(direct turnpike sglang vllm)
+for round in $(seq 1 "$rounds"); do
+  for i in 0 1 2 3; do
+    side=${sides[$(((i + round - 1) % 4))]}
+    echo "$side (round $round)"
+    "run_$side" "$round"
+  done
 done
 stop_all
 
