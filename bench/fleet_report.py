@@ -70,26 +70,25 @@ def main(runs: Path, results: Path, seconds: str, rounds: int) -> None:
         # A node alone, measured in every round: the baseline each front's round is set against.
         direct_rounds = [{c: load(runs, f"fleet-direct-r{r}", mode, c) for c in (1, 64)}
                          for r in range(1, rounds + 1)]
-        direct = {c: {k: statistics.median(d[c][k] for d in direct_rounds)
-                      for k in ("requests_per_s", "success_rate", "p50_ms", "p99_ms")} for c in (1, 64)}
-        direct_cpu = median_of([cpu_us_per_request(runs, f"fleet-direct-r{r}", mode)
-                                | {"requests_per_s_64": d[64]["requests_per_s"]}
-                                for r, d in enumerate(direct_rounds, 1)])
+        direct = median_of([{"p50_ms_1": d[1]["p50_ms"], "p99_ms_1": d[1]["p99_ms"],
+                             "requests_per_s_64": d[64]["requests_per_s"], "success_rate_64": d[64]["success_rate"],
+                             **cpu_us_per_request(runs, f"fleet-direct-r{r}", mode)}
+                            for r, d in enumerate(direct_rounds, 1)])
         rows = {front: median_of([one_round(runs, f"fleet-{front}-r{r}", mode, direct_rounds[r - 1][1])
                                   for r in range(1, rounds + 1)])
                 for front in FRONTS}
         best_p99 = min(rows[r]["added_p99_ms"] for r in ROUTERS)
         best_rate = max(rows[r]["requests_per_s_64"] for r in ROUTERS)
-        doc["modes"][mode] = {"direct": direct, "direct_cpu": direct_cpu, "fronts": rows,
+        doc["modes"][mode] = {"direct": direct, "fronts": rows,
                               "turnpike_rate_vs_best_router": rows["turnpike"]["requests_per_s_64"] / best_rate,
                               "turnpike_added_p99_minus_best_router_ms": rows["turnpike"]["added_p99_ms"] - best_p99}
         lines += [f"## {'non-streamed' if mode == 'plain' else 'streamed'}", "",
                   "| front | added p50 (ms) | added p99 (ms) | requests/s at 64 (spread) | success at 64 "
                   "| front CPU µs/request | nodes CPU µs/request |",
                   "|---|---:|---:|---:|---:|---:|---:|",
-                  f"| (a node directly) | 0 | 0 | {direct[64]['requests_per_s']:.0f} "
-                  f"({direct_cpu['requests_per_s_64_spread'][0]:.0f}–{direct_cpu['requests_per_s_64_spread'][1]:.0f}) | "
-                  f"{direct[64]['success_rate']:.3f} | – | {direct_cpu.get('nodes_cpu_us', 0):.0f} |"]
+                  f"| (a node directly) | 0 | 0 | {direct['requests_per_s_64']:.0f} "
+                  f"({direct['requests_per_s_64_spread'][0]:.0f}–{direct['requests_per_s_64_spread'][1]:.0f}) | "
+                  f"{direct['success_rate_64']:.3f} | – | {direct.get('nodes_cpu_us', 0):.0f} |"]
         for front, r in rows.items():
             low, high = r["requests_per_s_64_spread"]
             lines.append(f"| {front} | {r['added_p50_ms']:.2f} | {r['added_p99_ms']:.2f} | "

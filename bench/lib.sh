@@ -120,10 +120,12 @@ run_load() { # NAME URL BODY_WITHOUT_CLOSING_BRACE
     "$work/tools/bin/oha" "${args[@]}" -c 16 -z 2s "$url" > /dev/null # warm-up
     for c in 1 64; do
       echo "  $name $mode c=$c"
-      local front0 nodes0
-      front0=$(cpu_ticks $cpu_front) nodes0=$(cpu_ticks $cpu_nodes)
-      "$work/tools/bin/oha" "${args[@]}" -c "$c" -z "${seconds}s" "$url" > "$work/runs/$name-$mode-c$c.json"
+      local measured=false front0 nodes0
       if [ "$c" = 64 ] && [ -n "$cpu_front$cpu_nodes" ]; then
+        measured=true front0=$(cpu_ticks $cpu_front) nodes0=$(cpu_ticks $cpu_nodes)
+      fi
+      "$work/tools/bin/oha" "${args[@]}" -c "$c" -z "${seconds}s" "$url" > "$work/runs/$name-$mode-c$c.json"
+      if $measured; then
         printf '{"hz": %s, "front_ticks": %s, "nodes_ticks": %s}\n' "$(getconf CLK_TCK)" \
           "$(($(cpu_ticks $cpu_front) - front0))" "$(($(cpu_ticks $cpu_nodes) - nodes0))" \
           > "$work/runs/$name-$mode-c$c.cpu.json"

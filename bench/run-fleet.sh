@@ -63,37 +63,35 @@ chat='{"model":"sim","messages":[{"role":"user","content":"Hello, how are you to
 
 start_node node0 4110
 start_node node1 4111
-nodes="${pids[*]}"
-cpu_nodes="$nodes"
+cpu_nodes="${pids[*]}"
 
-# Each side: start the front (none for a node alone), load it, stop it.
+# Loads the front just started (the last of pids) on PORT as NAME in round ROUND, then stops it.
+measure_front() { # NAME PORT ROUND
+  wait_ready "http://127.0.0.1:$2/health"
+  cpu_front="${pids[-1]}"
+  run_load "fleet-$1-r$3" "http://127.0.0.1:$2/v1/chat/completions" "$chat"
+  kill "${pids[-1]}"; unset 'pids[-1]'
+}
+# Each side of a round: a node alone (no front), then each front.
 run_direct() {
   cpu_front=""
   run_load "fleet-direct-r$1" http://127.0.0.1:4110/v1/chat/completions "$chat"
 }
 run_turnpike() {
   start_node front 4112
-  cpu_front="${pids[-1]}"
-  run_load "fleet-turnpike-r$1" http://127.0.0.1:4112/v1/chat/completions "$chat"
-  kill "${pids[-1]}"; unset 'pids[-1]'
+  measure_front turnpike 4112 "$1"
 }
 run_sglang() {
   "$routers/bin/python" -m sglang_router.launch_router --host 127.0.0.1 --port 4113 --policy cache_aware \
     --log-level warn --worker-urls http://127.0.0.1:4110 http://127.0.0.1:4111 > "$work/sglang-router.log" 2>&1 &
   pids+=($!)
-  wait_ready http://127.0.0.1:4113/health
-  cpu_front="${pids[-1]}"
-  run_load "fleet-sglang-router-r$1" http://127.0.0.1:4113/v1/chat/completions "$chat"
-  kill "${pids[-1]}"; unset 'pids[-1]'
+  measure_front sglang-router 4113 "$1"
 }
 run_vllm() {
   "$routers/bin/vllm-router" --host 127.0.0.1 --port 4114 --policy power_of_two \
     --worker-urls http://127.0.0.1:4110 http://127.0.0.1:4111 > "$work/vllm-router.log" 2>&1 &
   pids+=($!)
-  wait_ready http://127.0.0.1:4114/health
-  cpu_front="${pids[-1]}"
-  run_load "fleet-vllm-router-r$1" http://127.0.0.1:4114/v1/chat/completions "$chat"
-  kill "${pids[-1]}"; unset 'pids[-1]'
+  measure_front vllm-router 4114 "$1"
 }
 
 # The order rotates each round, so no side always runs first (or right after another).
